@@ -1,0 +1,67 @@
+// swift-tools-version: 6.1
+import PackageDescription
+
+/// Settings shared by every Swift target: Swift 6 language mode (strict concurrency) and the upcoming features
+/// the architecture guide asks for.
+let strictSettings: [SwiftSetting] = [
+    .enableUpcomingFeature("ExistentialAny"),
+    .enableUpcomingFeature("MemberImportVisibility"),
+    .enableUpcomingFeature("InternalImportsByDefault"),
+]
+
+let package = Package(
+    name: "SocketStyles",
+    products: [
+        .library(name: "SocketStyles", targets: ["SocketStyles"]),
+        .library(name: "ConnectionTestKit", targets: ["ConnectionTestKit"]),
+        .executable(name: "sockbench", targets: ["sockbench"]),
+    ],
+    dependencies: [
+        .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
+        .package(url: "https://github.com/HdrHistogram/hdrhistogram-swift", from: "0.2.0"),
+    ],
+    targets: [
+        // The contract: protocols, endpoints, errors, options. No I/O, no C.
+        .target(name: "ConnectionCore", swiftSettings: strictSettings),
+        // What Glibc does not import (accept4, epoll, eventfd, timerfd). Symbols prefixed csock_.
+        .target(name: "CSocketShims"),
+        // The one file of syscall wrappers, socket addresses, name resolution, threads.
+        .target(name: "POSIXSupport", dependencies: ["ConnectionCore", "CSocketShims"], swiftSettings: strictSettings),
+        // Style 1: blocking BSD sockets on threads of our own.
+        .target(name: "BSDSocketBackend", dependencies: ["ConnectionCore", "POSIXSupport"], swiftSettings: strictSettings),
+        // Umbrella: re-exports and the Backend enum.
+        .target(
+            name: "SocketStyles",
+            dependencies: ["ConnectionCore", "BSDSocketBackend"],
+            swiftSettings: strictSettings
+        ),
+        // Shipped test support: fd counting, time limits, echo servers.
+        .target(name: "ConnectionTestKit", dependencies: ["SocketStyles", "POSIXSupport"], swiftSettings: strictSettings),
+        .executableTarget(
+            name: "sockbench",
+            dependencies: [
+                "SocketStyles",
+                "ConnectionTestKit",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Histogram", package: "hdrhistogram-swift"),
+            ],
+            swiftSettings: strictSettings
+        ),
+        .testTarget(
+            name: "ConnectionCoreTests",
+            dependencies: ["ConnectionCore"],
+            swiftSettings: strictSettings
+        ),
+        .testTarget(
+            name: "BSDSocketBackendTests",
+            dependencies: ["BSDSocketBackend", "POSIXSupport", "ConnectionTestKit"],
+            swiftSettings: strictSettings
+        ),
+        .testTarget(
+            name: "ConformanceTests",
+            dependencies: ["SocketStyles", "ConnectionTestKit"],
+            swiftSettings: strictSettings
+        ),
+    ],
+    swiftLanguageModes: [.v6]
+)

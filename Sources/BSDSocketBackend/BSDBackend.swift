@@ -1,0 +1,76 @@
+public import ConnectionCore
+import POSIXSupport
+import Synchronization
+
+/// Backend `bsd`: blocking BSD sockets, each connection served by threads of its own, adapted to the async
+/// ``Connection`` protocol. The native style is ``BSDSocket``.
+///
+/// Threads: per connection one reader thread (started at once) and one writer thread (started the first time a
+/// send cannot complete without waiting); per listener one acceptor (TCP) or receiver (UDP) thread. Connecting
+/// (name resolution and the handshake) runs on the connection's future reader thread. No blocking call runs on
+/// Swift's cooperative pool.
+public struct BSDBackend: ConnectionBackend {
+    public let name = "bsd"
+    public let transports: Set<Transport> = [.tcp, .udp]
+
+    /// Creates the backend. It holds no state: every connection owns its threads.
+    public init() {
+        Syscall.ignoreSIGPIPE()
+    }
+
+    public func connect(to endpoint: Endpoint, options: ConnectionOptions) async throws(ConnectionError)
+        -> any Connection
+    {
+        try check(endpoint)
+        let attempt = ConnectAttempt()
+        let result: Result<BSDConnection, ConnectionError> = await withTaskCancellationHandler {
+            await withCheckedContinuation { continuation in
+                PosixThread.spawn(name: "bsd-connect") {
+                    let connection: BSDConnection
+                    do throws(ConnectionError) {
+                        let socket = try BSDSocket.connect(to: endpoint, options: options, attempt: attempt)
+                        connection = try BSDConnection(socket: socket, options: options, readerOnCallingThread: ())
+                    } catch {
+                        continuation.resume(returning: .failure(error))
+                        return
+                    }
+                    continuation.resume(returning: .success(connection))
+                    // This thread becomes the connection's reader.
+                    connection.runReaderHere()
+                }
+            }
+        } onCancel: {
+            attempt.cancel()
+        }
+        return try result.get()
+    }
+
+    public func listen(on endpoint: Endpoint, options: ConnectionOptions) async throws(ConnectionError)
+        -> any Listener
+    {
+        try check(endpoint)
+        // Name resolution may block: do it on a thread of ours.
+        let result: Result<any Listener, ConnectionError> = await withCheckedContinuation { continuation in
+            PosixThread.spawn(name: "bsd-listen") {
+                do throws(ConnectionError) {
+                    let socket = try BSDSocket.listen(on: endpoint, options: options)
+                    let listener: any Listener =
+                        endpoint.transport == .udp
+                        ? try BSDUDPListener(socket: socket, options: options)
+                        : try BSDTCPListener(socket: socket, options: options)
+                    continuation.resume(returning: .success(listener))
+                } catch {
+                    continuation.resume(returning: .failure(error))
+                }
+            }
+        }
+        return try result.get()
+    }
+
+    private func check(_ endpoint: Endpoint) throws(ConnectionError) {
+        guard transports.contains(endpoint.transport) else {
+            throw ConnectionError(
+                .unsupported, "the bsd backend provides tcp and udp; \(endpoint.transport) is layered on top")
+        }
+    }
+}

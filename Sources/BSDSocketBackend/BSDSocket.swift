@@ -1,0 +1,282 @@
+public import ConnectionCore
+public import POSIXSupport
+import Synchronization
+
+/// The blocking style: a BSD socket used from your own thread. Every call blocks that thread until done, as
+/// `socket(2)`, `connect(2)`, `send(2)` and `recv(2)` do; nothing here is async.
+///
+/// ```swift
+/// let socket = try BSDSocket.connect(to: Endpoint(url: "tcp://127.0.0.1:9000"))
+/// defer { socket.close() }
+/// try socket.sendAll(Array("hello".utf8))
+/// let reply = try socket.receive(maximumLength: 5)   // [] means the peer closed
+/// ```
+///
+/// Rules, as for any descriptor:
+/// 1. One thread may receive while another sends; two threads must not both send (or both receive) at once.
+/// 2. To wake a thread blocked in ``receive(into:)`` or ``accept()``, call ``shutdown(_:)`` from another
+///    thread; call ``close()`` only once no thread is inside a call, so the descriptor number cannot be reused
+///    under it.
+/// 3. Sends never raise SIGPIPE (MSG_NOSIGNAL): a vanished peer is a `.reset` error.
+public final class BSDSocket: @unchecked Sendable {
+    /// The descriptor, for `poll` or socket options of your own.
+    public let descriptor: Int32
+    /// `.tcp` or `.udp`.
+    public let transport: Transport
+    /// IPv4 or IPv6.
+    public let family: SocketAddress.Family
+    private let closed = Atomic<Bool>(false)
+
+    init(descriptor: Int32, transport: Transport, family: SocketAddress.Family) {
+        self.descriptor = descriptor
+        self.transport = transport
+        self.family = family
+    }
+
+    deinit {
+        if !closed.load(ordering: .relaxed) { Syscall.close(descriptor) }
+    }
+
+    // MARK: Making sockets
+
+    /// Resolves `endpoint` and connects, blocking until connected or `options.connectTimeout` has passed.
+    /// Tries each resolved address in order. For UDP, fixes the peer address (no packet is sent).
+    public static func connect(to endpoint: Endpoint, options: ConnectionOptions = ConnectionOptions())
+        throws(ConnectionError) -> BSDSocket
+    {
+        try connect(to: endpoint, options: options, attempt: ConnectAttempt())
+    }
+
+    static func connect(to endpoint: Endpoint, options: ConnectionOptions, attempt: ConnectAttempt)
+        throws(ConnectionError) -> BSDSocket
+    {
+        guard endpoint.transport == .tcp || endpoint.transport == .udp else {
+            throw ConnectionError(.unsupported, "BSDSocket speaks tcp and udp, not \(endpoint.transport)")
+        }
+        let deadline = MonotonicClock.nanoseconds() + options.connectTimeout.nanoseconds
+        let addresses = try Syscall.resolve(endpoint)
+        var lastError = ConnectionError(.hostNotFound, "no address for \(endpoint)")
+        for address in addresses {
+            do {
+                return try connect(to: address, endpoint: endpoint, options: options, deadline: deadline, attempt: attempt)
+            } catch {
+                if error.kind == .cancelled || error.kind == .timedOut { throw error }
+                lastError = error
+            }
+        }
+        throw lastError
+    }
+
+    private static func connect(
+        to address: SocketAddress, endpoint: Endpoint, options: ConnectionOptions, deadline: UInt64,
+        attempt: ConnectAttempt
+    ) throws(ConnectionError) -> BSDSocket {
+        let datagram = endpoint.transport == .udp
+        let fd = try Syscall.socket(family: address.family, datagram: datagram, nonBlocking: !datagram)
+        let socket = BSDSocket(descriptor: fd, transport: endpoint.transport, family: address.family)
+        try socket.apply(options)
+        if datagram {
+            _ = try Syscall.connect(fd, to: address)
+            return socket
+        }
+        try attempt.begin(fd)
+        defer { attempt.end() }
+        // Non-blocking connect so that the wait can be bounded, then back to blocking for the blocking style.
+        if try !Syscall.connect(fd, to: address) {
+            while true {
+                let now = MonotonicClock.nanoseconds()
+                guard now < deadline else {
+                    throw ConnectionError(.timedOut, "connect to \(endpoint) (\(address)) took longer than the timeout")
+                }
+                let waitMilliseconds = Int32(clamping: (deadline - now + 999_999) / 1_000_000)
+                let events = try Syscall.poll(fd, events: Syscall.pollOut, timeoutMilliseconds: waitMilliseconds)
+                if attempt.isCancelled { throw .cancelled("connect to \(endpoint) was cancelled") }
+                if events != 0 { break }
+            }
+            let code = try Syscall.pendingError(fd)
+            if code != 0 { throw .errno(code, "connect to \(endpoint) (\(address))") }
+        }
+        try Syscall.setNonBlocking(fd, false)
+        return socket
+    }
+
+    /// Resolves `endpoint` and binds: for TCP also listens (SO_REUSEADDR per `options`); for UDP, a socket
+    /// ready for ``receiveFrom(maximumLength:)`` and ``send(_:to:)``. Port 0 picks a free port: read it back
+    /// from ``localAddress``.
+    public static func listen(on endpoint: Endpoint, options: ConnectionOptions = ConnectionOptions())
+        throws(ConnectionError) -> BSDSocket
+    {
+        guard endpoint.transport == .tcp || endpoint.transport == .udp else {
+            throw ConnectionError(.unsupported, "BSDSocket speaks tcp and udp, not \(endpoint.transport)")
+        }
+        let address = try Syscall.resolve(endpoint, passive: true)[0]
+        let datagram = endpoint.transport == .udp
+        let fd = try Syscall.socket(family: address.family, datagram: datagram)
+        let socket = BSDSocket(descriptor: fd, transport: endpoint.transport, family: address.family)
+        if address.family == .ipv6 { try Syscall.setIPv6Only(fd, true) }
+        if !datagram { try Syscall.setReuseAddress(fd, options.reuseAddress) }
+        try Syscall.setBufferSizes(fd, receive: options.receiveBufferSize, send: options.sendBufferSize)
+        do {
+            try Syscall.bind(fd, to: address)
+        } catch {
+            throw ConnectionError(error.kind, "listen on \(endpoint): \(error.detail)", systemCode: error.systemCode)
+        }
+        if !datagram { try Syscall.listen(fd, backlog: options.backlog) }
+        return socket
+    }
+
+    private func apply(_ options: ConnectionOptions) throws(ConnectionError) {
+        if transport == .tcp { try Syscall.setNoDelay(descriptor, options.tcpNoDelay) }
+        try Syscall.setBufferSizes(descriptor, receive: options.receiveBufferSize, send: options.sendBufferSize)
+    }
+
+    /// Blocks until a client connects (TCP listening sockets), and returns its socket with `options` applied.
+    /// Throws once the socket is shut down from another thread.
+    public func accept(options: ConnectionOptions = ConnectionOptions()) throws(ConnectionError) -> BSDSocket {
+        guard let (fd, peer) = try Syscall.accept(descriptor) else {
+            throw ConnectionError(.system, "accept on a blocking socket returned EAGAIN")
+        }
+        let socket = BSDSocket(descriptor: fd, transport: .tcp, family: peer.family)
+        try socket.apply(options)
+        return socket
+    }
+
+    // MARK: Data
+
+    /// One send(2): blocks until at least one byte is taken; returns how many were (a partial write is
+    /// possible). UDP: the whole datagram or an error (`.messageTooLarge` above 65,507 bytes on IPv4).
+    public func send(_ bytes: UnsafeRawBufferPointer) throws(ConnectionError) -> Int {
+        switch try Syscall.send(descriptor, bytes) {
+        case .processed(let count): return count
+        case .wouldBlock: throw ConnectionError(.timedOut, "send timed out (SO_SNDTIMEO)")
+        }
+    }
+
+    /// Sends every byte, looping over partial writes.
+    public func sendAll(_ bytes: [UInt8]) throws(ConnectionError) {
+        try bytes.withBytes { (buffer) throws(ConnectionError) in
+            var offset = 0
+            repeat {
+                offset += try send(UnsafeRawBufferPointer(rebasing: buffer[offset...]))
+            } while offset < buffer.count
+        }
+    }
+
+    /// One non-blocking send(2) (MSG_DONTWAIT): `.wouldBlock` instead of waiting when the send buffer is full.
+    public func trySend(_ bytes: UnsafeRawBufferPointer) throws(ConnectionError) -> IOResult<Int> {
+        try Syscall.send(descriptor, bytes, dontWait: true)
+    }
+
+    /// One recv(2): blocks until data arrives. Returns the count; 0 is the end of the stream on TCP (and an
+    /// empty datagram on UDP).
+    public func receive(into buffer: UnsafeMutableRawBufferPointer) throws(ConnectionError) -> Int {
+        let result =
+            transport == .udp ? try Syscall.recvDatagram(descriptor, buffer) : try Syscall.recv(descriptor, buffer)
+        switch result {
+        case .processed(let count):
+            if transport == .udp, count > buffer.count {
+                throw ConnectionError(.messageTooLarge, "a \(count)-byte datagram did not fit in \(buffer.count) bytes")
+            }
+            return count
+        case .wouldBlock: throw ConnectionError(.timedOut, "receive timed out (SO_RCVTIMEO)")
+        }
+    }
+
+    /// Receives into a new array: empty means the peer closed (TCP).
+    public func receive(maximumLength: Int = 65_536) throws(ConnectionError) -> [UInt8] {
+        try [UInt8](unsafeUninitializedCapacity: maximumLength) { (buffer, count) throws(ConnectionError) in
+            count = try receive(into: UnsafeMutableRawBufferPointer(buffer))
+        }
+    }
+
+    /// sendto(2) of one datagram (UDP).
+    public func send(_ bytes: [UInt8], to address: SocketAddress) throws(ConnectionError) {
+        _ = try bytes.withBytes { (buffer) throws(ConnectionError) in
+            try Syscall.sendTo(descriptor, buffer, to: address)
+        }
+    }
+
+    /// recvfrom(2): blocks for one datagram and its sender (UDP).
+    public func receiveFrom(maximumLength: Int = 65_536) throws(ConnectionError) -> (bytes: [UInt8], from: SocketAddress)
+    {
+        var sender: SocketAddress?
+        let bytes = try [UInt8](unsafeUninitializedCapacity: maximumLength) {
+            (buffer, count) throws(ConnectionError) in
+            switch try Syscall.recvFrom(descriptor, UnsafeMutableRawBufferPointer(buffer)) {
+            case .processed(let result):
+                guard result.count <= buffer.count else {
+                    throw ConnectionError(
+                        .messageTooLarge, "a \(result.count)-byte datagram did not fit in \(buffer.count) bytes")
+                }
+                count = result.count
+                sender = result.from
+            case .wouldBlock:
+                throw ConnectionError(.timedOut, "receive timed out (SO_RCVTIMEO)")
+            }
+        }
+        return (bytes, sender!)
+    }
+
+    // MARK: Ending
+
+    /// shutdown(2): `.write` sends FIN (half-close); `.both` also wakes threads blocked on this socket.
+    public func shutdown(_ how: ShutdownHow) throws(ConnectionError) {
+        try Syscall.shutdown(descriptor, how)
+    }
+
+    /// Closes the descriptor. A second call does nothing.
+    public func close() {
+        if !closed.exchange(true, ordering: .acquiringAndReleasing) { Syscall.close(descriptor) }
+    }
+
+    /// `true` once ``close()`` was called.
+    public var isClosed: Bool { closed.load(ordering: .acquiring) }
+
+    /// The bound address (with the real port).
+    public var localAddress: SocketAddress {
+        get throws(ConnectionError) { try Syscall.localAddress(descriptor) }
+    }
+
+    /// The connected peer's address.
+    public var remoteAddress: SocketAddress {
+        get throws(ConnectionError) { try Syscall.peerAddress(descriptor) }
+    }
+}
+
+/// Lets another thread cancel a blocking connect: it marks the attempt cancelled and shuts the socket down,
+/// which wakes the `poll` the connecting thread sleeps in.
+final class ConnectAttempt: Sendable {
+    private struct State {
+        var fd: Int32 = -1
+        var cancelled = false
+    }
+    private let state = Mutex(State())
+
+    var isCancelled: Bool { state.withLock { $0.cancelled } }
+
+    func begin(_ fd: Int32) throws(ConnectionError) {
+        let cancelled = state.withLock { state in
+            state.fd = fd
+            return state.cancelled
+        }
+        if cancelled { throw .cancelled("connect was cancelled") }
+    }
+
+    func end() { state.withLock { $0.fd = -1 } }
+
+    func cancel() {
+        state.withLock { state in
+            state.cancelled = true
+            if state.fd >= 0 { try? Syscall.shutdown(state.fd, .both) }
+        }
+    }
+}
+
+extension Duration {
+    /// The duration in whole nanoseconds (negative durations count as 0).
+    var nanoseconds: UInt64 {
+        let (seconds, attoseconds) = components
+        guard seconds >= 0 else { return 0 }
+        return UInt64(seconds) * 1_000_000_000 + UInt64(attoseconds / 1_000_000_000)
+    }
+}

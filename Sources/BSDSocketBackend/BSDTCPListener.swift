@@ -1,0 +1,85 @@
+import ConnectionCore
+import POSIXSupport
+import Synchronization
+
+/// A TCP listener in the blocking style: an acceptor thread blocks in `accept(2)` and queues each new
+/// connection (with its own reader thread) for ``accept()``. When too many accepted connections wait to be
+/// taken, the acceptor stops accepting and the kernel's backlog holds the rest.
+final class BSDTCPListener: Listener, @unchecked Sendable {
+    let transport = Transport.tcp
+    let localEndpoint: Endpoint
+    private let socket: BSDSocket
+    private let lease: DescriptorLease
+    private let options: ConnectionOptions
+    private let queue: ReceiveQueue<any Connection>
+    private let gate = ConditionLock()
+    private let closing = Atomic<Bool>(false)
+
+    init(socket: BSDSocket, options: ConnectionOptions) throws(ConnectionError) {
+        self.socket = socket
+        self.options = options
+        self.lease = DescriptorLease(socket: socket)
+        self.localEndpoint = try socket.localAddress.endpoint(.tcp)
+        let gate = gate
+        self.queue = ReceiveQueue(capacity: 128, onSpaceAvailable: { gate.withLock { gate.signal() } })
+        _ = lease.retain()
+        PosixThread.spawn(name: "bsd-accept-\(socket.descriptor)") { [self] in acceptLoop() }
+    }
+
+    private func acceptLoop() {
+        defer { lease.release() }
+        while true {
+            gate.withLock { gate.wait(until: { queue.hasSpace || closing.load(ordering: .relaxed) }) }
+            if closing.load(ordering: .acquiring) { return }
+            let client: BSDSocket
+            do {
+                client = try socket.accept(options: options)
+            } catch {
+                if closing.load(ordering: .acquiring) { return }
+                if error.kind == .resourceExhausted {
+                    // Out of descriptors: report to the next accept() but keep serving once some are freed.
+                    queue.pushFailure(error)
+                    continue
+                }
+                queue.finish(.failed(error))
+                return
+            }
+            let connection: BSDConnection
+            do {
+                connection = try BSDConnection(socket: client, options: options)
+            } catch {
+                continue  // the client left between accept and getpeername: nothing to serve
+            }
+            if !queue.push(connection).accepted {
+                Task { await connection.close() }
+                return
+            }
+        }
+    }
+
+    func accept() async throws(ConnectionError) -> any Connection {
+        guard let connection = try await queue.next() else { throw .closed("the listener is closed") }
+        return connection
+    }
+
+    func close() async {
+        guard !closing.exchange(true, ordering: .acquiringAndReleasing) else {
+            await lease.closed()
+            return
+        }
+        let waiting = queue.close(.closed("the listener is closed"))
+        gate.withLock { gate.broadcast() }
+        try? socket.shutdown(.both)  // wakes the thread blocked in accept(2) (EINVAL)
+        lease.release()
+        for connection in waiting { await connection.close() }
+        await lease.closed()
+    }
+
+    deinit {
+        if !closing.exchange(true, ordering: .acquiringAndReleasing) {
+            for connection in queue.close() { Task { await connection.close() } }
+            try? socket.shutdown(.both)
+            lease.release()
+        }
+    }
+}

@@ -1,0 +1,201 @@
+import ConnectionCore
+import POSIXSupport
+import Synchronization
+
+/// The send half of the adapter. A send first tries a non-blocking `send(2)` on the caller's thread (it never
+/// waits there); whatever the kernel does not take at once goes to a writer thread of this connection, started
+/// on first need, which blocks in `send(2)` until the peer makes room. Order is kept: while the writer thread
+/// has work, every later send queues behind it.
+final class BSDWriter: @unchecked Sendable {
+    private struct Job {
+        var bytes: [UInt8]
+        var offset: Int
+        var address: SocketAddress?
+        /// Instead of data: shutdown(SHUT_WR) once everything before it was sent.
+        var shutdownWrite = false
+        var completion: CheckedContinuation<Result<Void, ConnectionError>, Never>
+    }
+
+    private let socket: BSDSocket
+    private let lease: DescriptorLease
+    private let name: String
+    private let lock = ConditionLock()
+    // Guarded by `lock`.
+    private var jobs: [Job] = []
+    private var busy = false
+    private var threadStarted = false
+    private var stopped = false
+    private var outputClosed = false
+
+    init(socket: BSDSocket, lease: DescriptorLease, name: String) {
+        self.socket = socket
+        self.lease = lease
+        self.name = name
+    }
+
+    /// Sends all of `bytes` (to `address` on an unconnected UDP socket).
+    func send(_ bytes: [UInt8], to address: SocketAddress? = nil) async throws(ConnectionError) {
+        let datagram = socket.transport == .udp
+        // Fast path, on the caller's thread, never blocking: MSG_DONTWAIT.
+        let queued: (offset: Int, Void)? = try lock.withLock { () throws(ConnectionError) -> (offset: Int, Void)? in
+            if stopped { throw .closed() }
+            if outputClosed { throw .closed("the output was closed (half-close)") }
+            guard jobs.isEmpty, !busy else { return (0, ()) }
+            let result = try bytes.withBytes { (buffer) throws(ConnectionError) -> IOResult<Int> in
+                if let address {
+                    return try Syscall.sendTo(socket.descriptor, buffer, to: address, dontWait: true)
+                }
+                return try Syscall.send(socket.descriptor, buffer, dontWait: true)
+            }
+            switch result {
+            case .processed(let count) where count == bytes.count || datagram: return nil
+            case .processed(let count): return (count, ())
+            case .wouldBlock: return (0, ())
+            }
+        }
+        guard let (offset, _) = queued else { return }
+        try await enqueue { Job(bytes: bytes, offset: offset, address: address, completion: $0) }
+    }
+
+    /// Half-close, in order: shutdown(SHUT_WR) after every send before it; later sends throw `.closed`.
+    func shutdownOutput() async throws(ConnectionError) {
+        let immediate: Bool = try lock.withLock { () throws(ConnectionError) -> Bool in
+            if stopped { throw .closed() }
+            if outputClosed { return false }
+            outputClosed = true
+            if jobs.isEmpty, !busy {
+                try socket.shutdown(.write)
+                return false
+            }
+            return true
+        }
+        guard immediate else { return }
+        try await enqueue { Job(bytes: [], offset: 0, address: nil, shutdownWrite: true, completion: $0) }
+    }
+
+    private func enqueue(_ makeJob: (CheckedContinuation<Result<Void, ConnectionError>, Never>) -> Job)
+        async throws(ConnectionError)
+    {
+        let result = await withCheckedContinuation { continuation in
+            let rejected: Bool = lock.withLock {
+                if stopped { return true }
+                jobs.append(makeJob(continuation))
+                if !threadStarted {
+                    threadStarted = true
+                    guard lease.retain() else {
+                        jobs.removeLast()
+                        return true
+                    }
+                    PosixThread.spawn(name: name) { self.run() }
+                } else {
+                    lock.signal()
+                }
+                return false
+            }
+            if rejected { continuation.resume(returning: .failure(.closed())) }
+        }
+        try result.get()
+    }
+
+    /// Fails queued sends with `.closed` and lets the writer thread end. A send blocked in the kernel is woken
+    /// by the owner's `shutdown(2)`.
+    func stop() {
+        let failed: [Job] = lock.withLock {
+            stopped = true
+            let failed = jobs
+            jobs.removeAll()
+            lock.broadcast()
+            return failed
+        }
+        for job in failed { job.completion.resume(returning: .failure(.closed())) }
+    }
+
+    private func run() {
+        defer { lease.release() }
+        while true {
+            let next: Job? = lock.withLock {
+                lock.wait(until: { !jobs.isEmpty || stopped })
+                if stopped { return nil }
+                busy = true
+                return jobs.removeFirst()
+            }
+            guard var job = next else { return }
+            let outcome: Result<Void, ConnectionError>
+            do throws(ConnectionError) {
+                if job.shutdownWrite {
+                    try socket.shutdown(.write)
+                    lock.withLock { busy = false }
+                    job.completion.resume(returning: .success(()))
+                    continue
+                }
+                try job.bytes.withBytes { (buffer) throws(ConnectionError) in
+                    repeat {
+                        let rest = UnsafeRawBufferPointer(rebasing: buffer[job.offset...])
+                        let result =
+                            if let address = job.address {
+                                try Syscall.sendTo(socket.descriptor, rest, to: address)
+                            } else {
+                                try Syscall.send(socket.descriptor, rest)
+                            }
+                        guard case .processed(let count) = result else { continue }
+                        if socket.transport == .udp { job.offset = buffer.count + 1; break }
+                        job.offset += count
+                    } while job.offset < buffer.count
+                }
+                outcome = .success(())
+            } catch {
+                outcome = .failure(lock.withLock { stopped } ? .closed() : error)
+            }
+            lock.withLock { busy = false }
+            job.completion.resume(returning: outcome)
+        }
+    }
+}
+
+/// Counts the users of a descriptor (the owner, a reader thread, a writer thread) and closes it when the last
+/// one is done, so that no thread can ever use a closed (and possibly reused) descriptor number. The owner's
+/// `close()` awaits ``closed()``.
+final class DescriptorLease: Sendable {
+    private struct State {
+        var users = 1
+        var waiters: [CheckedContinuation<Void, Never>] = []
+    }
+    private let state = Mutex(State())
+    private let socket: BSDSocket
+
+    init(socket: BSDSocket) { self.socket = socket }
+
+    /// Adds a user; `false` when the descriptor is already closed.
+    func retain() -> Bool {
+        state.withLock { state in
+            guard state.users > 0 else { return false }
+            state.users += 1
+            return true
+        }
+    }
+
+    /// Drops a user; the last one closes the descriptor and wakes every ``closed()`` waiter.
+    func release() {
+        let waiters: [CheckedContinuation<Void, Never>]? = state.withLock { state in
+            state.users -= 1
+            guard state.users == 0 else { return nil }
+            defer { state.waiters.removeAll() }
+            return state.waiters
+        }
+        guard let waiters else { return }
+        socket.close()
+        for waiter in waiters { waiter.resume() }
+    }
+
+    /// Returns once the descriptor is closed.
+    func closed() async {
+        await withCheckedContinuation { continuation in
+            let done: Bool = state.withLock { state in
+                if state.users == 0 { return true }
+                state.waiters.append(continuation)
+                return false
+            }
+            if done { continuation.resume() }
+        }
+    }
+}

@@ -1,0 +1,53 @@
+#ifndef CSOCKETSHIMS_H
+#define CSOCKETSHIMS_H
+
+#include <stdint.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+
+/// accept4(2) with SOCK_CLOEXEC (and SOCK_NONBLOCK when nonblocking != 0). Glibc's module does not import it.
+int csock_accept4(int fd, struct sockaddr *addr, socklen_t *len, int nonblocking);
+
+/// The symbolic name of an errno value ("ECONNREFUSED"), or NULL when unknown.
+const char *csock_errno_name(int code);
+
+/// epoll, eventfd and timerfd, which the Glibc module does not import.
+int csock_epoll_create(void);
+int csock_epoll_ctl(int epfd, int op, int fd, uint32_t events, uint64_t data);
+/// Waits; fills events[i] and datas[i] for each ready descriptor. Returns the count or -1 (errno set).
+int csock_epoll_wait(int epfd, uint32_t *events, uint64_t *datas, int max, int timeout_ms);
+int csock_eventfd(void);
+int csock_eventfd_signal(int fd);
+int csock_eventfd_drain(int fd);
+
+extern const int csock_EPOLL_CTL_ADD;
+extern const int csock_EPOLL_CTL_MOD;
+extern const int csock_EPOLL_CTL_DEL;
+extern const uint32_t csock_EPOLLIN;
+extern const uint32_t csock_EPOLLOUT;
+extern const uint32_t csock_EPOLLERR;
+extern const uint32_t csock_EPOLLHUP;
+extern const uint32_t csock_EPOLLRDHUP;
+extern const uint32_t csock_EPOLLET;
+extern const uint32_t csock_EPOLLONESHOT;
+
+/// TCP_INFO fields the lessons and benchmarks read.
+struct csock_tcp_info {
+    uint32_t rtt_us;
+    uint32_t rttvar_us;
+    uint32_t snd_cwnd;
+    uint32_t total_retrans;
+    uint32_t lost;
+    uint32_t retransmits;
+};
+int csock_tcp_info(int fd, struct csock_tcp_info *out);
+
+/// getaddrinfo codes hidden behind _GNU_SOURCE.
+extern const int csock_EAI_NODATA;
+extern const int csock_EAI_ADDRFAMILY;
+
+/// pthread_setname_np for the calling thread (at most 15 bytes kept).
+void csock_set_thread_name(const char *name);
+
+#endif

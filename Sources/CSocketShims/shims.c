@@ -1,0 +1,87 @@
+#define _GNU_SOURCE
+#include "CSocketShims.h"
+#include <errno.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <netdb.h>
+#include <pthread.h>
+
+int csock_accept4(int fd, struct sockaddr *addr, socklen_t *len, int nonblocking) {
+    return accept4(fd, addr, len, SOCK_CLOEXEC | (nonblocking ? SOCK_NONBLOCK : 0));
+}
+
+const char *csock_errno_name(int code) { return strerrorname_np(code); }
+
+int csock_epoll_create(void) { return epoll_create1(EPOLL_CLOEXEC); }
+
+int csock_epoll_ctl(int epfd, int op, int fd, uint32_t events, uint64_t data) {
+    struct epoll_event ev;
+    memset(&ev, 0, sizeof ev);
+    ev.events = events;
+    ev.data.u64 = data;
+    return epoll_ctl(epfd, op, fd, &ev);
+}
+
+int csock_epoll_wait(int epfd, uint32_t *events, uint64_t *datas, int max, int timeout_ms) {
+    struct epoll_event evs[256];
+    if (max > 256) max = 256;
+    int n = epoll_wait(epfd, evs, max, timeout_ms);
+    for (int i = 0; i < n; i++) {
+        events[i] = evs[i].events;
+        datas[i] = evs[i].data.u64;
+    }
+    return n;
+}
+
+int csock_eventfd(void) { return eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK); }
+
+int csock_eventfd_signal(int fd) {
+    uint64_t one = 1;
+    ssize_t n;
+    do { n = write(fd, &one, sizeof one); } while (n < 0 && errno == EINTR);
+    return n == sizeof one || (n < 0 && errno == EAGAIN) ? 0 : -1;
+}
+
+int csock_eventfd_drain(int fd) {
+    uint64_t value;
+    ssize_t n;
+    do { n = read(fd, &value, sizeof value); } while (n < 0 && errno == EINTR);
+    return n == sizeof value || (n < 0 && errno == EAGAIN) ? 0 : -1;
+}
+
+const int csock_EPOLL_CTL_ADD = EPOLL_CTL_ADD;
+const int csock_EPOLL_CTL_MOD = EPOLL_CTL_MOD;
+const int csock_EPOLL_CTL_DEL = EPOLL_CTL_DEL;
+const uint32_t csock_EPOLLIN = EPOLLIN;
+const uint32_t csock_EPOLLOUT = EPOLLOUT;
+const uint32_t csock_EPOLLERR = EPOLLERR;
+const uint32_t csock_EPOLLHUP = EPOLLHUP;
+const uint32_t csock_EPOLLRDHUP = EPOLLRDHUP;
+const uint32_t csock_EPOLLET = EPOLLET;
+const uint32_t csock_EPOLLONESHOT = EPOLLONESHOT;
+
+int csock_tcp_info(int fd, struct csock_tcp_info *out) {
+    struct tcp_info info;
+    socklen_t len = sizeof info;
+    memset(&info, 0, sizeof info);
+    if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0) return -1;
+    out->rtt_us = info.tcpi_rtt;
+    out->rttvar_us = info.tcpi_rttvar;
+    out->snd_cwnd = info.tcpi_snd_cwnd;
+    out->total_retrans = info.tcpi_total_retrans;
+    out->lost = info.tcpi_lost;
+    out->retransmits = info.tcpi_retransmits;
+    return 0;
+}
+
+const int csock_EAI_NODATA = EAI_NODATA;
+const int csock_EAI_ADDRFAMILY = EAI_ADDRFAMILY;
+
+void csock_set_thread_name(const char *name) {
+    char buffer[16];
+    strncpy(buffer, name, 15);
+    buffer[15] = 0;
+    pthread_setname_np(pthread_self(), buffer);
+}

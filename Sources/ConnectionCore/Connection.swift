@@ -1,0 +1,116 @@
+/// One connection, whatever its backend and transport. Every backend (`bsd`, `uv`, `runloop`, `async`, `nio`)
+/// implements this protocol, and the conformance suite checks each against this contract.
+///
+/// ## Contract
+/// 1. **TCP/TLS are byte streams.** A receive returns whatever bytes have arrived, at most `maximumLength`: it
+///    may return part of one send, or two sends joined. Use ``receive(exactly:)`` to read a known size.
+/// 2. **UDP keeps datagram boundaries and may lose datagrams.** Each receive returns one whole datagram (an
+///    empty datagram is a valid, empty message); a datagram above the transport's limit fails the send with
+///    `.messageTooLarge`. Nothing is retransmitted: a program that needs every datagram must retry itself.
+/// 3. **WebSocket keeps message boundaries and the text/binary kind.**
+/// 4. **A clean end is reported exactly once**: the first receive after the peer finished sending returns
+///    `nil`; a later receive throws `.closed`. A UDP connection has no end and never returns `nil`.
+/// 5. **`close()` twice is a no-op.** `close()` returns after the connection's descriptor is closed and its
+///    threads or callbacks are finished, so nothing is left open. A receive or send waiting at that moment
+///    throws `.closed`.
+/// 6. **Send after close throws `.closed`.** A receive after close throws `.closed`.
+/// 7. **Cancelling a waiting receive returns promptly** with `.cancelled`, and loses nothing: bytes that arrive
+///    later are returned by the next receive. A send that has started handing bytes to the kernel finishes
+///    (or fails) rather than leave a partial message behind.
+/// 8. **Errors are ``ConnectionError``s**, with the raw system code kept.
+/// 9. **One receiver at a time.** Concurrent receives are served in call order; concurrent sends are written
+///    in call order, each whole.
+public protocol Connection: AnyObject, Sendable {
+    /// The transport this connection speaks.
+    var transport: Transport { get }
+    /// The local address, with the real port.
+    var localEndpoint: Endpoint { get }
+    /// The peer's address.
+    var remoteEndpoint: Endpoint { get }
+    /// The options the connection was made with.
+    var options: ConnectionOptions { get }
+
+    /// Sends one message: for TCP, appends its bytes to the stream; for UDP, one datagram; for WebSocket, one
+    /// message of the message's kind. Returns once the bytes are handed to the kernel (or the TLS layer), which
+    /// may wait while the peer is not reading (backpressure).
+    func send(_ message: Message) async throws(ConnectionError)
+
+    /// Receives what is available, waiting for at least one byte (stream) or one message (UDP, WebSocket).
+    ///
+    /// - Parameter maximumLength: the most bytes a stream receive returns; message transports ignore it and
+    ///   always return whole messages.
+    /// - Returns: the message, or `nil` once when the peer has cleanly finished sending.
+    func receive(maximumLength: Int) async throws(ConnectionError) -> Message?
+
+    /// Half-close: tells the peer that nothing more will be sent (TCP FIN) while still receiving.
+    /// Throws `.unsupported` on UDP.
+    func closeOutput() async throws(ConnectionError)
+
+    /// Closes the connection and releases everything it holds. Calling it again does nothing.
+    func close() async
+}
+
+extension Connection {
+    /// Sends a binary message.
+    public func send(_ bytes: [UInt8]) async throws(ConnectionError) {
+        try await send(Message(bytes))
+    }
+
+    /// Receives with the connection's read chunk size as the limit. See ``receive(maximumLength:)``.
+    public func receive() async throws(ConnectionError) -> Message? {
+        try await receive(maximumLength: options.readChunkSize)
+    }
+
+    /// Reads exactly `count` bytes from a byte stream, however the stream splits or joins them.
+    ///
+    /// - Throws: `.closed` when the stream ends before `count` bytes arrived (the bytes read so far are lost
+    ///   with the error, which says how many there were); `.unsupported` on a message transport.
+    public func receive(exactly count: Int) async throws(ConnectionError) -> [UInt8] {
+        guard transport.isByteStream else {
+            throw ConnectionError(.unsupported, "receive(exactly:) needs a byte stream, not \(transport)")
+        }
+        var bytes: [UInt8] = []
+        bytes.reserveCapacity(count)
+        while bytes.count < count {
+            guard let message = try await receive(maximumLength: count - bytes.count) else {
+                throw ConnectionError(.closed, "stream ended after \(bytes.count) of \(count) bytes")
+            }
+            bytes.append(contentsOf: message.bytes)
+        }
+        return bytes
+    }
+}
+
+/// The server side: a bound socket that yields one ``Connection`` per client.
+///
+/// For TCP each accepted connection is a TCP connection. For UDP the listener owns one bound socket and yields
+/// one connection per peer address (on the first datagram from that address); sends on it go back to that
+/// peer's address, and closing it forgets the peer (a later datagram from it is accepted again).
+public protocol Listener: AnyObject, Sendable {
+    /// The transport served.
+    var transport: Transport { get }
+    /// The bound address, with the real port when port 0 was asked for.
+    var localEndpoint: Endpoint { get }
+
+    /// Waits for the next client. Throws `.closed` once the listener is closed, `.cancelled` when the waiting
+    /// task is cancelled (the listener keeps serving).
+    func accept() async throws(ConnectionError) -> any Connection
+
+    /// Stops listening, closes the connections accepted but not yet taken, and releases the socket. Connections
+    /// already returned by ``accept()`` stay open. Calling it again does nothing.
+    func close() async
+}
+
+/// A connection style: the factory that makes connections and listeners of one backend.
+public protocol ConnectionBackend: Sendable {
+    /// The backend's name as users type it: `bsd`, `uv`, `runloop`, `async`, `nio`.
+    var name: String { get }
+    /// The transports this backend provides itself (WebSocket is layered on top of `tcp` by the umbrella).
+    var transports: Set<Transport> { get }
+
+    /// Resolves the endpoint and connects (TCP handshake; for UDP, fixes the peer address).
+    func connect(to endpoint: Endpoint, options: ConnectionOptions) async throws(ConnectionError) -> any Connection
+
+    /// Resolves the endpoint and binds (and for TCP, listens).
+    func listen(on endpoint: Endpoint, options: ConnectionOptions) async throws(ConnectionError) -> any Listener
+}

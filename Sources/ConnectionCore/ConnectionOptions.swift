@@ -1,0 +1,37 @@
+/// Options every backend applies the same way, so that comparisons are fair. Each backend sets every option
+/// explicitly instead of relying on its library's default (SwiftNIO, for example, enables TCP_NODELAY by default
+/// while raw sockets and libuv do not).
+public struct ConnectionOptions: Sendable, Hashable {
+    /// TCP_NODELAY: send small segments at once instead of waiting (Nagle's algorithm). Default `true`, since
+    /// this toolkit measures latency; the `nagle` lesson shows what `false` costs.
+    public var tcpNoDelay: Bool = true
+    /// How long a connect (name resolution plus handshake) may take before failing with `.timedOut`.
+    public var connectTimeout: Duration = .seconds(10)
+    /// SO_RCVBUF in bytes, or `nil` for the system default.
+    public var receiveBufferSize: Int? = nil
+    /// SO_SNDBUF in bytes, or `nil` for the system default.
+    public var sendBufferSize: Int? = nil
+    /// The most bytes one stream receive returns, and the size of each read from the socket.
+    public var readChunkSize: Int = 64 * 1024
+    /// The largest datagram a UDP receive can return; larger datagrams are truncated by the kernel and
+    /// reported as `.messageTooLarge`. 65,536 covers every IPv4 datagram (at most 65,507 bytes of payload).
+    public var maxDatagramSize: Int = 65_536
+    /// How many bytes (stream) or datagrams (UDP) a connection reads ahead of its user before it stops reading
+    /// and lets the kernel's buffers, then the peer, wait. Bounds memory per connection.
+    public var receiveQueueLimit: Int = 256 * 1024
+    /// Listen backlog for TCP listeners.
+    public var backlog: Int32 = 511
+    /// SO_REUSEADDR on TCP listeners (lets a restarted server bind while old connections are in TIME_WAIT).
+    /// Never set on UDP sockets, where Linux would let two sockets share a port.
+    public var reuseAddress: Bool = true
+
+    /// The defaults described on each property.
+    public init() {}
+
+    /// The defaults, changed by `configure`.
+    public static func with(_ configure: (inout ConnectionOptions) -> Void) -> ConnectionOptions {
+        var options = ConnectionOptions()
+        configure(&options)
+        return options
+    }
+}

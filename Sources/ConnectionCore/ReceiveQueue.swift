@@ -1,0 +1,312 @@
+import Synchronization
+
+/// The bounded hand-off between a backend's producer (a reader thread, an I/O callback, an event loop) and the
+/// async tasks that call ``Connection/receive(maximumLength:)`` or ``Listener/accept()``. For backend authors.
+///
+/// It implements the parts of the ``Connection`` contract every backend shares, once:
+/// - waiting receivers are served in call order; a cancelled one returns `.cancelled` at once and loses nothing;
+/// - a clean end is reported exactly once (`nil`), then `.closed`;
+/// - after ``close()``, every waiting and later receive throws `.closed`;
+/// - the producer learns when the queue is full (``push(_:)`` says `hasSpace == false`) and is told through
+///   `onSpaceAvailable` when the consumer has made room again, so nothing is buffered without limit.
+public final class ReceiveQueue<Element: Sendable>: Sendable {
+    /// How the stream of elements ended.
+    public enum End: Sendable {
+        /// The peer finished cleanly: the next receive returns `nil`, later ones throw `.closed`.
+        case finished
+        /// The connection failed: every receive from now on throws this error.
+        case failed(ConnectionError)
+    }
+
+    private enum Item: Sendable {
+        case element(Element)
+        case failure(ConnectionError)
+    }
+
+    private typealias Continuation = CheckedContinuation<Result<Element?, ConnectionError>, Never>
+
+    private struct Waiter: Sendable {
+        var id: UInt64
+        var maximumLength: Int
+        var continuation: Continuation
+    }
+
+    private struct State: Sendable {
+        var items: [Item] = []
+        var head = 0
+        var weight = 0
+        var end: End?
+        var endReported = false
+        var waiters: [Waiter] = []
+        var nextID: UInt64 = 0
+        var cancelled: Set<UInt64> = []
+        var producerWaiting = false
+
+        var isEmpty: Bool { head == items.count }
+    }
+
+    private let state = Mutex(State())
+    private let capacity: Int
+    private let weigh: @Sendable (Element) -> Int
+    private let split: (@Sendable (inout Element, Int) -> Element?)?
+    private let onSpaceAvailable: (@Sendable () -> Void)?
+
+    /// Creates a queue.
+    /// - Parameters:
+    ///   - capacity: the total weight above which ``push(_:)`` reports the queue full.
+    ///   - weigh: the weight of one element (bytes for data, 1 for connections).
+    ///   - split: for byte streams: takes at most `n` weight off the front of an element, leaving the rest in
+    ///     place; `nil` when elements are never split (datagrams, messages, connections).
+    ///   - onSpaceAvailable: called (outside any lock) when a consumer takes an element from a queue that had
+    ///     been reported full.
+    public init(
+        capacity: Int,
+        weigh: @escaping @Sendable (Element) -> Int = { _ in 1 },
+        split: (@Sendable (inout Element, Int) -> Element?)? = nil,
+        onSpaceAvailable: (@Sendable () -> Void)? = nil
+    ) {
+        self.capacity = max(1, capacity)
+        self.weigh = weigh
+        self.split = split
+        self.onSpaceAvailable = onSpaceAvailable
+    }
+
+    // MARK: Producer
+
+    /// What ``push(_:)`` did with an element.
+    public struct PushResult: Sendable, Hashable {
+        /// `false` when the queue had already ended or been closed: the element was NOT taken, and the caller
+        /// still owns it (and must release it, if it holds resources).
+        public var accepted: Bool
+        /// `true` while there is room for more; `false` when the producer should stop until
+        /// `onSpaceAvailable` is called.
+        public var hasSpace: Bool
+    }
+
+    /// Adds an element, handing it straight to a waiting receiver when there is one.
+    @discardableResult
+    public func push(_ element: Element) -> PushResult {
+        let (resume, result): ((Continuation, Element)?, PushResult) = state.withLock { state in
+            if state.end != nil { return (nil, PushResult(accepted: false, hasSpace: false)) }
+            if state.isEmpty, !state.waiters.isEmpty {
+                var element = element
+                let first = state.waiters[0]
+                if let split, weigh(element) > first.maximumLength, let prefix = split(&element, first.maximumLength) {
+                    state.waiters.removeFirst()
+                    append(.element(element), to: &state)
+                    let full = state.weight >= capacity
+                    if full { state.producerWaiting = true }
+                    return ((first.continuation, prefix), PushResult(accepted: true, hasSpace: !full))
+                }
+                state.waiters.removeFirst()
+                return ((first.continuation, element), PushResult(accepted: true, hasSpace: true))
+            }
+            append(.element(element), to: &state)
+            let full = state.weight >= capacity
+            if full { state.producerWaiting = true }
+            return (nil, PushResult(accepted: true, hasSpace: !full))
+        }
+        if let (continuation, element) = resume { continuation.resume(returning: .success(element)) }
+        return result
+    }
+
+    /// Reports an error that does not end the connection (for example an ICMP "port unreachable" on UDP): the
+    /// next receive throws it, later ones go on.
+    public func pushFailure(_ error: ConnectionError) {
+        let waiter: Continuation? = state.withLock { state in
+            if state.end != nil { return nil }
+            if state.isEmpty, !state.waiters.isEmpty { return state.waiters.removeFirst().continuation }
+            append(.failure(error), to: &state)
+            return nil
+        }
+        waiter?.resume(returning: .failure(error))
+    }
+
+    /// Ends the stream. Elements already queued are still delivered first.
+    public func finish(_ end: End) {
+        let resumes: [(Continuation, Result<Element?, ConnectionError>)] = state.withLock { state in
+            guard state.end == nil else { return [] }
+            state.end = end
+            guard state.isEmpty else { return [] }
+            let waiters = state.waiters
+            state.waiters.removeAll()
+            return waiters.map { ($0.continuation, Self.takeEnd(&state)) }
+        }
+        for (continuation, result) in resumes { continuation.resume(returning: result) }
+    }
+
+    /// Local close: drops what is queued, fails every waiting receiver with `.closed`, and makes every later
+    /// receive throw `.closed`.
+    /// - Returns: the elements that were queued, for the owner to release (for example accepted connections).
+    @discardableResult
+    public func close(_ error: ConnectionError = .closed()) -> [Element] {
+        let (waiters, dropped): ([Continuation], [Element]) = state.withLock { state in
+            let dropped: [Element] = state.items[state.head...].compactMap {
+                if case .element(let element) = $0 { return element } else { return nil }
+            }
+            state.items.removeAll()
+            state.head = 0
+            state.weight = 0
+            state.end = .failed(error)
+            state.endReported = true
+            let waiters = state.waiters.map(\.continuation)
+            state.waiters.removeAll()
+            return (waiters, dropped)
+        }
+        for waiter in waiters { waiter.resume(returning: .failure(error)) }
+        return dropped
+    }
+
+    /// `true` while the total queued weight is below the capacity.
+    public var hasSpace: Bool { state.withLock { $0.weight < capacity } }
+
+    /// `true` once ``finish(_:)`` or ``close(_:)`` was called.
+    public var isEnded: Bool { state.withLock { $0.end != nil } }
+
+    // MARK: Consumer
+
+    /// Waits for the next element (at most `maximumLength` weight of it when elements can be split).
+    /// - Returns: the element, or `nil` once when the stream finished cleanly.
+    /// - Throws: the failure pushed or ended with; `.closed` after close or after the end was reported;
+    ///   `.cancelled` when the calling task is cancelled while waiting.
+    public func next(maximumLength: Int = .max) async throws(ConnectionError) -> Element? {
+        let maximumLength = max(1, maximumLength)
+        // Fast path: something is queued and nobody is ahead of us.
+        let (immediate, id, notify): (Result<Element?, ConnectionError>?, UInt64, Bool) = state.withLock { state in
+            if state.waiters.isEmpty, let result = take(&state, maximumLength: maximumLength) {
+                return (result, 0, takeNotify(&state))
+            }
+            state.nextID &+= 1
+            return (nil, state.nextID, false)
+        }
+        if notify { onSpaceAvailable?() }
+        if let immediate { return try immediate.get() }
+        if Task.isCancelled { throw .cancelled() }
+
+        let result = await withTaskCancellationHandler {
+            await withCheckedContinuation { (continuation: Continuation) in
+                let (now, notify): (Result<Element?, ConnectionError>?, Bool) = state.withLock { state in
+                    if state.cancelled.remove(id) != nil { return (.failure(.cancelled()), false) }
+                    if state.waiters.isEmpty, let result = take(&state, maximumLength: maximumLength) {
+                        return (result, takeNotify(&state))
+                    }
+                    state.waiters.append(Waiter(id: id, maximumLength: maximumLength, continuation: continuation))
+                    return (nil, false)
+                }
+                if notify { onSpaceAvailable?() }
+                if let now { continuation.resume(returning: now) }
+            }
+        } onCancel: {
+            let waiter: Continuation? = state.withLock { state in
+                if let index = state.waiters.firstIndex(where: { $0.id == id }) {
+                    return state.waiters.remove(at: index).continuation
+                }
+                state.cancelled.insert(id)
+                return nil
+            }
+            waiter?.resume(returning: .failure(.cancelled()))
+        }
+        state.withLock { state in
+            if !state.cancelled.isEmpty { state.cancelled.remove(id) }
+        }
+        // Serve a receiver queued behind us if items are waiting (they were left because we were first).
+        serveWaiters()
+        return try result.get()
+    }
+
+    // MARK: Internals
+
+    private func append(_ item: Item, to state: inout State) {
+        if case .element(let element) = item { state.weight += weigh(element) }
+        state.items.append(item)
+    }
+
+    /// Takes the next item or the end, if any; `nil` when the caller must wait.
+    private func take(_ state: inout State, maximumLength: Int) -> Result<Element?, ConnectionError>? {
+        if !state.isEmpty {
+            switch state.items[state.head] {
+            case .failure(let error):
+                removeHead(&state)
+                return .failure(error)
+            case .element(var element):
+                if let split, weigh(element) > maximumLength, let prefix = split(&element, maximumLength) {
+                    state.items[state.head] = .element(element)
+                    state.weight -= weigh(prefix)
+                    return .success(prefix)
+                }
+                state.weight -= weigh(element)
+                removeHead(&state)
+                return .success(element)
+            }
+        }
+        if state.end != nil { return Self.takeEnd(&state) }
+        return nil
+    }
+
+    private static func takeEnd(_ state: inout State) -> Result<Element?, ConnectionError> {
+        switch state.end {
+        case .failed(let error): return .failure(error)
+        case .finished where !state.endReported:
+            state.endReported = true
+            return .success(nil)
+        default: return .failure(.closed("the end of the stream was already reported"))
+        }
+    }
+
+    private func removeHead(_ state: inout State) {
+        state.head += 1
+        if state.head == state.items.count {
+            state.items.removeAll(keepingCapacity: true)
+            state.head = 0
+        } else if state.head >= 64, state.head * 2 >= state.items.count {
+            state.items.removeFirst(state.head)
+            state.head = 0
+        }
+    }
+
+    private func takeNotify(_ state: inout State) -> Bool {
+        if state.producerWaiting, state.weight < capacity {
+            state.producerWaiting = false
+            return true
+        }
+        return false
+    }
+
+    private func serveWaiters() {
+        while true {
+            let (resume, notify): ((Continuation, Result<Element?, ConnectionError>)?, Bool) = state.withLock {
+                state in
+                guard let first = state.waiters.first, let result = take(&state, maximumLength: first.maximumLength)
+                else { return (nil, false) }
+                state.waiters.removeFirst()
+                return ((first.continuation, result), takeNotify(&state))
+            }
+            if notify { onSpaceAvailable?() }
+            guard let (continuation, result) = resume else { return }
+            continuation.resume(returning: result)
+        }
+    }
+}
+
+extension ReceiveQueue where Element == [UInt8] {
+    /// A queue of byte-stream chunks: bounded by bytes, and a receive with a smaller limit takes the front of a
+    /// chunk and leaves the rest queued.
+    public static func byteStream(capacity: Int, onSpaceAvailable: (@Sendable () -> Void)? = nil) -> ReceiveQueue {
+        ReceiveQueue(
+            capacity: capacity,
+            weigh: { $0.count },
+            split: { chunk, limit in
+                guard chunk.count > limit else { return nil }
+                let prefix = Array(chunk[..<limit])
+                chunk.removeFirst(limit)
+                return prefix
+            },
+            onSpaceAvailable: onSpaceAvailable
+        )
+    }
+
+    /// A queue of datagrams: bounded by bytes (an empty datagram weighs 1), never split.
+    public static func datagrams(capacity: Int, onSpaceAvailable: (@Sendable () -> Void)? = nil) -> ReceiveQueue {
+        ReceiveQueue(capacity: capacity, weigh: { max(1, $0.count) }, onSpaceAvailable: onSpaceAvailable)
+    }
+}

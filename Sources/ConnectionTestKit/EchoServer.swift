@@ -1,0 +1,82 @@
+public import SocketStyles
+import Synchronization
+
+/// An echo server over any backend and transport: every message (TCP chunk, UDP datagram, WebSocket message)
+/// is sent back as it came. Used by `sockbench serve`, by the conformance suite and by the benchmarks.
+///
+/// ``stop()`` closes the listener and every open connection and returns when every task it started has
+/// finished, so a test can check right after it that no descriptor is left open.
+public final class EchoServer: Sendable {
+    /// The listener (its ``Listener/localEndpoint`` has the real port).
+    public let listener: any Listener
+    private let connections = Mutex<[ObjectIdentifier: any Connection]>([:])
+    private let served = Atomic<Int>(0)
+    private let acceptLoop = Mutex<Task<Void, Never>?>(nil)
+
+    /// Listens on `endpoint` with `backend` and starts serving.
+    public static func start(
+        _ backend: Backend, on endpoint: Endpoint, options: ConnectionOptions = ConnectionOptions()
+    ) async throws(ConnectionError) -> EchoServer {
+        let listener = try await backend.listen(on: endpoint, options: options)
+        let server = EchoServer(listener: listener)
+        server.begin()
+        return server
+    }
+
+    /// Serves an existing listener.
+    public init(listener: any Listener) {
+        self.listener = listener
+    }
+
+    /// The address clients should use.
+    public var endpoint: Endpoint { listener.localEndpoint }
+
+    /// How many connections (UDP: peers) were accepted so far.
+    public var connectionsServed: Int { served.load(ordering: .relaxed) }
+
+    func begin() {
+        let task = Task { [self] in
+            await withDiscardingTaskGroup { group in
+                while true {
+                    let connection: any Connection
+                    do throws(ConnectionError) {
+                        connection = try await listener.accept()
+                    } catch {
+                        // Out of descriptors is transient (the listener keeps serving); anything else ends it.
+                        if error.kind == .resourceExhausted { continue }
+                        break
+                    }
+                    served.add(1, ordering: .relaxed)
+                    let id = ObjectIdentifier(connection)
+                    connections.withLock { $0[id] = connection }
+                    group.addTask { [self] in
+                        await Self.echo(connection)
+                        connections.withLock { $0[id] = nil }
+                        await connection.close()
+                    }
+                }
+            }
+        }
+        acceptLoop.withLock { $0 = task }
+    }
+
+    /// Echoes until the peer finishes, an error occurs, or the connection is closed.
+    public static func echo(_ connection: any Connection) async {
+        do {
+            while let message = try await connection.receive() {
+                try await connection.send(message)
+            }
+        } catch {
+            // The peer vanished or the server is stopping: this connection is done, the others go on.
+        }
+    }
+
+    /// Stops: closes the listener and every connection, and waits for every task to finish.
+    public func stop() async {
+        await listener.close()
+        let open = connections.withLock { Array($0.values) }
+        for connection in open { await connection.close() }
+        let task = acceptLoop.withLock { $0 }
+        await task?.value
+    }
+}

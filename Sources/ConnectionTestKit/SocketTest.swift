@@ -1,0 +1,120 @@
+import POSIXSupport
+import Synchronization
+
+/// Runs socket tests one at a time, each bounded in time and checked for leaked file descriptors.
+///
+/// Test runners run tests in parallel, which would make descriptor counts meaningless; every test that opens
+/// sockets goes through ``run(timeLimit:_:)``, which serialises them on one async lock (tests without sockets
+/// still run in parallel).
+public enum SocketTest {
+    /// A test exceeded its time limit, or left descriptors open.
+    public struct Failure: Error, CustomStringConvertible {
+        public let description: String
+        public init(description: String) { self.description = description }
+    }
+
+    private static let lock = AsyncLock()
+
+    /// Runs `body` alone among socket tests, within `timeLimit`, and fails if the process has more open
+    /// descriptors afterwards than before (listing the new ones).
+    public static func run<R: Sendable>(
+        timeLimit: Duration = .seconds(60), _ body: @Sendable () async throws -> R
+    ) async throws -> R {
+        try await lock.withLock {
+            let before = ownedDescriptors()
+            let result = try await withTimeLimit(timeLimit, body)
+            let after = ownedDescriptors()
+            if after.count > before.count {
+                let new = after.filter { !before.contains($0) }
+                throw Failure(
+                    description:
+                        "\(after.count - before.count) file descriptor(s) left open: \(new.joined(separator: ", "))")
+            }
+            return result
+        }
+    }
+
+    /// The open descriptors, less the concurrency runtime's timerfd: Dispatch opens it while a task sleeps
+    /// (the time limit itself sleeps) and closes it on its own thread some time after, so it comes and goes
+    /// independently of the code under test. No code of this package creates a timerfd.
+    static func ownedDescriptors() -> [String] {
+        Syscall.openDescriptors().filter { !$0.hasSuffix("anon_inode:[timerfd]") }
+    }
+
+    /// The number of open descriptors of this process.
+    public static var openDescriptorCount: Int { Syscall.openDescriptorCount() }
+}
+
+/// Runs `body`, cancelling it and throwing ``SocketTest/Failure`` when it takes longer than `limit`.
+public func withTimeLimit<R: Sendable>(_ limit: Duration, _ body: @Sendable () async throws -> R) async throws -> R {
+    try await withoutActuallyEscaping(body) { body in
+        let box = UnsafeSendableBox(body)
+        return try await withThrowingTaskGroup(of: R?.self) { group in
+            group.addTask { try await box.value() }
+            group.addTask {
+                try? await Task.sleep(for: limit)
+                return nil
+            }
+            defer { group.cancelAll() }
+            guard let first = try await group.next(), let value = first else {
+                throw SocketTest.Failure(description: "time limit of \(limit) exceeded")
+            }
+            return value
+        }
+    }
+}
+
+private struct UnsafeSendableBox<T>: @unchecked Sendable {
+    let value: T
+    init(_ value: T) { self.value = value }
+}
+
+/// A FIFO async mutex: waiters queue instead of blocking a thread.
+final class AsyncLock: Sendable {
+    private let state = Mutex2()
+
+    func withLock<R: Sendable>(_ body: () async throws -> R) async throws -> R {
+        await state.acquire()
+        do {
+            let result = try await body()
+            state.release()
+            return result
+        } catch {
+            state.release()
+            throw error
+        }
+    }
+}
+
+private final class Mutex2: Sendable {
+    private struct State {
+        var locked = false
+        var waiters: [CheckedContinuation<Void, Never>] = []
+    }
+    private let state = Mutex(State())
+
+    func acquire() async {
+        await withCheckedContinuation { continuation in
+            let acquired: Bool = state.withLock { state in
+                if !state.locked {
+                    state.locked = true
+                    return true
+                }
+                state.waiters.append(continuation)
+                return false
+            }
+            if acquired { continuation.resume() }
+        }
+    }
+
+    func release() {
+        let next: CheckedContinuation<Void, Never>? = state.withLock { state in
+            if state.waiters.isEmpty {
+                state.locked = false
+                return nil
+            }
+            return state.waiters.removeFirst()
+        }
+        next?.resume()
+    }
+}

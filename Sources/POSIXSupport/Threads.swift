@@ -1,0 +1,100 @@
+internal import CSocketShims
+internal import Glibc
+
+/// Starts detached POSIX threads for backends whose style needs threads of their own (blocking sockets, event
+/// loops). Swift's cooperative pool never runs a blocking call of ours.
+public enum PosixThread {
+    private final class Start {
+        let name: String
+        let body: @Sendable () -> Void
+        init(name: String, body: @escaping @Sendable () -> Void) {
+            self.name = name
+            self.body = body
+        }
+    }
+
+    /// Starts a detached thread running `body`. The name (at most 15 bytes are kept) shows in `top -H` and gdb.
+    /// Terminates the process if the system cannot create a thread, since every caller depends on it.
+    public static func spawn(name: String, stackSize: Int = 512 * 1024, _ body: @escaping @Sendable () -> Void) {
+        let start = Unmanaged.passRetained(Start(name: name, body: body)).toOpaque()
+        var attributes = pthread_attr_t()
+        pthread_attr_init(&attributes)
+        pthread_attr_setdetachstate(&attributes, Int32(PTHREAD_CREATE_DETACHED))
+        pthread_attr_setstacksize(&attributes, stackSize)
+        var thread = pthread_t()
+        let result = pthread_create(&thread, &attributes, threadEntry, start)
+        pthread_attr_destroy(&attributes)
+        precondition(result == 0, "pthread_create failed: \(result)")
+    }
+
+    fileprivate static func run(_ raw: UnsafeMutableRawPointer) {
+        let start = Unmanaged<Start>.fromOpaque(raw).takeRetainedValue()
+        csock_set_thread_name(start.name)
+        start.body()
+    }
+}
+
+private let threadEntry: @convention(c) (UnsafeMutableRawPointer?) -> UnsafeMutableRawPointer? = { raw in
+    PosixThread.run(raw!)
+    return nil
+}
+
+/// A mutex with a condition variable, for threads that must sleep until told (a blocked reader waiting for
+/// room in its queue, a writer thread waiting for work). Not for async code: it blocks the calling thread.
+public final class ConditionLock: @unchecked Sendable {
+    private let mutex: UnsafeMutablePointer<pthread_mutex_t>
+    private let condition: UnsafeMutablePointer<pthread_cond_t>
+
+    /// Creates an unlocked lock.
+    public init() {
+        mutex = .allocate(capacity: 1)
+        condition = .allocate(capacity: 1)
+        pthread_mutex_init(mutex, nil)
+        var attributes = pthread_condattr_t()
+        pthread_condattr_init(&attributes)
+        pthread_condattr_setclock(&attributes, CLOCK_MONOTONIC)
+        pthread_cond_init(condition, &attributes)
+        pthread_condattr_destroy(&attributes)
+    }
+
+    deinit {
+        pthread_cond_destroy(condition)
+        pthread_mutex_destroy(mutex)
+        condition.deallocate()
+        mutex.deallocate()
+    }
+
+    /// Runs `body` holding the mutex.
+    public func withLock<R, E: Error>(_ body: () throws(E) -> R) throws(E) -> R {
+        pthread_mutex_lock(mutex)
+        defer { pthread_mutex_unlock(mutex) }
+        return try body()
+    }
+
+    /// Waits (holding the mutex, which is released while asleep) until `predicate` holds.
+    /// Call only from inside ``withLock(_:)``.
+    public func wait(until predicate: () -> Bool) {
+        while !predicate() { pthread_cond_wait(condition, mutex) }
+    }
+
+    /// Wakes every waiting thread. Call from inside ``withLock(_:)``.
+    public func broadcast() {
+        pthread_cond_broadcast(condition)
+    }
+
+    /// Wakes one waiting thread. Call from inside ``withLock(_:)``.
+    public func signal() {
+        pthread_cond_signal(condition)
+    }
+}
+
+/// A monotonic clock in nanoseconds (CLOCK_MONOTONIC), for measurements that must not jump.
+public enum MonotonicClock {
+    /// Nanoseconds since an arbitrary fixed point.
+    @inline(__always)
+    public static func nanoseconds() -> UInt64 {
+        var now = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &now)
+        return UInt64(now.tv_sec) &* 1_000_000_000 &+ UInt64(now.tv_nsec)
+    }
+}

@@ -1,0 +1,54 @@
+@_exported public import BSDSocketBackend
+@_exported public import ConnectionCore
+@_exported public import POSIXSupport
+
+/// Every connection style this package offers, by the name users type (`--backend bsd`).
+///
+/// Adding a backend is adding a case here: the compiler's exhaustive switches then show every place that must
+/// learn about it, and the conformance suite runs every scenario for it.
+public enum Backend: String, Sendable, Hashable, CaseIterable, CustomStringConvertible {
+    /// Blocking BSD sockets on threads of their own (``BSDBackend``).
+    case bsd
+
+    /// The backend's factory.
+    public var implementation: any ConnectionBackend {
+        switch self {
+        case .bsd: BSDBackend()
+        }
+    }
+
+    /// One line on the style, for `sockbench` listings.
+    public var summary: String {
+        switch self {
+        case .bsd: "blocking BSD sockets; a reader thread (and a writer thread when needed) per connection"
+        }
+    }
+
+    /// The transports available on this backend: its own, plus what the umbrella layers on top of them.
+    public var transports: Set<Transport> { implementation.transports }
+
+    /// Parses a backend name, with an error listing the valid ones.
+    public init(name: String) throws(ConnectionError) {
+        guard let backend = Backend(rawValue: name.lowercased()) else {
+            let names = Backend.allCases.map(\.rawValue).joined(separator: ", ")
+            throw ConnectionError(.invalidEndpoint, "unknown backend '\(name)' (available: \(names))")
+        }
+        self = backend
+    }
+
+    public var description: String { rawValue }
+
+    /// Connects with this backend.
+    public func connect(to endpoint: Endpoint, options: ConnectionOptions = ConnectionOptions())
+        async throws(ConnectionError) -> any Connection
+    {
+        try await implementation.connect(to: endpoint, options: options)
+    }
+
+    /// Listens with this backend.
+    public func listen(on endpoint: Endpoint, options: ConnectionOptions = ConnectionOptions())
+        async throws(ConnectionError) -> any Listener
+    {
+        try await implementation.listen(on: endpoint, options: options)
+    }
+}

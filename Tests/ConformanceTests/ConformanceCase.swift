@@ -1,0 +1,70 @@
+import ConnectionTestKit
+import SocketStyles
+import Testing
+
+/// One backend x transport combination. Every scenario runs for each case that exists; a new backend joins the
+/// suite by adding its ``Backend`` case, with no change here.
+struct ConformanceCase: Sendable, CustomTestStringConvertible {
+    let backend: Backend
+    let transport: Transport
+
+    var testDescription: String { "\(backend) x \(transport)" }
+
+    /// The loopback address to listen on, port 0.
+    var anyPort: Endpoint { try! Endpoint(url: "\(transport)://127.0.0.1:0") }
+
+    static let all: [ConformanceCase] = Backend.allCases.flatMap { backend in
+        [Transport.tcp, .udp].filter(backend.transports.contains).map { ConformanceCase(backend: backend, transport: $0) }
+    }
+    static let tcp = all.filter { $0.transport == .tcp }
+    static let udp = all.filter { $0.transport == .udp }
+
+    func connect(to endpoint: Endpoint, options: ConnectionOptions = ConnectionOptions())
+        async throws(ConnectionError) -> any Connection
+    {
+        try await backend.connect(to: endpoint, options: options)
+    }
+
+    func listen(options: ConnectionOptions = ConnectionOptions()) async throws(ConnectionError) -> any Listener {
+        try await backend.listen(on: anyPort, options: options)
+    }
+
+    func echoServer() async throws(ConnectionError) -> EchoServer {
+        try await EchoServer.start(backend, on: anyPort)
+    }
+}
+
+/// Expects `body` to throw a ``ConnectionError`` of `kind`, and returns it.
+@discardableResult
+func expectConnectionError<R>(
+    _ kind: ConnectionError.Kind, sourceLocation: SourceLocation = #_sourceLocation,
+    _ body: () async throws(ConnectionError) -> R
+) async -> ConnectionError? {
+    do {
+        _ = try await body()
+        Issue.record("expected \(kind), but the call succeeded", sourceLocation: sourceLocation)
+        return nil
+    } catch {
+        #expect(error.kind == kind, "expected \(kind), got \(error)", sourceLocation: sourceLocation)
+        return error
+    }
+}
+
+/// A deterministic payload in which every byte depends on its position and the seed, so that a lost, repeated
+/// or reordered byte shows.
+func pattern(_ count: Int, seed: UInt8 = 0) -> [UInt8] {
+    (0..<count).map { UInt8(truncatingIfNeeded: ($0 &* 31) ^ ($0 >> 8) ^ Int(seed)) }
+}
+
+/// Sends a UDP request and waits for the reply, sending again when none comes in time: UDP may lose datagrams,
+/// so a client that needs an answer retries (as DNS does). Bounded: `attempts` tries.
+func udpRequest(
+    _ connection: any Connection, _ payload: [UInt8], attempts: Int = 10, wait: Duration = .milliseconds(500)
+) async throws -> [UInt8] {
+    for _ in 0..<attempts {
+        try await connection.send(payload)
+        let reply: [UInt8]?? = try? await withTimeLimit(wait) { try await connection.receive()?.bytes }
+        if let reply, let bytes = reply, bytes == payload { return bytes }
+    }
+    throw SocketTest.Failure(description: "no UDP reply after \(attempts) attempts")
+}

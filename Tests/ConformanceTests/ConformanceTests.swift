@@ -1,0 +1,361 @@
+import ConnectionTestKit
+import SocketStyles
+import Testing
+
+/// The conformance suite: each scenario written once, run for every backend x transport.
+/// Every scenario runs through `SocketTest.run`, which bounds it in time and fails it if a descriptor is left
+/// open.
+@Suite("Conformance", .timeLimit(.minutes(2)))
+struct ConformanceTests {
+    // MARK: Echo
+
+    @Test("TCP echo keeps every byte in order", arguments: ConformanceCase.tcp, [1, 65_536, 8 * 1024 * 1024])
+    func tcpEcho(_ test: ConformanceCase, size: Int) async throws {
+        try await SocketTest.run {
+            let server = try await test.echoServer()
+            let client = try await test.connect(to: server.endpoint)
+            let payload = pattern(size, seed: 7)
+            // Send and receive at once: a client that sent 8 MiB before reading would stall both ends.
+            async let sent: Void = {
+                var offset = 0
+                while offset < payload.count {
+                    let end = min(offset + 100_000, payload.count)
+                    try await client.send(Array(payload[offset..<end]))
+                    offset = end
+                }
+            }()
+            let echoed = try await client.receive(exactly: size)
+            try await sent
+            #expect(echoed == payload)
+            await client.close()
+            await server.stop()
+        }
+    }
+
+    @Test("UDP datagrams arrive whole", arguments: ConformanceCase.udp, [0, 1, 1400, 65_507])
+    func udpDatagramsArriveWhole(_ test: ConformanceCase, size: Int) async throws {
+        try await SocketTest.run {
+            let server = try await test.echoServer()
+            let client = try await test.connect(to: server.endpoint)
+            let payload = pattern(size, seed: 3)
+            let echoed = try await udpRequest(client, payload)
+            #expect(echoed.count == size)
+            #expect(echoed == payload)
+            await client.close()
+            await server.stop()
+        }
+    }
+
+    @Test("A 65,508-byte UDP datagram is too large", arguments: ConformanceCase.udp)
+    func udpTooLarge(_ test: ConformanceCase) async throws {
+        try await SocketTest.run {
+            let server = try await test.echoServer()
+            let client = try await test.connect(to: server.endpoint)
+            await expectConnectionError(.messageTooLarge) { () throws(ConnectionError) in
+                try await client.send(pattern(65_508))
+            }
+            // The connection still works afterwards.
+            #expect(try await udpRequest(client, [1, 2, 3]) == [1, 2, 3])
+            await client.close()
+            await server.stop()
+        }
+    }
+
+    // MARK: Byte stream versus messages
+
+    @Test("TCP joins and splits sends; receive(exactly:) reassembles", arguments: ConformanceCase.tcp)
+    func tcpCoalescingAndSplitting(_ test: ConformanceCase) async throws {
+        try await SocketTest.run {
+            let listener = try await test.listen()
+            let client = try await test.connect(to: listener.localEndpoint)
+            let server = try await listener.accept()
+            // 100 small sends, read back as 10 records of 100 bytes however the stream cut them.
+            let sends = (0..<100).map { pattern(10, seed: UInt8($0)) }
+            for chunk in sends { try await client.send(chunk) }
+            var records: [[UInt8]] = []
+            for _ in 0..<10 { records.append(try await server.receive(exactly: 100)) }
+            #expect(records.flatMap { $0 } == sends.flatMap { $0 })
+            // One large send, read with a small limit: several receives, none above the limit.
+            let big = pattern(50_000, seed: 9)
+            try await client.send(big)
+            var got: [UInt8] = []
+            var receives = 0
+            while got.count < big.count {
+                let message = try #require(try await server.receive(maximumLength: 1000))
+                #expect(message.count <= 1000 && message.count > 0)
+                got += message.bytes
+                receives += 1
+            }
+            #expect(got == big)
+            #expect(receives >= 50)
+            await client.close()
+            await server.close()
+            await listener.close()
+        }
+    }
+
+    @Test("UDP keeps each datagram separate", arguments: ConformanceCase.udp)
+    func udpBoundaries(_ test: ConformanceCase) async throws {
+        try await SocketTest.run {
+            let listener = try await test.listen()
+            let client = try await test.connect(to: listener.localEndpoint)
+            try await client.send([1])
+            let server = try await listener.accept()
+            #expect(try await server.receive()?.bytes == [1])
+            // Sizes chosen so that a joined or split datagram would be visible.
+            for size in [10, 1, 300, 0, 7] { try await client.send(pattern(size, seed: UInt8(truncatingIfNeeded: size))) }
+            var sizes: [Int] = []
+            for _ in 0..<5 {
+                let message = try #require(try await server.receive())
+                #expect(message.bytes == pattern(message.count, seed: UInt8(truncatingIfNeeded: message.count)))
+                sizes.append(message.count)
+            }
+            #expect(sizes == [10, 1, 300, 0, 7])  // loopback neither loses nor reorders such a short burst
+            // Replies go back to the sender's address.
+            try await server.send([42])
+            #expect(try await client.receive()?.bytes == [42])
+            await client.close()
+            await server.close()
+            await listener.close()
+        }
+    }
+
+    // MARK: Failures with clear errors
+
+    @Test("Connecting to a closed TCP port is refused", arguments: ConformanceCase.tcp)
+    func tcpRefused(_ test: ConformanceCase) async throws {
+        try await SocketTest.run {
+            // Bind a socket but do not listen: the port is ours, and a SYN to it is answered with RST.
+            let placeholder = try BSDSocket.listen(on: try Endpoint(url: "udp://127.0.0.1:0"))
+            let port = try placeholder.localAddress.port
+            placeholder.close()
+            let error = await expectConnectionError(.refused) { () throws(ConnectionError) in
+                try await test.connect(to: try Endpoint(url: "tcp://127.0.0.1:\(port)"))
+            }
+            #expect(error?.systemCode?.name.contains("ECONNREFUSED") == true)
+        }
+    }
+
+    @Test("A UDP datagram to a closed port comes back refused", arguments: ConformanceCase.udp)
+    func udpRefused(_ test: ConformanceCase) async throws {
+        try await SocketTest.run {
+            let placeholder = try BSDSocket.listen(on: try Endpoint(url: "udp://127.0.0.1:0"))
+            let port = try placeholder.localAddress.port
+            placeholder.close()
+            let client = try await test.connect(to: try Endpoint(url: "udp://127.0.0.1:\(port)"))
+            try await client.send([1])  // UDP sends without asking; the ICMP "port unreachable" comes back later
+            await expectConnectionError(.refused) { () throws(ConnectionError) in try await client.receive() }
+            await client.close()
+        }
+    }
+
+    @Test("An unknown host is reported as such", arguments: ConformanceCase.all)
+    func unknownHost(_ test: ConformanceCase) async throws {
+        try await SocketTest.run {
+            let endpoint = try Endpoint(url: "\(test.transport)://no-such-host.invalid:9")
+            await expectConnectionError(.hostNotFound) { () throws(ConnectionError) in
+                try await test.connect(to: endpoint)
+            }
+        }
+    }
+
+    @Test("Listening on a taken address fails with addressInUse", arguments: ConformanceCase.all)
+    func addressInUse(_ test: ConformanceCase) async throws {
+        try await SocketTest.run {
+            let first = try await test.listen()
+            await expectConnectionError(.addressInUse) { () throws(ConnectionError) in
+                try await test.backend.listen(on: first.localEndpoint)
+            }
+            await first.close()
+        }
+    }
+
+    @Test("A connect that cannot complete times out", arguments: ConformanceCase.tcp)
+    func connectTimeout(_ test: ConformanceCase) async throws {
+        try await SocketTest.run {
+            // A listener with a backlog of 1 whose queue is full drops further SYNs, so the handshake never
+            // completes: a real, local connect that hangs.
+            let options = ConnectionOptions.with { $0.backlog = 1 }
+            let listener = try BSDSocket.listen(on: try Endpoint(url: "tcp://127.0.0.1:0"), options: options)
+            let endpoint = try listener.localAddress.endpoint(.tcp)
+            var fillers: [any Connection] = []
+            let short = ConnectionOptions.with { $0.connectTimeout = .milliseconds(300) }
+            var timedOut = false
+            for _ in 0..<8 {
+                do throws(ConnectionError) {
+                    fillers.append(try await test.connect(to: endpoint, options: short))
+                } catch {
+                    #expect(error.kind == .timedOut, "\(error)")
+                    timedOut = error.kind == .timedOut
+                    break
+                }
+            }
+            #expect(timedOut)
+            for filler in fillers { await filler.close() }
+            listener.close()
+        }
+    }
+
+    // MARK: Ending
+
+    @Test("A peer's half-close is a clean end, reported exactly once", arguments: ConformanceCase.tcp)
+    func halfClose(_ test: ConformanceCase) async throws {
+        try await SocketTest.run {
+            let listener = try await test.listen()
+            let client = try await test.connect(to: listener.localEndpoint)
+            let server = try await listener.accept()
+            try await client.send([1, 2, 3])
+            try await client.closeOutput()
+            #expect(try await server.receive(exactly: 3) == [1, 2, 3])
+            #expect(try await server.receive() == nil)
+            await expectConnectionError(.closed) { () throws(ConnectionError) in try await server.receive() }
+            // The other direction still works after a half-close.
+            try await server.send([4, 5])
+            #expect(try await client.receive(exactly: 2) == [4, 5])
+            await expectConnectionError(.closed) { () throws(ConnectionError) in try await client.send([6]) }
+            await server.close()
+            #expect(try await client.receive() == nil)
+            await client.close()
+            await listener.close()
+        }
+    }
+
+    @Test("close() twice is a no-op; send and receive after close throw closed", arguments: ConformanceCase.all)
+    func closeTwiceAndUseAfterClose(_ test: ConformanceCase) async throws {
+        try await SocketTest.run {
+            let server = try await test.echoServer()
+            let client = try await test.connect(to: server.endpoint)
+            await client.close()
+            await client.close()
+            await expectConnectionError(.closed) { () throws(ConnectionError) in try await client.send([1]) }
+            await expectConnectionError(.closed) { () throws(ConnectionError) in try await client.receive() }
+            await server.listener.close()
+            await server.listener.close()
+            await expectConnectionError(.closed) { () throws(ConnectionError) in try await server.listener.accept() }
+            await server.stop()
+        }
+    }
+
+    @Test("close() wakes a receive that is waiting", arguments: ConformanceCase.all)
+    func closeWakesReceive(_ test: ConformanceCase) async throws {
+        try await SocketTest.run {
+            let server = try await test.echoServer()
+            let client = try await test.connect(to: server.endpoint)
+            let waiting = Task { () throws(ConnectionError) in try await client.receive() }
+            await client.close()
+            let result = await waiting.result
+            #expect(throws: ConnectionError.self) { try result.get() }
+            if case .failure(let error) = result { #expect((error as? ConnectionError)?.kind == .closed) }
+            await server.stop()
+        }
+    }
+
+    @Test("Cancelling a waiting receive returns promptly and loses nothing", arguments: ConformanceCase.all)
+    func cancelPendingReceive(_ test: ConformanceCase) async throws {
+        try await SocketTest.run {
+            let listener = try await test.listen()
+            let client = try await test.connect(to: listener.localEndpoint)
+            try await client.send([0])
+            let server = try await listener.accept()
+            #expect(try await server.receive()?.bytes == [0])
+            let waiting = Task { () throws(ConnectionError) in try await server.receive() }
+            waiting.cancel()
+            let result = await waiting.result
+            if case .failure(let error) = result {
+                #expect((error as? ConnectionError)?.kind == .cancelled)
+            } else {
+                Issue.record("a cancelled receive returned \(result)")
+            }
+            // Data sent after the cancellation is delivered to the next receive.
+            try await client.send([9, 8, 7])
+            let next = try await test.transport == .tcp ? server.receive(exactly: 3) : server.receive()?.bytes
+            #expect(next == [9, 8, 7])
+            await client.close()
+            await server.close()
+            await listener.close()
+        }
+    }
+
+    // MARK: Servers
+
+    @Test("One server serves 100 concurrent clients", arguments: ConformanceCase.all)
+    func hundredConcurrentClients(_ test: ConformanceCase) async throws {
+        try await SocketTest.run {
+            let server = try await test.echoServer()
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                for index in 0..<100 {
+                    group.addTask {
+                        let client = try await test.connect(to: server.endpoint)
+                        let payload = pattern(64 + index, seed: UInt8(index))
+                        let echoed =
+                            test.transport == .tcp
+                            ? try await { () async throws -> [UInt8] in
+                                try await client.send(payload)
+                                return try await client.receive(exactly: payload.count)
+                            }()
+                            : try await udpRequest(client, payload)
+                        #expect(echoed == payload)
+                        await client.close()
+                    }
+                }
+                try await group.waitForAll()
+            }
+            #expect(server.connectionsServed == 100)
+            await server.stop()
+        }
+    }
+
+    @Test("A server keeps serving after a client vanishes", arguments: ConformanceCase.tcp)
+    func serverSurvivesVanishingClient(_ test: ConformanceCase) async throws {
+        try await SocketTest.run {
+            let server = try await test.echoServer()
+            // A client that sends a lot and disappears without reading its echo.
+            let rude = try await test.connect(to: server.endpoint)
+            try await rude.send(pattern(200_000))
+            await rude.close()
+            let polite = try await test.connect(to: server.endpoint)
+            try await polite.send([1, 2, 3])
+            #expect(try await polite.receive(exactly: 3) == [1, 2, 3])
+            await polite.close()
+            await server.stop()
+        }
+    }
+
+    @Test("IPv6 loopback works", arguments: ConformanceCase.all)
+    func ipv6(_ test: ConformanceCase) async throws {
+        try await SocketTest.run {
+            let server = try await EchoServer.start(test.backend, on: try Endpoint(url: "\(test.transport)://[::1]:0"))
+            #expect(server.endpoint.host == .ipv6("::1"))
+            let client = try await test.connect(to: server.endpoint)
+            let payload = pattern(100, seed: 6)
+            let echoed =
+                test.transport == .tcp
+                ? try await { () async throws -> [UInt8] in
+                    try await client.send(payload)
+                    return try await client.receive(exactly: 100)
+                }() : try await udpRequest(client, payload)
+            #expect(echoed == payload)
+            #expect(client.remoteEndpoint == server.endpoint)
+            await client.close()
+            await server.stop()
+        }
+    }
+
+    @Test("Host names resolve (localhost)", arguments: ConformanceCase.all)
+    func hostName(_ test: ConformanceCase) async throws {
+        try await SocketTest.run {
+            let server = try await test.echoServer()
+            let client = try await test.connect(
+                to: try Endpoint(url: "\(test.transport)://localhost:\(server.endpoint.port)"))
+            let echoed =
+                test.transport == .tcp
+                ? try await { () async throws -> [UInt8] in
+                    try await client.send([5])
+                    return try await client.receive(exactly: 1)
+                }() : try await udpRequest(client, [5])
+            #expect(echoed == [5])
+            await client.close()
+            await server.stop()
+        }
+    }
+}
