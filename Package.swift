@@ -37,11 +37,21 @@ let package = Package(
         ),
         // Shipped test support: fd counting, time limits, echo servers.
         .target(name: "ConnectionTestKit", dependencies: ["SocketStyles", "POSIXSupport"], swiftSettings: strictSettings),
+        // Measurement: HdrHistogram summaries, the ping-pong runner. A library so tests can drive it.
+        .target(
+            name: "BenchmarkDriver",
+            dependencies: [
+                "ConnectionCore", "POSIXSupport",
+                .product(name: "Histogram", package: "hdrhistogram-swift"),
+            ],
+            swiftSettings: strictSettings
+        ),
         .executableTarget(
             name: "sockbench",
             dependencies: [
                 "SocketStyles",
                 "ConnectionTestKit",
+                "BenchmarkDriver",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Histogram", package: "hdrhistogram-swift"),
             ],
@@ -54,12 +64,12 @@ let package = Package(
         ),
         .testTarget(
             name: "BSDSocketBackendTests",
-            dependencies: ["BSDSocketBackend", "POSIXSupport", "ConnectionTestKit"],
+            dependencies: ["BSDSocketBackend", "POSIXSupport", "CSocketShims", "ConnectionTestKit"],
             swiftSettings: strictSettings
         ),
         .testTarget(
             name: "ConformanceTests",
-            dependencies: ["SocketStyles", "ConnectionTestKit"],
+            dependencies: ["SocketStyles", "ConnectionTestKit", "BenchmarkDriver"],
             swiftSettings: strictSettings
         ),
     ],

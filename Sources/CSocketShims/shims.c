@@ -7,6 +7,10 @@
 #include <sys/eventfd.h>
 #include <netdb.h>
 #include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <stdatomic.h>
 
 int csock_accept4(int fd, struct sockaddr *addr, socklen_t *len, int nonblocking) {
     return accept4(fd, addr, len, SOCK_CLOEXEC | (nonblocking ? SOCK_NONBLOCK : 0));
@@ -84,4 +88,42 @@ void csock_set_thread_name(const char *name) {
     strncpy(buffer, name, 15);
     buffer[15] = 0;
     pthread_setname_np(pthread_self(), buffer);
+}
+
+int csock_pin_thread(int tid, int cpu) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    return sched_setaffinity(tid, sizeof set, &set);
+}
+
+int csock_current_cpu(void) { return sched_getcpu(); }
+
+static atomic_long interruptions;
+
+static void csock_noop_handler(int sig) {
+    (void)sig;
+    atomic_fetch_add(&interruptions, 1);
+}
+
+int csock_install_interrupting_handler(int sig) {
+    struct sigaction action;
+    memset(&action, 0, sizeof action);
+    action.sa_handler = csock_noop_handler;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = 0; /* no SA_RESTART: interrupted calls fail with EINTR */
+    return sigaction(sig, &action, NULL);
+}
+
+int csock_gettid(void) { return (int)syscall(SYS_gettid); }
+
+int csock_signal_thread(int tid, int sig) { return (int)syscall(SYS_tgkill, getpid(), tid, sig); }
+
+long csock_interruptions(void) { return atomic_load(&interruptions); }
+
+int csock_unblock_signal(int sig) {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, sig);
+    return pthread_sigmask(SIG_UNBLOCK, &set, NULL);
 }

@@ -160,6 +160,9 @@ public final class ReceiveQueue<Element: Sendable>: Sendable {
     /// `true` while the total queued weight is below the capacity.
     public var hasSpace: Bool { state.withLock { $0.weight < capacity } }
 
+    /// How many receivers are waiting now (for tests and diagnostics).
+    public var waitingReceivers: Int { state.withLock { $0.waiters.count } }
+
     /// `true` once ``finish(_:)`` or ``close(_:)`` was called.
     public var isEnded: Bool { state.withLock { $0.end != nil } }
 

@@ -482,3 +482,30 @@ public enum Syscall {
         return result
     }
 }
+
+extension Syscall {
+    /// Pins every thread of this process to `cpu` (threads created later inherit it from their creator).
+    /// - Returns: how many threads were pinned.
+    @discardableResult
+    public static func pinProcess(toCPU cpu: Int) throws(ConnectionError) -> Int {
+        guard let directory = opendir("/proc/self/task") else { throw .errno(Glibc.errno, "opendir /proc/self/task") }
+        defer { closedir(directory) }
+        var pinned = 0
+        while let entry = readdir(directory) {
+            let name = withUnsafeBytes(of: entry.pointee.d_name) { raw in
+                String(decoding: raw.prefix(while: { $0 != 0 }), as: UTF8.self)
+            }
+            guard let tid = Int32(name) else { continue }
+            if csock_pin_thread(tid, Int32(cpu)) != 0 {
+                let code = Glibc.errno
+                if code == ESRCH { continue }  // the thread ended meanwhile
+                throw .errno(code, "sched_setaffinity(cpu \(cpu))")
+            }
+            pinned += 1
+        }
+        return pinned
+    }
+
+    /// The number of CPUs online.
+    public static var cpuCount: Int { Int(sysconf(Int32(_SC_NPROCESSORS_ONLN))) }
+}

@@ -50,4 +50,22 @@ extern const int csock_EAI_ADDRFAMILY;
 /// pthread_setname_np for the calling thread (at most 15 bytes kept).
 void csock_set_thread_name(const char *name);
 
+/// sched_setaffinity of one thread (tid) to one CPU; 0 or -1 (errno set).
+int csock_pin_thread(int tid, int cpu);
+/// The CPU the calling thread runs on now.
+int csock_current_cpu(void);
+
+/// Installs a handler that does nothing for `sig`, WITHOUT SA_RESTART, so that a blocking call interrupted by
+/// it returns EINTR. For tests of the EINTR paths.
+int csock_install_interrupting_handler(int sig);
+/// Unblocks `sig` for the calling thread (threads inherit the signal mask of their creator, and the
+/// concurrency runtime's worker threads block most signals).
+int csock_unblock_signal(int sig);
+/// The calling thread's kernel thread id.
+int csock_gettid(void);
+/// Sends `sig` to one thread of this process (tgkill).
+int csock_signal_thread(int tid, int sig);
+/// How many times the interrupting handler has run.
+long csock_interruptions(void);
+
 #endif

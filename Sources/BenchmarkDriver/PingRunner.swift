@@ -1,0 +1,156 @@
+public import ConnectionCore
+public import Histogram
+import POSIXSupport
+import Synchronization
+
+/// Closed-loop round trips over one ``Connection``: send `size` bytes, wait for the echo, repeat. Every
+/// sample after the warm-up goes into an HdrHistogram.
+///
+/// What is timed: from just before `send` to just after the whole echo was received (for TCP, all `size`
+/// bytes however the stream split them; for UDP, the datagram with the matching sequence number).
+///
+/// UDP may lose a datagram: a watchdog sends the same probe again when no echo came within `lossTimeout`,
+/// counts the loss, and the sample is timed from the re-send. Each probe carries a sequence number, so a late
+/// echo of an earlier probe is recognised and discarded.
+public struct PingRunner: Sendable {
+    /// What one run measured.
+    public struct Result: Sendable, Codable {
+        /// Round-trip latency, nanoseconds.
+        public var latency: LatencySummary
+        /// Probes re-sent because no echo came in time (UDP).
+        public var lost: Int
+        /// Late echoes of earlier probes, discarded (UDP).
+        public var stale: Int
+        /// Wall-clock time of the measured part, nanoseconds.
+        public var elapsedNanoseconds: UInt64
+        /// Round trips per second over the measured part.
+        public var roundTripsPerSecond: Double
+        /// The full histogram, for merging runs.
+        public var histogram: Histogram<UInt64>
+    }
+
+    public var size: Int
+    public var count: Int
+    public var warmup: Int
+    public var lossTimeout: Duration
+
+    /// Creates a runner.
+    public init(size: Int = 64, count: Int = 10_000, warmup: Int = 1_000, lossTimeout: Duration = .milliseconds(200)) {
+        self.size = size
+        self.count = count
+        self.warmup = warmup
+        self.lossTimeout = lossTimeout
+    }
+
+    /// Runs against an echo peer on `connection`.
+    public func run(on connection: any Connection) async throws(ConnectionError) -> Result {
+        if connection.transport.isByteStream {
+            return try await runStream(connection)
+        }
+        return try await runMessages(connection)
+    }
+
+    private func runStream(_ connection: any Connection) async throws(ConnectionError) -> Result {
+        var histogram = LatencySummary.makeHistogram()
+        var payload = [UInt8](repeating: 0x5a, count: size)
+        var start: UInt64 = 0
+        for index in 0..<(warmup + count) {
+            if index == warmup { start = MonotonicClock.nanoseconds() }
+            stamp(&payload, UInt64(index))
+            let sent = MonotonicClock.nanoseconds()
+            try await connection.send(payload)
+            let echoed = try await connection.receive(exactly: size)
+            let elapsed = MonotonicClock.nanoseconds() - sent
+            guard echoed == payload else {
+                throw ConnectionError(.protocolViolation, "the echo of round trip \(index) differs from what was sent")
+            }
+            if index >= warmup { _ = histogram.record(max(1, elapsed)) }
+        }
+        let total = MonotonicClock.nanoseconds() - start
+        return Result(
+            latency: LatencySummary(histogram), lost: 0, stale: 0, elapsedNanoseconds: total,
+            roundTripsPerSecond: Double(count) / (Double(total) / 1e9), histogram: histogram)
+    }
+
+    private final class Probe: Sendable {
+        struct State {
+            var sequence: UInt64 = 0
+            var payload: [UInt8] = []
+            var sentAt: UInt64 = 0
+            var lost = 0
+            var finished = false
+        }
+        let state = Mutex(State())
+    }
+
+    private func runMessages(_ connection: any Connection) async throws(ConnectionError) -> Result {
+        var histogram = LatencySummary.makeHistogram()
+        let probe = Probe()
+        let timeout = lossTimeout
+        let timeoutNanoseconds = UInt64(timeout.components.seconds) * 1_000_000_000
+            + UInt64(timeout.components.attoseconds / 1_000_000_000)
+        // The watchdog: re-sends the current probe when its echo is overdue.
+        let watchdog = Task {
+            while !Task.isCancelled {
+                try? await Task.sleep(for: timeout / 4)
+                let resend: [UInt8]? = probe.state.withLock { state in
+                    guard !state.finished, state.sentAt != 0 else { return nil }
+                    let now = MonotonicClock.nanoseconds()
+                    guard now - state.sentAt > timeoutNanoseconds else { return nil }
+                    state.lost += 1
+                    state.sentAt = now
+                    return state.payload
+                }
+                if let resend { try? await connection.send(resend) }
+            }
+        }
+        defer { watchdog.cancel() }
+        var stale = 0
+        var payload = [UInt8](repeating: 0x5a, count: size)
+        var start: UInt64 = 0
+        for index in 0..<(warmup + count) {
+            if index == warmup {
+                start = MonotonicClock.nanoseconds()
+                probe.state.withLock { $0.lost = 0 }
+            }
+            stamp(&payload, UInt64(index))
+            let now = MonotonicClock.nanoseconds()
+            probe.state.withLock { state in
+                state.sequence = UInt64(index)
+                state.payload = payload
+                state.sentAt = now
+            }
+            try await connection.send(payload)
+            while true {
+                guard let message = try await connection.receive() else {
+                    throw ConnectionError(.closed, "the peer ended the connection")
+                }
+                let end = MonotonicClock.nanoseconds()
+                if message.bytes == payload {
+                    let sentAt = probe.state.withLock { state in
+                        defer { state.sentAt = 0 }
+                        return state.sentAt
+                    }
+                    if index >= warmup { _ = histogram.record(max(1, end - sentAt)) }
+                    break
+                }
+                stale += 1
+            }
+        }
+        let total = MonotonicClock.nanoseconds() - start
+        let lost = probe.state.withLock { state in
+            state.finished = true
+            return state.lost
+        }
+        return Result(
+            latency: LatencySummary(histogram), lost: lost, stale: stale, elapsedNanoseconds: total,
+            roundTripsPerSecond: Double(count) / (Double(total) / 1e9), histogram: histogram)
+    }
+
+    /// Writes the sequence number into the first (up to) 8 bytes, so each probe differs from the last.
+    private func stamp(_ payload: inout [UInt8], _ sequence: UInt64) {
+        for offset in 0..<min(8, payload.count) {
+            payload[offset] = UInt8(truncatingIfNeeded: sequence >> (8 * UInt64(offset)))
+        }
+    }
+}

@@ -1,0 +1,68 @@
+import ArgumentParser
+import ConnectionTestKit
+import Dispatch
+import Foundation
+import SocketStyles
+
+struct Serve: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Run an echo server until SIGINT or SIGTERM.",
+        discussion: "Prints `listening on URL` (with the real port when 0 was asked) once it accepts clients."
+    )
+
+    @Argument(help: "Where to listen, e.g. tcp://127.0.0.1:0 or udp://[::1]:9000.")
+    var url: String
+
+    @Option(help: "The connection style: \(Backend.allCases.map(\.rawValue).joined(separator: ", ")).")
+    var backend: String = "bsd"
+
+    @Option(help: "Pin the server to this CPU.")
+    var cpu: Int?
+
+    @Flag(help: "Stop when standard input reaches its end (used by `sockbench compare` for its child servers).")
+    var exitOnStdinEOF = false
+
+    func run() async throws {
+        let (endpoint, backend) = try parseTarget(url: url, backend: backend)
+        try pin(toCPU: cpu)
+        let server: EchoServer
+        do throws(ConnectionError) {
+            server = try await EchoServer.start(backend, on: endpoint)
+        } catch {
+            throw fail(error.description)
+        }
+        Console.line("listening on \(server.endpoint)")
+        let reason = await StopSignal.wait(stdinEOF: exitOnStdinEOF)
+        await server.stop()
+        Console.error("sockbench serve: \(reason); served \(server.connectionsServed) connection(s)")
+    }
+}
+
+/// Waits for SIGINT, SIGTERM or (optionally) the end of standard input.
+enum StopSignal {
+    static func wait(stdinEOF: Bool) async -> String {
+        let (stream, continuation) = AsyncStream<String>.makeStream()
+        var sources: [any DispatchSourceSignal] = []
+        for (number, name) in [(SIGINT, "SIGINT"), (SIGTERM, "SIGTERM")] {
+            signal(number, SIG_IGN)
+            let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
+            source.setEventHandler { continuation.yield("stopped by \(name)") }
+            source.resume()
+            sources.append(source)
+        }
+        if stdinEOF {
+            PosixThread.spawn(name: "stdin-watch") {
+                var byte: UInt8 = 0
+                while read(0, &byte, 1) > 0 {}
+                continuation.yield("standard input closed")
+            }
+        }
+        var reason = "stopped"
+        for await value in stream {
+            reason = value
+            break
+        }
+        for source in sources { source.cancel() }
+        return reason
+    }
+}

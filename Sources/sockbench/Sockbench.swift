@@ -1,0 +1,75 @@
+import ArgumentParser
+import Foundation
+import SocketStyles
+
+@main
+struct Sockbench: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "sockbench",
+        abstract: "Compare connection styles (blocking sockets, libuv, run loop, async/await, SwiftNIO) over TCP and UDP.",
+        discussion: """
+            Backends: \(Backend.allCases.map(\.rawValue).joined(separator: ", ")). URLs: tcp://host:port, udp://host:port.
+            Start with `sockbench compare`: it starts echo servers in separate processes and prints a side-by-side table.
+            """,
+        subcommands: [Compare.self, Serve.self, Ping.self, Backends.self],
+        defaultSubcommand: nil
+    )
+}
+
+/// Prints one line to stderr and exits non-zero: bad input gets a clear message, never a stack trace.
+func fail(_ message: String) -> ExitCode {
+    Console.error("sockbench: error: \(message)")
+    return ExitCode.failure
+}
+
+/// Unbuffered output (stdout may be a pipe read line by line by `sockbench compare`).
+enum Console {
+    static func line(_ text: String) {
+        FileHandle.standardOutput.write(Data((text + "\n").utf8))
+    }
+
+    static func error(_ text: String) {
+        FileHandle.standardError.write(Data((text + "\n").utf8))
+    }
+}
+
+/// Parses what the user typed into an endpoint and a backend, or fails with one line.
+func parseTarget(url: String, backend: String) throws -> (Endpoint, Backend) {
+    let endpoint: Endpoint
+    let parsedBackend: Backend
+    do throws(ConnectionError) {
+        endpoint = try Endpoint(url: url)
+        parsedBackend = try Backend(name: backend)
+    } catch {
+        throw fail(error.detail)
+    }
+    guard parsedBackend.transports.contains(endpoint.transport) else {
+        let offered = parsedBackend.transports.map(\.rawValue).sorted().joined(separator: ", ")
+        throw fail("the \(parsedBackend) backend offers \(offered), not \(endpoint.transport) (yet)")
+    }
+    return (endpoint, parsedBackend)
+}
+
+/// Pins this process to a CPU, or fails with one line.
+func pin(toCPU cpu: Int?) throws {
+    guard let cpu else { return }
+    guard cpu >= 0, cpu < Syscall.cpuCount else {
+        throw fail("--cpu \(cpu): this machine has CPUs 0 to \(Syscall.cpuCount - 1)")
+    }
+    do throws(ConnectionError) {
+        try Syscall.pinProcess(toCPU: cpu)
+    } catch {
+        throw fail(error.description)
+    }
+}
+
+struct Backends: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "List the backends and their transports.")
+
+    func run() {
+        for backend in Backend.allCases {
+            let transports = backend.transports.map(\.rawValue).sorted().joined(separator: ",")
+            Console.line("\(backend.rawValue.padding(toLength: 8, withPad: " ", startingAt: 0)) \(transports.padding(toLength: 10, withPad: " ", startingAt: 0)) \(backend.summary)")
+        }
+    }
+}

@@ -1,0 +1,189 @@
+import BSDSocketBackend
+import CSocketShims
+import ConnectionCore
+import ConnectionTestKit
+import Glibc
+import POSIXSupport
+import Synchronization
+import Testing
+
+/// The native blocking style, used as its users would: from threads of their own.
+@Suite("BSDSocket (native blocking API)", .timeLimit(.minutes(1)))
+struct BSDSocketTests {
+    /// Runs `body` on a new thread and returns its result without blocking the test's task.
+    func onThread<R: Sendable>(_ body: @escaping @Sendable () throws -> R) async throws -> R {
+        try await withCheckedThrowingContinuation { continuation in
+            PosixThread.spawn(name: "test") { continuation.resume(with: Result { try body() }) }
+        }
+    }
+
+    @Test("TCP echo with blocking calls on two threads")
+    func tcpEcho() async throws {
+        try await SocketTest.run {
+            let listener = try BSDSocket.listen(on: try Endpoint(url: "tcp://127.0.0.1:0"))
+            let port = try listener.localAddress.port
+            async let served: Int = onThread {
+                let client = try listener.accept()
+                defer { client.close() }
+                var total = 0
+                while true {
+                    let bytes = try client.receive(maximumLength: 4096)
+                    if bytes.isEmpty { return total }  // the peer half-closed
+                    total += bytes.count
+                    try client.sendAll(bytes)
+                }
+            }
+            let echoed: [UInt8] = try await onThread {
+                let socket = try BSDSocket.connect(to: try Endpoint(url: "tcp://127.0.0.1:\(port)"))
+                defer { socket.close() }
+                let payload = [UInt8](repeating: 0xab, count: 100_000)
+                try socket.sendAll(payload)
+                try socket.shutdown(.write)
+                var received: [UInt8] = []
+                while true {
+                    let bytes = try socket.receive(maximumLength: 65_536)
+                    if bytes.isEmpty { break }
+                    received += bytes
+                }
+                return received
+            }
+            #expect(echoed == [UInt8](repeating: 0xab, count: 100_000))
+            #expect(try await served == 100_000)
+            listener.close()
+        }
+    }
+
+    @Test("UDP sendto/recvfrom: the server answers each peer at its own address")
+    func udpServer() async throws {
+        try await SocketTest.run {
+            let server = try BSDSocket.listen(on: try Endpoint(url: "udp://127.0.0.1:0"))
+            let address = try server.localAddress
+            async let served: Void = onThread {
+                for _ in 0..<2 {
+                    let (bytes, from) = try server.receiveFrom()
+                    try server.send(bytes + [UInt8(truncatingIfNeeded: from.port)], to: from)
+                }
+            }
+            let replies: [[UInt8]] = try await onThread {
+                let a = try BSDSocket.connect(to: address.endpoint(.udp))
+                let b = try BSDSocket.connect(to: address.endpoint(.udp))
+                defer {
+                    a.close()
+                    b.close()
+                }
+                try a.sendAll([1])
+                try b.sendAll([2])
+                let replyA = try a.receive(maximumLength: 100)
+                let replyB = try b.receive(maximumLength: 100)
+                #expect(replyA.last == UInt8(truncatingIfNeeded: try a.localAddress.port))
+                #expect(replyB.last == UInt8(truncatingIfNeeded: try b.localAddress.port))
+                return [replyA, replyB]
+            }
+            try await served
+            #expect(replies.map(\.first) == [1, 2])
+            server.close()
+        }
+    }
+
+    @Test("A signal that interrupts a blocked recv (EINTR) is retried, not reported")
+    func eintrIsRetried() async throws {
+        try await SocketTest.run {
+            #expect(csock_install_interrupting_handler(SIGUSR1) == 0)
+            let listener = try BSDSocket.listen(on: try Endpoint(url: "tcp://127.0.0.1:0"))
+            let client = try BSDSocket.connect(to: try listener.localAddress.endpoint(.tcp))
+            let server = try listener.accept()
+            let readerTID = Atomic<Int32>(0)
+            let before = csock_interruptions()
+            let readerDone = Atomic<Bool>(false)
+            async let received: [UInt8] = onThread {
+                defer { readerDone.store(true, ordering: .releasing) }
+                _ = csock_unblock_signal(SIGUSR1)
+                readerTID.store(csock_gettid(), ordering: .releasing)
+                return try server.receive(maximumLength: 10)
+            }
+            var tid: Int32 = 0
+            while tid == 0 {
+                tid = readerTID.load(ordering: .acquiring)
+                await Task.yield()
+            }
+            // Wait until the reader is inside recvfrom(2) (x86_64 syscall 45, per /proc), interrupt it, and
+            // check that it went back into recvfrom instead of failing.
+            for round in 1...3 {
+                while !(readerDone.load(ordering: .acquiring) || Self.isBlockedInRecv(tid)) { await Task.yield() }
+                if readerDone.load(ordering: .acquiring) { break }
+                #expect(csock_signal_thread(tid, SIGUSR1) == 0)
+                while csock_interruptions() < before + round { await Task.yield() }
+            }
+            while !(readerDone.load(ordering: .acquiring) || Self.isBlockedInRecv(tid)) { await Task.yield() }
+            try client.sendAll([42])
+            #expect(try await received == [42])
+            client.close()
+            server.close()
+            listener.close()
+        }
+    }
+
+    /// Whether thread `tid` is blocked in recvfrom(2), from /proc/self/task/TID/syscall.
+    static func isBlockedInRecv(_ tid: Int32) -> Bool {
+        guard let file = fopen("/proc/self/task/\(tid)/syscall", "r") else { return false }
+        defer { fclose(file) }
+        var buffer = [CChar](repeating: 0, count: 64)
+        guard fgets(&buffer, 64, file) != nil else { return false }
+        let text = String(decoding: buffer.prefix(while: { $0 != 0 }).map { UInt8(bitPattern: $0) }, as: UTF8.self)
+        return text.hasPrefix("45 ")  // __NR_recvfrom on x86_64
+    }
+
+    @Test("Send to a peer that closed gives .reset, never SIGPIPE")
+    func noSigpipe() async throws {
+        try await SocketTest.run {
+            let listener = try BSDSocket.listen(on: try Endpoint(url: "tcp://127.0.0.1:0"))
+            let client = try BSDSocket.connect(to: try listener.localAddress.endpoint(.tcp))
+            let server = try listener.accept()
+            server.close()
+            // The first send may still be accepted (the RST comes back afterwards); a later one must fail.
+            var failure: ConnectionError?
+            for _ in 0..<100 where failure == nil {
+                do throws(ConnectionError) {
+                    try client.sendAll([UInt8](repeating: 1, count: 1000))
+                } catch {
+                    failure = error
+                }
+                await Task.yield()
+            }
+            #expect(failure?.kind == .reset)
+            client.close()
+            listener.close()
+        }
+    }
+
+    @Test("shutdown(.both) wakes a thread blocked in accept")
+    func shutdownWakesAccept() async throws {
+        try await SocketTest.run {
+            let listener = try BSDSocket.listen(on: try Endpoint(url: "tcp://127.0.0.1:0"))
+            let started = Atomic<Bool>(false)
+            async let outcome: Bool = onThread {
+                started.store(true, ordering: .releasing)
+                do {
+                    _ = try listener.accept()
+                    return false
+                } catch {
+                    return true
+                }
+            }
+            while !started.load(ordering: .acquiring) { await Task.yield() }
+            try listener.shutdown(.both)
+            #expect(try await outcome)
+            listener.close()
+        }
+    }
+
+    @Test("close() twice closes the descriptor once")
+    func closeTwice() async throws {
+        try await SocketTest.run {
+            let socket = try BSDSocket.listen(on: try Endpoint(url: "udp://127.0.0.1:0"))
+            socket.close()
+            socket.close()
+            #expect(socket.isClosed)
+        }
+    }
+}
