@@ -28,7 +28,8 @@ let package = Package(
         // The one file of syscall wrappers, socket addresses, name resolution, threads.
         .target(name: "POSIXSupport", dependencies: ["ConnectionCore", "CSocketShims"], swiftSettings: strictSettings),
         // Style 1: blocking BSD sockets on threads of our own.
-        .target(name: "BSDSocketBackend", dependencies: ["ConnectionCore", "POSIXSupport"], swiftSettings: strictSettings),
+        .target(
+            name: "BSDSocketBackend", dependencies: ["ConnectionCore", "POSIXSupport"], swiftSettings: strictSettings),
         // Umbrella: re-exports and the Backend enum.
         .target(
             name: "SocketStyles",
@@ -36,7 +37,8 @@ let package = Package(
             swiftSettings: strictSettings
         ),
         // Shipped test support: fd counting, time limits, echo servers.
-        .target(name: "ConnectionTestKit", dependencies: ["SocketStyles", "POSIXSupport"], swiftSettings: strictSettings),
+        .target(
+            name: "ConnectionTestKit", dependencies: ["SocketStyles", "POSIXSupport"], swiftSettings: strictSettings),
         // Measurement: HdrHistogram summaries, the ping-pong runner. A library so tests can drive it.
         .target(
             name: "BenchmarkDriver",

@@ -18,7 +18,9 @@ public struct BSDBackend: ConnectionBackend {
         Syscall.ignoreSIGPIPE()
     }
 
-    public func connect(to endpoint: Endpoint, options: ConnectionOptions) async throws(ConnectionError)
+    public func connect(
+        to endpoint: Endpoint, options: ConnectionOptions
+    ) async throws(ConnectionError)
         -> any Connection
     {
         try check(endpoint)
@@ -45,7 +47,9 @@ public struct BSDBackend: ConnectionBackend {
         return try result.get()
     }
 
-    public func listen(on endpoint: Endpoint, options: ConnectionOptions) async throws(ConnectionError)
+    public func listen(
+        on endpoint: Endpoint, options: ConnectionOptions
+    ) async throws(ConnectionError)
         -> any Listener
     {
         try check(endpoint)

@@ -41,13 +41,17 @@ public final class BSDSocket: @unchecked Sendable {
 
     /// Resolves `endpoint` and connects, blocking until connected or `options.connectTimeout` has passed.
     /// Tries each resolved address in order. For UDP, fixes the peer address (no packet is sent).
-    public static func connect(to endpoint: Endpoint, options: ConnectionOptions = ConnectionOptions())
+    public static func connect(
+        to endpoint: Endpoint, options: ConnectionOptions = ConnectionOptions()
+    )
         throws(ConnectionError) -> BSDSocket
     {
         try connect(to: endpoint, options: options, attempt: ConnectAttempt())
     }
 
-    static func connect(to endpoint: Endpoint, options: ConnectionOptions, attempt: ConnectAttempt)
+    static func connect(
+        to endpoint: Endpoint, options: ConnectionOptions, attempt: ConnectAttempt
+    )
         throws(ConnectionError) -> BSDSocket
     {
         guard endpoint.transport == .tcp || endpoint.transport == .udp else {
@@ -58,7 +62,8 @@ public final class BSDSocket: @unchecked Sendable {
         var lastError = ConnectionError(.hostNotFound, "no address for \(endpoint)")
         for address in addresses {
             do {
-                return try connect(to: address, endpoint: endpoint, options: options, deadline: deadline, attempt: attempt)
+                return try connect(
+                    to: address, endpoint: endpoint, options: options, deadline: deadline, attempt: attempt)
             } catch {
                 if error.kind == .cancelled || error.kind == .timedOut { throw error }
                 lastError = error
@@ -103,7 +108,9 @@ public final class BSDSocket: @unchecked Sendable {
     /// Resolves `endpoint` and binds: for TCP also listens (SO_REUSEADDR per `options`); for UDP, a socket
     /// ready for ``receiveFrom(maximumLength:)`` and ``send(_:to:)``. Port 0 picks a free port: read it back
     /// from ``localAddress``.
-    public static func listen(on endpoint: Endpoint, options: ConnectionOptions = ConnectionOptions())
+    public static func listen(
+        on endpoint: Endpoint, options: ConnectionOptions = ConnectionOptions()
+    )
         throws(ConnectionError) -> BSDSocket
     {
         guard endpoint.transport == .tcp || endpoint.transport == .udp else {
@@ -197,8 +204,9 @@ public final class BSDSocket: @unchecked Sendable {
     }
 
     /// recvfrom(2): blocks for one datagram and its sender (UDP).
-    public func receiveFrom(maximumLength: Int = 65_536) throws(ConnectionError) -> (bytes: [UInt8], from: SocketAddress)
-    {
+    public func receiveFrom(
+        maximumLength: Int = 65_536
+    ) throws(ConnectionError) -> (bytes: [UInt8], from: SocketAddress) {
         var sender: SocketAddress?
         let bytes = try [UInt8](unsafeUninitializedCapacity: maximumLength) {
             (buffer, count) throws(ConnectionError) in

@@ -73,7 +73,9 @@ final class BSDWriter: @unchecked Sendable {
         try await enqueue { Job(bytes: [], offset: 0, address: nil, shutdownWrite: true, completion: $0) }
     }
 
-    private func enqueue(_ makeJob: (CheckedContinuation<Result<Void, ConnectionError>, Never>) -> Job)
+    private func enqueue(
+        _ makeJob: (CheckedContinuation<Result<Void, ConnectionError>, Never>) -> Job
+    )
         async throws(ConnectionError)
     {
         let result = await withCheckedContinuation { continuation in

@@ -29,7 +29,8 @@ public struct LatencySummary: Sendable, Codable, Hashable {
 
     /// A histogram for latencies from 1 ns to 60 s at 3 significant digits.
     public static func makeHistogram() -> Histogram<UInt64> {
-        Histogram<UInt64>(lowestDiscernibleValue: 1, highestTrackableValue: 60_000_000_000, numberOfSignificantValueDigits: .three)
+        Histogram<UInt64>(
+            lowestDiscernibleValue: 1, highestTrackableValue: 60_000_000_000, numberOfSignificantValueDigits: .three)
     }
 
     /// Whether a percentile has enough samples behind it to mean anything: p99.9 needs at least 1,000 samples,

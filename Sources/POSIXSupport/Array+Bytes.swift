@@ -3,7 +3,9 @@ public import ConnectionCore
 extension Array where Element == UInt8 {
     /// `withUnsafeBytes` for bodies that throw ``ConnectionError`` (the standard one only rethrows untyped).
     @inlinable
-    public func withBytes<R>(_ body: (UnsafeRawBufferPointer) throws(ConnectionError) -> R) throws(ConnectionError)
+    public func withBytes<R>(
+        _ body: (UnsafeRawBufferPointer) throws(ConnectionError) -> R
+    ) throws(ConnectionError)
         -> R
     {
         let result: Result<R, ConnectionError> = withUnsafeBytes { buffer in

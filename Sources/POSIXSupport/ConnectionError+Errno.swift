@@ -1,5 +1,5 @@
-public import ConnectionCore
 internal import CSocketShims
+public import ConnectionCore
 internal import Glibc
 
 extension ConnectionError {

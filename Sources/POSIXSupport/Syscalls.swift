@@ -1,5 +1,5 @@
-public import ConnectionCore
 internal import CSocketShims
+public import ConnectionCore
 internal import Glibc
 
 /// The result of a call on a non-blocking descriptor: done, or "would block" (EAGAIN) as a value, not an error.
@@ -28,7 +28,9 @@ public enum ShutdownHow: Sendable {
 /// - every descriptor is created close-on-exec.
 public enum Syscall {
     @inline(__always)
-    private static func retrying(_ operation: @autoclosure () -> String, _ body: () -> Int) throws(ConnectionError)
+    private static func retrying(
+        _ operation: @autoclosure () -> String, _ body: () -> Int
+    ) throws(ConnectionError)
         -> Int
     {
         while true {
@@ -41,7 +43,9 @@ public enum Syscall {
     }
 
     @inline(__always)
-    private static func retryingIO(_ operation: @autoclosure () -> String, _ body: () -> Int)
+    private static func retryingIO(
+        _ operation: @autoclosure () -> String, _ body: () -> Int
+    )
         throws(ConnectionError) -> IOResult<Int>
     {
         while true {
@@ -57,7 +61,9 @@ public enum Syscall {
     // MARK: Creating and configuring
 
     /// socket(2), close-on-exec, optionally non-blocking.
-    public static func socket(family: SocketAddress.Family, datagram: Bool, nonBlocking: Bool = false)
+    public static func socket(
+        family: SocketAddress.Family, datagram: Bool, nonBlocking: Bool = false
+    )
         throws(ConnectionError) -> Int32
     {
         var type = (datagram ? Int32(SOCK_DGRAM.rawValue) : Int32(SOCK_STREAM.rawValue)) | Int32(SOCK_CLOEXEC.rawValue)
@@ -158,7 +164,9 @@ public enum Syscall {
     // MARK: Connecting
 
     /// accept4(2), close-on-exec. Returns `nil` on EAGAIN (non-blocking listeners).
-    public static func accept(_ fd: Int32, nonBlocking: Bool = false) throws(ConnectionError)
+    public static func accept(
+        _ fd: Int32, nonBlocking: Bool = false
+    ) throws(ConnectionError)
         -> (fd: Int32, peer: SocketAddress)?
     {
         var storage = sockaddr_storage()
@@ -212,7 +220,9 @@ public enum Syscall {
     // MARK: Data
 
     /// send(2) with MSG_NOSIGNAL (and MSG_DONTWAIT when `dontWait`).
-    public static func send(_ fd: Int32, _ buffer: UnsafeRawBufferPointer, dontWait: Bool = false)
+    public static func send(
+        _ fd: Int32, _ buffer: UnsafeRawBufferPointer, dontWait: Bool = false
+    )
         throws(ConnectionError) -> IOResult<Int>
     {
         let flags = Int32(MSG_NOSIGNAL) | (dontWait ? Int32(MSG_DONTWAIT) : 0)
@@ -220,7 +230,9 @@ public enum Syscall {
     }
 
     /// recv(2) (MSG_DONTWAIT when `dontWait`). 0 means end of stream on TCP and an empty datagram on UDP.
-    public static func recv(_ fd: Int32, _ buffer: UnsafeMutableRawBufferPointer, dontWait: Bool = false)
+    public static func recv(
+        _ fd: Int32, _ buffer: UnsafeMutableRawBufferPointer, dontWait: Bool = false
+    )
         throws(ConnectionError) -> IOResult<Int>
     {
         let flags = dontWait ? Int32(MSG_DONTWAIT) : 0
@@ -229,7 +241,9 @@ public enum Syscall {
 
     /// recv(2) on a datagram socket with MSG_TRUNC: the result is the datagram's real size, which exceeds the
     /// buffer when it was truncated.
-    public static func recvDatagram(_ fd: Int32, _ buffer: UnsafeMutableRawBufferPointer, dontWait: Bool = false)
+    public static func recvDatagram(
+        _ fd: Int32, _ buffer: UnsafeMutableRawBufferPointer, dontWait: Bool = false
+    )
         throws(ConnectionError) -> IOResult<Int>
     {
         let flags = Int32(MSG_TRUNC) | (dontWait ? Int32(MSG_DONTWAIT) : 0)
@@ -248,7 +262,9 @@ public enum Syscall {
 
     /// recvfrom(2) with MSG_TRUNC: returns the datagram's real size (above the buffer size when truncated) and
     /// its sender.
-    public static func recvFrom(_ fd: Int32, _ buffer: UnsafeMutableRawBufferPointer, dontWait: Bool = false)
+    public static func recvFrom(
+        _ fd: Int32, _ buffer: UnsafeMutableRawBufferPointer, dontWait: Bool = false
+    )
         throws(ConnectionError) -> IOResult<(count: Int, from: SocketAddress)>
     {
         var storage = sockaddr_storage()
@@ -318,8 +334,7 @@ public enum Syscall {
     /// system resolver (/etc/hosts, then DNS). Names under `.invalid` fail at once without a query, as RFC 6761
     /// asks of resolver APIs.
     /// - Parameter passive: for listening (AI_PASSIVE).
-    public static func resolve(_ endpoint: Endpoint, passive: Bool = false) throws(ConnectionError) -> [SocketAddress]
-    {
+    public static func resolve(_ endpoint: Endpoint, passive: Bool = false) throws(ConnectionError) -> [SocketAddress] {
         let hostText = endpoint.host.literal
         if case .name(let name) = endpoint.host {
             let trimmed = name.hasSuffix(".") ? String(name.dropLast()) : name
@@ -363,7 +378,8 @@ public enum Syscall {
         var addresses: [SocketAddress] = []
         var cursor = list
         while let entry = cursor {
-            if let address = entry.pointee.ai_addr.flatMap({ SocketAddress($0, length: Int(entry.pointee.ai_addrlen)) }),
+            if let address = entry.pointee.ai_addr.flatMap({ SocketAddress($0, length: Int(entry.pointee.ai_addrlen)) }
+            ),
                 !addresses.contains(address)
             {
                 addresses.append(address)
@@ -399,7 +415,9 @@ public enum Syscall {
     }
 
     /// epoll_ctl(2). `operation`: ``epollAdd``, ``epollModify`` or ``epollDelete``.
-    public static func epollControl(_ epfd: Int32, _ operation: Int32, _ fd: Int32, events: UInt32, data: UInt64)
+    public static func epollControl(
+        _ epfd: Int32, _ operation: Int32, _ fd: Int32, events: UInt32, data: UInt64
+    )
         throws(ConnectionError)
     {
         _ = try retrying("epoll_ctl", { Int(csock_epoll_ctl(epfd, operation, fd, events, data)) })

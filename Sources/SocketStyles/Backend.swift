@@ -39,14 +39,18 @@ public enum Backend: String, Sendable, Hashable, CaseIterable, CustomStringConve
     public var description: String { rawValue }
 
     /// Connects with this backend.
-    public func connect(to endpoint: Endpoint, options: ConnectionOptions = ConnectionOptions())
+    public func connect(
+        to endpoint: Endpoint, options: ConnectionOptions = ConnectionOptions()
+    )
         async throws(ConnectionError) -> any Connection
     {
         try await implementation.connect(to: endpoint, options: options)
     }
 
     /// Listens with this backend.
-    public func listen(on endpoint: Endpoint, options: ConnectionOptions = ConnectionOptions())
+    public func listen(
+        on endpoint: Endpoint, options: ConnectionOptions = ConnectionOptions()
+    )
         async throws(ConnectionError) -> any Listener
     {
         try await implementation.listen(on: endpoint, options: options)

@@ -57,7 +57,8 @@ struct Compare: AsyncParsableCommand {
         do throws(ConnectionError) {
             chosenBackends =
                 backends == "all"
-                ? Backend.allCases : try backends.split(separator: ",").map { name throws(ConnectionError) in
+                ? Backend.allCases
+                : try backends.split(separator: ",").map { name throws(ConnectionError) in
                     try Backend(name: String(name))
                 }
         } catch {
@@ -169,7 +170,10 @@ struct Compare: AsyncParsableCommand {
     }
 
     func table(_ rows: [Row]) -> String {
-        let header = ["backend", "transport", "size", "p50 us", "p50 spread", "p90 us", "p99 us", "p99.9 us", "max us", "rt/s", "lost"]
+        let header = [
+            "backend", "transport", "size", "p50 us", "p50 spread", "p90 us", "p99 us", "p99.9 us", "max us", "rt/s",
+            "lost",
+        ]
         var cells: [[String]] = [header]
         for row in rows {
             let p50s = row.repetitions.map(\.p50)
@@ -183,7 +187,8 @@ struct Compare: AsyncParsableCommand {
         let widths = header.indices.map { column in cells.map { $0[column].count }.max()! }
         return cells.enumerated().map { index, row in
             let line = row.enumerated().map { column, cell in
-                column < 2 ? cell.padding(toLength: widths[column], withPad: " ", startingAt: 0)
+                column < 2
+                    ? cell.padding(toLength: widths[column], withPad: " ", startingAt: 0)
                     : String(repeating: " ", count: widths[column] - cell.count) + cell
             }.joined(separator: "  ")
             return index == 0 ? line + "\n" + String(repeating: "-", count: line.count) : line
@@ -208,7 +213,8 @@ final class ChildServer {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: executablePath())
         process.arguments =
-            ["serve", url, "--backend", backend.rawValue, "--exit-on-stdin-eof"] + (cpu.map { ["--cpu", "\($0)"] } ?? [])
+            ["serve", url, "--backend", backend.rawValue, "--exit-on-stdin-eof"]
+            + (cpu.map { ["--cpu", "\($0)"] } ?? [])
         let input = Pipe()
         let output = Pipe()
         process.standardInput = input

@@ -6,7 +6,8 @@ import SocketStyles
 struct Sockbench: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "sockbench",
-        abstract: "Compare connection styles (blocking sockets, libuv, run loop, async/await, SwiftNIO) over TCP and UDP.",
+        abstract:
+            "Compare connection styles (blocking sockets, libuv, run loop, async/await, SwiftNIO) over TCP and UDP.",
         discussion: """
             Backends: \(Backend.allCases.map(\.rawValue).joined(separator: ", ")). URLs: tcp://host:port, udp://host:port.
             Start with `sockbench compare`: it starts echo servers in separate processes and prints a side-by-side table.
@@ -69,7 +70,9 @@ struct Backends: ParsableCommand {
     func run() {
         for backend in Backend.allCases {
             let transports = backend.transports.map(\.rawValue).sorted().joined(separator: ",")
-            Console.line("\(backend.rawValue.padding(toLength: 8, withPad: " ", startingAt: 0)) \(transports.padding(toLength: 10, withPad: " ", startingAt: 0)) \(backend.summary)")
+            Console.line(
+                "\(backend.rawValue.padding(toLength: 8, withPad: " ", startingAt: 0)) \(transports.padding(toLength: 10, withPad: " ", startingAt: 0)) \(backend.summary)"
+            )
         }
     }
 }

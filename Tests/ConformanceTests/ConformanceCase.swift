@@ -14,12 +14,16 @@ struct ConformanceCase: Sendable, CustomTestStringConvertible {
     var anyPort: Endpoint { try! Endpoint(url: "\(transport)://127.0.0.1:0") }
 
     static let all: [ConformanceCase] = Backend.allCases.flatMap { backend in
-        [Transport.tcp, .udp].filter(backend.transports.contains).map { ConformanceCase(backend: backend, transport: $0) }
+        [Transport.tcp, .udp].filter(backend.transports.contains).map {
+            ConformanceCase(backend: backend, transport: $0)
+        }
     }
     static let tcp = all.filter { $0.transport == .tcp }
     static let udp = all.filter { $0.transport == .udp }
 
-    func connect(to endpoint: Endpoint, options: ConnectionOptions = ConnectionOptions())
+    func connect(
+        to endpoint: Endpoint, options: ConnectionOptions = ConnectionOptions()
+    )
         async throws(ConnectionError) -> any Connection
     {
         try await backend.connect(to: endpoint, options: options)

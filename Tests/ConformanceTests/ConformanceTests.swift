@@ -103,7 +103,9 @@ struct ConformanceTests {
             let server = try await listener.accept()
             #expect(try await server.receive()?.bytes == [1])
             // Sizes chosen so that a joined or split datagram would be visible.
-            for size in [10, 1, 300, 0, 7] { try await client.send(pattern(size, seed: UInt8(truncatingIfNeeded: size))) }
+            for size in [10, 1, 300, 0, 7] {
+                try await client.send(pattern(size, seed: UInt8(truncatingIfNeeded: size)))
+            }
             var sizes: [Int] = []
             for _ in 0..<5 {
                 let message = try #require(try await server.receive())

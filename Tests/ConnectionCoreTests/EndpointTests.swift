@@ -3,15 +3,17 @@ import Testing
 
 @Suite("Endpoint parsing")
 struct EndpointTests {
-    @Test("Valid URLs parse into their parts", arguments: [
-        ("tcp://127.0.0.1:9000", Transport.tcp, Endpoint.Host.ipv4("127.0.0.1"), UInt16(9000), "/"),
-        ("udp://[::1]:53", .udp, .ipv6("::1"), 53, "/"),
-        ("ws://localhost:8080/echo", .ws, .name("localhost"), 8080, "/echo"),
-        ("wss://Example.TEST/chat?room=1", .wss, .name("example.test"), 443, "/chat?room=1"),
-        ("ws://[fe80::1%eth0]", .ws, .ipv6("fe80::1%eth0"), 80, "/"),
-        ("tls://10.0.0.1:0", .tls, .ipv4("10.0.0.1"), 0, "/"),
-        ("TCP://host-name.local.:65535", .tcp, .name("host-name.local."), 65535, "/"),
-    ])
+    @Test(
+        "Valid URLs parse into their parts",
+        arguments: [
+            ("tcp://127.0.0.1:9000", Transport.tcp, Endpoint.Host.ipv4("127.0.0.1"), UInt16(9000), "/"),
+            ("udp://[::1]:53", .udp, .ipv6("::1"), 53, "/"),
+            ("ws://localhost:8080/echo", .ws, .name("localhost"), 8080, "/echo"),
+            ("wss://Example.TEST/chat?room=1", .wss, .name("example.test"), 443, "/chat?room=1"),
+            ("ws://[fe80::1%eth0]", .ws, .ipv6("fe80::1%eth0"), 80, "/"),
+            ("tls://10.0.0.1:0", .tls, .ipv4("10.0.0.1"), 0, "/"),
+            ("TCP://host-name.local.:65535", .tcp, .name("host-name.local."), 65535, "/"),
+        ])
     func parses(url: String, transport: Transport, host: Endpoint.Host, port: UInt16, path: String) throws {
         let endpoint = try Endpoint(url: url)
         #expect(endpoint.transport == transport)
@@ -22,22 +24,24 @@ struct EndpointTests {
         #expect(try Endpoint(url: endpoint.description) == endpoint)
     }
 
-    @Test("Invalid URLs are rejected with the reason", arguments: [
-        ("127.0.0.1:9000", "missing scheme"),
-        ("http://127.0.0.1:80", "unknown scheme 'http'"),
-        ("tcp://127.0.0.1", "missing port"),
-        ("udp://127.0.0.1:65536", "port '65536'"),
-        ("tcp://127.0.0.1:-1", "port '-1'"),
-        ("tcp://127.0.0.1:", "port ''"),
-        ("tcp://:80", "empty host"),
-        ("tcp://[::1:80", "unclosed '['"),
-        ("tcp://::1:80", "in brackets"),
-        ("tcp://[nothex]:80", "not an IPv6 address"),
-        ("tcp://bad host:80", "not a valid host name"),
-        ("tcp://-bad.example:80", "not a valid host name"),
-        ("tcp://127.0.0.1:80/path", "only meaningful for ws"),
-        ("tcp://user@host:80", "user information"),
-    ])
+    @Test(
+        "Invalid URLs are rejected with the reason",
+        arguments: [
+            ("127.0.0.1:9000", "missing scheme"),
+            ("http://127.0.0.1:80", "unknown scheme 'http'"),
+            ("tcp://127.0.0.1", "missing port"),
+            ("udp://127.0.0.1:65536", "port '65536'"),
+            ("tcp://127.0.0.1:-1", "port '-1'"),
+            ("tcp://127.0.0.1:", "port ''"),
+            ("tcp://:80", "empty host"),
+            ("tcp://[::1:80", "unclosed '['"),
+            ("tcp://::1:80", "in brackets"),
+            ("tcp://[nothex]:80", "not an IPv6 address"),
+            ("tcp://bad host:80", "not a valid host name"),
+            ("tcp://-bad.example:80", "not a valid host name"),
+            ("tcp://127.0.0.1:80/path", "only meaningful for ws"),
+            ("tcp://user@host:80", "user information"),
+        ])
     func rejects(url: String, reason: String) {
         #expect {
             try Endpoint(url: url)

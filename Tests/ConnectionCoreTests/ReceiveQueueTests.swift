@@ -82,7 +82,8 @@ struct ReceiveQueueTests {
     @Test("The producer is told when the queue is full and when there is room again")
     func backpressure() async throws {
         let signalled = Atomic<Int>(0)
-        let queue = ReceiveQueue<[UInt8]>.byteStream(capacity: 10, onSpaceAvailable: { signalled.add(1, ordering: .relaxed) })
+        let queue = ReceiveQueue<[UInt8]>.byteStream(
+            capacity: 10, onSpaceAvailable: { signalled.add(1, ordering: .relaxed) })
         #expect(queue.push([UInt8](repeating: 0, count: 6)).hasSpace)
         #expect(!queue.push([UInt8](repeating: 0, count: 6)).hasSpace)
         #expect(signalled.load(ordering: .relaxed) == 0)
