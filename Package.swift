@@ -30,10 +30,18 @@ let package = Package(
         // Style 1: blocking BSD sockets on threads of our own.
         .target(
             name: "BSDSocketBackend", dependencies: ["ConnectionCore", "POSIXSupport"], swiftSettings: strictSettings),
+        // libuv from the system (Debian's libuv1-dev), found with pkg-config.
+        .systemLibrary(name: "CLibUV", pkgConfig: "libuv", providers: [.apt(["libuv1-dev"])]),
+        // Style 2: libuv's loop and callbacks.
+        .target(
+            name: "LibUVBackend",
+            dependencies: ["ConnectionCore", "POSIXSupport", "CLibUV"],
+            swiftSettings: strictSettings
+        ),
         // Umbrella: re-exports and the Backend enum.
         .target(
             name: "SocketStyles",
-            dependencies: ["ConnectionCore", "BSDSocketBackend"],
+            dependencies: ["ConnectionCore", "BSDSocketBackend", "LibUVBackend"],
             swiftSettings: strictSettings
         ),
         // Shipped test support: fd counting, time limits, echo servers.

@@ -527,3 +527,26 @@ extension Syscall {
     /// The number of CPUs online.
     public static var cpuCount: Int { Int(sysconf(Int32(_SC_NPROCESSORS_ONLN))) }
 }
+
+extension Syscall {
+    /// ``resolve(_:passive:)`` without blocking the caller: numeric addresses are parsed at once; host names are
+    /// looked up on a thread of their own (getaddrinfo may wait for DNS), never on Swift's cooperative pool.
+    public static func resolveAsync(
+        _ endpoint: Endpoint, passive: Bool = false
+    ) async throws(ConnectionError)
+        -> [SocketAddress]
+    {
+        if case .name = endpoint.host {
+            let result: Result<[SocketAddress], ConnectionError> = await withCheckedContinuation { continuation in
+                PosixThread.spawn(name: "resolve") {
+                    continuation.resume(
+                        returning: Result { () throws(ConnectionError) in
+                            try resolve(endpoint, passive: passive)
+                        })
+                }
+            }
+            return try result.get()
+        }
+        return try resolve(endpoint, passive: passive)
+    }
+}

@@ -1,5 +1,6 @@
 @_exported public import BSDSocketBackend
 @_exported public import ConnectionCore
+@_exported public import LibUVBackend
 @_exported public import POSIXSupport
 
 /// Every connection style this package offers, by the name users type (`--backend bsd`).
@@ -9,11 +10,14 @@
 public enum Backend: String, Sendable, Hashable, CaseIterable, CustomStringConvertible {
     /// Blocking BSD sockets on threads of their own (``BSDBackend``).
     case bsd
+    /// libuv's event loop and callbacks on one loop thread (``LibUVBackend``).
+    case uv
 
     /// The backend's factory.
     public var implementation: any ConnectionBackend {
         switch self {
         case .bsd: BSDBackend()
+        case .uv: LibUVBackend.shared
         }
     }
 
@@ -21,6 +25,7 @@ public enum Backend: String, Sendable, Hashable, CaseIterable, CustomStringConve
     public var summary: String {
         switch self {
         case .bsd: "blocking BSD sockets; a reader thread (and a writer thread when needed) per connection"
+        case .uv: "libuv 1.44 loop and callbacks; every connection on one loop thread, uv_async_send to reach it"
         }
     }
 

@@ -1,0 +1,203 @@
+public import ConnectionCore
+import POSIXSupport
+import Synchronization
+
+/// Backend `uv`: libuv's event loop and callbacks, adapted to ``Connection``.
+///
+/// Every connection and listener of one backend instance lives on one ``UVLoop`` (one thread, many clients).
+/// Calls from async tasks reach the loop through `uv_async_send` (``UVLoop/execute(_:)``); results come back
+/// by resuming continuations. The native style is ``UVLoop``, ``UVTCP``, ``UVUDP`` and ``UVTimer``.
+public final class LibUVBackend: ConnectionBackend, Sendable {
+    public let name = "uv"
+    public let transports: Set<Transport> = [.tcp, .udp]
+    /// The loop every connection of this backend runs on.
+    public let loop: UVLoop
+
+    /// The process-wide instance that `Backend.uv` uses (its loop lives as long as the process).
+    public static let shared: LibUVBackend = {
+        do {
+            return try LibUVBackend(loopName: "uv-loop")
+        } catch {
+            fatalError("cannot start the libuv loop: \(error)")
+        }
+    }()
+
+    /// Creates a backend with a loop of its own; ``shutdown()`` closes it.
+    public init(loopName: String = "uv-loop") throws(ConnectionError) {
+        Syscall.ignoreSIGPIPE()
+        loop = try UVLoop(name: loopName)
+    }
+
+    /// Stops the loop and closes it with `uv_loop_close`; throws if a handle was left open.
+    public func shutdown() async throws(ConnectionError) {
+        try await loop.shutdown()
+    }
+
+    public func connect(
+        to endpoint: Endpoint, options: ConnectionOptions
+    ) async throws(ConnectionError)
+        -> any Connection
+    {
+        try check(endpoint)
+        let addresses = try await Syscall.resolveAsync(endpoint)
+        var lastError = ConnectionError(.hostNotFound, "no address for \(endpoint)")
+        for address in addresses {
+            do throws(ConnectionError) {
+                if endpoint.transport == .udp {
+                    return try await connectUDP(to: address, options: options)
+                }
+                return try await connectTCP(to: address, endpoint: endpoint, options: options)
+            } catch {
+                if error.kind == .cancelled || error.kind == .timedOut { throw error }
+                lastError = error
+            }
+        }
+        throw lastError
+    }
+
+    /// Loop-confined state of one connect attempt.
+    private final class Attempt: @unchecked Sendable {
+        var finished = false
+        var timedOut = false
+        var cancelled = false
+        var tcp: UVTCP?
+        var timer: UVTimer?
+        var continuation: CheckedContinuation<Result<any Connection, ConnectionError>, Never>?
+
+        func finish(_ result: Result<any Connection, ConnectionError>) {
+            guard !finished else { return }
+            finished = true
+            timer?.close()
+            timer = nil
+            continuation?.resume(returning: result)
+            continuation = nil
+        }
+    }
+
+    private func connectTCP(
+        to address: SocketAddress, endpoint: Endpoint, options: ConnectionOptions
+    )
+        async throws(ConnectionError) -> any Connection
+    {
+        let attempt = Attempt()
+        let loop = loop
+        let result = await withTaskCancellationHandler {
+            await withCheckedContinuation { continuation in
+                loop.execute {
+                    attempt.continuation = continuation
+                    if attempt.cancelled { return attempt.finish(.failure(.cancelled("connect was cancelled"))) }
+                    do throws(UVError) {
+                        let tcp = try UVTCP(loop: loop, readBufferSize: options.readChunkSize)
+                        attempt.tcp = tcp
+                        do throws(UVError) {
+                            try tcp.setNoDelay(options.tcpNoDelay)
+                            try tcp.connect(to: address) { error in
+                                if let error {
+                                    tcp.close()
+                                    let failure: ConnectionError =
+                                        attempt.timedOut
+                                        ? ConnectionError(.timedOut, "connect to \(endpoint) (\(address)) timed out")
+                                        : attempt.cancelled
+                                            ? .cancelled("connect was cancelled")
+                                            : error.connectionError("connect to \(endpoint) (\(address))")
+                                    return attempt.finish(.failure(failure))
+                                }
+                                do throws(ConnectionError) {
+                                    try attempt.finish(.success(UVTCPConnection(tcp: tcp, options: options)))
+                                } catch {
+                                    tcp.close()
+                                    attempt.finish(.failure(error))
+                                }
+                            }
+                            try tcp.setBufferSizes(receive: options.receiveBufferSize, send: options.sendBufferSize)
+                        } catch {
+                            tcp.close()
+                            throw error
+                        }
+                        let timer = try UVTimer(loop: loop)
+                        attempt.timer = timer
+                        let milliseconds = max(1, options.connectTimeout.milliseconds)
+                        try timer.start(milliseconds: milliseconds) {
+                            // libuv has no connect timeout: closing the handle cancels the connect request.
+                            attempt.timedOut = true
+                            tcp.close()
+                        }
+                    } catch {
+                        attempt.finish(.failure(error.connectionError("connect to \(endpoint)")))
+                    }
+                }
+            }
+        } onCancel: {
+            loop.execute {
+                attempt.cancelled = true
+                if !attempt.finished { attempt.tcp?.close() }
+            }
+        }
+        return try result.get()
+    }
+
+    private func connectUDP(
+        to address: SocketAddress, options: ConnectionOptions
+    ) async throws(ConnectionError)
+        -> any Connection
+    {
+        try await onLoop { () throws(ConnectionError) -> any Connection in
+            do throws(UVError) {
+                let udp = try UVUDP(loop: self.loop, bufferSize: options.maxDatagramSize)
+                do throws(UVError) {
+                    try udp.connect(address)
+                    try udp.setBufferSizes(receive: options.receiveBufferSize, send: options.sendBufferSize)
+                    return try UVUDPConnection(udp: udp, peer: address, options: options)
+                } catch {
+                    udp.close()
+                    throw error
+                }
+            } catch {
+                throw error.connectionError("connect udp to \(address)")
+            }
+        }
+    }
+
+    public func listen(
+        on endpoint: Endpoint, options: ConnectionOptions
+    ) async throws(ConnectionError)
+        -> any Listener
+    {
+        try check(endpoint)
+        let address = try await Syscall.resolveAsync(endpoint, passive: true)[0]
+        return try await onLoop { () throws(ConnectionError) -> any Listener in
+            if endpoint.transport == .udp {
+                return try UVUDPListener(loop: self.loop, address: address, options: options)
+            }
+            return try UVTCPListener(loop: self.loop, address: address, options: options)
+        }
+    }
+
+    /// Runs `body` on the loop thread and returns its result.
+    func onLoop<R: Sendable>(
+        _ body: @escaping @Sendable () throws(ConnectionError) -> R
+    ) async throws(ConnectionError)
+        -> R
+    {
+        let result: Result<R, ConnectionError> = await withCheckedContinuation { continuation in
+            loop.execute { continuation.resume(returning: Result { () throws(ConnectionError) in try body() }) }
+        }
+        return try result.get()
+    }
+
+    private func check(_ endpoint: Endpoint) throws(ConnectionError) {
+        guard transports.contains(endpoint.transport) else {
+            throw ConnectionError(
+                .unsupported, "the uv backend provides tcp and udp; \(endpoint.transport) is layered on top")
+        }
+    }
+}
+
+extension Duration {
+    /// Whole milliseconds, rounded up.
+    var milliseconds: UInt64 {
+        let (seconds, attoseconds) = components
+        guard seconds >= 0 else { return 0 }
+        return UInt64(seconds) * 1000 + UInt64((attoseconds + 999_999_999_999_999) / 1_000_000_000_000_000)
+    }
+}

@@ -1,0 +1,277 @@
+import ConnectionCore
+import POSIXSupport
+import Synchronization
+
+/// Closing a handle from async code: runs `uv_close` on the loop once and lets every caller await its
+/// close callback.
+final class UVCloseGate: @unchecked Sendable {
+    private var started = false
+    private var done = false
+    private var waiters: [CheckedContinuation<Void, Never>] = []
+
+    /// On the loop thread: starts closing (once) with `body`, which must call `finished` from the close callback.
+    func close(_ body: (@escaping () -> Void) -> Void, waiter: CheckedContinuation<Void, Never>?) {
+        if done {
+            waiter?.resume()
+            return
+        }
+        if let waiter { waiters.append(waiter) }
+        guard !started else { return }
+        started = true
+        body { [self] in
+            done = true
+            let all = waiters
+            waiters.removeAll()
+            for waiter in all { waiter.resume() }
+        }
+    }
+}
+
+/// A TCP connection on a libuv loop. Reads go into a bounded ``ReceiveQueue``: when it is full the handle
+/// stops reading (`uv_read_stop`) until a receive makes room. Sends try `uv_try_write` first and queue the
+/// rest with `uv_write`; each send returns when its bytes are written, so a fast sender waits for a slow peer.
+final class UVTCPConnection: Connection, @unchecked Sendable {
+    let transport = Transport.tcp
+    let localEndpoint: Endpoint
+    let remoteEndpoint: Endpoint
+    let options: ConnectionOptions
+    private let tcp: UVTCP
+    private let loop: UVLoop
+    private let inbox: ReceiveQueue<[UInt8]>
+    private let closing = Atomic<Bool>(false)
+    private let outputClosed = Atomic<Bool>(false)
+    private let gate = UVCloseGate()
+    // Loop-confined.
+    private var readingPaused = false
+
+    /// On the loop thread: wraps a connected handle and starts reading.
+    init(tcp: UVTCP, options: ConnectionOptions) throws(ConnectionError) {
+        self.tcp = tcp
+        self.loop = tcp.loop
+        self.options = options
+        do throws(UVError) {
+            localEndpoint = try tcp.localAddress.endpoint(.tcp)
+            remoteEndpoint = try tcp.peerAddress.endpoint(.tcp)
+        } catch {
+            throw error.connectionError("getpeername")
+        }
+        let loop = tcp.loop
+        nonisolated(unsafe) weak var weakSelf: UVTCPConnection?
+        inbox = .byteStream(capacity: options.receiveQueueLimit) {
+            loop.execute { weakSelf?.resumeReading() }
+        }
+        weakSelf = self
+        do throws(UVError) {
+            try tcp.readStart(makeReadCallback())
+        } catch {
+            throw error.connectionError("uv_read_start")
+        }
+    }
+
+    private func pauseReading() {
+        readingPaused = true
+        tcp.readStop()
+    }
+
+    private func resumeReading() {
+        guard readingPaused, !tcp.isClosing, inbox.hasSpace else { return }
+        readingPaused = false
+        try? tcp.readStart(makeReadCallback())
+    }
+
+    /// The read callback: copies each read into the queue, stops reading when it is full, and turns the end
+    /// of the stream or an error into the queue's end.
+    private func makeReadCallback() -> (UVReadResult) -> Void {
+        { [inbox, tcp, weak self] result in
+            switch result {
+            case .data(let bytes):
+                if !inbox.push([UInt8](bytes)).hasSpace { self?.pauseReading() }
+            case .endOfStream:
+                inbox.finish(.finished)
+                tcp.readStop()
+            case .failure(let error):
+                inbox.finish(.failed(error.connectionError("read")))
+                tcp.readStop()
+            }
+        }
+    }
+
+    deinit {
+        if !closing.exchange(true, ordering: .relaxed) {
+            let tcp = tcp
+            let inbox = inbox
+            loop.execute {
+                inbox.close()
+                tcp.close()
+            }
+        }
+    }
+
+    func send(_ message: Message) async throws(ConnectionError) {
+        if closing.load(ordering: .relaxed) { throw .closed() }
+        if outputClosed.load(ordering: .relaxed) { throw .closed("the output was closed (half-close)") }
+        let bytes = message.bytes
+        let result: Result<Void, ConnectionError> = await withCheckedContinuation { continuation in
+            loop.execute { [tcp] in
+                guard !tcp.isClosing else { return continuation.resume(returning: .failure(.closed())) }
+                do throws(UVError) {
+                    // uv_try_write returns EAGAIN (0 here) while earlier writes are queued, so order is kept.
+                    let written = try tcp.tryWrite(bytes)
+                    if written == bytes.count { return continuation.resume(returning: .success(())) }
+                    let rest = written == 0 ? bytes : Array(bytes[written...])
+                    try tcp.write(rest) { error in
+                        continuation.resume(
+                            returning: error.map {
+                                .failure($0.isCanceled ? .closed() : $0.connectionError("write"))
+                            } ?? .success(()))
+                    }
+                } catch {
+                    continuation.resume(returning: .failure(error.connectionError("write")))
+                }
+            }
+        }
+        try result.get()
+    }
+
+    func receive(maximumLength: Int) async throws(ConnectionError) -> Message? {
+        guard let bytes = try await inbox.next(maximumLength: maximumLength) else { return nil }
+        return Message(bytes)
+    }
+
+    func closeOutput() async throws(ConnectionError) {
+        if closing.load(ordering: .relaxed) { throw .closed() }
+        guard !outputClosed.exchange(true, ordering: .relaxed) else { return }
+        let result: Result<Void, ConnectionError> = await withCheckedContinuation { continuation in
+            loop.execute { [tcp] in
+                guard !tcp.isClosing else { return continuation.resume(returning: .failure(.closed())) }
+                do throws(UVError) {
+                    // uv_shutdown waits for the writes queued before it.
+                    try tcp.shutdown { error in
+                        continuation.resume(
+                            returning: error.map { .failure($0.connectionError("shutdown")) } ?? .success(()))
+                    }
+                } catch {
+                    continuation.resume(returning: .failure(error.connectionError("shutdown")))
+                }
+            }
+        }
+        try result.get()
+    }
+
+    func close() async {
+        closing.store(true, ordering: .relaxed)
+        await withCheckedContinuation { continuation in
+            loop.execute { [self] in
+                gate.close(
+                    { finished in
+                        inbox.close()
+                        tcp.close(finished)
+                    }, waiter: continuation)
+            }
+        }
+    }
+}
+
+/// A connected UDP socket on a libuv loop: one datagram per receive callback, into a bounded queue (a datagram
+/// that finds the queue full is dropped, as the kernel would drop it).
+final class UVUDPConnection: Connection, @unchecked Sendable {
+    let transport = Transport.udp
+    let localEndpoint: Endpoint
+    let remoteEndpoint: Endpoint
+    let options: ConnectionOptions
+    private let udp: UVUDP
+    private let loop: UVLoop
+    private let inbox: ReceiveQueue<[UInt8]>
+    private let closing = Atomic<Bool>(false)
+    private let gate = UVCloseGate()
+    /// Datagrams dropped because the queue was full.
+    let dropped = Atomic<Int>(0)
+
+    init(udp: UVUDP, peer: SocketAddress, options: ConnectionOptions) throws(UVError) {
+        self.udp = udp
+        self.loop = udp.loop
+        self.options = options
+        localEndpoint = try udp.localAddress.endpoint(.udp)
+        remoteEndpoint = peer.endpoint(.udp)
+        let inbox = ReceiveQueue<[UInt8]>.datagrams(capacity: options.receiveQueueLimit)
+        self.inbox = inbox
+        try udp.receiveStart { [weak self] result in
+            switch result {
+            case .datagram(let bytes, _, let truncated):
+                if truncated {
+                    inbox.pushFailure(ConnectionError(.messageTooLarge, "a datagram exceeded \(bytes.count) bytes"))
+                } else if inbox.hasSpace {
+                    inbox.push([UInt8](bytes))
+                } else {
+                    self?.dropped.add(1, ordering: .relaxed)
+                }
+            case .failure(let error):
+                // ECONNREFUSED after an ICMP port-unreachable: reported, the socket lives on.
+                inbox.pushFailure(error.connectionError("receive"))
+            }
+        }
+    }
+
+    deinit {
+        if !closing.exchange(true, ordering: .relaxed) {
+            let udp = udp
+            let inbox = inbox
+            loop.execute {
+                inbox.close()
+                udp.close()
+            }
+        }
+    }
+
+    func send(_ message: Message) async throws(ConnectionError) {
+        if closing.load(ordering: .relaxed) { throw .closed() }
+        try await sendDatagram(message.bytes, on: udp, to: nil, loop: loop)
+    }
+
+    func receive(maximumLength: Int) async throws(ConnectionError) -> Message? {
+        guard let bytes = try await inbox.next() else { return nil }
+        return Message(bytes)
+    }
+
+    func closeOutput() async throws(ConnectionError) {
+        throw ConnectionError(.unsupported, "UDP has no half-close")
+    }
+
+    func close() async {
+        closing.store(true, ordering: .relaxed)
+        await withCheckedContinuation { continuation in
+            loop.execute { [self] in
+                gate.close(
+                    { finished in
+                        inbox.close()
+                        udp.close(finished)
+                    }, waiter: continuation)
+            }
+        }
+    }
+}
+
+/// Sends one datagram on the loop: `uv_udp_try_send`, then `uv_udp_send` when the socket buffer is full.
+func sendDatagram(
+    _ bytes: [UInt8], on udp: UVUDP, to address: SocketAddress?, loop: UVLoop
+)
+    async throws(ConnectionError)
+{
+    let result: Result<Void, ConnectionError> = await withCheckedContinuation { continuation in
+        loop.execute {
+            guard !udp.isClosing else { return continuation.resume(returning: .failure(.closed())) }
+            do throws(UVError) {
+                let sent = try udp.trySend(bytes, to: address)
+                if sent { return continuation.resume(returning: .success(())) }
+                try udp.send(bytes, to: address) { error in
+                    continuation.resume(
+                        returning: error.map { .failure($0.isCanceled ? .closed() : $0.connectionError("send")) }
+                            ?? .success(()))
+                }
+            } catch {
+                continuation.resume(returning: .failure(error.connectionError("send")))
+            }
+        }
+    }
+    try result.get()
+}

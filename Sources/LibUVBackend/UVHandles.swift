@@ -1,0 +1,294 @@
+internal import CLibUV
+import ConnectionCore
+public import POSIXSupport
+
+/// What every libuv handle shares: its loop, its memory, and closing.
+///
+/// A handle object is created on the loop thread and used only there. It stays alive (retained through the
+/// handle's data pointer) from its creation until libuv's close callback has run, however many Swift
+/// references are dropped before; its memory is released after that callback, never before.
+public class UVHandle: @unchecked Sendable {
+    /// The loop this handle belongs to.
+    public let loop: UVLoop
+    let handle: UnsafeMutableRawPointer
+    private var closeCallback: (() -> Void)?
+    private(set) var isClosing = false
+
+    init(loop: UVLoop, size: Int) {
+        precondition(loop.isOnLoopThread, "libuv handles are created on their loop's thread")
+        self.loop = loop
+        self.handle = UnsafeMutableRawPointer.allocate(byteCount: size, alignment: 16)
+    }
+
+    /// Attaches this object to the initialised handle (one retain, dropped in the close callback).
+    func attach() {
+        uv_handle_set_data(csuv_handle(handle), Unmanaged.passRetained(self).toOpaque())
+    }
+
+    deinit {
+        handle.deallocate()
+    }
+
+    /// `uv_close`: stops the handle; `callback` runs (on the loop) once libuv is done with it. Closing twice is a
+    /// no-op.
+    public func close(_ callback: (() -> Void)? = nil) {
+        guard !isClosing else { return }
+        isClosing = true
+        closeCallback = callback
+        uv_close(csuv_handle(handle), uvHandleClosed)
+    }
+
+    fileprivate func didClose() {
+        let callback = closeCallback
+        closeCallback = nil
+        callback?()
+    }
+}
+
+private let uvHandleClosed: @convention(c) (UnsafeMutablePointer<uv_handle_t>?) -> Void = { handle in
+    let object = Unmanaged<UVHandle>.fromOpaque(uv_handle_get_data(handle)).takeRetainedValue()
+    object.didClose()
+}
+
+/// What a read callback receives.
+public enum UVReadResult {
+    /// Bytes that arrived (valid only during the callback).
+    case data(UnsafeRawBufferPointer)
+    /// The peer finished sending (`UV_EOF`).
+    case endOfStream
+    /// A read error.
+    case failure(UVError)
+}
+
+/// A TCP handle (`uv_tcp_t`): connect, listen/accept, read, write, shutdown.
+public final class UVTCP: UVHandle, @unchecked Sendable {
+    private var onRead: ((UVReadResult) -> Void)?
+    private var onConnection: ((UVError?) -> Void)?
+    private var readBuffer: UnsafeMutableRawBufferPointer?
+    private let readBufferSize: Int
+
+    /// `uv_tcp_init` on `loop` (call on the loop thread). `readBufferSize` is what the alloc callback hands out
+    /// for each read (one buffer per handle, reused: each read is consumed inside the read callback).
+    public init(loop: UVLoop, readBufferSize: Int = 64 * 1024) throws(UVError) {
+        self.readBufferSize = readBufferSize
+        super.init(loop: loop, size: MemoryLayout<uv_tcp_t>.size)
+        try UVError.check(uv_tcp_init(loop.raw, handle.assumingMemoryBound(to: uv_tcp_t.self)))
+        attach()
+    }
+
+    var tcp: UnsafeMutablePointer<uv_tcp_t> { handle.assumingMemoryBound(to: uv_tcp_t.self) }
+
+    deinit {
+        readBuffer?.deallocate()
+    }
+
+    /// `uv_tcp_bind`.
+    public func bind(_ address: SocketAddress) throws(UVError) {
+        let status = address.withSockAddr { pointer, _ in uv_tcp_bind(tcp, pointer, 0) }
+        try UVError.check(status)
+    }
+
+    /// `uv_listen`: `onConnection` runs for each incoming connection; call ``accept()`` in it.
+    public func listen(backlog: Int32, onConnection: @escaping (UVError?) -> Void) throws(UVError) {
+        self.onConnection = onConnection
+        try UVError.check(uv_listen(csuv_stream(handle), backlog, uvConnection))
+    }
+
+    fileprivate func connectionArrived(_ status: Int32) {
+        onConnection?(status < 0 ? UVError(status) : nil)
+    }
+
+    /// `uv_accept` into a new TCP handle.
+    public func accept() throws(UVError) -> UVTCP {
+        let client = try UVTCP(loop: loop, readBufferSize: readBufferSize)
+        let status = uv_accept(csuv_stream(handle), csuv_stream(client.handle))
+        if status < 0 {
+            client.close()
+            throw UVError(status)
+        }
+        return client
+    }
+
+    /// `uv_tcp_connect`: `callback` gets `nil` once connected, or the error.
+    public func connect(to address: SocketAddress, _ callback: @escaping (UVError?) -> Void) throws(UVError) {
+        let request = UVRequest<uv_connect_t> { status in callback(status < 0 ? UVError(status) : nil) }
+        let status = address.withSockAddr { pointer, _ in uv_tcp_connect(request.raw, tcp, pointer, uvConnectDone) }
+        if status < 0 {
+            request.abandon()
+            throw UVError(status)
+        }
+    }
+
+    /// `uv_read_start`: `onRead` runs for each read (data, end of stream, or error).
+    public func readStart(_ onRead: @escaping (UVReadResult) -> Void) throws(UVError) {
+        self.onRead = onRead
+        if readBuffer == nil {
+            readBuffer = .allocate(byteCount: readBufferSize, alignment: 16)
+        }
+        try UVError.check(uv_read_start(csuv_stream(handle), uvAllocate, uvRead))
+    }
+
+    /// `uv_read_stop`: no read callbacks until ``readStart(_:)`` again; the kernel buffers, then TCP flow
+    /// control slows the peer.
+    public func readStop() {
+        uv_read_stop(csuv_stream(handle))
+    }
+
+    fileprivate func allocate() -> uv_buf_t {
+        uv_buf_init(readBuffer!.baseAddress!.assumingMemoryBound(to: CChar.self), UInt32(readBufferSize))
+    }
+
+    fileprivate func didRead(_ count: Int, _ buffer: UnsafePointer<uv_buf_t>?) {
+        if count > 0 {
+            onRead?(.data(UnsafeRawBufferPointer(start: buffer!.pointee.base, count: count)))
+        } else if count < 0 {
+            let error = UVError(Int32(count))
+            onRead?(error.isEOF ? .endOfStream : .failure(error))
+        }
+        // count == 0 is "nothing read this time" (EAGAIN), not the end of the stream.
+    }
+
+    /// `uv_try_write`: writes what the kernel takes at once, without queueing. Returns the count written
+    /// (0 when it would block).
+    public func tryWrite(_ bytes: UnsafeRawBufferPointer) throws(UVError) -> Int {
+        guard !bytes.isEmpty else { return 0 }
+        var buffer = uv_buf_init(
+            UnsafeMutablePointer(mutating: bytes.baseAddress!.assumingMemoryBound(to: CChar.self)), UInt32(bytes.count))
+        let status = uv_try_write(csuv_stream(handle), &buffer, 1)
+        if status == csuv_eagain() { return 0 }
+        try UVError.check(status)
+        return Int(status)
+    }
+
+    /// ``tryWrite(_:)-(UnsafeRawBufferPointer)`` for an array.
+    public func tryWrite(_ bytes: [UInt8]) throws(UVError) -> Int {
+        let result: Result<Int, UVError> = bytes.withUnsafeBytes { raw in
+            Result { () throws(UVError) in try tryWrite(raw) }
+        }
+        return try result.get()
+    }
+
+    /// `uv_write`: queues `bytes` (kept alive until the callback, as libuv copies only the buffer array);
+    /// `callback` gets `nil` once written, or the error (`ECANCELED` when the handle was closed first).
+    public func write(_ bytes: [UInt8], _ callback: @escaping (UVError?) -> Void) throws(UVError) {
+        let request = UVRequest<uv_write_t>(keeping: bytes) { status in callback(status < 0 ? UVError(status) : nil) }
+        let status = request.kept.withUnsafeBytes { raw in
+            var buffer = uv_buf_init(
+                UnsafeMutablePointer(mutating: raw.baseAddress?.assumingMemoryBound(to: CChar.self)), UInt32(raw.count))
+            return uv_write(request.raw, csuv_stream(handle), &buffer, 1, uvWriteDone)
+        }
+        if status < 0 {
+            request.abandon()
+            throw UVError(status)
+        }
+    }
+
+    /// `uv_shutdown`: sends FIN after every queued write.
+    public func shutdown(_ callback: @escaping (UVError?) -> Void) throws(UVError) {
+        let request = UVRequest<uv_shutdown_t> { status in callback(status < 0 ? UVError(status) : nil) }
+        let status = uv_shutdown(request.raw, csuv_stream(handle), uvShutdownDone)
+        if status < 0 {
+            request.abandon()
+            throw UVError(status)
+        }
+    }
+
+    /// `uv_tcp_nodelay`.
+    public func setNoDelay(_ on: Bool) throws(UVError) {
+        try UVError.check(uv_tcp_nodelay(tcp, on ? 1 : 0))
+    }
+
+    /// SO_RCVBUF / SO_SNDBUF through `uv_recv_buffer_size` / `uv_send_buffer_size` (on an open socket).
+    public func setBufferSizes(receive: Int?, send: Int?) throws(UVError) {
+        if var value = receive.map(Int32.init(clamping:)) {
+            try UVError.check(uv_recv_buffer_size(csuv_handle(handle), &value))
+        }
+        if var value = send.map(Int32.init(clamping:)) {
+            try UVError.check(uv_send_buffer_size(csuv_handle(handle), &value))
+        }
+    }
+
+    /// `uv_tcp_getsockname`.
+    public var localAddress: SocketAddress {
+        get throws(UVError) { try address(uv_tcp_getsockname) }
+    }
+
+    /// `uv_tcp_getpeername`.
+    public var peerAddress: SocketAddress {
+        get throws(UVError) { try address(uv_tcp_getpeername) }
+    }
+
+    private func address(
+        _ call: (UnsafePointer<uv_tcp_t>?, UnsafeMutablePointer<sockaddr>?, UnsafeMutablePointer<Int32>?) -> Int32
+    ) throws(UVError) -> SocketAddress {
+        var storage = sockaddr_storage()
+        var length = Int32(MemoryLayout<sockaddr_storage>.size)
+        let status = withUnsafeMutablePointer(to: &storage) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { call(tcp, $0, &length) }
+        }
+        try UVError.check(status)
+        guard let address = withUnsafeBytes(of: &storage, { SocketAddress($0.baseAddress!, length: Int(length)) })
+        else { throw UVError(-EAFNOSUPPORT) }
+        return address
+    }
+}
+
+/// A one-shot libuv request (`uv_connect_t`, `uv_write_t`, `uv_shutdown_t`, `uv_udp_send_t`): its memory, the
+/// bytes it must keep alive, and its callback. Retained from submission until libuv calls back.
+final class UVRequest<Raw> {
+    let raw: UnsafeMutablePointer<Raw>
+    let kept: [UInt8]
+    private let callback: (Int32) -> Void
+
+    init(keeping bytes: [UInt8] = [], _ callback: @escaping (Int32) -> Void) {
+        raw = .allocate(capacity: 1)
+        kept = bytes
+        self.callback = callback
+        UnsafeMutableRawPointer(raw).assumingMemoryBound(to: uv_req_t.self).pointee.data =
+            Unmanaged.passRetained(self).toOpaque()
+    }
+
+    deinit { raw.deallocate() }
+
+    /// The submission failed: libuv will not call back, so drop the retain now.
+    func abandon() {
+        Unmanaged.passUnretained(self).release()
+    }
+
+    static func complete(_ pointer: UnsafeMutableRawPointer?, _ status: Int32) {
+        let request = pointer!.assumingMemoryBound(to: uv_req_t.self)
+        let object = Unmanaged<UVRequest<Raw>>.fromOpaque(request.pointee.data).takeRetainedValue()
+        object.callback(status)
+    }
+}
+
+private let uvConnection: @convention(c) (UnsafeMutablePointer<uv_stream_t>?, Int32) -> Void = { stream, status in
+    let server = Unmanaged<UVTCP>.fromOpaque(uv_handle_get_data(csuv_handle(stream))).takeUnretainedValue()
+    server.connectionArrived(status)
+}
+
+private let uvConnectDone: @convention(c) (UnsafeMutablePointer<uv_connect_t>?, Int32) -> Void = { request, status in
+    UVRequest<uv_connect_t>.complete(UnsafeMutableRawPointer(request), status)
+}
+
+private let uvWriteDone: @convention(c) (UnsafeMutablePointer<uv_write_t>?, Int32) -> Void = { request, status in
+    UVRequest<uv_write_t>.complete(UnsafeMutableRawPointer(request), status)
+}
+
+private let uvShutdownDone: @convention(c) (UnsafeMutablePointer<uv_shutdown_t>?, Int32) -> Void = {
+    request, status in
+    UVRequest<uv_shutdown_t>.complete(UnsafeMutableRawPointer(request), status)
+}
+
+private let uvAllocate:
+    @convention(c) (UnsafeMutablePointer<uv_handle_t>?, Int, UnsafeMutablePointer<uv_buf_t>?) -> Void = {
+        handle, _, buffer in
+        let tcp = Unmanaged<UVTCP>.fromOpaque(uv_handle_get_data(handle)).takeUnretainedValue()
+        buffer!.pointee = tcp.allocate()
+    }
+
+private let uvRead: @convention(c) (UnsafeMutablePointer<uv_stream_t>?, Int, UnsafePointer<uv_buf_t>?) -> Void = {
+    stream, count, buffer in
+    let tcp = Unmanaged<UVTCP>.fromOpaque(uv_handle_get_data(csuv_handle(stream))).takeUnretainedValue()
+    tcp.didRead(count, buffer)
+}

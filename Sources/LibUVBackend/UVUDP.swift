@@ -1,0 +1,203 @@
+internal import CLibUV
+import ConnectionCore
+public import POSIXSupport
+
+/// What a UDP receive callback gets.
+public enum UVDatagramResult {
+    /// One datagram (valid only during the callback) and its sender. `truncated` when it did not fit.
+    case datagram(UnsafeRawBufferPointer, from: SocketAddress, truncated: Bool)
+    /// A receive error (for a connected socket, `ECONNREFUSED` after an ICMP port-unreachable).
+    case failure(UVError)
+}
+
+/// A UDP handle (`uv_udp_t`): bind or connect, receive with a callback per datagram, send.
+public final class UVUDP: UVHandle, @unchecked Sendable {
+    private var onReceive: ((UVDatagramResult) -> Void)?
+    private var buffer: UnsafeMutableRawBufferPointer?
+    private let bufferSize: Int
+
+    /// `uv_udp_init` (call on the loop thread). `bufferSize` bounds the datagrams received whole.
+    public init(loop: UVLoop, bufferSize: Int = 65_536) throws(UVError) {
+        self.bufferSize = bufferSize
+        super.init(loop: loop, size: MemoryLayout<uv_udp_t>.size)
+        try UVError.check(uv_udp_init(loop.raw, udp))
+        attach()
+    }
+
+    var udp: UnsafeMutablePointer<uv_udp_t> { handle.assumingMemoryBound(to: uv_udp_t.self) }
+
+    deinit { buffer?.deallocate() }
+
+    /// `uv_udp_bind` (IPv6 sockets are IPv6-only).
+    public func bind(_ address: SocketAddress) throws(UVError) {
+        let flags = address.family == .ipv6 ? UInt32(UV_UDP_IPV6ONLY.rawValue) : 0
+        try UVError.check(address.withSockAddr { pointer, _ in uv_udp_bind(udp, pointer, flags) })
+    }
+
+    /// `uv_udp_connect`: fixes the peer; sends then need no address.
+    public func connect(_ address: SocketAddress) throws(UVError) {
+        try UVError.check(address.withSockAddr { pointer, _ in uv_udp_connect(udp, pointer) })
+    }
+
+    /// `uv_udp_recv_start`.
+    public func receiveStart(_ onReceive: @escaping (UVDatagramResult) -> Void) throws(UVError) {
+        self.onReceive = onReceive
+        if buffer == nil { buffer = .allocate(byteCount: bufferSize, alignment: 16) }
+        try UVError.check(uv_udp_recv_start(udp, uvUDPAllocate, uvUDPReceive))
+    }
+
+    /// `uv_udp_recv_stop`.
+    public func receiveStop() {
+        uv_udp_recv_stop(udp)
+    }
+
+    fileprivate func allocate() -> uv_buf_t {
+        uv_buf_init(buffer!.baseAddress!.assumingMemoryBound(to: CChar.self), UInt32(bufferSize))
+    }
+
+    fileprivate func didReceive(
+        _ count: Int, _ data: UnsafePointer<uv_buf_t>?, _ from: UnsafePointer<sockaddr>?,
+        _ flags: UInt32
+    ) {
+        if count < 0 {
+            onReceive?(.failure(UVError(Int32(count))))
+            return
+        }
+        // count == 0 with no address: "nothing more for now", not a datagram.
+        guard let from, let sender = SocketAddress(UnsafeRawPointer(from), length: MemoryLayout<sockaddr_storage>.size)
+        else { return }
+        let truncated = flags & UInt32(UV_UDP_PARTIAL.rawValue) != 0
+        onReceive?(
+            .datagram(
+                UnsafeRawBufferPointer(start: data!.pointee.base, count: count), from: sender,
+                truncated: truncated))
+    }
+
+    /// `uv_udp_try_send`: sends at once or fails (`EAGAIN` when the socket buffer is full, `EMSGSIZE` when
+    /// too large). `to` is `nil` on a connected handle.
+    public func trySend(_ bytes: UnsafeRawBufferPointer, to address: SocketAddress?) throws(UVError) -> Bool {
+        var buffer = uv_buf_init(
+            UnsafeMutablePointer(mutating: bytes.baseAddress?.assumingMemoryBound(to: CChar.self)), UInt32(bytes.count))
+        let status: Int32
+        if let address {
+            status = address.withSockAddr { pointer, _ in uv_udp_try_send(udp, &buffer, 1, pointer) }
+        } else {
+            status = uv_udp_try_send(udp, &buffer, 1, nil)
+        }
+        if status == csuv_eagain() { return false }
+        try UVError.check(status)
+        return true
+    }
+
+    /// ``trySend(_:to:)-(UnsafeRawBufferPointer,_)`` for an array.
+    public func trySend(_ bytes: [UInt8], to address: SocketAddress?) throws(UVError) -> Bool {
+        let result: Result<Bool, UVError> = bytes.withUnsafeBytes { raw in
+            Result { () throws(UVError) in try trySend(raw, to: address) }
+        }
+        return try result.get()
+    }
+
+    /// `uv_udp_send`: queues one datagram (kept alive until the callback).
+    public func send(
+        _ bytes: [UInt8], to address: SocketAddress?, _ callback: @escaping (UVError?) -> Void
+    )
+        throws(UVError)
+    {
+        let request = UVRequest<uv_udp_send_t>(keeping: bytes) { status in
+            callback(status < 0 ? UVError(status) : nil)
+        }
+        let status = request.kept.withUnsafeBytes { raw in
+            var buffer = uv_buf_init(
+                UnsafeMutablePointer(mutating: raw.baseAddress?.assumingMemoryBound(to: CChar.self)), UInt32(raw.count))
+            if let address {
+                return address.withSockAddr { pointer, _ in
+                    uv_udp_send(request.raw, udp, &buffer, 1, pointer, uvUDPSent)
+                }
+            }
+            return uv_udp_send(request.raw, udp, &buffer, 1, nil, uvUDPSent)
+        }
+        if status < 0 {
+            request.abandon()
+            throw UVError(status)
+        }
+    }
+
+    /// SO_RCVBUF / SO_SNDBUF.
+    public func setBufferSizes(receive: Int?, send: Int?) throws(UVError) {
+        if var value = receive.map(Int32.init(clamping:)) {
+            try UVError.check(uv_recv_buffer_size(csuv_handle(handle), &value))
+        }
+        if var value = send.map(Int32.init(clamping:)) {
+            try UVError.check(uv_send_buffer_size(csuv_handle(handle), &value))
+        }
+    }
+
+    /// `uv_udp_getsockname`.
+    public var localAddress: SocketAddress {
+        get throws(UVError) {
+            var storage = sockaddr_storage()
+            var length = Int32(MemoryLayout<sockaddr_storage>.size)
+            let status = withUnsafeMutablePointer(to: &storage) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { uv_udp_getsockname(udp, $0, &length) }
+            }
+            try UVError.check(status)
+            guard let address = withUnsafeBytes(of: &storage, { SocketAddress($0.baseAddress!, length: Int(length)) })
+            else { throw UVError(-EAFNOSUPPORT) }
+            return address
+        }
+    }
+}
+
+/// A timer handle (`uv_timer_t`).
+public final class UVTimer: UVHandle, @unchecked Sendable {
+    private var onFire: (() -> Void)?
+
+    /// `uv_timer_init` (call on the loop thread).
+    public init(loop: UVLoop) throws(UVError) {
+        super.init(loop: loop, size: MemoryLayout<uv_timer_t>.size)
+        try UVError.check(uv_timer_init(loop.raw, handle.assumingMemoryBound(to: uv_timer_t.self)))
+        attach()
+    }
+
+    /// `uv_timer_start`: fires after `milliseconds`, then every `repeatMilliseconds` when not 0.
+    public func start(
+        milliseconds: UInt64, repeatMilliseconds: UInt64 = 0, _ onFire: @escaping () -> Void
+    )
+        throws(UVError)
+    {
+        self.onFire = onFire
+        try UVError.check(
+            uv_timer_start(
+                handle.assumingMemoryBound(to: uv_timer_t.self), uvTimerFired, milliseconds, repeatMilliseconds))
+    }
+
+    /// `uv_timer_stop`.
+    public func stop() {
+        uv_timer_stop(handle.assumingMemoryBound(to: uv_timer_t.self))
+    }
+
+    fileprivate func fire() { onFire?() }
+}
+
+private let uvUDPAllocate:
+    @convention(c) (UnsafeMutablePointer<uv_handle_t>?, Int, UnsafeMutablePointer<uv_buf_t>?) -> Void = {
+        handle, _, buffer in
+        let udp = Unmanaged<UVUDP>.fromOpaque(uv_handle_get_data(handle)).takeUnretainedValue()
+        buffer!.pointee = udp.allocate()
+    }
+
+private let uvUDPReceive:
+    @convention(c) (UnsafeMutablePointer<uv_udp_t>?, Int, UnsafePointer<uv_buf_t>?, UnsafePointer<sockaddr>?, UInt32)
+        -> Void = { handle, count, buffer, from, flags in
+            let udp = Unmanaged<UVUDP>.fromOpaque(uv_handle_get_data(csuv_handle(handle))).takeUnretainedValue()
+            udp.didReceive(count, buffer, from, flags)
+        }
+
+private let uvUDPSent: @convention(c) (UnsafeMutablePointer<uv_udp_send_t>?, Int32) -> Void = { request, status in
+    UVRequest<uv_udp_send_t>.complete(UnsafeMutableRawPointer(request), status)
+}
+
+private let uvTimerFired: @convention(c) (UnsafeMutablePointer<uv_timer_t>?) -> Void = { handle in
+    let timer = Unmanaged<UVTimer>.fromOpaque(uv_handle_get_data(csuv_handle(handle))).takeUnretainedValue()
+    timer.fire()
+}
