@@ -78,6 +78,11 @@ let package = Package(
             swiftSettings: strictSettings
         ),
         .testTarget(
+            name: "LibUVBackendTests",
+            dependencies: ["LibUVBackend", "POSIXSupport", "ConnectionTestKit"],
+            swiftSettings: strictSettings
+        ),
+        .testTarget(
             name: "ConformanceTests",
             dependencies: ["SocketStyles", "ConnectionTestKit", "BenchmarkDriver"],
             swiftSettings: strictSettings

@@ -11,6 +11,7 @@ final class UVTCPListener: Listener, @unchecked Sendable {
     private let loop: UVLoop
     private let queue = ReceiveQueue<any Connection>(capacity: 1024)
     private let gate = UVCloseGate()
+    private let closed = Atomic<Bool>(false)
 
     /// On the loop thread.
     init(loop: UVLoop, address: SocketAddress, options: ConnectionOptions) throws(ConnectionError) {
@@ -62,6 +63,7 @@ final class UVTCPListener: Listener, @unchecked Sendable {
     }
 
     func close() async {
+        closed.store(true, ordering: .relaxed)
         let waiting = queue.close(.closed("the listener is closed"))
         for connection in waiting { await connection.close() }
         await withCheckedContinuation { continuation in
@@ -72,6 +74,7 @@ final class UVTCPListener: Listener, @unchecked Sendable {
     }
 
     deinit {
+        guard !closed.load(ordering: .relaxed) else { return }
         let tcp = tcp
         let waiting = queue.close()
         loop.execute { tcp.close() }

@@ -17,7 +17,14 @@ import Synchronization
 public final class UVLoop: @unchecked Sendable {
     let raw: UnsafeMutablePointer<uv_loop_t>
     private let wakeup: UnsafeMutablePointer<uv_async_t>
-    private let pending = Mutex<[@Sendable () -> Void]>([])
+    private let pending = Mutex(Pending())
+
+    private struct Pending {
+        var blocks: [@Sendable () -> Void] = []
+        /// Cleared (on the loop thread, just before the wake-up handle is closed): later blocks are dropped,
+        /// since `uv_async_send` on a closing handle is not allowed.
+        var open = true
+    }
     private let threadID = Atomic<Int>(0)
     private let state = Mutex(LoopState())
     /// The thread's name, for `top -H` and debuggers.
@@ -66,18 +73,21 @@ public final class UVLoop: @unchecked Sendable {
     /// `true` when called on this loop's thread.
     public var isOnLoopThread: Bool { threadID.load(ordering: .acquiring) == Self.currentThreadID() }
 
-    /// Runs `block` on the loop thread, soon (from any thread: `uv_async_send`). Blocks queued after
-    /// ``shutdown()`` began still run if the loop is still turning; after it ended they are dropped.
+    /// Runs `block` on the loop thread, soon (from any thread: `uv_async_send`). Once ``shutdown()`` has
+    /// closed the wake-up handle, blocks are dropped.
     public func execute(_ block: @escaping @Sendable () -> Void) {
-        pending.withLock { $0.append(block) }
-        uv_async_send(wakeup)
+        pending.withLock { pending in
+            guard pending.open else { return }
+            pending.blocks.append(block)
+            uv_async_send(wakeup)
+        }
     }
 
     fileprivate func drain() {
         while true {
-            let blocks = pending.withLock { blocks in
-                defer { blocks.removeAll(keepingCapacity: true) }
-                return blocks
+            let blocks = pending.withLock { pending in
+                defer { pending.blocks.removeAll(keepingCapacity: true) }
+                return pending.blocks
             }
             if blocks.isEmpty { return }
             for block in blocks { block() }
@@ -87,20 +97,24 @@ public final class UVLoop: @unchecked Sendable {
     private func run() {
         uv_run(raw, UV_RUN_DEFAULT)
         drain()
-        // Everything is closed (otherwise uv_run would still be turning): close the loop itself.
+        // uv_run returns when no handle is active any more; a handle that is open but idle (not reading, not
+        // connecting) does not keep it turning, and uv_loop_close then fails with EBUSY. Report that (it is a
+        // leak in the caller), but still close what is left so the loop's own descriptors are released.
         var status = uv_loop_close(raw)
-        var open: [String] = []
+        var leftOpen: [String] = []
         if status != 0 {
-            open = Self.openHandles(raw)
-            // Let close callbacks of handles closed during the last drain run, then try once more.
-            uv_run(raw, UV_RUN_NOWAIT)
+            leftOpen = Self.openHandles(raw)
+            uv_walk(raw, uvWalkClose, nil)
+            uv_run(raw, UV_RUN_DEFAULT)
             status = uv_loop_close(raw)
         }
-        let result: Result<Void, ConnectionError> =
-            status == 0
-            ? .success(())
-            : .failure(
-                UVError(status).connectionError("uv_loop_close (still open: \(open.joined(separator: ", ")))"))
+        let result: Result<Void, ConnectionError>
+        if leftOpen.isEmpty && status == 0 {
+            result = .success(())
+        } else {
+            let what = leftOpen.isEmpty ? "" : " (left open: \(leftOpen.joined(separator: ", ")))"
+            result = .failure(UVError(-EBUSY).connectionError("uv_loop_close\(what)"))
+        }
         let waiters = state.withLock { state in
             state.finished = result
             defer { state.waiters.removeAll() }
@@ -110,7 +124,8 @@ public final class UVLoop: @unchecked Sendable {
     }
 
     /// Stops the loop once the handles it serves are closed, closes it with `uv_loop_close`, and ends its
-    /// thread. Throws when `uv_loop_close` failed (a handle was left open: libuv's `EBUSY`).
+    /// thread. Throws when a handle was left open (libuv's `EBUSY`), naming the handle types; those handles are
+    /// then closed so that the loop's own descriptors are still released.
     public func shutdown() async throws(ConnectionError) {
         let result = await withCheckedContinuation { continuation in
             let done: Result<Void, ConnectionError>? = state.withLock { state in
@@ -122,6 +137,8 @@ public final class UVLoop: @unchecked Sendable {
                     execute { [self] in
                         // The wake-up handle is the last one this loop owns: once it is closed, uv_run returns
                         // as soon as the other handles are closed too.
+                        pending.withLock { $0.open = false }
+                        drain()
                         uv_close(csuv_handle(wakeup), nil)
                     }
                 }
@@ -143,6 +160,20 @@ public final class UVLoop: @unchecked Sendable {
 private let uvLoopWakeup: @convention(c) (UnsafeMutablePointer<uv_async_t>?) -> Void = { handle in
     let loop = Unmanaged<UVLoop>.fromOpaque(uv_handle_get_data(csuv_handle(handle!))).takeUnretainedValue()
     loop.drain()
+}
+
+private let uvWalkClose: @convention(c) (UnsafeMutablePointer<uv_handle_t>?, UnsafeMutableRawPointer?) -> Void = {
+    handle, _ in
+    if uv_is_closing(handle) == 0 {
+        // A Swift-owned handle closes through its object, so its memory is released in the close callback.
+        if let data = uv_handle_get_data(handle),
+            let object = Unmanaged<AnyObject>.fromOpaque(data).takeUnretainedValue() as? UVHandle
+        {
+            object.close()
+        } else {
+            uv_close(handle, nil)
+        }
+    }
 }
 
 /// Collects the type names of open handles (for the EBUSY report).
