@@ -38,10 +38,16 @@ let package = Package(
             dependencies: ["ConnectionCore", "POSIXSupport", "CLibUV"],
             swiftSettings: strictSettings
         ),
+        // Style 4: async/await over non-blocking sockets and an epoll reactor.
+        .target(
+            name: "AsyncBackend",
+            dependencies: ["ConnectionCore", "POSIXSupport"],
+            swiftSettings: strictSettings
+        ),
         // Umbrella: re-exports and the Backend enum.
         .target(
             name: "SocketStyles",
-            dependencies: ["ConnectionCore", "BSDSocketBackend", "LibUVBackend"],
+            dependencies: ["ConnectionCore", "BSDSocketBackend", "LibUVBackend", "AsyncBackend"],
             swiftSettings: strictSettings
         ),
         // Shipped test support: fd counting, time limits, echo servers.

@@ -48,9 +48,17 @@ public protocol Connection: AnyObject, Sendable {
 
     /// Closes the connection and releases everything it holds. Calling it again does nothing.
     func close() async
+
+    /// The executor on which this connection completes its operations, when it has one (an event loop that
+    /// is also a `TaskExecutor`). A task that runs there (`withTaskExecutorPreference`) is resumed by I/O
+    /// without hopping threads. `nil` (the default) when any executor serves equally well.
+    var preferredExecutor: (any TaskExecutor)? { get }
 }
 
 extension Connection {
+    /// No preference by default.
+    public var preferredExecutor: (any TaskExecutor)? { nil }
+
     /// Sends a binary message.
     public func send(_ bytes: [UInt8]) async throws(ConnectionError) {
         try await send(Message(bytes))

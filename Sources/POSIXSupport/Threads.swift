@@ -98,3 +98,8 @@ public enum MonotonicClock {
         return UInt64(now.tv_sec) &* 1_000_000_000 &+ UInt64(now.tv_nsec)
     }
 }
+
+/// `pthread_self()` as a raw pointer-sized value, for comparing threads.
+func pthreadSelf() -> UnsafeMutableRawPointer? {
+    UnsafeMutableRawPointer(bitPattern: UInt(pthread_self()))
+}

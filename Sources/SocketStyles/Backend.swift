@@ -1,3 +1,4 @@
+@_exported public import AsyncBackend
 @_exported public import BSDSocketBackend
 @_exported public import ConnectionCore
 @_exported public import LibUVBackend
@@ -12,12 +13,15 @@ public enum Backend: String, Sendable, Hashable, CaseIterable, CustomStringConve
     case bsd
     /// libuv's event loop and callbacks on one loop thread (``LibUVBackend``).
     case uv
+    /// async/await over non-blocking sockets and one epoll reactor thread (``AsyncBackend``).
+    case async
 
     /// The backend's factory.
     public var implementation: any ConnectionBackend {
         switch self {
         case .bsd: BSDBackend()
         case .uv: LibUVBackend.shared
+        case .async: AsyncBackend()
         }
     }
 
@@ -26,6 +30,7 @@ public enum Backend: String, Sendable, Hashable, CaseIterable, CustomStringConve
         switch self {
         case .bsd: "blocking BSD sockets; a reader thread (and a writer thread when needed) per connection"
         case .uv: "libuv 1.44 loop and callbacks; every connection on one loop thread, uv_async_send to reach it"
+        case .async: "async/await on non-blocking sockets; one epoll reactor thread resumes waiting tasks"
         }
     }
 

@@ -1,0 +1,239 @@
+public import ConnectionCore
+import POSIXSupport
+import Synchronization
+
+/// Backend `async`: async/await over non-blocking sockets and one epoll reactor thread (``AsyncReactor``). No
+/// thread per connection, and no blocking call on Swift's cooperative pool. The native style is
+/// ``AsyncSocket`` and ``AsyncListener``.
+///
+/// Each connection reports the reactor as its `preferredExecutor`: a task that runs on it is resumed by
+/// readiness directly on the reactor thread.
+public struct AsyncBackend: ConnectionBackend {
+    public let name = "async"
+    public let transports: Set<Transport> = [.tcp, .udp]
+    /// The reactor every socket of this backend registers with.
+    public let reactor: AsyncReactor
+
+    /// A backend on the shared reactor, or on `reactor`.
+    public init(reactor: AsyncReactor = .shared) {
+        Syscall.ignoreSIGPIPE()
+        self.reactor = reactor
+    }
+
+    public func connect(
+        to endpoint: Endpoint, options: ConnectionOptions
+    ) async throws(ConnectionError)
+        -> any Connection
+    {
+        try check(endpoint)
+        let socket = AsyncSocket(to: endpoint, options: options, reactor: reactor)
+        try await socket.start()
+        return AsyncConnection(socket: socket)
+    }
+
+    public func listen(
+        on endpoint: Endpoint, options: ConnectionOptions
+    ) async throws(ConnectionError)
+        -> any Listener
+    {
+        try check(endpoint)
+        if endpoint.transport == .udp {
+            return try await AsyncUDPListener.start(on: endpoint, options: options, reactor: reactor)
+        }
+        let resolved = try await Syscall.resolveAsync(endpoint, passive: true)[0]
+        let listener = try AsyncListener(on: resolved.endpoint(.tcp), options: options, reactor: reactor)
+        return AsyncTCPListener(listener: listener)
+    }
+
+    private func check(_ endpoint: Endpoint) throws(ConnectionError) {
+        guard transports.contains(endpoint.transport) else {
+            throw ConnectionError(
+                .unsupported, "the async backend provides tcp and udp; \(endpoint.transport) is layered on top")
+        }
+    }
+}
+
+/// ``AsyncSocket`` as a ``Connection``: a thin wrapper, so the price of the unified API is one indirection.
+final class AsyncConnection: Connection, Sendable {
+    let socket: AsyncSocket
+    let localEndpoint: Endpoint
+    let remoteEndpoint: Endpoint
+
+    init(socket: AsyncSocket) {
+        self.socket = socket
+        localEndpoint = socket.localEndpoint ?? socket.endpoint
+        remoteEndpoint = socket.remoteEndpoint ?? socket.endpoint
+    }
+
+    var transport: Transport { socket.transport }
+    var options: ConnectionOptions { socket.options }
+    var preferredExecutor: (any TaskExecutor)? { socket.reactor }
+
+    func send(_ message: Message) async throws(ConnectionError) {
+        try await socket.send(message.bytes)
+    }
+
+    func receive(maximumLength: Int) async throws(ConnectionError) -> Message? {
+        try await socket.receive(maximumLength: maximumLength).map(Message.init)
+    }
+
+    func closeOutput() async throws(ConnectionError) {
+        try await socket.closeOutput()
+    }
+
+    func close() async {
+        await socket.close()
+    }
+}
+
+final class AsyncTCPListener: Listener, Sendable {
+    let transport = Transport.tcp
+    let listener: AsyncListener
+
+    init(listener: AsyncListener) { self.listener = listener }
+
+    var localEndpoint: Endpoint { listener.localEndpoint }
+
+    func accept() async throws(ConnectionError) -> any Connection {
+        AsyncConnection(socket: try await listener.accept())
+    }
+
+    func close() async { await listener.close() }
+}
+
+/// The UDP server side: one bound socket; a pump task on the reactor sorts datagrams by sender into per-peer
+/// connections, as every backend does.
+final class AsyncUDPListener: Listener, Sendable {
+    let transport = Transport.udp
+    let localEndpoint: Endpoint
+    let options: ConnectionOptions
+    let socket: AsyncSocket
+    private let queue = ReceiveQueue<any Connection>(capacity: 1024)
+    private let peers = Mutex<[SocketAddress: AsyncUDPPeer]>([:])
+    private let pump = Mutex<Task<Void, Never>?>(nil)
+    /// Datagrams dropped because a peer's queue or the accept queue was full.
+    let dropped = Atomic<Int>(0)
+
+    static func start(
+        on endpoint: Endpoint, options: ConnectionOptions, reactor: AsyncReactor
+    )
+        async throws(ConnectionError) -> AsyncUDPListener
+    {
+        let address = try await Syscall.resolveAsync(endpoint, passive: true)[0]
+        let fd = try Syscall.socket(family: address.family, datagram: true, nonBlocking: true)
+        let socket: AsyncSocket
+        do throws(ConnectionError) {
+            if address.family == .ipv6 { try Syscall.setIPv6Only(fd, true) }
+            try Syscall.setBufferSizes(fd, receive: options.receiveBufferSize, send: options.sendBufferSize)
+            do throws(ConnectionError) {
+                try Syscall.bind(fd, to: address)
+            } catch {
+                throw ConnectionError(
+                    error.kind, "listen on \(endpoint): \(error.detail)", systemCode: error.systemCode)
+            }
+            let local = try Syscall.localAddress(fd).endpoint(.udp)
+            socket = try AsyncSocket(
+                adopting: fd, transport: .udp, local: local, remote: nil, options: options, reactor: reactor)
+        } catch {
+            Syscall.close(fd)
+            throw error
+        }
+        let listener = AsyncUDPListener(socket: socket, options: options)
+        let task = Task(executorPreference: reactor) { await listener.run() }
+        listener.pump.withLock { $0 = task }
+        return listener
+    }
+
+    private init(socket: AsyncSocket, options: ConnectionOptions) {
+        self.socket = socket
+        self.options = options
+        self.localEndpoint = socket.localEndpoint!
+    }
+
+    private func run() async {
+        while true {
+            let datagram: (bytes: [UInt8], from: SocketAddress)
+            do throws(ConnectionError) {
+                datagram = try await socket.receiveFrom()
+            } catch {
+                if error.kind == .closed || error.kind == .cancelled { return }
+                continue  // a stale ICMP error or an oversized datagram: the socket lives on
+            }
+            let (peer, isNew) = peers.withLock { peers -> (AsyncUDPPeer, Bool) in
+                if let peer = peers[datagram.from] { return (peer, false) }
+                let peer = AsyncUDPPeer(listener: self, address: datagram.from)
+                peers[datagram.from] = peer
+                return (peer, true)
+            }
+            if peer.inbox.hasSpace {
+                peer.inbox.push(datagram.bytes)
+            } else {
+                dropped.add(1, ordering: .relaxed)
+            }
+            if isNew && !queue.push(peer).accepted { forget(peer) }
+        }
+    }
+
+    func forget(_ peer: AsyncUDPPeer) {
+        peers.withLock { peers in
+            if peers[peer.address] === peer { peers[peer.address] = nil }
+        }
+        peer.inbox.close()
+    }
+
+    func accept() async throws(ConnectionError) -> any Connection {
+        guard let connection = try await queue.next() else { throw .closed("the listener is closed") }
+        return connection
+    }
+
+    func close() async {
+        _ = queue.close(.closed("the listener is closed"))
+        let all = peers.withLock { peers in
+            defer { peers.removeAll() }
+            return Array(peers.values)
+        }
+        for peer in all { peer.inbox.close(.closed("the listener is closed")) }
+        await socket.close()
+        await pump.withLock { $0 }?.value
+    }
+}
+
+final class AsyncUDPPeer: Connection, Sendable {
+    let transport = Transport.udp
+    let address: SocketAddress
+    let localEndpoint: Endpoint
+    let remoteEndpoint: Endpoint
+    let options: ConnectionOptions
+    let inbox: ReceiveQueue<[UInt8]>
+    private let listener: AsyncUDPListener
+    private let closed = Atomic<Bool>(false)
+
+    init(listener: AsyncUDPListener, address: SocketAddress) {
+        self.listener = listener
+        self.address = address
+        self.options = listener.options
+        self.localEndpoint = listener.localEndpoint
+        self.remoteEndpoint = address.endpoint(.udp)
+        self.inbox = .datagrams(capacity: listener.options.receiveQueueLimit)
+    }
+
+    var preferredExecutor: (any TaskExecutor)? { listener.socket.reactor }
+
+    func send(_ message: Message) async throws(ConnectionError) {
+        if closed.load(ordering: .relaxed) || inbox.isEnded { throw .closed() }
+        try await listener.socket.send(message.bytes, to: address)
+    }
+
+    func receive(maximumLength: Int) async throws(ConnectionError) -> Message? {
+        try await inbox.next().map(Message.init)
+    }
+
+    func closeOutput() async throws(ConnectionError) {
+        throw ConnectionError(.unsupported, "UDP has no half-close")
+    }
+
+    func close() async {
+        guard !closed.exchange(true, ordering: .relaxed) else { return }
+        listener.forget(self)
+    }
+}

@@ -1,0 +1,390 @@
+public import ConnectionCore
+import POSIXSupport
+import Synchronization
+
+/// The async/await style: a non-blocking socket whose operations are `async` functions, driven by an epoll
+/// reactor (``AsyncReactor``) that resumes the waiting task when the socket becomes ready. No call ever blocks
+/// a thread; there is no thread per connection.
+///
+/// ```swift
+/// let socket = AsyncSocket(to: try Endpoint(url: "tcp://127.0.0.1:9000"))
+/// try await socket.start()                 // states: setup -> preparing -> ready
+/// try await socket.send(Array("hello".utf8))
+/// for try await chunk in socket.messages { print(chunk) }
+/// await socket.close()                     // state: cancelled
+/// ```
+///
+/// Cancellation: cancelling the task that waits in ``start()``, ``receive(maximumLength:)`` or ``send(_:)``
+/// ends the wait at once with `.cancelled`:
+/// - a cancelled `start()` closes the socket (state `.cancelled`);
+/// - a cancelled receive has read nothing: the socket stays ready and the next receive gets the data;
+/// - a cancelled send that had written nothing leaves the socket untouched; one that had written part of its
+///   bytes has left a partial message on the stream, so the socket closes its output (TCP FIN) and later sends
+///   throw `.closed`. Receiving still works.
+public final class AsyncSocket: Sendable {
+    /// Connection states, as Network.framework's NWConnection reports them.
+    public enum State: Sendable, Hashable {
+        /// Created, not started.
+        case setup
+        /// Resolving and connecting.
+        case preparing
+        /// Connected: data can flow.
+        case ready
+        /// Connecting or the connection failed.
+        case failed(ConnectionError)
+        /// Closed by ``close()`` (or a cancelled start).
+        case cancelled
+    }
+
+    /// The transport (`tcp` or `udp`).
+    public let transport: Transport
+    /// Where ``start()`` connects to.
+    public let endpoint: Endpoint
+    /// Options applied when connecting.
+    public let options: ConnectionOptions
+    /// The reactor that drives this socket. It is a `TaskExecutor`: run your task on it
+    /// (`withTaskExecutorPreference(socket.reactor)`) and a ready socket resumes it with no thread hop.
+    public let reactor: AsyncReactor
+    /// State changes, in order, starting with the current state (one consumer).
+    public let stateUpdates: AsyncStream<State>
+
+    let readiness = SocketReadiness()
+    private let readGate = AsyncGate()
+    private let writeGate = AsyncGate()
+    private let descriptor = Atomic<Int32>(-1)
+    private let life: Mutex<Life>
+    private let stateContinuation: AsyncStream<State>.Continuation
+    // Used only inside the read gate.
+    nonisolated(unsafe) private var scratch: UnsafeMutableRawBufferPointer
+
+    private struct Life {
+        var state: State
+        var closing = false
+        var outputClosed = false
+        var endReported = false
+        var local: Endpoint?
+        var remote: Endpoint?
+    }
+
+    /// A socket that will connect to `endpoint` when started.
+    public init(
+        to endpoint: Endpoint, options: ConnectionOptions = ConnectionOptions(), reactor: AsyncReactor = .shared
+    ) {
+        self.transport = endpoint.transport
+        self.endpoint = endpoint
+        self.options = options
+        self.reactor = reactor
+        (stateUpdates, stateContinuation) = AsyncStream.makeStream(
+            of: State.self, bufferingPolicy: .bufferingNewest(16))
+        life = Mutex(Life(state: .setup))
+        scratch = .allocate(
+            byteCount: endpoint.transport == .udp ? options.maxDatagramSize : options.readChunkSize, alignment: 16)
+        stateContinuation.yield(.setup)
+    }
+
+    /// A socket around a descriptor that is already connected or bound (accepted connections, UDP servers).
+    init(
+        adopting fd: Int32, transport: Transport, local: Endpoint, remote: Endpoint?, options: ConnectionOptions,
+        reactor: AsyncReactor
+    ) throws(ConnectionError) {
+        self.transport = transport
+        self.endpoint = remote ?? local
+        self.options = options
+        self.reactor = reactor
+        (stateUpdates, stateContinuation) = AsyncStream.makeStream(
+            of: State.self, bufferingPolicy: .bufferingNewest(16))
+        life = Mutex(Life(state: .ready, local: local, remote: remote))
+        scratch = .allocate(
+            byteCount: transport == .udp ? options.maxDatagramSize : options.readChunkSize, alignment: 16)
+        descriptor.store(fd, ordering: .releasing)
+        stateContinuation.yield(.ready)
+        try reactor.loop.register(fd, events: Self.watchedEvents, handler: readiness)
+    }
+
+    deinit {
+        let fd = descriptor.exchange(-1, ordering: .acquiringAndReleasing)
+        if fd >= 0 {
+            reactor.loop.unregister(fd)
+            Syscall.close(fd)
+        }
+        scratch.deallocate()
+        stateContinuation.finish()
+    }
+
+    private static let watchedEvents =
+        Syscall.epollIn | Syscall.epollOut | Syscall.epollReadHangUp | Syscall.epollEdgeTriggered
+
+    /// The current state.
+    public var state: State { life.withLock { $0.state } }
+
+    /// The local address once ready.
+    public var localEndpoint: Endpoint? { life.withLock { $0.local } }
+
+    /// The peer's address once ready.
+    public var remoteEndpoint: Endpoint? { life.withLock { $0.remote } }
+
+    /// The descriptor (-1 before ``start()`` and after ``close()``).
+    public var fileDescriptor: Int32 { descriptor.load(ordering: .acquiring) }
+
+    private func set(_ state: State) {
+        life.withLock { $0.state = state }
+        stateContinuation.yield(state)
+    }
+
+    // MARK: Connecting
+
+    /// Resolves, connects (bounded by `options.connectTimeout`) and becomes `.ready`; on failure the state is
+    /// `.failed` and the error is thrown.
+    public func start() async throws(ConnectionError) {
+        guard case .setup = state else { throw ConnectionError(.unsupported, "start() was already called") }
+        set(.preparing)
+        do throws(ConnectionError) {
+            let addresses = try await Syscall.resolveAsync(endpoint)
+            var lastError = ConnectionError(.hostNotFound, "no address for \(endpoint)")
+            for address in addresses {
+                do throws(ConnectionError) {
+                    try await connect(to: address)
+                    set(.ready)
+                    return
+                } catch {
+                    if error.kind == .cancelled || error.kind == .timedOut { throw error }
+                    lastError = error
+                }
+            }
+            throw lastError
+        } catch {
+            if error.kind == .cancelled {
+                life.withLock { $0.closing = true }
+                set(.cancelled)
+            } else {
+                set(.failed(error))
+            }
+            throw error
+        }
+    }
+
+    private func connect(to address: SocketAddress) async throws(ConnectionError) {
+        let datagram = transport == .udp
+        let fd = try Syscall.socket(family: address.family, datagram: datagram, nonBlocking: true)
+        var registered = false
+        do throws(ConnectionError) {
+            if !datagram { try Syscall.setNoDelay(fd, options.tcpNoDelay) }
+            try Syscall.setBufferSizes(fd, receive: options.receiveBufferSize, send: options.sendBufferSize)
+            try reactor.loop.register(fd, events: Self.watchedEvents, handler: readiness)
+            registered = true
+            if try !Syscall.connect(fd, to: address) {
+                try await withDeadline(options.connectTimeout, what: "connect to \(endpoint) (\(address))") {
+                    (expired) async throws(ConnectionError) in
+                    // Writability may be remembered from before; the handshake is over only when poll agrees.
+                    while true {
+                        try await readiness.waitWritable()
+                        if expired() { return }
+                        if try Syscall.poll(fd, events: Syscall.pollOut, timeoutMilliseconds: 0) != 0 { return }
+                    }
+                }
+                let code = try Syscall.pendingError(fd)
+                if code != 0 { throw .errno(code, "connect to \(endpoint) (\(address))") }
+            }
+            let local = try Syscall.localAddress(fd).endpoint(transport)
+            let remote = try Syscall.peerAddress(fd).endpoint(transport)
+            life.withLock {
+                $0.local = local
+                $0.remote = remote
+            }
+            descriptor.store(fd, ordering: .releasing)
+        } catch {
+            if registered { reactor.loop.unregister(fd) }
+            Syscall.close(fd)
+            throw error
+        }
+    }
+
+    /// Runs `body`, failing it with `.timedOut` after `timeout` (a reactor timer wakes the waiting task).
+    private func withDeadline(
+        _ timeout: Duration, what: String,
+        _ body: (_ expired: () -> Bool) async throws(ConnectionError) -> Void
+    ) async throws(ConnectionError) {
+        let fired = Atomic<Bool>(false)
+        let timer = Mutex<UInt64?>(nil)
+        let loop = reactor.loop
+        let readiness = readiness
+        loop.perform {
+            let id = loop.schedule(after: timeout) {
+                fired.store(true, ordering: .relaxed)
+                readiness.epollReady(Syscall.epollOut)  // wake the waiter; it sees `fired`
+            }
+            timer.withLock { $0 = id }
+        }
+        defer {
+            loop.perform {
+                if let id = timer.withLock({ $0 }) { loop.cancelTimer(id) }
+            }
+        }
+        try await body { fired.load(ordering: .relaxed) }
+        if fired.load(ordering: .relaxed) { throw ConnectionError(.timedOut, "\(what) took longer than \(timeout)") }
+    }
+
+    // MARK: Data
+
+    /// Receives what is available (TCP: at most `maximumLength` bytes; UDP: one datagram), waiting for it
+    /// without blocking a thread. Returns `nil` once when the peer finished sending (TCP).
+    public func receive(maximumLength: Int = .max) async throws(ConnectionError) -> [UInt8]? {
+        await readGate.enter()
+        defer { readGate.leave() }
+        let fd = try usableDescriptor()
+        if life.withLock({ $0.endReported }) { throw .closed("the end of the stream was already reported") }
+        let limit = transport == .udp ? scratch.count : min(max(1, maximumLength), scratch.count)
+        let buffer = UnsafeMutableRawBufferPointer(rebasing: scratch[..<limit])
+        while true {
+            let result =
+                transport == .udp
+                ? try Syscall.recvDatagram(fd, buffer, dontWait: true) : try Syscall.recv(fd, buffer, dontWait: true)
+            switch result {
+            case .processed(let count):
+                if count == 0 && transport != .udp {
+                    life.withLock { $0.endReported = true }
+                    return nil
+                }
+                if count > buffer.count {
+                    throw ConnectionError(
+                        .messageTooLarge, "a \(count)-byte datagram did not fit in \(buffer.count) bytes")
+                }
+                return [UInt8](UnsafeRawBufferPointer(rebasing: buffer[..<count]))
+            case .wouldBlock:
+                try await readiness.waitReadable()
+                _ = try usableDescriptor()
+            }
+        }
+    }
+
+    /// Sends all of `bytes` (UDP: one datagram), waiting for room without blocking a thread.
+    public func send(_ bytes: [UInt8]) async throws(ConnectionError) {
+        await writeGate.enter()
+        defer { writeGate.leave() }
+        let fd = try usableDescriptor()
+        if life.withLock({ $0.outputClosed }) { throw .closed("the output was closed") }
+        var offset = 0
+        repeat {
+            let result = try bytes.withBytes { (buffer) throws(ConnectionError) in
+                try Syscall.send(fd, UnsafeRawBufferPointer(rebasing: buffer[offset...]), dontWait: true)
+            }
+            switch result {
+            case .processed(let count):
+                if transport == .udp { return }
+                offset += count
+            case .wouldBlock:
+                do throws(ConnectionError) {
+                    try await readiness.waitWritable()
+                    _ = try usableDescriptor()
+                } catch {
+                    if error.kind == .cancelled && offset > 0 {
+                        // Part of the message is on the wire: nothing can follow it sensibly.
+                        life.withLock { $0.outputClosed = true }
+                        try? Syscall.shutdown(fd, .write)
+                    }
+                    throw error
+                }
+            }
+        } while offset < bytes.count
+    }
+
+    /// Half-close (TCP): FIN after everything sent so far.
+    public func closeOutput() async throws(ConnectionError) {
+        guard transport == .tcp else { throw ConnectionError(.unsupported, "half-close needs a TCP connection") }
+        await writeGate.enter()
+        defer { writeGate.leave() }
+        let fd = try usableDescriptor()
+        life.withLock { $0.outputClosed = true }
+        try Syscall.shutdown(fd, .write)
+    }
+
+    private func usableDescriptor() throws(ConnectionError) -> Int32 {
+        let fd = descriptor.load(ordering: .acquiring)
+        if fd < 0 || life.withLock({ $0.closing }) {
+            throw fd < 0 && !life.withLock({ $0.closing })
+                ? ConnectionError(.unsupported, "the socket is not started") : .closed()
+        }
+        return fd
+    }
+
+    // MARK: Datagram servers
+
+    /// recvfrom on an unconnected UDP socket: one datagram and its sender.
+    func receiveFrom() async throws(ConnectionError) -> (bytes: [UInt8], from: SocketAddress) {
+        await readGate.enter()
+        defer { readGate.leave() }
+        let fd = try usableDescriptor()
+        while true {
+            switch try Syscall.recvFrom(fd, scratch, dontWait: true) {
+            case .processed(let (count, from)):
+                if count > scratch.count {
+                    throw ConnectionError(
+                        .messageTooLarge, "a \(count)-byte datagram did not fit in \(scratch.count) bytes")
+                }
+                return ([UInt8](UnsafeRawBufferPointer(rebasing: scratch[..<count])), from)
+            case .wouldBlock:
+                try await readiness.waitReadable()
+                _ = try usableDescriptor()
+            }
+        }
+    }
+
+    /// sendto on an unconnected UDP socket.
+    func send(_ bytes: [UInt8], to address: SocketAddress) async throws(ConnectionError) {
+        await writeGate.enter()
+        defer { writeGate.leave() }
+        let fd = try usableDescriptor()
+        while true {
+            let result = try bytes.withBytes { (buffer) throws(ConnectionError) in
+                try Syscall.sendTo(fd, buffer, to: address, dontWait: true)
+            }
+            if case .processed = result { return }
+            try await readiness.waitWritable()
+        }
+    }
+
+    // MARK: Closing
+
+    /// Closes the socket: waiting operations fail with `.closed`, the descriptor is closed once no operation is
+    /// inside a system call, and the state becomes `.cancelled`. A second call does nothing.
+    public func close() async {
+        let first = life.withLock { life in
+            defer { life.closing = true }
+            return !life.closing
+        }
+        guard first else { return }
+        readiness.close()
+        // Wait for operations inside a system call to leave, so the descriptor number is not reused under them.
+        await readGate.enter()
+        await writeGate.enter()
+        let fd = descriptor.exchange(-1, ordering: .acquiringAndReleasing)
+        if fd >= 0 {
+            reactor.loop.unregister(fd)
+            Syscall.close(fd)
+        }
+        writeGate.leave()
+        readGate.leave()
+        set(.cancelled)
+        stateContinuation.finish()
+    }
+
+    // MARK: Messages as an AsyncSequence
+
+    /// Incoming messages (TCP chunks or UDP datagrams) until the peer finishes; one iterator at a time.
+    public var messages: Messages { Messages(socket: self) }
+
+    /// The AsyncSequence of ``messages``.
+    public struct Messages: AsyncSequence, Sendable {
+        public typealias Element = [UInt8]
+        let socket: AsyncSocket
+
+        public struct AsyncIterator: AsyncIteratorProtocol {
+            let socket: AsyncSocket
+            public mutating func next() async throws -> [UInt8]? {
+                try await socket.receive()
+            }
+        }
+
+        public func makeAsyncIterator() -> AsyncIterator { AsyncIterator(socket: socket) }
+    }
+}

@@ -1,0 +1,169 @@
+import ConnectionCore
+import POSIXSupport
+import Synchronization
+
+/// Readiness of one non-blocking socket, fed by the reactor (edge-triggered epoll) and awaited by tasks.
+///
+/// A task first tries the system call; only when it would block does it wait here. An edge that arrives while
+/// nobody waits is remembered (`readReady`/`writeReady`), so a task that registers just after the edge does
+/// not miss it. One reader and one writer wait at a time (the socket's gates ensure it).
+final class SocketReadiness: EpollHandler, Sendable {
+    private typealias Waiter = CheckedContinuation<Result<Void, ConnectionError>, Never>
+
+    private struct State {
+        var readReady = true
+        var writeReady = true
+        var reader: (id: UInt64, continuation: Waiter)?
+        var writer: (id: UInt64, continuation: Waiter)?
+        var cancelled: Set<UInt64> = []
+        var nextID: UInt64 = 0
+        var closed: ConnectionError?
+    }
+
+    private let state = Mutex(State())
+
+    func epollReady(_ events: UInt32) {
+        let readable = events & (Syscall.epollIn | Syscall.epollHangUp | Syscall.epollError | Syscall.epollReadHangUp)
+        let writable = events & (Syscall.epollOut | Syscall.epollHangUp | Syscall.epollError)
+        let (reader, writer): (Waiter?, Waiter?) = state.withLock { state in
+            var reader: Waiter?
+            var writer: Waiter?
+            if readable != 0 {
+                if let waiting = state.reader {
+                    reader = waiting.continuation
+                    state.reader = nil
+                } else {
+                    state.readReady = true
+                }
+            }
+            if writable != 0 {
+                if let waiting = state.writer {
+                    writer = waiting.continuation
+                    state.writer = nil
+                } else {
+                    state.writeReady = true
+                }
+            }
+            return (reader, writer)
+        }
+        reader?.resume(returning: .success(()))
+        writer?.resume(returning: .success(()))
+    }
+
+    /// Waits until the socket may be readable again (or fails with `.closed` / `.cancelled`).
+    func waitReadable() async throws(ConnectionError) { try await wait(reading: true) }
+
+    /// Waits until the socket may be writable again (or fails with `.closed` / `.cancelled`).
+    func waitWritable() async throws(ConnectionError) { try await wait(reading: false) }
+
+    private func wait(reading: Bool) async throws(ConnectionError) {
+        let id: UInt64? = try state.withLock { (state) throws(ConnectionError) -> UInt64? in
+            if let closed = state.closed { throw closed }
+            if reading, state.readReady {
+                state.readReady = false
+                return nil
+            }
+            if !reading, state.writeReady {
+                state.writeReady = false
+                return nil
+            }
+            state.nextID &+= 1
+            return state.nextID
+        }
+        guard let id else { return }
+        let result = await withTaskCancellationHandler {
+            await withCheckedContinuation { (continuation: Waiter) in
+                let immediate: Result<Void, ConnectionError>? = state.withLock { state in
+                    if state.cancelled.remove(id) != nil { return .failure(.cancelled()) }
+                    if let closed = state.closed { return .failure(closed) }
+                    if reading {
+                        if state.readReady {
+                            state.readReady = false
+                            return .success(())
+                        }
+                        state.reader = (id, continuation)
+                    } else {
+                        if state.writeReady {
+                            state.writeReady = false
+                            return .success(())
+                        }
+                        state.writer = (id, continuation)
+                    }
+                    return nil
+                }
+                if let immediate { continuation.resume(returning: immediate) }
+            }
+        } onCancel: {
+            let waiter: Waiter? = state.withLock { state in
+                if reading, let waiting = state.reader, waiting.id == id {
+                    state.reader = nil
+                    return waiting.continuation
+                }
+                if !reading, let waiting = state.writer, waiting.id == id {
+                    state.writer = nil
+                    return waiting.continuation
+                }
+                state.cancelled.insert(id)
+                return nil
+            }
+            waiter?.resume(returning: .failure(.cancelled()))
+        }
+        state.withLock { state in
+            if !state.cancelled.isEmpty { state.cancelled.remove(id) }
+        }
+        try result.get()
+    }
+
+    /// Fails the waiting tasks (and every later wait) with `error`.
+    func close(_ error: ConnectionError = .closed()) {
+        let waiters: [Waiter] = state.withLock { state in
+            state.closed = error
+            let waiters = [state.reader?.continuation, state.writer?.continuation].compactMap { $0 }
+            state.reader = nil
+            state.writer = nil
+            return waiters
+        }
+        for waiter in waiters { waiter.resume(returning: .failure(error)) }
+    }
+}
+
+/// A FIFO async mutex that serialises the readers (or the writers) of one socket, so concurrent receives are
+/// served in call order and concurrent sends are written whole, in call order. Uncontended, it is one lock.
+final class AsyncGate: Sendable {
+    private struct State {
+        var busy = false
+        var waiters: [CheckedContinuation<Void, Never>] = []
+    }
+    private let state = Mutex(State())
+
+    func enter() async {
+        let entered = state.withLock { state in
+            if state.busy { return false }
+            state.busy = true
+            return true
+        }
+        if entered { return }
+        await withCheckedContinuation { continuation in
+            let now: Bool = state.withLock { state in
+                if !state.busy {
+                    state.busy = true
+                    return true
+                }
+                state.waiters.append(continuation)
+                return false
+            }
+            if now { continuation.resume() }
+        }
+    }
+
+    func leave() {
+        let next: CheckedContinuation<Void, Never>? = state.withLock { state in
+            if state.waiters.isEmpty {
+                state.busy = false
+                return nil
+            }
+            return state.waiters.removeFirst()
+        }
+        next?.resume()
+    }
+}

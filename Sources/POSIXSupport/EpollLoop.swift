@@ -1,0 +1,292 @@
+public import ConnectionCore
+import Synchronization
+
+/// Receives readiness events from an ``EpollLoop`` (called on the loop thread).
+public protocol EpollHandler: AnyObject, Sendable {
+    /// `events` is the epoll mask that fired (`Syscall.epollIn`, `epollOut`, `epollError`, `epollHangUp`...).
+    func epollReady(_ events: UInt32)
+}
+
+/// An epoll event loop on one thread: descriptor readiness, timers (a binary heap feeding `epoll_wait`'s timeout),
+/// and blocks or jobs handed over from any thread (woken by an eventfd). It is a `TaskExecutor`: tasks that
+/// prefer it run on the loop thread, so a continuation resumed by a readiness event continues right there,
+/// with no hop to another thread.
+///
+/// The run-loop backend builds its run loop on it (run, run(until:), stop, perform); the async backend uses it
+/// as its reactor.
+public final class EpollLoop: TaskExecutor, @unchecked Sendable {
+    private let epoll: Int32
+    private let wakeFD: Int32
+    private static let wakeToken: UInt64 = .max
+    private let incoming = Mutex(Incoming())
+    private let loopThread = Atomic<UInt>(0)
+    private let stopRequested = Atomic<Bool>(false)
+    private let handlers = Mutex<[Int32: any EpollHandler]>([:])
+    // Loop-confined.
+    private var timers = TimerHeap()
+    private var nextTimerID: UInt64 = 0
+    private var cancelledTimers: Set<UInt64> = []
+    private var local: [Work] = []
+    /// A name for the thread that runs the loop.
+    public let name: String
+
+    private enum Work {
+        case block(() -> Void)
+        case job(UnownedJob)
+    }
+
+    private struct Incoming: @unchecked Sendable {
+        var work: [Work] = []
+        var sleeping = false
+    }
+
+    /// Creates the epoll instance and its wake-up eventfd. Nothing runs until ``run(until:)`` is called on some
+    /// thread, or ``startThread()``.
+    public init(name: String) throws(ConnectionError) {
+        self.name = name
+        epoll = try Syscall.epollCreate()
+        do {
+            wakeFD = try Syscall.eventFD()
+        } catch {
+            Syscall.close(epoll)
+            throw error
+        }
+        try Syscall.epollControl(epoll, Syscall.epollAdd, wakeFD, events: Syscall.epollIn, data: Self.wakeToken)
+    }
+
+    deinit {
+        Syscall.close(wakeFD)
+        Syscall.close(epoll)
+    }
+
+    /// Starts a thread of its own that runs the loop until ``stop()``.
+    public func startThread() {
+        let started = ConditionLock()
+        nonisolated(unsafe) var ready = false
+        PosixThread.spawn(name: name) { [self] in
+            loopThread.store(Self.currentThread, ordering: .releasing)
+            started.withLock {
+                ready = true
+                started.broadcast()
+            }
+            run(until: nil)
+        }
+        started.withLock { started.wait(until: { ready }) }
+    }
+
+    private static var currentThread: UInt { UInt(bitPattern: Int(bitPattern: pthreadSelf())) }
+
+    /// `true` on the thread running the loop.
+    public var inLoop: Bool { loopThread.load(ordering: .acquiring) == Self.currentThread }
+
+    // MARK: Handing work over
+
+    /// Runs `block` on the loop thread: at once in order with other work when called from it, otherwise after
+    /// waking the loop (eventfd). Safe from any thread.
+    public func perform(_ block: @escaping @Sendable () -> Void) {
+        hand(.block(block))
+    }
+
+    private func hand(_ work: Work) {
+        if inLoop {
+            local.append(work)
+            return
+        }
+        let wake = incoming.withLock { incoming in
+            incoming.work.append(work)
+            return incoming.sleeping
+        }
+        if wake { Syscall.eventFDSignal(wakeFD) }
+    }
+
+    /// TaskExecutor: a job of a task that prefers this loop runs on the loop thread.
+    public func enqueue(_ job: consuming ExecutorJob) {
+        hand(.job(UnownedJob(job)))
+    }
+
+    // MARK: Descriptors (from any thread)
+
+    /// Watches `fd` for `events`; `handler` is called on the loop thread when they fire.
+    public func register(_ fd: Int32, events: UInt32, handler: any EpollHandler) throws(ConnectionError) {
+        handlers.withLock { $0[fd] = handler }
+        do {
+            try Syscall.epollControl(epoll, Syscall.epollAdd, fd, events: events, data: UInt64(UInt32(bitPattern: fd)))
+        } catch {
+            handlers.withLock { $0[fd] = nil }
+            throw error
+        }
+    }
+
+    /// Changes the events watched on `fd` (thread-safe: epoll_ctl only).
+    public func modify(_ fd: Int32, events: UInt32) throws(ConnectionError) {
+        try Syscall.epollControl(epoll, Syscall.epollModify, fd, events: events, data: UInt64(UInt32(bitPattern: fd)))
+    }
+
+    /// Stops watching `fd`. Call before closing the descriptor; an event already fetched for it is dropped.
+    public func unregister(_ fd: Int32) {
+        try? Syscall.epollControl(epoll, Syscall.epollDelete, fd, events: 0, data: 0)
+        handlers.withLock { $0[fd] = nil }
+    }
+
+    /// The number of descriptors watched.
+    public var registeredCount: Int { handlers.withLock { $0.count } }
+
+    // MARK: Timers (loop thread)
+
+    /// Runs `block` on the loop thread after `delay`. Returns an id for ``cancelTimer(_:)``.
+    @discardableResult
+    public func schedule(after delay: Duration, _ block: @escaping () -> Void) -> UInt64 {
+        nextTimerID += 1
+        let (seconds, attoseconds) = delay.components
+        let nanoseconds = max(0, seconds) * 1_000_000_000 + attoseconds / 1_000_000_000
+        timers.insert(
+            TimerHeap.Entry(
+                deadline: MonotonicClock.nanoseconds() + UInt64(max(0, nanoseconds)), id: nextTimerID,
+                block: block))
+        return nextTimerID
+    }
+
+    /// Cancels a timer that has not fired.
+    public func cancelTimer(_ id: UInt64) {
+        cancelledTimers.insert(id)
+    }
+
+    // MARK: Running
+
+    /// Runs the loop on the calling thread until ``stop()`` is called or `deadline` (monotonic nanoseconds)
+    /// passes. Each turn: due timers, handed-over work, then `epoll_wait` until the next timer.
+    public func run(until deadline: UInt64?) {
+        loopThread.store(Self.currentThread, ordering: .releasing)
+        stopRequested.store(false, ordering: .relaxed)
+        let capacity: Int32 = 64
+        let events = UnsafeMutablePointer<UInt32>.allocate(capacity: Int(capacity))
+        let data = UnsafeMutablePointer<UInt64>.allocate(capacity: Int(capacity))
+        defer {
+            events.deallocate()
+            data.deallocate()
+        }
+        while !stopRequested.load(ordering: .relaxed) {
+            runDueTimers()
+            runWork()
+            if stopRequested.load(ordering: .relaxed) { break }
+            let now = MonotonicClock.nanoseconds()
+            if let deadline, now >= deadline { break }
+            var timeout: Int32 = -1
+            if let next = timers.first?.deadline {
+                timeout = next <= now ? 0 : Int32(clamping: (next - now + 999_999) / 1_000_000)
+            }
+            if let deadline {
+                let untilDeadline = Int32(clamping: (deadline - now + 999_999) / 1_000_000)
+                timeout = timeout < 0 ? untilDeadline : min(timeout, untilDeadline)
+            }
+            // Announce sleep, then look once more for work handed over meanwhile.
+            let hasWork = incoming.withLock { incoming in
+                if incoming.work.isEmpty {
+                    incoming.sleeping = true
+                    return false
+                }
+                return true
+            }
+            if hasWork || !local.isEmpty { timeout = 0 }
+            let count =
+                (try? Syscall.epollWait(
+                    epoll, events: events, data: data, capacity: capacity,
+                    timeoutMilliseconds: timeout)) ?? 0
+            incoming.withLock { $0.sleeping = false }
+            for index in 0..<count {
+                let token = data[index]
+                if token == Self.wakeToken {
+                    Syscall.eventFDDrain(wakeFD)
+                    continue
+                }
+                let fd = Int32(bitPattern: UInt32(truncatingIfNeeded: token))
+                handlers.withLock { $0[fd] }?.epollReady(events[index])
+            }
+        }
+        runWork()
+    }
+
+    /// Makes ``run(until:)`` return after its current turn. Safe from any thread.
+    public func stop() {
+        stopRequested.store(true, ordering: .relaxed)
+        Syscall.eventFDSignal(wakeFD)
+    }
+
+    private func runWork() {
+        while true {
+            var batch = incoming.withLock { incoming in
+                defer { incoming.work.removeAll(keepingCapacity: true) }
+                return incoming.work
+            }
+            if !local.isEmpty {
+                batch = local + batch
+                local.removeAll(keepingCapacity: true)
+            }
+            if batch.isEmpty { return }
+            for work in batch {
+                switch work {
+                case .block(let block): block()
+                case .job(let job): job.runSynchronously(on: asUnownedTaskExecutor())
+                }
+            }
+        }
+    }
+
+    private func runDueTimers() {
+        guard !timers.isEmpty else { return }
+        let now = MonotonicClock.nanoseconds()
+        while let first = timers.first, first.deadline <= now {
+            let entry = timers.removeFirst()
+            if cancelledTimers.remove(entry.id) != nil { continue }
+            entry.block()
+        }
+        if timers.isEmpty { cancelledTimers.removeAll() }
+    }
+}
+
+/// A binary min-heap of timers ordered by deadline (then by id, so equal deadlines fire in scheduling order).
+struct TimerHeap {
+    struct Entry {
+        var deadline: UInt64
+        var id: UInt64
+        var block: () -> Void
+        func precedes(_ other: Entry) -> Bool {
+            deadline < other.deadline || (deadline == other.deadline && id < other.id)
+        }
+    }
+    private var entries: [Entry] = []
+
+    var isEmpty: Bool { entries.isEmpty }
+    var first: Entry? { entries.first }
+
+    mutating func insert(_ entry: Entry) {
+        entries.append(entry)
+        var child = entries.count - 1
+        while child > 0 {
+            let parent = (child - 1) / 2
+            guard entries[child].precedes(entries[parent]) else { break }
+            entries.swapAt(child, parent)
+            child = parent
+        }
+    }
+
+    mutating func removeFirst() -> Entry {
+        let first = entries[0]
+        let last = entries.removeLast()
+        if !entries.isEmpty {
+            entries[0] = last
+            var parent = 0
+            while true {
+                let left = 2 * parent + 1
+                let right = left + 1
+                var smallest = parent
+                if left < entries.count && entries[left].precedes(entries[smallest]) { smallest = left }
+                if right < entries.count && entries[right].precedes(entries[smallest]) { smallest = right }
+                if smallest == parent { break }
+                entries.swapAt(parent, smallest)
+                parent = smallest
+            }
+        }
+        return first
+    }
+}
