@@ -89,6 +89,11 @@ let package = Package(
             swiftSettings: strictSettings
         ),
         .testTarget(
+            name: "AsyncBackendTests",
+            dependencies: ["AsyncBackend", "POSIXSupport", "ConnectionTestKit"],
+            swiftSettings: strictSettings
+        ),
+        .testTarget(
             name: "ConformanceTests",
             dependencies: ["SocketStyles", "ConnectionTestKit", "BenchmarkDriver"],
             swiftSettings: strictSettings

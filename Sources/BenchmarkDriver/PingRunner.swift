@@ -43,11 +43,23 @@ public struct PingRunner: Sendable {
     }
 
     /// Runs against an echo peer on `connection`.
+    ///
+    /// The loop runs on the connection's preferred executor when it has one (an event loop that is a
+    /// `TaskExecutor`), as a user of that style would run it.
     public func run(on connection: any Connection) async throws(ConnectionError) -> Result {
-        if connection.transport.isByteStream {
-            return try await runStream(connection)
+        let outcome: Swift.Result<Result, ConnectionError> = await withTaskExecutorPreference(
+            connection.preferredExecutor
+        ) {
+            do throws(ConnectionError) {
+                if connection.transport.isByteStream {
+                    return .success(try await runStream(connection))
+                }
+                return .success(try await runMessages(connection))
+            } catch {
+                return .failure(error)
+            }
         }
-        return try await runMessages(connection)
+        return try outcome.get()
     }
 
     private func runStream(_ connection: any Connection) async throws(ConnectionError) -> Result {

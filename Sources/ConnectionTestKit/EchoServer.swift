@@ -49,7 +49,8 @@ public final class EchoServer: Sendable {
                     served.add(1, ordering: .relaxed)
                     let id = ObjectIdentifier(connection)
                     connections.withLock { $0[id] = connection }
-                    group.addTask { [self] in
+                    // Run each echo where the connection's I/O completes (an event loop), when it has such a place.
+                    group.addTask(executorPreference: connection.preferredExecutor) { [self] in
                         await Self.echo(connection)
                         connections.withLock { $0[id] = nil }
                         await connection.close()

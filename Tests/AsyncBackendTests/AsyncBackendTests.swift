@@ -1,0 +1,247 @@
+import AsyncBackend
+import ConnectionCore
+import ConnectionTestKit
+import Glibc
+import POSIXSupport
+import Synchronization
+import Testing
+
+@Suite("async backend", .timeLimit(.minutes(3)))
+struct AsyncBackendTests {
+    @Test("States go setup -> preparing -> ready -> cancelled, as NWConnection reports them")
+    func states() async throws {
+        try await SocketTest.run {
+            let listener = try AsyncListener(on: try Endpoint(url: "tcp://127.0.0.1:0"))
+            let socket = AsyncSocket(to: listener.localEndpoint)
+            #expect(socket.state == .setup)
+            try await socket.start()
+            #expect(socket.state == .ready)
+            let server = try await listener.accept()
+            await socket.close()
+            var seen: [AsyncSocket.State] = []
+            for await state in socket.stateUpdates { seen.append(state) }
+            #expect(seen == [.setup, .preparing, .ready, .cancelled])
+            await server.close()
+            await listener.close()
+        }
+    }
+
+    @Test("A refused connect ends in .failed with the error")
+    func failedState() async throws {
+        try await SocketTest.run {
+            let placeholder = try AsyncListener(on: try Endpoint(url: "tcp://127.0.0.1:0"))
+            let endpoint = placeholder.localEndpoint
+            await placeholder.close()
+            let socket = AsyncSocket(to: endpoint)
+            let error = await #expect(throws: ConnectionError.self) { try await socket.start() }
+            #expect(error?.kind == .refused)
+            if case .failed(let stateError) = socket.state {
+                #expect(stateError.kind == .refused)
+            } else {
+                Issue.record("state is \(socket.state)")
+            }
+            await socket.close()
+        }
+    }
+
+    @Test("The listener is an AsyncSequence of connections; messages is an AsyncSequence of chunks")
+    func sequences() async throws {
+        try await SocketTest.run {
+            let listener = try AsyncListener(on: try Endpoint(url: "tcp://127.0.0.1:0"))
+            let server = Task {
+                var total: [UInt8] = []
+                for try await client in listener {
+                    for try await chunk in client.messages { total += chunk }
+                    await client.close()
+                    break
+                }
+                return total
+            }
+            let client = AsyncSocket(to: listener.localEndpoint)
+            try await client.start()
+            for index in 0..<10 { try await client.send([UInt8](repeating: UInt8(index), count: 1000)) }
+            try await client.closeOutput()
+            let total = try await server.value
+            #expect(total == (0..<10).flatMap { [UInt8](repeating: UInt8($0), count: 1000) })
+            await client.close()
+            await listener.close()
+        }
+    }
+
+    @Test("Cancelling a waiting receive: .cancelled at once, the socket stays ready, nothing is lost")
+    func cancelReceive() async throws {
+        try await SocketTest.run {
+            let listener = try AsyncListener(on: try Endpoint(url: "tcp://127.0.0.1:0"))
+            let client = AsyncSocket(to: listener.localEndpoint)
+            try await client.start()
+            let server = try await listener.accept()
+            let waiting = Task { () throws(ConnectionError) in try await server.receive() }
+            waiting.cancel()
+            let result = await waiting.result
+            #expect((result.failureValue as? ConnectionError)?.kind == .cancelled)
+            #expect(server.state == .ready)
+            try await client.send([1, 2, 3])
+            var got: [UInt8] = []
+            while got.count < 3 { got += try #require(try await server.receive()) }
+            #expect(got == [1, 2, 3])
+            await client.close()
+            await server.close()
+            await listener.close()
+        }
+    }
+
+    @Test("Cancelling a send blocked by a full peer: .cancelled; a partial write closes the output")
+    func cancelSend() async throws {
+        try await SocketTest.run {
+            let listener = try AsyncListener(on: try Endpoint(url: "tcp://127.0.0.1:0"))
+            let options = ConnectionOptions.with {
+                $0.sendBufferSize = 16 * 1024
+                $0.receiveBufferSize = 16 * 1024
+            }
+            let client = AsyncSocket(to: listener.localEndpoint, options: options)
+            try await client.start()
+            let server = try await listener.accept()  // never reads: the client's send must block
+            let big = [UInt8](repeating: 7, count: 8 * 1024 * 1024)
+            let sending = Task { () async throws -> Bool in
+                try await client.send(big)
+                return true
+            }
+            // Wait until the send is parked on a full socket buffer: the reactor then holds its writer.
+            while sending.isCancelled == false {
+                var pending: Int32 = 0
+                _ = ioctl(client.fileDescriptor, UInt(TIOCOUTQ), &pending)
+                if pending > 0 { break }
+                await Task.yield()
+            }
+            sending.cancel()
+            let result = await sending.result
+            #expect((result.failureValue as? ConnectionError)?.kind == .cancelled)
+            // Part of the 8 MiB went out: the output is closed, receiving still works.
+            let error = await #expect(throws: ConnectionError.self) { try await client.send([1]) }
+            #expect(error?.kind == .closed)
+            #expect(client.state == .ready)
+            await client.close()
+            await server.close()
+            await listener.close()
+        }
+    }
+
+    @Test("Cancelling a connect that cannot complete ends it with .cancelled and state .cancelled")
+    func cancelConnect() async throws {
+        try await SocketTest.run {
+            // A backlog-1 listener whose queue is full drops further SYNs: connects to it hang.
+            let full = try BSDFullListener()
+            var fillers: [AsyncSocket] = []
+            let socket: AsyncSocket
+            while true {
+                let candidate = AsyncSocket(
+                    to: full.endpoint, options: .with { $0.connectTimeout = .milliseconds(200) })
+                do throws(ConnectionError) {
+                    try await candidate.start()
+                    fillers.append(candidate)
+                } catch {
+                    #expect(error.kind == .timedOut)
+                    break
+                }
+            }
+            socket = AsyncSocket(to: full.endpoint)
+            let connecting = Task { () async throws -> Bool in
+                try await socket.start()
+                return true
+            }
+            while socket.state != .preparing { await Task.yield() }
+            connecting.cancel()
+            let result = await connecting.result
+            #expect((result.failureValue as? ConnectionError)?.kind == .cancelled)
+            #expect(socket.state == .cancelled)
+            await socket.close()
+            for filler in fillers { await filler.close() }
+            full.close()
+        }
+    }
+
+    @Test("1,000 concurrent TCP echo connections against one server; every echo checked")
+    func thousandConnections() async throws {
+        try await SocketTest.run(timeLimit: .seconds(120)) {
+            let count = 1000
+            let listener = try AsyncListener(
+                on: try Endpoint(url: "tcp://127.0.0.1:0"), options: .with { $0.backlog = 2048 })
+            let server = Task(executorPreference: listener.reactor) {
+                try await withThrowingDiscardingTaskGroup { group in
+                    for try await client in listener {
+                        group.addTask(executorPreference: client.reactor) {
+                            do {
+                                for try await chunk in client.messages { try await client.send(chunk) }
+                            } catch {}
+                            await client.close()
+                        }
+                    }
+                }
+            }
+            let residentBefore = residentBytes()
+            // Open every connection first and keep it idle, then measure, then echo on all at once.
+            var clients: [AsyncSocket] = []
+            for _ in 0..<count {
+                let socket = AsyncSocket(to: listener.localEndpoint)
+                try await socket.start()
+                clients.append(socket)
+            }
+            let perConnection = (residentBytes() - residentBefore) / count
+            print(
+                "async backend: \(count) idle TCP connections (client and server side in one process) added \(perConnection) bytes of resident memory each"
+            )
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                for (index, socket) in clients.enumerated() {
+                    group.addTask(executorPreference: socket.reactor) {
+                        let payload = (0..<64).map { UInt8(truncatingIfNeeded: $0 &+ index) }
+                        try await socket.send(payload)
+                        var got: [UInt8] = []
+                        while got.count < payload.count { got += try #require(try await socket.receive()) }
+                        #expect(got == payload)
+                    }
+                }
+                try await group.waitForAll()
+            }
+            for socket in clients { await socket.close() }
+            await listener.close()
+            _ = await server.result
+        }
+    }
+}
+
+extension Result {
+    var failureValue: Failure? {
+        if case .failure(let error) = self { return error }
+        return nil
+    }
+}
+
+/// Resident memory of this process, from /proc/self/statm.
+func residentBytes() -> Int {
+    guard let file = fopen("/proc/self/statm", "r") else { return 0 }
+    defer { fclose(file) }
+    var size = 0
+    var resident = 0
+    _ = withUnsafeMutablePointer(to: &size) { sizePointer in
+        withUnsafeMutablePointer(to: &resident) { residentPointer in
+            withVaList([sizePointer, residentPointer]) { vfscanf(file, "%ld %ld", $0) }
+        }
+    }
+    return resident * Int(sysconf(Int32(_SC_PAGESIZE)))
+}
+
+/// A TCP listener with a backlog of 1 that never accepts: once its queue is full, further SYNs are dropped.
+struct BSDFullListener {
+    let fd: Int32
+    let endpoint: Endpoint
+
+    init() throws {
+        let address = SocketAddress.loopbackIPv4(port: 0)
+        fd = try Syscall.socket(family: .ipv4, datagram: false)
+        try Syscall.bind(fd, to: address)
+        try Syscall.listen(fd, backlog: 1)
+        endpoint = try Syscall.localAddress(fd).endpoint(.tcp)
+    }
+
+    func close() { Syscall.close(fd) }
+}
