@@ -44,10 +44,16 @@ let package = Package(
             dependencies: ["ConnectionCore", "POSIXSupport"],
             swiftSettings: strictSettings
         ),
+        // Style 3: delegate-driven input/output streams on a run loop of our own (as Stream/CFStream).
+        .target(
+            name: "RunLoopBackend",
+            dependencies: ["ConnectionCore", "POSIXSupport"],
+            swiftSettings: strictSettings
+        ),
         // Umbrella: re-exports and the Backend enum.
         .target(
             name: "SocketStyles",
-            dependencies: ["ConnectionCore", "BSDSocketBackend", "LibUVBackend", "AsyncBackend"],
+            dependencies: ["ConnectionCore", "BSDSocketBackend", "LibUVBackend", "RunLoopBackend", "AsyncBackend"],
             swiftSettings: strictSettings
         ),
         // Shipped test support: fd counting, time limits, echo servers.

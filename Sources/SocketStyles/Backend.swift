@@ -3,6 +3,7 @@
 @_exported public import ConnectionCore
 @_exported public import LibUVBackend
 @_exported public import POSIXSupport
+@_exported public import RunLoopBackend
 
 /// Every connection style this package offers, by the name users type (`--backend bsd`).
 ///
@@ -13,6 +14,9 @@ public enum Backend: String, Sendable, Hashable, CaseIterable, CustomStringConve
     case bsd
     /// libuv's event loop and callbacks on one loop thread (``LibUVBackend``).
     case uv
+    /// Delegate-driven input/output streams on a run loop of our own (``RunLoopBackend``), as Apple's
+    /// Stream/CFStream.
+    case runloop
     /// async/await over non-blocking sockets and one epoll reactor thread (``AsyncBackend``).
     case async
 
@@ -21,6 +25,7 @@ public enum Backend: String, Sendable, Hashable, CaseIterable, CustomStringConve
         switch self {
         case .bsd: BSDBackend()
         case .uv: LibUVBackend.shared
+        case .runloop: RunLoopBackend.shared
         case .async: AsyncBackend()
         }
     }
@@ -30,6 +35,7 @@ public enum Backend: String, Sendable, Hashable, CaseIterable, CustomStringConve
         switch self {
         case .bsd: "blocking BSD sockets; a reader thread (and a writer thread when needed) per connection"
         case .uv: "libuv 1.44 loop and callbacks; every connection on one loop thread, uv_async_send to reach it"
+        case .runloop: "input/output streams with a delegate (openCompleted, hasBytesAvailable, ...) on one epoll run loop"
         case .async: "async/await on non-blocking sockets; one epoll reactor thread resumes waiting tasks"
         }
     }

@@ -1,0 +1,501 @@
+public import ConnectionCore
+import POSIXSupport
+import Synchronization
+
+/// Backend `runloop`: the delegate style (input/output streams, events on a run loop) adapted to
+/// ``Connection``. Every connection of the backend is scheduled in one ``SocketRunLoop`` turning on its own
+/// thread; calls from tasks reach it with `perform`, and results come back by resuming continuations. The
+/// native style is ``SocketInputStream``/``SocketOutputStream`` with a ``SocketStreamDelegate``,
+/// ``SocketListener`` and ``DatagramSocket``.
+public final class RunLoopBackend: ConnectionBackend, Sendable {
+    public let name = "runloop"
+    public let transports: Set<Transport> = [.tcp, .udp]
+    /// The run loop every connection of this backend is scheduled in.
+    public let runLoop: SocketRunLoop
+
+    /// The process-wide instance that `Backend.runloop` uses.
+    public static let shared: RunLoopBackend = {
+        do {
+            return try RunLoopBackend()
+        } catch {
+            fatalError("cannot start the run loop thread: \(error)")
+        }
+    }()
+
+    /// Starts a run loop thread for this backend.
+    public init(name: String = "runloop-backend") throws(ConnectionError) {
+        Syscall.ignoreSIGPIPE()
+        runLoop = try SocketRunLoop.startThread(name: name)
+    }
+
+    public func connect(to endpoint: Endpoint, options: ConnectionOptions) async throws(ConnectionError)
+        -> any Connection
+    {
+        guard transports.contains(endpoint.transport) else {
+            throw ConnectionError(.unsupported, "the runloop backend provides tcp and udp")
+        }
+        if endpoint.transport == .udp {
+            let addresses = try await Syscall.resolveAsync(endpoint)
+            let resolved = addresses[0].endpoint(.udp)
+            return try await onRunLoop { () throws(ConnectionError) -> any Connection in
+                let socket = try DatagramSocket(resolved, connect: true, runLoop: self.runLoop, options: options)
+                return RunLoopUDPConnection(socket: socket, runLoop: self.runLoop, options: options)
+            }
+        }
+        let connection = RunLoopTCPConnection(runLoop: runLoop, options: options)
+        try await connection.connect(to: endpoint)
+        return connection
+    }
+
+    public func listen(on endpoint: Endpoint, options: ConnectionOptions) async throws(ConnectionError)
+        -> any Listener
+    {
+        guard transports.contains(endpoint.transport) else {
+            throw ConnectionError(.unsupported, "the runloop backend provides tcp and udp")
+        }
+        let resolved = try await Syscall.resolveAsync(endpoint, passive: true)[0].endpoint(endpoint.transport)
+        let runLoop = runLoop
+        return try await onRunLoop { () throws(ConnectionError) -> any Listener in
+            if resolved.transport == .udp {
+                return try RunLoopUDPListener(on: resolved, runLoop: runLoop, options: options)
+            }
+            return try RunLoopTCPListener(on: resolved, runLoop: runLoop, options: options)
+        }
+    }
+
+    private func onRunLoop<R: Sendable>(_ body: @escaping @Sendable () throws(ConnectionError) -> R)
+        async throws(ConnectionError) -> R
+    {
+        let result: Result<R, ConnectionError> = await withCheckedContinuation { continuation in
+            runLoop.perform { continuation.resume(returning: Result { () throws(ConnectionError) in try body() }) }
+        }
+        return try result.get()
+    }
+}
+
+/// A TCP connection as a pair of delegate-driven streams. It is their delegate: `hasBytesAvailable` drains the
+/// input into a bounded queue (and stops reading, so events stop, while the queue is full);
+/// `hasSpaceAvailable` writes queued sends; `endEncountered` and `errorOccurred` end the queue.
+final class RunLoopTCPConnection: Connection, SocketStreamDelegate, @unchecked Sendable {
+    let transport = Transport.tcp
+    let options: ConnectionOptions
+    let runLoop: SocketRunLoop
+    private let inbox: ReceiveQueue<[UInt8]>
+    private let closing = Atomic<Bool>(false)
+    private let endpoints = Mutex<(local: Endpoint?, remote: Endpoint?)>((nil, nil))
+    // Run-loop-confined.
+    private var input: SocketInputStream?
+    private var output: SocketOutputStream?
+    private var writes: [(bytes: [UInt8], offset: Int, done: CheckedContinuation<Result<Void, ConnectionError>, Never>)] = []
+    private var shutdownAfterWrites: CheckedContinuation<Result<Void, ConnectionError>, Never>?
+    private var outputShut = false
+    private var opened: CheckedContinuation<Result<Void, ConnectionError>, Never>?
+    private var openCount = 0
+    private var readBuffer: UnsafeMutableRawBufferPointer
+    private var timer: RunLoopTimer?
+
+    init(runLoop: SocketRunLoop, options: ConnectionOptions) {
+        self.runLoop = runLoop
+        self.options = options
+        readBuffer = .allocate(byteCount: options.readChunkSize, alignment: 16)
+        nonisolated(unsafe) weak var weakSelf: RunLoopTCPConnection?
+        inbox = .byteStream(capacity: options.receiveQueueLimit) {
+            runLoop.perform { weakSelf?.drainInput() }
+        }
+        weakSelf = self
+    }
+
+    /// Wraps an accepted pair (on the run loop thread) and opens it.
+    convenience init(accepted input: SocketInputStream, _ output: SocketOutputStream, runLoop: SocketRunLoop,
+        options: ConnectionOptions, local: Endpoint)
+    {
+        self.init(runLoop: runLoop, options: options)
+        endpoints.withLock { $0 = (local, input.core.endpoint) }
+        attach(input, output)
+    }
+
+    deinit {
+        readBuffer.deallocate()
+    }
+
+    var localEndpoint: Endpoint { endpoints.withLock { $0.local } ?? Endpoint(transport: .tcp, host: .ipv4("0.0.0.0"), port: 0) }
+    var remoteEndpoint: Endpoint { endpoints.withLock { $0.remote } ?? Endpoint(transport: .tcp, host: .ipv4("0.0.0.0"), port: 0) }
+    var preferredExecutor: (any TaskExecutor)? { runLoop.loop }
+
+    private func attach(_ input: SocketInputStream, _ output: SocketOutputStream) {
+        self.input = input
+        self.output = output
+        input.delegate = self
+        output.delegate = self
+        input.schedule(in: runLoop)
+        output.schedule(in: runLoop)
+        input.open()
+        output.open()
+    }
+
+    func connect(to endpoint: Endpoint) async throws(ConnectionError) {
+        let options = options
+        let result: Result<Void, ConnectionError> = await withTaskCancellationHandler {
+            await withCheckedContinuation { continuation in
+                runLoop.perform { [self] in
+                    opened = continuation
+                    let (input, output) = getStreamsToHost(endpoint, options: options)
+                    timer = runLoop.schedule(after: options.connectTimeout) { [weak self] in
+                        self?.failOpen(ConnectionError(.timedOut, "connect to \(endpoint) took longer than \(options.connectTimeout)"))
+                    }
+                    attach(input, output)
+                }
+            }
+        } onCancel: {
+            runLoop.perform { [weak self] in self?.failOpen(.cancelled("connect was cancelled")) }
+        }
+        try result.get()
+    }
+
+    private func failOpen(_ error: ConnectionError) {
+        guard let opened else { return }
+        self.opened = nil
+        timer?.invalidate()
+        input?.close()
+        output?.close()
+        inbox.close()
+        closing.store(true, ordering: .relaxed)
+        opened.resume(returning: .failure(error))
+    }
+
+    // MARK: Delegate (run loop thread)
+
+    func stream(_ stream: SocketStream, handle event: StreamEvent) {
+        switch event {
+        case .openCompleted:
+            openCount += 1
+            if openCount == 2, let opened {
+                self.opened = nil
+                timer?.invalidate()
+                if let fd = Optional(stream.core.fd), fd >= 0,
+                    let local = try? Syscall.localAddress(fd), let remote = try? Syscall.peerAddress(fd)
+                {
+                    endpoints.withLock { $0 = (local.endpoint(.tcp), remote.endpoint(.tcp)) }
+                }
+                opened.resume(returning: .success(()))
+            }
+        case .hasBytesAvailable:
+            drainInput()
+        case .hasSpaceAvailable:
+            flushWrites()
+        case .endEncountered:
+            inbox.finish(.finished)
+        case .errorOccurred:
+            let error = stream.streamError ?? ConnectionError(.system, "stream error")
+            if opened != nil { return failOpen(error) }
+            inbox.finish(.failed(error))
+            failWrites(error)
+        }
+    }
+
+    /// Reads while the queue has room and bytes are there (the Darwin pattern).
+    private func drainInput() {
+        guard let input else { return }
+        while inbox.hasSpace && input.hasBytesAvailable {
+            let count = input.read(into: readBuffer)
+            guard count > 0 else { break }
+            inbox.push([UInt8](UnsafeRawBufferPointer(rebasing: readBuffer[..<count])))
+        }
+    }
+
+    private func flushWrites() {
+        guard let output else { return }
+        while !writes.isEmpty {
+            let written = writes[0].bytes.withUnsafeBytes { raw in
+                output.write(UnsafeRawBufferPointer(rebasing: raw[writes[0].offset...]))
+            }
+            if written < 0 {
+                return failWrites(output.streamError ?? ConnectionError(.reset, "write failed"))
+            }
+            writes[0].offset += written
+            guard writes[0].offset == writes[0].bytes.count else { return }  // wait for hasSpaceAvailable
+            writes.removeFirst().done.resume(returning: .success(()))
+        }
+        if let shutdown = shutdownAfterWrites {
+            shutdownAfterWrites = nil
+            outputShut = true
+            output.close()  // FIN
+            shutdown.resume(returning: .success(()))
+        }
+    }
+
+    private func failWrites(_ error: ConnectionError) {
+        let pending = writes
+        writes.removeAll()
+        for write in pending { write.done.resume(returning: .failure(error)) }
+        if let shutdown = shutdownAfterWrites {
+            shutdownAfterWrites = nil
+            shutdown.resume(returning: .failure(error))
+        }
+    }
+
+    // MARK: Connection
+
+    func send(_ message: Message) async throws(ConnectionError) {
+        if closing.load(ordering: .relaxed) { throw .closed() }
+        let bytes = message.bytes
+        let result: Result<Void, ConnectionError> = await withCheckedContinuation { continuation in
+            runLoop.perform { [self] in
+                guard !closing.load(ordering: .relaxed), output != nil else {
+                    return continuation.resume(returning: .failure(.closed()))
+                }
+                guard !outputShut, shutdownAfterWrites == nil else {
+                    return continuation.resume(returning: .failure(.closed("the output was closed (half-close)")))
+                }
+                if bytes.isEmpty { return continuation.resume(returning: .success(())) }
+                writes.append((bytes, 0, continuation))
+                if writes.count == 1 { flushWrites() }
+            }
+        }
+        try result.get()
+    }
+
+    func receive(maximumLength: Int) async throws(ConnectionError) -> Message? {
+        try await inbox.next(maximumLength: maximumLength).map(Message.init)
+    }
+
+    func closeOutput() async throws(ConnectionError) {
+        if closing.load(ordering: .relaxed) { throw .closed() }
+        let result: Result<Void, ConnectionError> = await withCheckedContinuation { continuation in
+            runLoop.perform { [self] in
+                guard !outputShut, shutdownAfterWrites == nil else { return continuation.resume(returning: .success(())) }
+                shutdownAfterWrites = continuation
+                if writes.isEmpty { flushWrites() }
+            }
+        }
+        try result.get()
+    }
+
+    func close() async {
+        closing.store(true, ordering: .relaxed)
+        await withCheckedContinuation { continuation in
+            runLoop.perform { [self] in
+                inbox.close()
+                failWrites(.closed())
+                input?.close()
+                output?.close()
+                input = nil
+                output = nil
+                continuation.resume()
+            }
+        }
+    }
+}
+
+/// A TCP listener: a ``SocketListener`` whose accept callback wraps each pair as a connection.
+final class RunLoopTCPListener: Listener, @unchecked Sendable {
+    let transport = Transport.tcp
+    let localEndpoint: Endpoint
+    private let listener: SocketListener
+    private let runLoop: SocketRunLoop
+    private let queue = ReceiveQueue<any Connection>(capacity: 1024)
+
+    init(on endpoint: Endpoint, runLoop: SocketRunLoop, options: ConnectionOptions) throws(ConnectionError) {
+        let queue = queue
+        nonisolated(unsafe) var local: Endpoint?
+        listener = try SocketListener(on: endpoint, runLoop: runLoop, options: options) { input, output in
+            let connection = RunLoopTCPConnection(
+                accepted: input, output, runLoop: runLoop, options: options, local: local!)
+            if !queue.push(connection).accepted { Task { await connection.close() } }
+        }
+        local = listener.localEndpoint
+        localEndpoint = listener.localEndpoint
+        self.runLoop = runLoop
+    }
+
+    func accept() async throws(ConnectionError) -> any Connection {
+        guard let connection = try await queue.next() else { throw .closed("the listener is closed") }
+        return connection
+    }
+
+    func close() async {
+        let waiting = queue.close(.closed("the listener is closed"))
+        for connection in waiting { await connection.close() }
+        await withCheckedContinuation { continuation in
+            runLoop.perform { [listener] in
+                listener.close()
+                continuation.resume()
+            }
+        }
+    }
+}
+
+/// A connected UDP socket in the delegate style.
+final class RunLoopUDPConnection: Connection, DatagramSocketDelegate, @unchecked Sendable {
+    let transport = Transport.udp
+    let localEndpoint: Endpoint
+    let remoteEndpoint: Endpoint
+    let options: ConnectionOptions
+    private let socket: DatagramSocket
+    private let runLoop: SocketRunLoop
+    private let inbox: ReceiveQueue<[UInt8]>
+    private let closing = Atomic<Bool>(false)
+
+    init(socket: DatagramSocket, runLoop: SocketRunLoop, options: ConnectionOptions) {
+        self.socket = socket
+        self.runLoop = runLoop
+        self.options = options
+        localEndpoint = socket.localEndpoint
+        remoteEndpoint = socket.peer!.endpoint(.udp)
+        inbox = .datagrams(capacity: options.receiveQueueLimit)
+        socket.delegate = self
+    }
+
+    var preferredExecutor: (any TaskExecutor)? { runLoop.loop }
+
+    func datagramSocket(_ socket: DatagramSocket, didReceive bytes: [UInt8], from sender: SocketAddress) {
+        if inbox.hasSpace { inbox.push(bytes) }
+    }
+
+    func datagramSocket(_ socket: DatagramSocket, didFail error: ConnectionError) {
+        inbox.pushFailure(error)
+    }
+
+    func send(_ message: Message) async throws(ConnectionError) {
+        if closing.load(ordering: .relaxed) { throw .closed() }
+        try await runDatagramSend { [socket] () throws(ConnectionError) in try socket.send(message.bytes) }
+    }
+
+    private func runDatagramSend(_ body: @escaping @Sendable () throws(ConnectionError) -> Void)
+        async throws(ConnectionError)
+    {
+        let result: Result<Void, ConnectionError> = await withCheckedContinuation { continuation in
+            runLoop.perform { continuation.resume(returning: Result { () throws(ConnectionError) in try body() }) }
+        }
+        try result.get()
+    }
+
+    func receive(maximumLength: Int) async throws(ConnectionError) -> Message? {
+        try await inbox.next().map(Message.init)
+    }
+
+    func closeOutput() async throws(ConnectionError) {
+        throw ConnectionError(.unsupported, "UDP has no half-close")
+    }
+
+    func close() async {
+        guard !closing.exchange(true, ordering: .relaxed) else { return }
+        inbox.close()
+        await withCheckedContinuation { continuation in
+            runLoop.perform { [socket] in
+                socket.close()
+                continuation.resume()
+            }
+        }
+    }
+}
+
+/// The UDP server side in the delegate style: one bound ``DatagramSocket``, datagrams sorted by sender.
+final class RunLoopUDPListener: Listener, DatagramSocketDelegate, @unchecked Sendable {
+    let transport = Transport.udp
+    let localEndpoint: Endpoint
+    let options: ConnectionOptions
+    let socket: DatagramSocket
+    let runLoop: SocketRunLoop
+    private let queue = ReceiveQueue<any Connection>(capacity: 1024)
+    // Run-loop-confined.
+    private var peers: [SocketAddress: RunLoopUDPPeer] = [:]
+
+    init(on endpoint: Endpoint, runLoop: SocketRunLoop, options: ConnectionOptions) throws(ConnectionError) {
+        socket = try DatagramSocket(endpoint, connect: false, runLoop: runLoop, options: options)
+        localEndpoint = socket.localEndpoint
+        self.options = options
+        self.runLoop = runLoop
+        socket.delegate = self
+    }
+
+    func datagramSocket(_ socket: DatagramSocket, didReceive bytes: [UInt8], from sender: SocketAddress) {
+        var isNew = false
+        let peer: RunLoopUDPPeer
+        if let existing = peers[sender] {
+            peer = existing
+        } else {
+            peer = RunLoopUDPPeer(listener: self, address: sender)
+            peers[sender] = peer
+            isNew = true
+        }
+        if peer.inbox.hasSpace { peer.inbox.push(bytes) }
+        if isNew && !queue.push(peer).accepted { forget(peer) }
+    }
+
+    func datagramSocket(_ socket: DatagramSocket, didFail error: ConnectionError) {}
+
+    /// On the run loop thread.
+    func forget(_ peer: RunLoopUDPPeer) {
+        if peers[peer.address] === peer { peers[peer.address] = nil }
+        peer.inbox.close()
+    }
+
+    func accept() async throws(ConnectionError) -> any Connection {
+        guard let connection = try await queue.next() else { throw .closed("the listener is closed") }
+        return connection
+    }
+
+    func close() async {
+        _ = queue.close(.closed("the listener is closed"))
+        await withCheckedContinuation { continuation in
+            runLoop.perform { [self] in
+                for peer in peers.values { peer.inbox.close(.closed("the listener is closed")) }
+                peers.removeAll()
+                socket.close()
+                continuation.resume()
+            }
+        }
+    }
+}
+
+final class RunLoopUDPPeer: Connection, @unchecked Sendable {
+    let transport = Transport.udp
+    let address: SocketAddress
+    let localEndpoint: Endpoint
+    let remoteEndpoint: Endpoint
+    let options: ConnectionOptions
+    let inbox: ReceiveQueue<[UInt8]>
+    private let listener: RunLoopUDPListener
+    private let closed = Atomic<Bool>(false)
+
+    init(listener: RunLoopUDPListener, address: SocketAddress) {
+        self.listener = listener
+        self.address = address
+        self.options = listener.options
+        self.localEndpoint = listener.localEndpoint
+        self.remoteEndpoint = address.endpoint(.udp)
+        self.inbox = .datagrams(capacity: listener.options.receiveQueueLimit)
+    }
+
+    var preferredExecutor: (any TaskExecutor)? { listener.runLoop.loop }
+
+    func send(_ message: Message) async throws(ConnectionError) {
+        if closed.load(ordering: .relaxed) || inbox.isEnded { throw .closed() }
+        let (socket, address, bytes) = (listener.socket, address, message.bytes)
+        let result: Result<Void, ConnectionError> = await withCheckedContinuation { continuation in
+            listener.runLoop.perform {
+                continuation.resume(returning: Result { () throws(ConnectionError) in try socket.send(bytes, to: address) })
+            }
+        }
+        try result.get()
+    }
+
+    func receive(maximumLength: Int) async throws(ConnectionError) -> Message? {
+        try await inbox.next().map(Message.init)
+    }
+
+    func closeOutput() async throws(ConnectionError) {
+        throw ConnectionError(.unsupported, "UDP has no half-close")
+    }
+
+    func close() async {
+        guard !closed.exchange(true, ordering: .relaxed) else { return }
+        await withCheckedContinuation { continuation in
+            listener.runLoop.perform { [self] in
+                listener.forget(self)
+                continuation.resume()
+            }
+        }
+    }
+}

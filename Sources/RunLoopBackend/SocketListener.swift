@@ -1,0 +1,192 @@
+public import ConnectionCore
+public import POSIXSupport
+import Glibc
+
+/// A listening TCP socket scheduled in a run loop that hands each accepted connection to a callback, as a
+/// stream pair (the CFSocket accept-callback style). Use on the run loop's thread.
+public final class SocketListener: EpollHandler, @unchecked Sendable {
+    /// The bound address (the real port when 0 was asked).
+    public let localEndpoint: Endpoint
+    private let fd: Int32
+    private let runLoop: SocketRunLoop
+    private let options: ConnectionOptions
+    private let onAccept: (SocketInputStream, SocketOutputStream) -> Void
+    private var isClosed = false
+
+    /// Binds, listens and starts delivering connections on `runLoop` (call on its thread).
+    public init(
+        on endpoint: Endpoint, runLoop: SocketRunLoop, options: ConnectionOptions = ConnectionOptions(),
+        onAccept: @escaping (SocketInputStream, SocketOutputStream) -> Void
+    ) throws(ConnectionError) {
+        let address = try Syscall.resolve(endpoint, passive: true)[0]
+        let fd = try Syscall.socket(family: address.family, datagram: false, nonBlocking: true)
+        do throws(ConnectionError) {
+            if address.family == .ipv6 { try Syscall.setIPv6Only(fd, true) }
+            try Syscall.setReuseAddress(fd, options.reuseAddress)
+            do throws(ConnectionError) {
+                try Syscall.bind(fd, to: address)
+            } catch {
+                throw ConnectionError(error.kind, "listen on \(endpoint): \(error.detail)", systemCode: error.systemCode)
+            }
+            try Syscall.listen(fd, backlog: options.backlog)
+            localEndpoint = try Syscall.localAddress(fd).endpoint(.tcp)
+        } catch {
+            Syscall.close(fd)
+            throw error
+        }
+        self.fd = fd
+        self.runLoop = runLoop
+        self.options = options
+        self.onAccept = onAccept
+        do throws(ConnectionError) {
+            try runLoop.loop.register(fd, events: Syscall.epollIn, handler: self)
+        } catch {
+            Syscall.close(fd)
+            throw error
+        }
+    }
+
+    public func epollReady(_ events: UInt32) {
+        while !isClosed {
+            guard let accepted = try? Syscall.accept(fd, nonBlocking: true) else { return }
+            let (client, peer) = accepted
+            try? Syscall.setNoDelay(client, options.tcpNoDelay)
+            try? Syscall.setBufferSizes(client, receive: options.receiveBufferSize, send: options.sendBufferSize)
+            let core = StreamPairCore(acceptedFD: client, endpoint: peer.endpoint(.tcp), options: options)
+            let (input, output) = core.makeStreams()
+            input.schedule(in: runLoop)
+            output.schedule(in: runLoop)
+            onAccept(input, output)
+        }
+    }
+
+    /// Stops listening and closes the socket (call on the run loop's thread).
+    public func close() {
+        guard !isClosed else { return }
+        isClosed = true
+        runLoop.loop.unregister(fd)
+        Syscall.close(fd)
+    }
+}
+
+/// Receives a datagram socket's events on its run loop.
+public protocol DatagramSocketDelegate: AnyObject {
+    /// One datagram and its sender.
+    func datagramSocket(_ socket: DatagramSocket, didReceive bytes: [UInt8], from sender: SocketAddress)
+    /// A receive error (for a connected socket: `.refused` after an ICMP port-unreachable). The socket lives on.
+    func datagramSocket(_ socket: DatagramSocket, didFail error: ConnectionError)
+}
+
+/// A UDP socket scheduled in a run loop: one read event per datagram, with the sender's address. Use on the
+/// run loop's thread.
+public final class DatagramSocket: EpollHandler, @unchecked Sendable {
+    /// Receives the datagrams (held weakly).
+    public weak var delegate: (any DatagramSocketDelegate)?
+    /// The bound address.
+    public let localEndpoint: Endpoint
+    /// The fixed peer, for a connected socket.
+    public let peer: SocketAddress?
+    private let fd: Int32
+    private let runLoop: SocketRunLoop
+    private var buffer: UnsafeMutableRawBufferPointer
+    private var pending: [(bytes: [UInt8], to: SocketAddress?)] = []
+    private var isClosed = false
+
+    /// A socket bound to `endpoint` (a server), or connected to it when `connect` is true (a client).
+    public init(
+        _ endpoint: Endpoint, connect: Bool, runLoop: SocketRunLoop, options: ConnectionOptions = ConnectionOptions()
+    ) throws(ConnectionError) {
+        let address = try Syscall.resolve(endpoint, passive: !connect)[0]
+        let fd = try Syscall.socket(family: address.family, datagram: true, nonBlocking: true)
+        do throws(ConnectionError) {
+            try Syscall.setBufferSizes(fd, receive: options.receiveBufferSize, send: options.sendBufferSize)
+            if connect {
+                _ = try Syscall.connect(fd, to: address)
+            } else {
+                if address.family == .ipv6 { try Syscall.setIPv6Only(fd, true) }
+                do throws(ConnectionError) {
+                    try Syscall.bind(fd, to: address)
+                } catch {
+                    throw ConnectionError(
+                        error.kind, "listen on \(endpoint): \(error.detail)", systemCode: error.systemCode)
+                }
+            }
+            localEndpoint = try Syscall.localAddress(fd).endpoint(.udp)
+        } catch {
+            Syscall.close(fd)
+            throw error
+        }
+        self.fd = fd
+        self.peer = connect ? address : nil
+        self.runLoop = runLoop
+        self.buffer = .allocate(byteCount: options.maxDatagramSize, alignment: 16)
+        do throws(ConnectionError) {
+            try runLoop.loop.register(fd, events: Syscall.epollIn, handler: self)
+        } catch {
+            isClosed = true
+            Syscall.close(fd)
+            throw error
+        }
+    }
+
+    deinit {
+        close()
+        buffer.deallocate()
+    }
+
+    public func epollReady(_ events: UInt32) {
+        if events & Syscall.epollOut != 0 { flush() }
+        guard events & (Syscall.epollIn | Syscall.epollError) != 0 else { return }
+        while !isClosed {
+            do throws(ConnectionError) {
+                guard case .processed(let (count, from)) = try Syscall.recvFrom(fd, buffer, dontWait: true) else {
+                    return
+                }
+                if count > buffer.count {
+                    delegate?.datagramSocket(
+                        self, didFail: ConnectionError(.messageTooLarge, "a \(count)-byte datagram was truncated"))
+                    continue
+                }
+                delegate?.datagramSocket(
+                    self, didReceive: [UInt8](UnsafeRawBufferPointer(rebasing: buffer[..<count])), from: from)
+            } catch {
+                delegate?.datagramSocket(self, didFail: error)
+                if error.kind != .refused && error.kind != .unsupported { return }
+            }
+        }
+    }
+
+    /// Sends one datagram (to `address`, or to the connected peer). Queued, in order, while the socket buffer
+    /// is full. Throws `.messageTooLarge` and other immediate errors.
+    public func send(_ bytes: [UInt8], to address: SocketAddress? = nil) throws(ConnectionError) {
+        guard !isClosed else { throw .closed() }
+        if pending.isEmpty, try trySend(bytes, to: address) { return }
+        pending.append((bytes, address))
+        try runLoop.loop.modify(fd, events: Syscall.epollIn | Syscall.epollOut)
+    }
+
+    private func trySend(_ bytes: [UInt8], to address: SocketAddress?) throws(ConnectionError) -> Bool {
+        let result = try bytes.withBytes { (raw) throws(ConnectionError) in
+            if let address { return try Syscall.sendTo(fd, raw, to: address, dontWait: true) }
+            return try Syscall.send(fd, raw, dontWait: true)
+        }
+        if case .processed = result { return true }
+        return false
+    }
+
+    private func flush() {
+        while let first = pending.first {
+            guard (try? trySend(first.bytes, to: first.to)) != false else { return }
+            pending.removeFirst()
+        }
+        try? runLoop.loop.modify(fd, events: Syscall.epollIn)
+    }
+
+    /// Closes the socket.
+    public func close() {
+        guard !isClosed else { return }
+        isClosed = true
+        runLoop.loop.unregister(fd)
+        Syscall.close(fd)
+    }
+}

@@ -1,0 +1,418 @@
+public import ConnectionCore
+import POSIXSupport
+import Glibc
+
+/// The events a stream delegate receives, as Foundation's `Stream.Event` names them.
+public enum StreamEvent: Sendable, Hashable, CustomStringConvertible {
+    case openCompleted
+    case hasBytesAvailable
+    case hasSpaceAvailable
+    case endEncountered
+    case errorOccurred
+
+    public var description: String {
+        switch self {
+        case .openCompleted: "openCompleted"
+        case .hasBytesAvailable: "hasBytesAvailable"
+        case .hasSpaceAvailable: "hasSpaceAvailable"
+        case .endEncountered: "endEncountered"
+        case .errorOccurred: "errorOccurred"
+        }
+    }
+}
+
+/// A stream's status, as Foundation's `Stream.Status` names them.
+public enum StreamStatus: Sendable, Hashable {
+    case notOpen, opening, open, atEnd, closed, error
+}
+
+/// Receives a stream's events on the run loop the stream is scheduled in (`StreamDelegate` on Darwin).
+public protocol SocketStreamDelegate: AnyObject {
+    func stream(_ stream: SocketStream, handle event: StreamEvent)
+}
+
+/// The common part of ``SocketInputStream`` and ``SocketOutputStream``. Use a stream only on the thread of the
+/// run loop it is scheduled in.
+public class SocketStream: @unchecked Sendable {
+    /// Receives this stream's events (held weakly, as on Darwin).
+    public weak var delegate: (any SocketStreamDelegate)?
+    /// The status.
+    public internal(set) var streamStatus: StreamStatus = .notOpen
+    /// The error, once ``streamStatus`` is `.error`.
+    public internal(set) var streamError: ConnectionError?
+    let core: StreamPairCore
+    var runLoop: SocketRunLoop?
+    var isInput: Bool { false }
+
+    init(core: StreamPairCore) {
+        self.core = core
+    }
+
+    /// Schedules the stream in a run loop: its events are delivered there. Call before ``open()``.
+    public func schedule(in runLoop: SocketRunLoop) {
+        self.runLoop = runLoop
+        core.schedule(in: runLoop)
+    }
+
+    /// Opens the stream (on its run loop's thread). Opening the first stream of a pair starts connecting;
+    /// `openCompleted` follows once the connection is made.
+    public func open() {
+        guard streamStatus == .notOpen else { return }
+        guard runLoop != nil else {
+            streamStatus = .error
+            streamError = ConnectionError(.unsupported, "schedule the stream in a SocketRunLoop before opening it")
+            return
+        }
+        streamStatus = .opening
+        core.open(self)
+    }
+
+    /// Closes the stream. Closing the output stream sends FIN (half-close); the socket is closed once both
+    /// streams are closed.
+    public func close() {
+        guard streamStatus != .closed else { return }
+        streamStatus = .closed
+        core.closed(self)
+    }
+
+    func deliver(_ event: StreamEvent) {
+        delegate?.stream(self, handle: event)
+    }
+}
+
+/// The input half: `hasBytesAvailable` events, `read`.
+public final class SocketInputStream: SocketStream, @unchecked Sendable {
+    override var isInput: Bool { true }
+
+    /// `true` when a ``read(into:)`` would return bytes now (FIONREAD).
+    public var hasBytesAvailable: Bool {
+        streamStatus == .open && core.bytesAvailable > 0
+    }
+
+    /// Reads what is available, up to the buffer's size, without blocking. Returns the count; 0 when nothing
+    /// is available now or at the end (then ``streamStatus`` is `.atEnd` and `endEncountered` is delivered);
+    /// -1 on error (``streamError`` says which). Reading re-arms `hasBytesAvailable`.
+    public func read(into buffer: UnsafeMutableRawBufferPointer) -> Int {
+        guard streamStatus == .open else { return streamStatus == .atEnd ? 0 : -1 }
+        return core.read(into: buffer, from: self)
+    }
+
+    /// Reads up to `maxLength` bytes into a new array (empty when nothing is available or at the end).
+    public func read(maxLength: Int) -> [UInt8] {
+        [UInt8](unsafeUninitializedCapacity: maxLength) { buffer, count in
+            count = max(0, read(into: UnsafeMutableRawBufferPointer(buffer)))
+        }
+    }
+}
+
+/// The output half: `hasSpaceAvailable` events, `write`.
+public final class SocketOutputStream: SocketStream, @unchecked Sendable {
+    /// `true` when a ``write(_:)`` would take bytes now.
+    public var hasSpaceAvailable: Bool {
+        streamStatus == .open && core.spaceAvailable
+    }
+
+    /// Writes what the kernel takes now (possibly part of `bytes`), without blocking. Returns the count (0 when
+    /// the send buffer is full: wait for `hasSpaceAvailable`), or -1 on error. Writing re-arms
+    /// `hasSpaceAvailable`.
+    public func write(_ bytes: UnsafeRawBufferPointer) -> Int {
+        guard streamStatus == .open else { return -1 }
+        return core.write(bytes, from: self)
+    }
+
+    /// ``write(_:)-(UnsafeRawBufferPointer)`` for an array.
+    public func write(_ bytes: [UInt8]) -> Int {
+        bytes.withUnsafeBytes { write($0) }
+    }
+}
+
+/// Creates a pair of streams to a TCP endpoint, like `Stream.getStreamsToHost(withName:port:...)`. Nothing
+/// happens until they are scheduled and opened.
+public func getStreamsToHost(_ endpoint: Endpoint, options: ConnectionOptions = ConnectionOptions())
+    -> (SocketInputStream, SocketOutputStream)
+{
+    let core = StreamPairCore(endpoint: endpoint, options: options)
+    return core.makeStreams()
+}
+
+/// The socket shared by an input and an output stream, and the event logic (on the run loop thread only).
+///
+/// Interest is level-triggered and switched per direction: `hasBytesAvailable` is delivered, then input
+/// interest is off until the client reads; `hasSpaceAvailable` likewise until it writes. That is the Darwin
+/// contract ("re-armed only after the delegate has read/written").
+final class StreamPairCore: EpollHandler, @unchecked Sendable {
+    let endpoint: Endpoint
+    let options: ConnectionOptions
+    private(set) var fd: Int32 = -1
+    private var runLoop: SocketRunLoop?
+    private weak var input: SocketInputStream?
+    private weak var output: SocketOutputStream?
+    // Strong while open, so the pair lives as long as a stream is open even if the user drops one.
+    private var keepInput: SocketInputStream?
+    private var keepOutput: SocketOutputStream?
+    private var connecting = false
+    private var connected = false
+    private var inputArmed = true
+    private var outputArmed = true
+    private var registered = false
+    private var failed = false
+    private var endDelivered = false
+    private var interest: UInt32 = 0
+
+    init(endpoint: Endpoint, options: ConnectionOptions) {
+        self.endpoint = endpoint
+        self.options = options
+    }
+
+    /// A pair over an accepted, connected socket.
+    init(acceptedFD: Int32, endpoint: Endpoint, options: ConnectionOptions) {
+        self.endpoint = endpoint
+        self.options = options
+        self.fd = acceptedFD
+        self.connected = true
+    }
+
+    deinit {
+        if fd >= 0 {
+            if registered { runLoop?.loop.unregister(fd) }
+            Syscall.close(fd)
+        }
+    }
+
+    func makeStreams() -> (SocketInputStream, SocketOutputStream) {
+        let input = SocketInputStream(core: self)
+        let output = SocketOutputStream(core: self)
+        self.input = input
+        self.output = output
+        return (input, output)
+    }
+
+    func schedule(in runLoop: SocketRunLoop) {
+        self.runLoop = runLoop
+    }
+
+    var bytesAvailable: Int {
+        guard fd >= 0 else { return 0 }
+        var count: Int32 = 0
+        return ioctl(fd, UInt(FIONREAD), &count) == 0 ? Int(count) : 0
+    }
+
+    var spaceAvailable: Bool {
+        guard fd >= 0 else { return false }
+        return ((try? Syscall.poll(fd, events: Syscall.pollOut, timeoutMilliseconds: 0)) ?? 0) & Syscall.pollOut != 0
+    }
+
+    // MARK: Opening
+
+    func open(_ stream: SocketStream) {
+        if stream.isInput { keepInput = input } else { keepOutput = output }
+        if connected {
+            // An accepted socket: already connected; openCompleted on the next turn, as Darwin does.
+            runLoop?.perform { [self] in
+                guard stream.streamStatus == .opening else { return }
+                stream.streamStatus = .open
+                stream.deliver(.openCompleted)
+                do throws(ConnectionError) {
+                    try updateInterest()
+                } catch {
+                    fail(error)
+                }
+            }
+            return
+        }
+        guard !connecting else { return }
+        connecting = true
+        let endpoint = endpoint
+        if case .name = endpoint.host {
+            // Name lookup may block: off the run loop, then back.
+            let runLoop = runLoop!
+            PosixThread.spawn(name: "resolve") { [self] in
+                let result = Result { () throws(ConnectionError) in try Syscall.resolve(endpoint) }
+                runLoop.perform { self.startConnect(result) }
+            }
+        } else {
+            startConnect(Result { () throws(ConnectionError) in try Syscall.resolve(endpoint) })
+        }
+    }
+
+    private func startConnect(_ addresses: Result<[SocketAddress], ConnectionError>) {
+        do throws(ConnectionError) {
+            let address = try addresses.get()[0]
+            fd = try Syscall.socket(family: address.family, datagram: false, nonBlocking: true)
+            try Syscall.setNoDelay(fd, options.tcpNoDelay)
+            try Syscall.setBufferSizes(fd, receive: options.receiveBufferSize, send: options.sendBufferSize)
+            if try Syscall.connect(fd, to: address) {
+                didConnect()
+            } else {
+                try updateInterest()
+            }
+        } catch {
+            fail(error)
+        }
+    }
+
+    private func didConnect() {
+        connecting = false
+        connected = true
+        // Darwin's order: the input stream's openCompleted, then the output stream's.
+        for stream in [input as SocketStream?, output as SocketStream?].compactMap({ $0 })
+        where stream.streamStatus == .opening {
+            stream.streamStatus = .open
+            stream.deliver(.openCompleted)
+        }
+        do throws(ConnectionError) {
+            try updateInterest()
+        } catch {
+            fail(error)
+        }
+    }
+
+    // MARK: Interest
+
+    private func updateInterest() throws(ConnectionError) {
+        guard fd >= 0, let runLoop, !failed else { return }
+        var wanted: UInt32 = 0
+        if connecting {
+            wanted = Syscall.epollOut
+        } else {
+            if let input, input.streamStatus == .open, inputArmed, !endDelivered {
+                wanted |= Syscall.epollIn | Syscall.epollReadHangUp
+            }
+            if let output, output.streamStatus == .open, outputArmed { wanted |= Syscall.epollOut }
+        }
+        if !registered {
+            try runLoop.loop.register(fd, events: wanted, handler: self)
+            registered = true
+        } else if wanted != interest {
+            try runLoop.loop.modify(fd, events: wanted)
+        }
+        interest = wanted
+    }
+
+    func epollReady(_ events: UInt32) {
+        if connecting {
+            let code = (try? Syscall.pendingError(fd)) ?? 0
+            if code != 0 { return fail(.errno(code, "connect to \(endpoint)")) }
+            if events & Syscall.epollOut != 0 { didConnect() }
+            return
+        }
+        if events & Syscall.epollError != 0 {
+            let code = (try? Syscall.pendingError(fd)) ?? 0
+            if code != 0 { return fail(.errno(code, "socket error")) }
+        }
+        if events & (Syscall.epollIn | Syscall.epollHangUp | Syscall.epollReadHangUp) != 0, let input,
+            input.streamStatus == .open, inputArmed
+        {
+            var byte: UInt8 = 0
+            let peeked = recv(fd, &byte, 1, Int32(MSG_PEEK | MSG_DONTWAIT))
+            if peeked > 0 {
+                inputArmed = false
+                input.deliver(.hasBytesAvailable)
+            } else if peeked == 0 {
+                deliverEnd(input)
+            } else if errno != EAGAIN {
+                return fail(.errno(errno, "recv"))
+            }
+        }
+        if events & Syscall.epollOut != 0, let output, output.streamStatus == .open, outputArmed {
+            outputArmed = false
+            output.deliver(.hasSpaceAvailable)
+        }
+        do throws(ConnectionError) {
+            try updateInterest()
+        } catch {
+            fail(error)
+        }
+    }
+
+    private func deliverEnd(_ input: SocketInputStream) {
+        guard !endDelivered else { return }
+        endDelivered = true
+        input.streamStatus = .atEnd
+        input.deliver(.endEncountered)
+    }
+
+    // MARK: Reading and writing
+
+    func read(into buffer: UnsafeMutableRawBufferPointer, from input: SocketInputStream) -> Int {
+        do throws(ConnectionError) {
+            switch try Syscall.recv(fd, buffer, dontWait: true) {
+            case .processed(0):
+                deliverEnd(input)
+                return 0
+            case .processed(let count):
+                inputArmed = true
+                try updateInterest()
+                return count
+            case .wouldBlock:
+                inputArmed = true
+                try updateInterest()
+                return 0
+            }
+        } catch {
+            fail(error)
+            return -1
+        }
+    }
+
+    func write(_ bytes: UnsafeRawBufferPointer, from output: SocketOutputStream) -> Int {
+        do throws(ConnectionError) {
+            let result = try Syscall.send(fd, bytes, dontWait: true)
+            outputArmed = true
+            try updateInterest()
+            if case .processed(let count) = result { return count }
+            return 0
+        } catch {
+            fail(error)
+            return -1
+        }
+    }
+
+    // MARK: Errors and closing
+
+    /// Reports an error once to each open (or opening) stream.
+    func fail(_ error: ConnectionError) {
+        guard !failed else { return }
+        failed = true
+        connecting = false
+        if registered, fd >= 0 {
+            runLoop?.loop.unregister(fd)
+            registered = false
+        }
+        for stream in [input as SocketStream?, output as SocketStream?].compactMap({ $0 })
+        where stream.streamStatus == .open || stream.streamStatus == .opening {
+            stream.streamStatus = .error
+            stream.streamError = error
+            stream.deliver(.errorOccurred)
+        }
+    }
+
+    func closed(_ stream: SocketStream) {
+        if stream.isInput {
+            keepInput = nil
+        } else {
+            keepOutput = nil
+            if fd >= 0, connected, !failed { try? Syscall.shutdown(fd, .write) }
+        }
+        let inputDone = input.map { $0.streamStatus == .closed || $0.streamStatus == .notOpen } ?? true
+        let outputDone = output.map { $0.streamStatus == .closed || $0.streamStatus == .notOpen } ?? true
+        if inputDone && outputDone {
+            releaseSocket()
+        } else {
+            do throws(ConnectionError) {
+                try updateInterest()
+            } catch {
+                fail(error)
+            }
+        }
+    }
+
+    private func releaseSocket() {
+        guard fd >= 0 else { return }
+        if registered { runLoop?.loop.unregister(fd) }
+        registered = false
+        Syscall.close(fd)
+        fd = -1
+        connecting = false
+    }
+}
