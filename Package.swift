@@ -100,6 +100,11 @@ let package = Package(
             swiftSettings: strictSettings
         ),
         .testTarget(
+            name: "RunLoopBackendTests",
+            dependencies: ["RunLoopBackend", "BSDSocketBackend", "POSIXSupport", "ConnectionTestKit"],
+            swiftSettings: strictSettings
+        ),
+        .testTarget(
             name: "ConformanceTests",
             dependencies: ["SocketStyles", "ConnectionTestKit", "BenchmarkDriver"],
             swiftSettings: strictSettings

@@ -550,3 +550,10 @@ extension Syscall {
         return try resolve(endpoint, passive: passive)
     }
 }
+
+extension Syscall {
+    /// Pins only the calling thread to `cpu`.
+    public static func pinCurrentThread(toCPU cpu: Int) throws(ConnectionError) {
+        if csock_pin_thread(0, Int32(cpu)) != 0 { throw .errno(Glibc.errno, "sched_setaffinity(cpu \(cpu))") }
+    }
+}

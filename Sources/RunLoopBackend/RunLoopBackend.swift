@@ -28,7 +28,9 @@ public final class RunLoopBackend: ConnectionBackend, Sendable {
         runLoop = try SocketRunLoop.startThread(name: name)
     }
 
-    public func connect(to endpoint: Endpoint, options: ConnectionOptions) async throws(ConnectionError)
+    public func connect(
+        to endpoint: Endpoint, options: ConnectionOptions
+    ) async throws(ConnectionError)
         -> any Connection
     {
         guard transports.contains(endpoint.transport) else {
@@ -47,7 +49,9 @@ public final class RunLoopBackend: ConnectionBackend, Sendable {
         return connection
     }
 
-    public func listen(on endpoint: Endpoint, options: ConnectionOptions) async throws(ConnectionError)
+    public func listen(
+        on endpoint: Endpoint, options: ConnectionOptions
+    ) async throws(ConnectionError)
         -> any Listener
     {
         guard transports.contains(endpoint.transport) else {
@@ -63,7 +67,9 @@ public final class RunLoopBackend: ConnectionBackend, Sendable {
         }
     }
 
-    private func onRunLoop<R: Sendable>(_ body: @escaping @Sendable () throws(ConnectionError) -> R)
+    private func onRunLoop<R: Sendable>(
+        _ body: @escaping @Sendable () throws(ConnectionError) -> R
+    )
         async throws(ConnectionError) -> R
     {
         let result: Result<R, ConnectionError> = await withCheckedContinuation { continuation in
@@ -86,7 +92,8 @@ final class RunLoopTCPConnection: Connection, SocketStreamDelegate, @unchecked S
     // Run-loop-confined.
     private var input: SocketInputStream?
     private var output: SocketOutputStream?
-    private var writes: [(bytes: [UInt8], offset: Int, done: CheckedContinuation<Result<Void, ConnectionError>, Never>)] = []
+    private var writes:
+        [(bytes: [UInt8], offset: Int, done: CheckedContinuation<Result<Void, ConnectionError>, Never>)] = []
     private var shutdownAfterWrites: CheckedContinuation<Result<Void, ConnectionError>, Never>?
     private var outputShut = false
     private var opened: CheckedContinuation<Result<Void, ConnectionError>, Never>?
@@ -106,9 +113,10 @@ final class RunLoopTCPConnection: Connection, SocketStreamDelegate, @unchecked S
     }
 
     /// Wraps an accepted pair (on the run loop thread) and opens it.
-    convenience init(accepted input: SocketInputStream, _ output: SocketOutputStream, runLoop: SocketRunLoop,
-        options: ConnectionOptions, local: Endpoint)
-    {
+    convenience init(
+        accepted input: SocketInputStream, _ output: SocketOutputStream, runLoop: SocketRunLoop,
+        options: ConnectionOptions, local: Endpoint
+    ) {
         self.init(runLoop: runLoop, options: options)
         endpoints.withLock { $0 = (local, input.core.endpoint) }
         attach(input, output)
@@ -118,8 +126,12 @@ final class RunLoopTCPConnection: Connection, SocketStreamDelegate, @unchecked S
         readBuffer.deallocate()
     }
 
-    var localEndpoint: Endpoint { endpoints.withLock { $0.local } ?? Endpoint(transport: .tcp, host: .ipv4("0.0.0.0"), port: 0) }
-    var remoteEndpoint: Endpoint { endpoints.withLock { $0.remote } ?? Endpoint(transport: .tcp, host: .ipv4("0.0.0.0"), port: 0) }
+    var localEndpoint: Endpoint {
+        endpoints.withLock { $0.local } ?? Endpoint(transport: .tcp, host: .ipv4("0.0.0.0"), port: 0)
+    }
+    var remoteEndpoint: Endpoint {
+        endpoints.withLock { $0.remote } ?? Endpoint(transport: .tcp, host: .ipv4("0.0.0.0"), port: 0)
+    }
     var preferredExecutor: (any TaskExecutor)? { runLoop.loop }
 
     private func attach(_ input: SocketInputStream, _ output: SocketOutputStream) {
@@ -141,7 +153,9 @@ final class RunLoopTCPConnection: Connection, SocketStreamDelegate, @unchecked S
                     opened = continuation
                     let (input, output) = getStreamsToHost(endpoint, options: options)
                     timer = runLoop.schedule(after: options.connectTimeout) { [weak self] in
-                        self?.failOpen(ConnectionError(.timedOut, "connect to \(endpoint) took longer than \(options.connectTimeout)"))
+                        self?.failOpen(
+                            ConnectionError(
+                                .timedOut, "connect to \(endpoint) took longer than \(options.connectTimeout)"))
                     }
                     attach(input, output)
                 }
@@ -263,7 +277,9 @@ final class RunLoopTCPConnection: Connection, SocketStreamDelegate, @unchecked S
         if closing.load(ordering: .relaxed) { throw .closed() }
         let result: Result<Void, ConnectionError> = await withCheckedContinuation { continuation in
             runLoop.perform { [self] in
-                guard !outputShut, shutdownAfterWrites == nil else { return continuation.resume(returning: .success(())) }
+                guard !outputShut, shutdownAfterWrites == nil else {
+                    return continuation.resume(returning: .success(()))
+                }
                 shutdownAfterWrites = continuation
                 if writes.isEmpty { flushWrites() }
             }
@@ -361,7 +377,9 @@ final class RunLoopUDPConnection: Connection, DatagramSocketDelegate, @unchecked
         try await runDatagramSend { [socket] () throws(ConnectionError) in try socket.send(message.bytes) }
     }
 
-    private func runDatagramSend(_ body: @escaping @Sendable () throws(ConnectionError) -> Void)
+    private func runDatagramSend(
+        _ body: @escaping @Sendable () throws(ConnectionError) -> Void
+    )
         async throws(ConnectionError)
     {
         let result: Result<Void, ConnectionError> = await withCheckedContinuation { continuation in
@@ -475,7 +493,8 @@ final class RunLoopUDPPeer: Connection, @unchecked Sendable {
         let (socket, address, bytes) = (listener.socket, address, message.bytes)
         let result: Result<Void, ConnectionError> = await withCheckedContinuation { continuation in
             listener.runLoop.perform {
-                continuation.resume(returning: Result { () throws(ConnectionError) in try socket.send(bytes, to: address) })
+                continuation.resume(
+                    returning: Result { () throws(ConnectionError) in try socket.send(bytes, to: address) })
             }
         }
         try result.get()

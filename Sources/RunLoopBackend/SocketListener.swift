@@ -1,6 +1,6 @@
 public import ConnectionCore
-public import POSIXSupport
 import Glibc
+public import POSIXSupport
 
 /// A listening TCP socket scheduled in a run loop that hands each accepted connection to a callback, as a
 /// stream pair (the CFSocket accept-callback style). Use on the run loop's thread.
@@ -26,7 +26,8 @@ public final class SocketListener: EpollHandler, @unchecked Sendable {
             do throws(ConnectionError) {
                 try Syscall.bind(fd, to: address)
             } catch {
-                throw ConnectionError(error.kind, "listen on \(endpoint): \(error.detail)", systemCode: error.systemCode)
+                throw ConnectionError(
+                    error.kind, "listen on \(endpoint): \(error.detail)", systemCode: error.systemCode)
             }
             try Syscall.listen(fd, backlog: options.backlog)
             localEndpoint = try Syscall.localAddress(fd).endpoint(.tcp)

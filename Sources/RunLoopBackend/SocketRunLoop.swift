@@ -1,6 +1,6 @@
 public import ConnectionCore
-public import POSIXSupport
 import Glibc
+public import POSIXSupport
 import Synchronization
 
 /// A run loop of our own, over epoll, for the delegate style (Foundation's `RunLoop` on Linux cannot serve

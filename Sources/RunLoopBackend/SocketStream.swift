@@ -1,6 +1,6 @@
 public import ConnectionCore
-import POSIXSupport
 import Glibc
+import POSIXSupport
 
 /// The events a stream delegate receives, as Foundation's `Stream.Event` names them.
 public enum StreamEvent: Sendable, Hashable, CustomStringConvertible {
@@ -128,7 +128,9 @@ public final class SocketOutputStream: SocketStream, @unchecked Sendable {
 
 /// Creates a pair of streams to a TCP endpoint, like `Stream.getStreamsToHost(withName:port:...)`. Nothing
 /// happens until they are scheduled and opened.
-public func getStreamsToHost(_ endpoint: Endpoint, options: ConnectionOptions = ConnectionOptions())
+public func getStreamsToHost(
+    _ endpoint: Endpoint, options: ConnectionOptions = ConnectionOptions()
+)
     -> (SocketInputStream, SocketOutputStream)
 {
     let core = StreamPairCore(endpoint: endpoint, options: options)

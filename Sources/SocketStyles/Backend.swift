@@ -35,7 +35,8 @@ public enum Backend: String, Sendable, Hashable, CaseIterable, CustomStringConve
         switch self {
         case .bsd: "blocking BSD sockets; a reader thread (and a writer thread when needed) per connection"
         case .uv: "libuv 1.44 loop and callbacks; every connection on one loop thread, uv_async_send to reach it"
-        case .runloop: "input/output streams with a delegate (openCompleted, hasBytesAvailable, ...) on one epoll run loop"
+        case .runloop:
+            "input/output streams with a delegate (openCompleted, hasBytesAvailable, ...) on one epoll run loop"
         case .async: "async/await on non-blocking sockets; one epoll reactor thread resumes waiting tasks"
         }
     }
