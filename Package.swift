@@ -59,6 +59,8 @@ let package = Package(
         // Shipped test support: fd counting, time limits, echo servers.
         .target(
             name: "ConnectionTestKit", dependencies: ["SocketStyles", "POSIXSupport"], swiftSettings: strictSettings),
+        // The C floor: blocking C ping-pong and echo server, the reference every backend is compared with.
+        .target(name: "CFloor"),
         // Measurement: HdrHistogram summaries, the ping-pong runner. A library so tests can drive it.
         .target(
             name: "BenchmarkDriver",
@@ -74,6 +76,7 @@ let package = Package(
                 "SocketStyles",
                 "ConnectionTestKit",
                 "BenchmarkDriver",
+                "CFloor",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Histogram", package: "hdrhistogram-swift"),
             ],

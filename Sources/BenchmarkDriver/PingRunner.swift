@@ -27,6 +27,19 @@ public struct PingRunner: Sendable {
         public var roundTripsPerSecond: Double
         /// The full histogram, for merging runs.
         public var histogram: Histogram<UInt64>
+
+        /// Creates a result (for runners other than ``PingRunner``, such as the C floor).
+        public init(
+            latency: LatencySummary, lost: Int, stale: Int, elapsedNanoseconds: UInt64, roundTripsPerSecond: Double,
+            histogram: Histogram<UInt64>
+        ) {
+            self.latency = latency
+            self.lost = lost
+            self.stale = stale
+            self.elapsedNanoseconds = elapsedNanoseconds
+            self.roundTripsPerSecond = roundTripsPerSecond
+            self.histogram = histogram
+        }
     }
 
     public var size: Int

@@ -38,6 +38,9 @@ struct Compare: AsyncParsableCommand {
     @Option(help: "Write results.json to this directory.")
     var out: String?
 
+    @Flag(inversion: .prefixedNo, help: "Also run the C floor (blocking C ping-pong against a C echo server).")
+    var floor = true
+
     enum Placement: String, ExpressibleByArgument, Codable {
         case same, cross, none
     }
@@ -79,7 +82,8 @@ struct Compare: AsyncParsableCommand {
             }
         try pin(toCPU: clientCPU)
 
-        var combos: [(Backend, Transport)] = []
+        var combos: [(Backend?, Transport)] = []
+        if floor { for transport in chosenTransports { combos.append((nil, transport)) } }
         for backend in chosenBackends {
             for transport in chosenTransports where backend.transports.contains(transport) {
                 combos.append((backend, transport))
@@ -93,7 +97,7 @@ struct Compare: AsyncParsableCommand {
         var servers: [String: ChildServer] = [:]
         defer { for server in servers.values { server.stop() } }
         for (backend, transport) in combos {
-            servers["\(backend)/\(transport)"] = try ChildServer.start(
+            servers[Self.key(backend, transport)] = try ChildServer.start(
                 backend: backend, url: "\(transport)://127.0.0.1:0", cpu: serverCPU)
         }
 
@@ -102,15 +106,24 @@ struct Compare: AsyncParsableCommand {
             // Rotate the order each repetition so no backend always runs first (or last).
             let order = combos.indices.map { combos[($0 + repetition) % combos.count] }
             for (backend, transport) in order {
-                let key = "\(backend)/\(transport)"
+                let key = Self.key(backend, transport)
                 let endpoint = servers[key]!.endpoint
                 Console.error("  [\(repetition + 1)/\(repetitions)] \(key) ...")
                 do throws(ConnectionError) {
+                    guard let backend else {
+                        let result = try await runFloorPing(endpoint: endpoint, size: size, count: count, warmup: warmup)
+                        results[key, default: []].append(result)
+                        continue
+                    }
                     let connection = try await backend.connect(to: endpoint)
-                    defer { Task { await connection.close() } }
-                    let result = try await PingRunner(size: size, count: count, warmup: warmup).run(on: connection)
+                    do throws(ConnectionError) {
+                        let result = try await PingRunner(size: size, count: count, warmup: warmup).run(on: connection)
+                        results[key, default: []].append(result)
+                    } catch {
+                        await connection.close()
+                        throw error
+                    }
                     await connection.close()
-                    results[key, default: []].append(result)
                 } catch {
                     throw fail("\(key): \(error)")
                 }
@@ -119,10 +132,10 @@ struct Compare: AsyncParsableCommand {
 
         var rows: [Row] = []
         for (backend, transport) in combos {
-            let runs = results["\(backend)/\(transport)"]!
+            let runs = results[Self.key(backend, transport)]!
             rows.append(
                 Row(
-                    backend: backend.rawValue, transport: transport.rawValue, size: size,
+                    backend: backend?.rawValue ?? Self.floorName, transport: transport.rawValue, size: size,
                     repetitions: runs.map(\.latency), median: median(runs.map(\.latency)),
                     lost: runs.map(\.lost).reduce(0, +),
                     roundTripsPerSecond: runs.map(\.roundTripsPerSecond).sorted()[runs.count / 2]))
@@ -138,6 +151,12 @@ struct Compare: AsyncParsableCommand {
             try encoder.encode(document).write(to: URL(fileURLWithPath: out + "/results.json"))
             Console.error("wrote \(out)/results.json")
         }
+    }
+
+    static let floorName = "c-floor"
+
+    static func key(_ backend: Backend?, _ transport: Transport) -> String {
+        "\(backend?.rawValue ?? floorName)/\(transport)"
     }
 
     struct CompareDocument: Codable {
@@ -171,14 +190,17 @@ struct Compare: AsyncParsableCommand {
 
     func table(_ rows: [Row]) -> String {
         let header = [
-            "backend", "transport", "size", "p50 us", "p50 spread", "p90 us", "p99 us", "p99.9 us", "max us", "rt/s",
-            "lost",
+            "backend", "transport", "size", "p50 us", "x floor", "p50 spread", "p90 us", "p99 us", "p99.9 us", "max us",
+            "rt/s", "lost",
         ]
+        var floors: [String: UInt64] = [:]
+        for row in rows where row.backend == Self.floorName { floors[row.transport] = row.median.p50 }
         var cells: [[String]] = [header]
         for row in rows {
             let p50s = row.repetitions.map(\.p50)
             cells.append([
                 row.backend, row.transport, "\(row.size)", microseconds(row.median.p50),
+                floors[row.transport].map { fixed(Double(row.median.p50) / Double(max(1, $0))) + "x" } ?? "-",
                 "\(microseconds(p50s.min()!))-\(microseconds(p50s.max()!))", microseconds(row.median.p90),
                 microseconds(row.median.p99), microseconds(row.median.p999), microseconds(row.median.max),
                 "\(Int(row.roundTripsPerSecond))", "\(row.lost)",
@@ -209,12 +231,11 @@ final class ChildServer {
         self.endpoint = endpoint
     }
 
-    static func start(backend: Backend, url: String, cpu: Int?) throws -> ChildServer {
+    static func start(backend: Backend?, url: String, cpu: Int?) throws -> ChildServer {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: executablePath())
-        process.arguments =
-            ["serve", url, "--backend", backend.rawValue, "--exit-on-stdin-eof"]
-            + (cpu.map { ["--cpu", "\($0)"] } ?? [])
+        let command = backend.map { ["serve", url, "--backend", $0.rawValue] } ?? ["floor-serve", url]
+        process.arguments = command + ["--exit-on-stdin-eof"] + (cpu.map { ["--cpu", "\($0)"] } ?? [])
         let input = Pipe()
         let output = Pipe()
         process.standardInput = input
@@ -232,7 +253,7 @@ final class ChildServer {
             let endpoint = try? Endpoint(url: String(text.dropFirst("listening on ".count)))
         else {
             process.terminate()
-            throw fail("the \(backend) server for \(url) did not start (it said: '\(text)')")
+            throw fail("the \(backend?.rawValue ?? "C floor") server for \(url) did not start (it said: '\(text)')")
         }
         return ChildServer(process: process, stdin: input, endpoint: endpoint)
     }

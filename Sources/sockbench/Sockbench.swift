@@ -12,7 +12,7 @@ struct Sockbench: AsyncParsableCommand {
             Backends: \(Backend.allCases.map(\.rawValue).joined(separator: ", ")). URLs: tcp://host:port, udp://host:port.
             Start with `sockbench compare`: it starts echo servers in separate processes and prints a side-by-side table.
             """,
-        subcommands: [Compare.self, Serve.self, Ping.self, Backends.self, Microbench.self],
+        subcommands: [Compare.self, Serve.self, Ping.self, Backends.self, Microbench.self, FloorServe.self],
         defaultSubcommand: nil
     )
 }
