@@ -111,7 +111,8 @@ struct Compare: AsyncParsableCommand {
                 Console.error("  [\(repetition + 1)/\(repetitions)] \(key) ...")
                 do throws(ConnectionError) {
                     guard let backend else {
-                        let result = try await runFloorPing(endpoint: endpoint, size: size, count: count, warmup: warmup)
+                        let result = try await runFloorPing(
+                            endpoint: endpoint, size: size, count: count, warmup: warmup)
                         results[key, default: []].append(result)
                         continue
                     }

@@ -55,7 +55,9 @@ struct FloorServe: AsyncParsableCommand {
 }
 
 /// Runs the C floor's ping-pong client on a thread of its own (it blocks) and summarises it.
-func runFloorPing(endpoint: Endpoint, size: Int, count: Int, warmup: Int) async throws(ConnectionError)
+func runFloorPing(
+    endpoint: Endpoint, size: Int, count: Int, warmup: Int
+) async throws(ConnectionError)
     -> PingRunner.Result
 {
     let socket = try BSDSocket.connect(to: endpoint)
