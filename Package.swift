@@ -59,6 +59,15 @@ let package = Package(
         // Shipped test support: fd counting, time limits, echo servers.
         .target(
             name: "ConnectionTestKit", dependencies: ["SocketStyles", "POSIXSupport"], swiftSettings: strictSettings),
+        // Live lessons on TCP and UDP behaviour (sockbench lesson NAME).
+        .target(
+            name: "Lessons",
+            dependencies: [
+                "SocketStyles", "BenchmarkDriver", "POSIXSupport", "ConnectionTestKit",
+                .product(name: "Histogram", package: "hdrhistogram-swift"),
+            ],
+            swiftSettings: strictSettings
+        ),
         // The C floor: blocking C ping-pong and echo server, the reference every backend is compared with.
         .target(name: "CFloor"),
         // Measurement: HdrHistogram summaries, the ping-pong runner. A library so tests can drive it.
@@ -77,6 +86,7 @@ let package = Package(
                 "ConnectionTestKit",
                 "BenchmarkDriver",
                 "CFloor",
+                "Lessons",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Histogram", package: "hdrhistogram-swift"),
             ],
@@ -105,6 +115,11 @@ let package = Package(
         .testTarget(
             name: "RunLoopBackendTests",
             dependencies: ["RunLoopBackend", "BSDSocketBackend", "POSIXSupport", "ConnectionTestKit"],
+            swiftSettings: strictSettings
+        ),
+        .testTarget(
+            name: "LessonTests",
+            dependencies: ["Lessons", "SocketStyles", "ConnectionTestKit"],
             swiftSettings: strictSettings
         ),
         .testTarget(

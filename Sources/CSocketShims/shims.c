@@ -127,3 +127,23 @@ int csock_unblock_signal(int sig) {
     sigaddset(&set, sig);
     return pthread_sigmask(SIG_UNBLOCK, &set, NULL);
 }
+
+#include <fcntl.h>
+int csock_pipe_cloexec(int fds[2]) { return pipe2(fds, O_CLOEXEC); }
+
+static volatile int forward_fd = -1;
+
+static void csock_forward_signal(int sig) {
+    unsigned char byte = (unsigned char)sig;
+    if (forward_fd >= 0) { ssize_t ignored = write(forward_fd, &byte, 1); (void)ignored; }
+}
+
+int csock_forward_signals_to(int fd) {
+    forward_fd = fd;
+    struct sigaction action;
+    memset(&action, 0, sizeof action);
+    action.sa_handler = csock_forward_signal;
+    sigemptyset(&action.sa_mask);
+    if (sigaction(SIGINT, &action, NULL) != 0) return -1;
+    return sigaction(SIGTERM, &action, NULL);
+}

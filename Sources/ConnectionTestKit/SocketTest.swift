@@ -1,4 +1,6 @@
+import Foundation
 import POSIXSupport
+import SocketStyles
 import Synchronization
 
 /// Runs socket tests one at a time, each bounded in time and checked for leaked file descriptors.
@@ -21,6 +23,7 @@ public enum SocketTest {
         timeLimit: Duration = .seconds(60), _ body: @Sendable () async throws -> R
     ) async throws -> R {
         try await lock.withLock {
+            warmUpProcessWideResources()
             let before = ownedDescriptors()
             let result = try await withTimeLimit(timeLimit, body)
             let after = ownedDescriptors()
@@ -39,6 +42,37 @@ public enum SocketTest {
     /// independently of the code under test. No code of this package creates a timerfd.
     static func ownedDescriptors() -> [String] {
         Syscall.openDescriptors().filter { !$0.hasSuffix("anon_inode:[timerfd]") }
+    }
+
+    private static let warmedUp = Mutex(false)
+    private static let extraWarmUps = Mutex<[@Sendable () -> Void]>([])
+
+    /// Registers something that lives as long as the process once made (a signal handler, a shared loop),
+    /// to be made before the next test counts descriptors. Suites call this from their initialiser, which
+    /// may run while another suite's test is counting: the work itself waits for the lock.
+    public static func addWarmUp(_ body: @escaping @Sendable () -> Void) {
+        extraWarmUps.withLock { $0.append(body) }
+    }
+
+    /// Opens, once, what lives as long as the process by design, so that it is not counted as a test's leak:
+    /// each backend's shared event loop (libuv's loop with its signal pipe and reserve descriptor, the run-loop
+    /// and async reactors' epoll and eventfd) and Foundation's child-process monitor (a thread with its own
+    /// run loop, started by the first `Process`).
+    static func warmUpProcessWideResources() {
+        for body in extraWarmUps.withLock({ list in
+            defer { list.removeAll() }
+            return list
+        }) {
+            body()
+        }
+        guard !warmedUp.withLock({ $0 }) else { return }
+        for backend in Backend.allCases { _ = backend.implementation }
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/bin/true")
+        let exited = DispatchSemaphore(value: 0)
+        process.terminationHandler = { _ in exited.signal() }
+        if (try? process.run()) != nil { exited.wait() }
+        warmedUp.withLock { $0 = true }
     }
 
     /// The number of open descriptors of this process.

@@ -1,5 +1,6 @@
 internal import CSocketShims
 internal import Glibc
+import Synchronization
 
 /// Starts detached POSIX threads for backends whose style needs threads of their own (blocking sockets, event
 /// loops). Swift's cooperative pool never runs a blocking call of ours.
@@ -102,4 +103,31 @@ public enum MonotonicClock {
 /// `pthread_self()` as a raw pointer-sized value, for comparing threads.
 func pthreadSelf() -> UnsafeMutableRawPointer? {
     UnsafeMutableRawPointer(bitPattern: UInt(pthread_self()))
+}
+
+/// Runs `handler` (on a thread of its own, not inside a signal handler) when SIGINT or SIGTERM arrives. The
+/// signal handler only writes to a self-pipe; a thread reading the pipe calls `handler` with the signal number.
+/// Installed once per process; later calls replace the handler.
+public enum SignalForwarder {
+    private static let handler = Mutex<(@Sendable (Int32) -> Void)?>(nil)
+    private static let installed = Mutex(false)
+
+    public static func install(_ body: @escaping @Sendable (Int32) -> Void) {
+        handler.withLock { $0 = body }
+        let first = installed.withLock { installed in
+            defer { installed = true }
+            return !installed
+        }
+        guard first else { return }
+        var fds: [Int32] = [0, 0]
+        guard csock_pipe_cloexec(&fds) == 0 else { return }
+        let (readEnd, writeEnd) = (fds[0], fds[1])
+        _ = csock_forward_signals_to(writeEnd)
+        PosixThread.spawn(name: "signals") {
+            var byte: UInt8 = 0
+            while read(readEnd, &byte, 1) == 1 || errno == EINTR {
+                handler.withLock { $0 }?(Int32(byte))
+            }
+        }
+    }
 }

@@ -12,7 +12,10 @@ struct Sockbench: AsyncParsableCommand {
             Backends: \(Backend.allCases.map(\.rawValue).joined(separator: ", ")). URLs: tcp://host:port, udp://host:port.
             Start with `sockbench compare`: it starts echo servers in separate processes and prints a side-by-side table.
             """,
-        subcommands: [Compare.self, Serve.self, Ping.self, Backends.self, Microbench.self, FloorServe.self],
+        subcommands: [
+            Compare.self, Serve.self, Ping.self, LessonCommand.self, Backends.self, Microbench.self, FloorServe.self,
+            LessonProbeCommand.self,
+        ],
         defaultSubcommand: nil
     )
 }

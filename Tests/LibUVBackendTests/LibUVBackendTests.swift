@@ -8,11 +8,6 @@ import Testing
 
 @Suite("libuv backend", .timeLimit(.minutes(3)))
 struct LibUVBackendTests {
-    init() {
-        // libuv opens a process-wide signal pipe (two descriptors) with the first loop of the process; start
-        // the shared loop before any descriptor count, so that one-time pipe is not taken for a leak.
-        _ = LibUVBackend.shared
-    }
 
     @Test("A loop with everything closed shuts down: uv_loop_close succeeds")
     func loopClosesCleanly() async throws {

@@ -68,4 +68,11 @@ int csock_signal_thread(int tid, int sig);
 /// How many times the interrupting handler has run.
 long csock_interruptions(void);
 
+/// pipe2(fds, O_CLOEXEC), which Glibc's module does not import.
+int csock_pipe_cloexec(int fds[2]);
+
+/// Installs SIGINT and SIGTERM handlers that write the signal number (one byte) to `fd` (a self-pipe), so a
+/// thread reading the pipe can clean up outside the signal handler.
+int csock_forward_signals_to(int fd);
+
 #endif

@@ -1,0 +1,91 @@
+import BenchmarkDriver
+import SocketStyles
+
+extension Lesson {
+    /// TCP joins and splits sends; UDP keeps each datagram whole.
+    static let boundaries = Lesson(
+        name: "boundaries",
+        summary: "100 small sends: TCP delivers a byte stream (joined or split), UDP delivers each datagram whole"
+    ) { backend, print in
+        let out = LessonOutput("boundaries", print)
+        let sends = 100
+        let size = 10
+        out.say("Sending \(sends) messages of \(size) bytes, back to back, over TCP and over UDP (\(backend) backend).")
+        out.say()
+
+        // TCP: the receiver sees a stream of bytes; how they are cut depends on timing, not on the sends.
+        let listener = try await backend.listen(on: loopback(.tcp))
+        let client = try await backend.connect(to: listener.localEndpoint)
+        let server = try await listener.accept()
+        for index in 0..<sends { try await client.send([UInt8](repeating: UInt8(index), count: size)) }
+        try await client.closeOutput()
+        var receiveSizes: [Int] = []
+        var stream: [UInt8] = []
+        while let message = try await server.receive() {
+            receiveSizes.append(message.count)
+            stream += message.bytes
+        }
+        let inOrder = stream == (0..<sends).flatMap { [UInt8](repeating: UInt8($0), count: size) }
+        await client.close()
+        await server.close()
+        await listener.close()
+        out.say("TCP: \(sends) sends arrived as \(receiveSizes.count) receive(s) of \(summarize(receiveSizes)) bytes.")
+        out.say("     All \(stream.count) bytes arrived, in order: \(inOrder ? "yes" : "NO").")
+        out.figure("tcp.sends", Double(sends))
+        out.figure("tcp.receives", Double(receiveSizes.count))
+        out.figure("tcp.bytes", Double(stream.count))
+        out.figure("tcp.inOrder", inOrder ? 1 : 0)
+
+        // UDP: every datagram is one receive, whole.
+        let udpListener = try await backend.listen(on: loopback(.udp))
+        let udpClient = try await backend.connect(to: udpListener.localEndpoint)
+        for index in 0..<sends { try await udpClient.send([UInt8](repeating: UInt8(index), count: size)) }
+        let peer = try await udpListener.accept()
+        var datagrams: [[UInt8]] = []
+        // Loopback does not lose such a short burst; a bounded wait keeps the lesson finite if it did.
+        while datagrams.count < sends {
+            guard let message = try? await withDeadline(.seconds(1), { try await peer.receive() }), let message
+            else { break }
+            datagrams.append(message.bytes)
+        }
+        let whole = datagrams.allSatisfy { $0.count == size && Set($0).count == 1 }
+        await udpClient.close()
+        await peer.close()
+        await udpListener.close()
+        out.say(
+            "UDP: \(sends) sends arrived as \(datagrams.count) receive(s) of \(summarize(datagrams.map(\.count))) bytes; each whole: \(whole ? "yes" : "NO")."
+        )
+        out.figure("udp.sends", Double(sends))
+        out.figure("udp.receives", Double(datagrams.count))
+        out.figure("udp.whole", whole ? 1 : 0)
+        out.say()
+        out.say("Why: TCP is a byte stream. The kernel coalesces what you send into segments and the receiver gets")
+        out.say("whatever has arrived when it reads, so message boundaries are yours to mark (a length prefix, a")
+        out.say("delimiter). UDP sends datagrams: each send is one packet and each receive returns one whole")
+        out.say("datagram, or nothing. (WebSocket, which keeps messages over TCP by framing them, joins this lesson")
+        out.say("when the ws transport lands.)")
+        return out.report
+    }
+}
+
+/// "97 x 10, 1 x 30" style summary of sizes.
+func summarize(_ sizes: [Int]) -> String {
+    guard !sizes.isEmpty else { return "nothing" }
+    var counts: [Int: Int] = [:]
+    for size in sizes { counts[size, default: 0] += 1 }
+    return counts.sorted { $0.value > $1.value || ($0.value == $1.value && $0.key < $1.key) }.prefix(4)
+        .map { "\($0.value) x \($0.key)" }.joined(separator: ", ") + (counts.count > 4 ? ", ..." : "")
+}
+
+/// Runs `body`, giving up with `nil` after `limit`.
+func withDeadline<R: Sendable>(_ limit: Duration, _ body: @escaping @Sendable () async throws -> R) async throws -> R? {
+    try await withThrowingTaskGroup(of: R?.self) { group in
+        group.addTask { try await body() }
+        group.addTask {
+            try? await Task.sleep(for: limit)
+            return nil
+        }
+        defer { group.cancelAll() }
+        return try await group.next() ?? nil
+    }
+}

@@ -1,0 +1,129 @@
+import BenchmarkDriver
+import Foundation
+import POSIXSupport
+import SocketStyles
+import Synchronization
+
+extension Lesson {
+    /// A slow reader: TCP backs off, UDP overruns.
+    static let flow = Lesson(
+        name: "flow",
+        summary: "a slow reader: the TCP sender is held back; the UDP sender overruns it and datagrams are dropped"
+    ) { backend, print in
+        let out = LessonOutput("flow", print)
+        out.say("A receiver that reads slowly (16 KiB, then a 1 ms pause), and a sender that sends as fast as it can,")
+        out.say("for about 1.5 seconds each, with the \(backend) backend.")
+        out.say()
+
+        // TCP: the sender can only go as fast as the reader, through flow control.
+        let listener = try await backend.listen(on: loopback(.tcp))
+        let sender = try await backend.connect(to: listener.localEndpoint)
+        let reader = try await listener.accept()
+        let chunk = [UInt8](repeating: 1, count: 64 * 1024)
+        let stop = Atomic<Bool>(false)
+        let sent = Atomic<Int>(0)
+        let blockedNanoseconds = Atomic<Int>(0)
+        let sending = Task {
+            while !stop.load(ordering: .relaxed) {
+                let start = MonotonicClock.nanoseconds()
+                guard (try? await sender.send(chunk)) != nil else { break }
+                blockedNanoseconds.add(Int(MonotonicClock.nanoseconds() - start), ordering: .relaxed)
+                sent.add(chunk.count, ordering: .relaxed)
+            }
+            try? await sender.closeOutput()
+        }
+        let start = MonotonicClock.nanoseconds()
+        var received = 0
+        var maxInFlight = 0
+        while MonotonicClock.nanoseconds() - start < 1_500_000_000 {
+            guard let message = try await reader.receive(maximumLength: 16 * 1024) else { break }
+            received += message.count
+            maxInFlight = max(maxInFlight, sent.load(ordering: .relaxed) - received)
+            try await Task.sleep(for: .milliseconds(1))
+        }
+        stop.store(true, ordering: .relaxed)
+        let elapsed = Double(MonotonicClock.nanoseconds() - start) / 1e9
+        while (try? await reader.receive()) != nil {}  // drain so the sender's last send completes
+        _ = await sending.value
+        await sender.close()
+        await reader.close()
+        await listener.close()
+        let rate = Double(received) / elapsed / 1e6
+        let blockedShare = Double(blockedNanoseconds.load(ordering: .relaxed)) / 1e9 / elapsed
+        out.say(
+            "TCP: the reader took \(fixed(rate, 1)) MB/s; the sender managed the same, spending \(Int(blockedShare * 100))% of its time"
+        )
+        out.say(
+            "     waiting inside send(). At most \(grouped(maxInFlight / 1024)) KiB were in flight (socket buffers and the receive queue)."
+        )
+        out.say("     Nothing was lost.")
+        out.figure("tcp.readerMBps", rate)
+        out.figure("tcp.senderBlockedShare", blockedShare)
+        out.figure("tcp.maxInFlightBytes", Double(maxInFlight))
+
+        // UDP: nothing slows the sender; the receiver's buffers overflow.
+        let options = ConnectionOptions.with {
+            $0.receiveBufferSize = 64 * 1024
+            $0.receiveQueueLimit = 64 * 1024
+        }
+        let udpListener = try await backend.listen(on: loopback(.udp), options: options)
+        let udpSender = try await backend.connect(to: udpListener.localEndpoint)
+        let kernelDropsBefore = udpReceiveBufferErrors()
+        let datagram = [UInt8](repeating: 2, count: 1000)
+        let total = 20_000
+        try await udpSender.send(datagram)
+        let peer = try await udpListener.accept()
+        var udpReceived = 0
+        let reading = Task {
+            var count = 0
+            var sincePause = 0
+            while let message = try? await withDeadline(.milliseconds(300), { try await peer.receive() }),
+                message != nil
+            {
+                count += 1
+                sincePause += 1
+                if sincePause == 16 {
+                    sincePause = 0
+                    try? await Task.sleep(for: .milliseconds(1))
+                }
+            }
+            return count
+        }
+        for _ in 1..<total { try? await udpSender.send(datagram) }
+        udpReceived = await reading.value
+        let kernelDrops = udpReceiveBufferErrors() - kernelDropsBefore
+        await udpSender.close()
+        await peer.close()
+        await udpListener.close()
+        let lost = total - udpReceived
+        out.say(
+            "UDP: \(grouped(total)) datagrams of 1,000 bytes sent flat out; \(grouped(udpReceived)) received; \(grouped(lost)) lost"
+        )
+        out.say(
+            "     (\(Int(Double(lost) / Double(total) * 100))%). The kernel counted \(grouped(kernelDrops)) receive-buffer overflows (Udp: RcvbufErrors);"
+        )
+        out.say(
+            "     the rest, \(grouped(max(0, lost - kernelDrops))), were dropped by the backend's bounded receive queue, for the same reason."
+        )
+        out.figure("udp.sent", Double(total))
+        out.figure("udp.received", Double(udpReceived))
+        out.figure("udp.kernelDrops", Double(kernelDrops))
+        out.say()
+        out.say("Why: TCP has flow control. The receiver advertises how much buffer it has left; when it is full the")
+        out.say("sender's send() waits, so a fast sender is slowed to the reader's pace and nothing is lost. UDP has")
+        out.say("none: the sender never learns the receiver is behind, the receive buffer fills, and the kernel")
+        out.say("drops whatever arrives next. An application on UDP must pace itself, or accept the loss.")
+        return out.report
+    }
+}
+
+/// `Udp: RcvbufErrors` from /proc/net/snmp (this network namespace).
+func udpReceiveBufferErrors() -> Int {
+    guard let text = try? String(contentsOfFile: "/proc/net/snmp", encoding: .utf8) else { return 0 }
+    let lines = text.split(separator: "\n").filter { $0.hasPrefix("Udp:") }
+    guard lines.count >= 2 else { return 0 }
+    let names = lines[0].split(separator: " ")
+    let values = lines[1].split(separator: " ")
+    guard let index = names.firstIndex(of: "RcvbufErrors"), index < values.count else { return 0 }
+    return Int(values[index]) ?? 0
+}

@@ -1,0 +1,106 @@
+import BenchmarkDriver
+import ConnectionTestKit
+import Histogram
+import POSIXSupport
+import SocketStyles
+
+extension Lesson {
+    /// What it costs to start talking.
+    static let handshake = Lesson(
+        name: "handshake",
+        summary: "the cost of starting to talk: TCP's 3-way handshake vs UDP's none, measured"
+    ) { backend, print in
+        let out = LessonOutput("handshake", print)
+        let rounds = 200
+        out.say(
+            "First the protocols alone: \(rounds) blocking socket()+connect() calls each way, on a thread of our own.")
+        let native = await nativeConnectCosts(rounds: rounds)
+        out.say(
+            "  TCP socket+connect: p50 \(microseconds(native.tcp.p50)) us (the SYN, SYN-ACK, ACK round trip is inside)")
+        out.say(
+            "  UDP socket+connect: p50 \(microseconds(native.udp.p50)) us (nothing is sent: the kernel notes the peer)")
+        out.figure("native.tcp.connect.p50us", Double(native.tcp.p50) / 1000)
+        out.figure("native.udp.connect.p50us", Double(native.udp.p50) / 1000)
+        out.say()
+        out.say(
+            "Then through the \(backend) backend's Connection (its own set-up cost included), timing the first reply:")
+        for transport in [Transport.tcp, .udp] {
+            let server = try await EchoServerHandle.start(backend, transport)
+            var connectHistogram = LatencySummary.makeHistogram()
+            var firstReplyHistogram = LatencySummary.makeHistogram()
+            for _ in 0..<rounds {
+                let start = MonotonicClock.nanoseconds()
+                let connection = try await backend.connect(to: server.endpoint)
+                let connected = MonotonicClock.nanoseconds()
+                try await connection.send([1])
+                _ = try await connection.receive()
+                let replied = MonotonicClock.nanoseconds()
+                _ = connectHistogram.record(max(1, connected - start))
+                _ = firstReplyHistogram.record(max(1, replied - start))
+                await connection.close()
+            }
+            await server.stop()
+            let connect = LatencySummary(connectHistogram)
+            let first = LatencySummary(firstReplyHistogram)
+            out.say(
+                "\(transport.rawValue.uppercased()): connect() took p50 \(microseconds(connect.p50)) us; "
+                    + "first byte back after p50 \(microseconds(first.p50)) us (p99 \(microseconds(first.p99)) us).")
+            out.figure("\(transport).connect.p50us", Double(connect.p50) / 1000)
+            out.figure("\(transport).firstReply.p50us", Double(first.p50) / 1000)
+        }
+        out.say()
+        out.say("Why: a TCP connect() waits for the 3-way handshake (SYN, SYN-ACK, ACK): one round trip before the")
+        out.say("first byte can go. A UDP \"connect\" only records the peer's address in the kernel; nothing is")
+        out.say("sent, so it costs a system call and the first datagram is the first packet. On loopback the round")
+        out.say("trip is microseconds; across a network it is the network's latency, paid on every new connection.")
+        out.say("TLS adds its own handshake (1 more round trip with TLS 1.3) and WebSocket an HTTP upgrade (1 more);")
+        out.say("they join this lesson when the tls and ws transports land.")
+        return out.report
+    }
+}
+
+/// Blocking socket()+connect() for TCP (to a listener of our own) and UDP, timed on a thread of our own.
+func nativeConnectCosts(rounds: Int) async -> (tcp: LatencySummary, udp: LatencySummary) {
+    await withCheckedContinuation { continuation in
+        PosixThread.spawn(name: "handshake") {
+            var tcp = LatencySummary.makeHistogram()
+            var udp = LatencySummary.makeHistogram()
+            if let listener = try? BSDSocket.listen(
+                on: loopback(.tcp), options: .with { $0.backlog = Int32(rounds) * 2 }),
+                let address = try? listener.localAddress
+            {
+                for _ in 0..<rounds {
+                    let start = MonotonicClock.nanoseconds()
+                    if let fd = try? Syscall.socket(family: .ipv4, datagram: false) {
+                        _ = try? Syscall.connect(fd, to: address)
+                        _ = tcp.record(max(1, MonotonicClock.nanoseconds() - start))
+                        Syscall.close(fd)
+                    }
+                    if let accepted = try? listener.accept() { accepted.close() }
+                }
+                listener.close()
+            }
+            let target = SocketAddress.loopbackIPv4(port: 9)
+            for _ in 0..<rounds {
+                let start = MonotonicClock.nanoseconds()
+                if let fd = try? Syscall.socket(family: .ipv4, datagram: true) {
+                    _ = try? Syscall.connect(fd, to: target)
+                    _ = udp.record(max(1, MonotonicClock.nanoseconds() - start))
+                    Syscall.close(fd)
+                }
+            }
+            continuation.resume(returning: (LatencySummary(tcp), LatencySummary(udp)))
+        }
+    }
+}
+
+/// An echo server for lessons: ConnectionTestKit's, whose stop() returns once every connection is closed.
+enum EchoServerHandle {
+    static func start(
+        _ backend: Backend, _ transport: Transport, options: ConnectionOptions = ConnectionOptions()
+    )
+        async throws -> EchoServer
+    {
+        try await EchoServer.start(backend, on: loopback(transport), options: options)
+    }
+}

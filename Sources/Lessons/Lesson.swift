@@ -1,0 +1,70 @@
+public import SocketStyles
+
+/// What a lesson measured: the lines it printed, and the key figures by name, so that tests can check the
+/// lesson's claims (without asserting timings).
+public struct LessonReport: Sendable {
+    /// The lesson's name.
+    public var lesson: String
+    /// Everything printed, in order.
+    public var lines: [String] = []
+    /// Key figures by name (counts, bytes, microseconds).
+    public var figures: [String: Double] = [:]
+
+    public init(lesson: String) { self.lesson = lesson }
+
+    mutating func say(_ line: String = "") { lines.append(line) }
+}
+
+/// A live experiment on real sockets that shows how TCP or UDP behaves, with a plain-language explanation.
+public struct Lesson: Sendable {
+    /// The name users type: `sockbench lesson NAME`.
+    public let name: String
+    /// One line on what it shows.
+    public let summary: String
+    /// Runs it with `backend`, printing through `print` as it goes.
+    public let run:
+        @Sendable (_ backend: Backend, _ print: @escaping @Sendable (String) -> Void) async throws -> LessonReport
+
+    /// Every lesson, in the order they are best read.
+    public static let all: [Lesson] = [
+        .boundaries, .handshake, .nagle, .mtu, .flow, .loss, .ordering, .multicast,
+    ]
+
+    /// The lesson named `name`.
+    public static func named(_ name: String) -> Lesson? { all.first { $0.name == name } }
+}
+
+/// Collects lines and figures while printing each line as it comes.
+final class LessonOutput: @unchecked Sendable {
+    var report: LessonReport
+    let print: @Sendable (String) -> Void
+
+    init(_ lesson: String, _ print: @escaping @Sendable (String) -> Void) {
+        report = LessonReport(lesson: lesson)
+        self.print = print
+    }
+
+    func say(_ line: String = "") {
+        report.say(line)
+        print(line)
+    }
+
+    func figure(_ name: String, _ value: Double) {
+        report.figures[name] = value
+    }
+}
+
+func loopback(_ transport: Transport) -> Endpoint {
+    try! Endpoint(url: "\(transport)://127.0.0.1:0")
+}
+
+/// Formats a count with thousands separators.
+func grouped(_ value: Int) -> String {
+    let digits = String(value.magnitude)
+    var result = ""
+    for (index, character) in digits.enumerated() {
+        if index > 0 && (digits.count - index) % 3 == 0 { result += "," }
+        result.append(character)
+    }
+    return (value < 0 ? "-" : "") + result
+}

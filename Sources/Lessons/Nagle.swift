@@ -1,0 +1,55 @@
+import BenchmarkDriver
+import Histogram
+import POSIXSupport
+import SocketStyles
+
+extension Lesson {
+    /// Write-write-read with and without TCP_NODELAY.
+    static let nagle = Lesson(
+        name: "nagle",
+        summary: "write-write-read with TCP_NODELAY off and on: the Nagle / delayed-ACK stall appears and disappears"
+    ) { backend, print in
+        let out = LessonOutput("nagle", print)
+        let rounds = 20
+        out.say("A client sends a request as two small writes (a 40-byte header, then a 60-byte body) and waits for")
+        out.say(
+            "a 1-byte reply; the server replies once it has all 100 bytes. \(rounds) requests each way (\(backend)).")
+        out.say()
+        for noDelay in [false, true] {
+            let options = ConnectionOptions.with { $0.tcpNoDelay = noDelay }
+            let listener = try await backend.listen(on: loopback(.tcp), options: options)
+            let client = try await backend.connect(to: listener.localEndpoint, options: options)
+            let server = try await listener.accept()
+            let serving = Task {
+                while let request = try? await server.receive(exactly: 100), request.count == 100 {
+                    try? await server.send([1])
+                }
+            }
+            var histogram = LatencySummary.makeHistogram()
+            for _ in 0..<rounds {
+                let start = MonotonicClock.nanoseconds()
+                try await client.send([UInt8](repeating: 1, count: 40))
+                try await client.send([UInt8](repeating: 2, count: 60))
+                _ = try await client.receive(exactly: 1)
+                _ = histogram.record(max(1, MonotonicClock.nanoseconds() - start))
+            }
+            await client.close()
+            await server.close()
+            await listener.close()
+            _ = await serving.value
+            let summary = LatencySummary(histogram)
+            out.say(
+                "TCP_NODELAY \(noDelay ? "on " : "off"): request p50 \(microseconds(summary.p50)) us, "
+                    + "max \(microseconds(summary.max)) us")
+            out.figure("nodelay.\(noDelay ? "on" : "off").p50us", Double(summary.p50) / 1000)
+            out.figure("nodelay.\(noDelay ? "on" : "off").maxus", Double(summary.max) / 1000)
+        }
+        out.say()
+        out.say("Why: with Nagle's algorithm (TCP_NODELAY off) a small write is held back while earlier data is not")
+        out.say("yet acknowledged. The body waits for the ACK of the header; the server delays that ACK (hoping to")
+        out.say("piggyback it on a reply it cannot send yet, since it has only half the request). Each side waits")
+        out.say("for the other until the delayed-ACK timer fires, tens of milliseconds later. TCP_NODELAY sends")
+        out.say("the body at once. Better still: one write per request.")
+        return out.report
+    }
+}

@@ -1,0 +1,115 @@
+internal import CSocketShims
+public import ConnectionCore
+import Glibc
+
+/// A child process started with posix_spawn, its standard input and output as pipes. Used where Foundation's
+/// `Process` would add run-loop machinery to the calling thread (its `waitUntilExit` spins a run loop that
+/// Foundation creates on demand), which tests that count descriptors must not see.
+public final class ChildProcess: @unchecked Sendable {
+    /// The child's process id.
+    public let pid: Int32
+    private var stdinFD: Int32
+    private var stdoutFD: Int32
+    private var exited = false
+    /// The exit status once ``wait()`` returned.
+    public private(set) var status: Int32 = 0
+
+    /// Starts `arguments[0]` (a path) with `arguments`; stderr goes with stdout when `mergeErrors`.
+    public init(_ arguments: [String], mergeErrors: Bool = true) throws(ConnectionError) {
+        var input: [Int32] = [0, 0]
+        var output: [Int32] = [0, 0]
+        guard csock_pipe_cloexec(&input) == 0 else { throw .errno(errno, "pipe2") }
+        guard csock_pipe_cloexec(&output) == 0 else {
+            let code = errno
+            close(input[0])
+            close(input[1])
+            throw .errno(code, "pipe2")
+        }
+        var actions = posix_spawn_file_actions_t()
+        posix_spawn_file_actions_init(&actions)
+        defer { posix_spawn_file_actions_destroy(&actions) }
+        posix_spawn_file_actions_adddup2(&actions, input[0], 0)
+        posix_spawn_file_actions_adddup2(&actions, output[1], 1)
+        if mergeErrors { posix_spawn_file_actions_adddup2(&actions, output[1], 2) }
+        var cArguments: [UnsafeMutablePointer<CChar>?] = arguments.map { strdup($0) } + [nil]
+        defer { for argument in cArguments { free(argument) } }
+        var child: pid_t = 0
+        let result = posix_spawn(&child, arguments[0], &actions, nil, &cArguments, environ)
+        close(input[0])
+        close(output[1])
+        guard result == 0 else {
+            close(input[1])
+            close(output[0])
+            throw .errno(result, "posix_spawn \(arguments[0])")
+        }
+        pid = child
+        stdinFD = input[1]
+        stdoutFD = output[0]
+    }
+
+    deinit {
+        if stdinFD >= 0 { close(stdinFD) }
+        if stdoutFD >= 0 { close(stdoutFD) }
+        if !exited { _ = try? wait() }
+    }
+
+    /// Reads one line of the child's output (without the newline); empty at the end.
+    public func readLine() -> String {
+        var line: [UInt8] = []
+        var byte: UInt8 = 0
+        while stdoutFD >= 0 {
+            let count = read(stdoutFD, &byte, 1)
+            if count < 0 && errno == EINTR { continue }
+            if count <= 0 || byte == UInt8(ascii: "\n") { break }
+            line.append(byte)
+        }
+        return String(decoding: line, as: UTF8.self)
+    }
+
+    /// Reads the child's output to its end.
+    public func readToEnd() -> String {
+        var bytes: [UInt8] = []
+        var buffer = [UInt8](repeating: 0, count: 4096)
+        while stdoutFD >= 0 {
+            let count = read(stdoutFD, &buffer, buffer.count)
+            if count < 0 && errno == EINTR { continue }
+            if count <= 0 { break }
+            bytes += buffer[..<count]
+        }
+        return String(decoding: bytes, as: UTF8.self)
+    }
+
+    /// Closes the child's standard input (children that stop at its end then exit).
+    public func closeInput() {
+        if stdinFD >= 0 {
+            close(stdinFD)
+            stdinFD = -1
+        }
+    }
+
+    /// Waits for the child to exit (blocking the calling thread), closes the pipes, returns the exit status.
+    @discardableResult
+    public func wait() throws(ConnectionError) -> Int32 {
+        if exited { return status }
+        var raw: Int32 = 0
+        while waitpid(pid, &raw, 0) < 0 {
+            if errno != EINTR { throw .errno(errno, "waitpid") }
+        }
+        exited = true
+        status = (raw & 0x7f) == 0 ? (raw >> 8) & 0xff : 128 + (raw & 0x7f)
+        closeInput()
+        if stdoutFD >= 0 {
+            close(stdoutFD)
+            stdoutFD = -1
+        }
+        return status
+    }
+
+    /// Runs `arguments` to completion and returns (exit status, output).
+    public static func run(_ arguments: [String]) throws(ConnectionError) -> (status: Int32, output: String) {
+        let child = try ChildProcess(arguments)
+        child.closeInput()
+        let output = child.readToEnd()
+        return (try child.wait(), output)
+    }
+}

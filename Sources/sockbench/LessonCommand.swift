@@ -1,0 +1,76 @@
+import ArgumentParser
+import Foundation
+import Lessons
+import SocketStyles
+
+struct LessonCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "lesson",
+        abstract: "Run a live lesson on how TCP and UDP behave (no name: list them).",
+        discussion: "Each lesson runs on real sockets in under a minute and explains what it measured."
+    )
+
+    @Argument(help: "The lesson to run.")
+    var name: String?
+
+    @Option(help: "The connection style to run it with.")
+    var backend: String = "bsd"
+
+    @Flag(help: "Print the key figures as JSON after the lesson.")
+    var json = false
+
+    func run() async throws {
+        guard let name else {
+            Console.line("Lessons (sockbench lesson NAME [--backend B]):")
+            for lesson in Lesson.all {
+                Console.line("  \(lesson.name.padding(toLength: 11, withPad: " ", startingAt: 0)) \(lesson.summary)")
+            }
+            return
+        }
+        guard let lesson = Lesson.named(name) else {
+            throw fail("unknown lesson '\(name)' (\(Lesson.all.map(\.name).joined(separator: ", ")))")
+        }
+        let backend: Backend
+        do throws(ConnectionError) {
+            backend = try Backend(name: self.backend)
+        } catch {
+            throw fail(error.detail)
+        }
+        Console.line("== lesson: \(lesson.name) - \(lesson.summary)")
+        let report: LessonReport
+        do {
+            report = try await lesson.run(backend) { Console.line($0) }
+        } catch {
+            throw fail("the lesson failed: \(error)")
+        }
+        if json {
+            let encoder = JSONEncoder()
+            encoder.outputFormatting = [.sortedKeys]
+            Console.line(String(decoding: try encoder.encode(report.figures), as: UTF8.self))
+        }
+    }
+}
+
+/// The measuring side of the namespace lessons (run inside a namespace by the lesson itself).
+struct LessonProbeCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "lesson-probe", abstract: "Internal: the client side of the loss, ordering and multicast lessons.",
+        shouldDisplay: false)
+
+    @Argument var mode: String
+    @Argument var url: String
+    @Option var backend: String = "bsd"
+
+    func run() async throws {
+        let encoder = JSONEncoder()
+        if mode == "multicast" {
+            let endpoint = try Endpoint(url: url)
+            Console.line(
+                String(
+                    decoding: try encoder.encode(try MulticastProbe.run(group: endpoint.host.literal)), as: UTF8.self))
+            return
+        }
+        let result = try await LessonProbe.run(mode: mode, backend: try Backend(name: backend), url: url)
+        Console.line(String(decoding: try encoder.encode(result), as: UTF8.self))
+    }
+}

@@ -1,0 +1,96 @@
+import ConnectionTestKit
+import Lessons
+import SocketStyles
+import Testing
+
+/// Each lesson's claims, checked on real sockets (never its timings).
+@Suite("Lessons", .serialized, .timeLimit(.minutes(3)))
+struct LessonTests {
+    init() {
+        // The namespace lessons' SIGINT/SIGTERM clean-up (Dispatch signal sources) lives as long as the process.
+        SocketTest.addWarmUp { NetworkLab.installSignalCleanup() }
+    }
+
+    func run(_ name: String, _ backend: Backend = .bsd) async throws -> LessonReport {
+        let lesson = try #require(Lesson.named(name))
+        return try await SocketTest.run(timeLimit: .seconds(150)) { try await lesson.run(backend) { _ in } }
+    }
+
+    @Test(
+        "boundaries: the TCP stream keeps every byte in order; every UDP datagram arrives whole",
+        arguments: [Backend.bsd, .async])
+    func boundaries(_ backend: Backend) async throws {
+        let report = try await run("boundaries", backend)
+        #expect(report.figures["tcp.bytes"] == 1000)
+        #expect(report.figures["tcp.inOrder"] == 1)
+        #expect(report.figures["udp.receives"] == 100)
+        #expect(report.figures["udp.whole"] == 1)
+    }
+
+    @Test("handshake: both transports measured")
+    func handshake() async throws {
+        let report = try await run("handshake")
+        for key in ["native.tcp.connect.p50us", "native.udp.connect.p50us", "tcp.connect.p50us", "udp.connect.p50us"] {
+            #expect((report.figures[key] ?? 0) > 0, "\(key)")
+        }
+    }
+
+    @Test("nagle: both settings measured")
+    func nagle() async throws {
+        let report = try await run("nagle")
+        #expect((report.figures["nodelay.off.p50us"] ?? 0) > 0)
+        #expect((report.figures["nodelay.on.p50us"] ?? 0) > 0)
+    }
+
+    @Test("mtu: 65,507 bytes go whole, 65,508 are refused; TCP carries 70,000 bytes")
+    func mtu() async throws {
+        let report = try await run("mtu")
+        #expect(report.figures["udp.65507"] == 1)
+        #expect(report.figures["udp.65508"] == -1)
+        #expect(report.figures["tcp.70000.bytes"] == 70_000)
+    }
+
+    @Test("flow: a slow reader holds the TCP sender back; flat-out UDP loses some datagrams but not all")
+    func flow() async throws {
+        let report = try await run("flow")
+        #expect((report.figures["tcp.readerMBps"] ?? 0) > 0)
+        let received = report.figures["udp.received"] ?? -1
+        #expect(received > 0 && received < (report.figures["udp.sent"] ?? 0))
+    }
+
+    @Test("loss: UDP loses some but not all; TCP delivers every round trip and retransmits (root only)")
+    func loss() async throws {
+        let report = try await run("loss")
+        if report.figures["skipped"] == 1 {
+            print("loss lesson skipped: \(report.lines.first ?? "")")
+            return
+        }
+        for percent in [1, 5, 20] {
+            let delivered = report.figures["udp.\(percent).delivered"] ?? -1
+            #expect(delivered > 0 && delivered <= (report.figures["udp.\(percent).sent"] ?? 0))
+            #expect(report.figures["tcp.\(percent).delivered"] == 200)
+        }
+        #expect((report.figures["udp.20.delivered"] ?? 1000) < 1000)
+        #expect((report.figures["tcp.20.retransmits"] ?? 0) > 0)
+    }
+
+    @Test("ordering: TCP delivers all 300 in order; UDP delivers each independently (root only)")
+    func ordering() async throws {
+        let report = try await run("ordering")
+        if report.figures["skipped"] == 1 { return }
+        #expect(report.figures["tcp.delivered"] == 300)
+        #expect(report.figures["tcp.outOfOrder"] == 0)
+        let udp = report.figures["udp.delivered"] ?? -1
+        #expect(udp > 0 && udp <= 300)
+    }
+
+    @Test("multicast: every joined receiver gets every datagram; a socket that did not join gets none (root only)")
+    func multicast() async throws {
+        let report = try await run("multicast")
+        if report.figures["skipped"] == 1 { return }
+        let sent = try #require(report.figures["sent"])
+        #expect(sent == 10)
+        for receiver in 1...3 { #expect(report.figures["receiver\(receiver)"] == sent) }
+        #expect(report.figures["notJoined"] == 0)
+    }
+}
