@@ -106,7 +106,7 @@ extension Lesson {
             let values = result.perMessageMicroseconds
             let worst = values.indices.max { values[$0] < values[$1] } ?? 0
             let trouble = transport == .tcp ? worst : (values.firstIndex { $0 < 0 } ?? 0)
-            let from = max(0, trouble - 5)
+            let from = max(0, min(trouble - 5, values.count - 30))
             out.say(
                 "     messages \(from)-\(from + 29), round trip in ms (- = lost): "
                     + result.perMessageMicroseconds[from..<min(result.perMessageMicroseconds.count, from + 30)].map {

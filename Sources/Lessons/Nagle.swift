@@ -39,8 +39,8 @@ extension Lesson {
             _ = await serving.value
             let summary = LatencySummary(histogram)
             out.say(
-                "TCP_NODELAY \(noDelay ? "on " : "off"): request p50 \(microseconds(summary.p50)) us, "
-                    + "max \(microseconds(summary.max)) us")
+                "TCP_NODELAY \(noDelay ? "on " : "off"): request p50 \(readable(summary.p50)), max \(readable(summary.max))"
+            )
             out.figure("nodelay.\(noDelay ? "on" : "off").p50us", Double(summary.p50) / 1000)
             out.figure("nodelay.\(noDelay ? "on" : "off").maxus", Double(summary.max) / 1000)
         }
@@ -52,4 +52,9 @@ extension Lesson {
         out.say("the body at once. Better still: one write per request.")
         return out.report
     }
+}
+
+/// Microseconds below 10 ms, milliseconds above.
+func readable(_ nanoseconds: UInt64) -> String {
+    nanoseconds >= 10_000_000 ? fixed(Double(nanoseconds) / 1e6, 1) + " ms" : microseconds(nanoseconds) + " us"
 }
