@@ -1,5 +1,4 @@
 import Foundation
-import Glibc
 import POSIXSupport
 import SocketStyles
 
@@ -55,67 +54,40 @@ public enum MulticastProbe {
 
     public static func run(group: String) throws -> Result {
         var result = Result()
-        // Receivers: bound to the same port (SO_REUSEADDR), three join the group, one does not.
+        let loopbackInterface = SocketAddress.loopbackIPv4(port: 0)
+        // Receivers: bound to the group address on one port (SO_REUSEADDR); three join the group, one does not.
         var receivers: [Int32] = []
-        defer { for fd in receivers { close(fd) } }
+        defer { for fd in receivers { Syscall.close(fd) } }
         var port: UInt16 = 0
         for index in 0..<4 {
-            let fd = socket(AF_INET, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-            var one: Int32 = 1
-            setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, 4)
-            // Deliver to this socket only the groups it joined itself (Linux's default, IP_MULTICAST_ALL = 1,
-            // would hand it every group any socket of the host joined).
-            var all: Int32 = 0
-            setsockopt(fd, Int32(IPPROTO_IP), 49 /* IP_MULTICAST_ALL */, &all, 4)
-            var address = sockaddr_in()
-            address.sin_family = sa_family_t(AF_INET)
-            address.sin_port = port.bigEndian
-            address.sin_addr.s_addr = inet_addr(group)
-            let bound = withUnsafePointer(to: &address) {
-                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                    bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
-                }
-            }
-            guard bound == 0 else { throw ConnectionError.errno(errno, "bind multicast receiver") }
-            if port == 0 { port = try Syscall.localAddress(fd).port }
-            if index < 3 {
-                var request = ip_mreq()
-                request.imr_multiaddr.s_addr = inet_addr(group)
-                request.imr_interface.s_addr = inet_addr("127.0.0.1")
-                guard
-                    setsockopt(
-                        fd, Int32(IPPROTO_IP), IP_ADD_MEMBERSHIP, &request, socklen_t(MemoryLayout<ip_mreq>.size)) == 0
-                else { throw ConnectionError.errno(errno, "IP_ADD_MEMBERSHIP") }
-            }
-            var timeout = timeval(tv_sec: 0, tv_usec: 200_000)
-            setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+            let fd = try Syscall.socket(family: .ipv4, datagram: true)
             receivers.append(fd)
+            try Syscall.setReuseAddress(fd, true)
+            // Deliver to this socket only the groups it joined itself (Linux's default would hand it every group
+            // any socket of the host joined).
+            try Syscall.setMulticastAll(fd, false)
+            let groupAddress = try Syscall.resolve(try Endpoint(url: "udp://\(group):\(port)"))[0]
+            try Syscall.bind(fd, to: groupAddress)
+            if port == 0 { port = try Syscall.localAddress(fd).port }
+            if index < 3 { try Syscall.joinMulticastGroup(fd, group: groupAddress, interface: loopbackInterface) }
+            try Syscall.setReceiveTimeout(fd, milliseconds: 200)
         }
         result.port = port
-        // Sender.
-        let sender = socket(AF_INET, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-        defer { close(sender) }
-        var interface = in_addr(s_addr: inet_addr("127.0.0.1"))
-        setsockopt(sender, Int32(IPPROTO_IP), IP_MULTICAST_IF, &interface, socklen_t(MemoryLayout<in_addr>.size))
-        var loop: UInt8 = 1
-        setsockopt(sender, Int32(IPPROTO_IP), IP_MULTICAST_LOOP, &loop, 1)
-        var destination = sockaddr_in()
-        destination.sin_family = sa_family_t(AF_INET)
-        destination.sin_port = port.bigEndian
-        destination.sin_addr.s_addr = inet_addr(group)
+        let destination = try Syscall.resolve(try Endpoint(url: "udp://\(group):\(port)"))[0]
+        let sender = try Syscall.socket(family: .ipv4, datagram: true)
+        defer { Syscall.close(sender) }
+        try Syscall.setMulticastSender(sender, interface: loopbackInterface, loop: true)
         for index in 0..<10 {
-            var payload = UInt8(index)
-            let sent = withUnsafePointer(to: &destination) {
-                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                    sendto(sender, &payload, 1, 0, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
-                }
+            let sent = try [UInt8(index)].withBytes { (bytes) throws(ConnectionError) in
+                try Syscall.sendTo(sender, bytes, to: destination)
             }
-            if sent == 1 { result.sent += 1 }
+            if case .processed = sent { result.sent += 1 }
         }
-        var buffer = [UInt8](repeating: 0, count: 16)
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 16, alignment: 1)
+        defer { buffer.deallocate() }
         for (index, fd) in receivers.enumerated() {
             var count = 0
-            while recv(fd, &buffer, 16, 0) > 0 { count += 1 }
+            while case .processed = try Syscall.recv(fd, buffer) { count += 1 }
             if index < 3 { result.receivedPerReceiver.append(count) } else { result.notJoined = count }
         }
         return result

@@ -557,3 +557,72 @@ extension Syscall {
         if csock_pin_thread(0, Int32(cpu)) != 0 { throw .errno(Glibc.errno, "sched_setaffinity(cpu \(cpu))") }
     }
 }
+
+extension Syscall {
+    /// recv(MSG_PEEK | MSG_DONTWAIT) of one byte: 1 when data is waiting, 0 at the end of the stream,
+    /// `.wouldBlock` when nothing is there yet.
+    public static func peekByte(_ fd: Int32) throws(ConnectionError) -> IOResult<Int> {
+        var byte: UInt8 = 0
+        return try retryingIO("recv(MSG_PEEK)", { Glibc.recv(fd, &byte, 1, Int32(MSG_PEEK | MSG_DONTWAIT)) })
+    }
+
+    /// FIONREAD: bytes waiting in the receive buffer (0 on error).
+    public static func bytesReadable(_ fd: Int32) -> Int {
+        var count: Int32 = 0
+        return ioctl(fd, UInt(FIONREAD), &count) == 0 ? Int(count) : 0
+    }
+
+    /// TIOCOUTQ: bytes in the send buffer not yet acknowledged by the peer (0 on error).
+    public static func bytesUnsent(_ fd: Int32) -> Int {
+        var count: Int32 = 0
+        return ioctl(fd, UInt(TIOCOUTQ), &count) == 0 ? Int(count) : 0
+    }
+
+    /// IP_ADD_MEMBERSHIP: joins an IPv4 multicast group on the interface with address `interface`.
+    public static func joinMulticastGroup(
+        _ fd: Int32, group: SocketAddress, interface: SocketAddress
+    )
+        throws(ConnectionError)
+    {
+        var request = ip_mreq()
+        group.withSockAddr { pointer, _ in
+            request.imr_multiaddr = UnsafeRawPointer(pointer).load(as: sockaddr_in.self).sin_addr
+        }
+        interface.withSockAddr { pointer, _ in
+            request.imr_interface = UnsafeRawPointer(pointer).load(as: sockaddr_in.self).sin_addr
+        }
+        _ = try retrying(
+            "IP_ADD_MEMBERSHIP",
+            {
+                Int(
+                    setsockopt(
+                        fd, Int32(IPPROTO_IP), IP_ADD_MEMBERSHIP, &request, socklen_t(MemoryLayout<ip_mreq>.size)))
+            })
+    }
+
+    /// IP_MULTICAST_ALL: whether a socket receives every group joined by any socket of the host (Linux's
+    /// default) or only the groups it joined itself.
+    public static func setMulticastAll(_ fd: Int32, _ on: Bool) throws(ConnectionError) {
+        try setOption(fd, level: Int32(IPPROTO_IP), name: 49 /* IP_MULTICAST_ALL */, value: on ? 1 : 0)
+    }
+
+    /// IP_MULTICAST_IF and IP_MULTICAST_LOOP for a multicast sender.
+    public static func setMulticastSender(_ fd: Int32, interface: SocketAddress, loop: Bool) throws(ConnectionError) {
+        var address = in_addr()
+        interface.withSockAddr { pointer, _ in address = UnsafeRawPointer(pointer).load(as: sockaddr_in.self).sin_addr }
+        _ = try retrying(
+            "IP_MULTICAST_IF",
+            { Int(setsockopt(fd, Int32(IPPROTO_IP), IP_MULTICAST_IF, &address, socklen_t(MemoryLayout<in_addr>.size))) }
+        )
+        var value: UInt8 = loop ? 1 : 0
+        _ = try retrying("IP_MULTICAST_LOOP", { Int(setsockopt(fd, Int32(IPPROTO_IP), IP_MULTICAST_LOOP, &value, 1)) })
+    }
+
+    /// SO_RCVTIMEO: a blocking receive gives up (EAGAIN, `.wouldBlock`) after `milliseconds`.
+    public static func setReceiveTimeout(_ fd: Int32, milliseconds: Int) throws(ConnectionError) {
+        var timeout = timeval(tv_sec: milliseconds / 1000, tv_usec: (milliseconds % 1000) * 1000)
+        _ = try retrying(
+            "SO_RCVTIMEO",
+            { Int(setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))) })
+    }
+}

@@ -9,7 +9,7 @@ import Synchronization
 /// - One run loop per thread: ``current`` is the calling thread's, made on first use.
 /// - ``perform(_:)`` hands a block over from any thread; an eventfd wakes the loop.
 /// - ``schedule(after:_:)`` sets a timer (a binary heap feeding `epoll_wait`'s timeout).
-/// - ``run()`` turns until ``stop()``; ``run(for:)`` turns for at most a duration.
+/// - ``run()`` turns until ``stop()``; ``run(until:)`` until a deadline, ``run(for:)`` for a duration.
 /// - ``startThread(name:)`` makes a run loop that turns on a new thread of its own.
 public final class SocketRunLoop: Sendable {
     /// The epoll loop underneath (also a `TaskExecutor`).
@@ -78,6 +78,11 @@ public final class SocketRunLoop: Sendable {
         let (seconds, attoseconds) = duration.components
         let nanoseconds = UInt64(max(0, seconds)) * 1_000_000_000 + UInt64(max(0, attoseconds) / 1_000_000_000)
         loop.run(until: MonotonicClock.nanoseconds() + nanoseconds)
+    }
+
+    /// Turns until `deadline` passes, or until ``stop()``.
+    public func run(until deadline: ContinuousClock.Instant) {
+        run(for: ContinuousClock.now.duration(to: deadline))
     }
 
     /// Makes the current ``run()`` return after its turn (from any thread).

@@ -1,5 +1,4 @@
 public import ConnectionCore
-import Glibc
 import POSIXSupport
 
 /// The events a stream delegate receives, as Foundation's `Stream.Event` names them.
@@ -195,8 +194,7 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
 
     var bytesAvailable: Int {
         guard fd >= 0 else { return 0 }
-        var count: Int32 = 0
-        return ioctl(fd, UInt(FIONREAD), &count) == 0 ? Int(count) : 0
+        return Syscall.bytesReadable(fd)
     }
 
     var spaceAvailable: Bool {
@@ -305,15 +303,16 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
         if events & (Syscall.epollIn | Syscall.epollHangUp | Syscall.epollReadHangUp) != 0, let input,
             input.streamStatus == .open, inputArmed
         {
-            var byte: UInt8 = 0
-            let peeked = recv(fd, &byte, 1, Int32(MSG_PEEK | MSG_DONTWAIT))
-            if peeked > 0 {
-                inputArmed = false
-                input.deliver(.hasBytesAvailable)
-            } else if peeked == 0 {
-                deliverEnd(input)
-            } else if errno != EAGAIN {
-                return fail(.errno(errno, "recv"))
+            do throws(ConnectionError) {
+                switch try Syscall.peekByte(fd) {
+                case .processed(0): deliverEnd(input)
+                case .processed:
+                    inputArmed = false
+                    input.deliver(.hasBytesAvailable)
+                case .wouldBlock: break
+                }
+            } catch {
+                return fail(error)
             }
         }
         if events & Syscall.epollOut != 0, let output, output.streamStatus == .open, outputArmed {

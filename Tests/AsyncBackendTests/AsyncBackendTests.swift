@@ -108,9 +108,7 @@ struct AsyncBackendTests {
             }
             // Wait until the send is parked on a full socket buffer: the reactor then holds its writer.
             while sending.isCancelled == false {
-                var pending: Int32 = 0
-                _ = ioctl(client.fileDescriptor, UInt(TIOCOUTQ), &pending)
-                if pending > 0 { break }
+                if Syscall.bytesUnsent(client.fileDescriptor) > 0 { break }
                 await Task.yield()
             }
             sending.cancel()
