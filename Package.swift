@@ -50,6 +50,9 @@ let package = Package(
             dependencies: ["ConnectionCore", "POSIXSupport"],
             swiftSettings: strictSettings
         ),
+        // RFC 6455 frames, parser, encoder, masking, handshake, UTF-8 validation, state machine. No I/O, no
+        // dependencies.
+        .target(name: "WebSocketCodec", swiftSettings: strictSettings),
         // Umbrella: re-exports and the Backend enum.
         .target(
             name: "SocketStyles",
@@ -120,6 +123,11 @@ let package = Package(
         .testTarget(
             name: "LessonTests",
             dependencies: ["Lessons", "SocketStyles", "ConnectionTestKit"],
+            swiftSettings: strictSettings
+        ),
+        .testTarget(
+            name: "WebSocketCodecTests",
+            dependencies: ["WebSocketCodec"],
             swiftSettings: strictSettings
         ),
         .testTarget(

@@ -1,0 +1,190 @@
+/// The opening handshake (RFC 6455 §4), both roles, as text in and text out (no I/O).
+public enum WebSocketHandshake {
+    /// The GUID appended to the key before hashing.
+    static let guid = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+
+    /// Sec-WebSocket-Accept for a Sec-WebSocket-Key: base64(SHA-1(key + GUID)).
+    public static func acceptValue(forKey key: String) -> String {
+        Base64.encode(SHA1.hash(Array((key + guid).utf8)))
+    }
+
+    /// A fresh Sec-WebSocket-Key from 16 random bytes.
+    public static func makeKey<G: RandomNumberGenerator>(using generator: inout G) -> String {
+        Base64.encode((0..<16).map { _ in UInt8.random(in: 0...255, using: &generator) })
+    }
+
+    /// The client's request.
+    public static func clientRequest(
+        host: String, path: String, key: String, protocols: [String] = [], origin: String? = nil
+    ) -> String {
+        var lines = [
+            "GET \(path) HTTP/1.1", "Host: \(host)", "Upgrade: websocket", "Connection: Upgrade",
+            "Sec-WebSocket-Key: \(key)", "Sec-WebSocket-Version: 13",
+        ]
+        if !protocols.isEmpty { lines.append("Sec-WebSocket-Protocol: \(protocols.joined(separator: ", "))") }
+        if let origin { lines.append("Origin: \(origin)") }
+        return lines.joined(separator: "\r\n") + "\r\n\r\n"
+    }
+
+    /// A parsed HTTP head (request or response).
+    public struct Head: Sendable, Hashable {
+        /// The first line's parts: method, target, version (request) or version, status, reason (response).
+        public var startLine: [String]
+        /// Header fields, names lowercased, in order.
+        public var fields: [(name: String, value: String)]
+
+        public func value(_ name: String) -> String? {
+            fields.first { $0.name == name }?.value
+        }
+
+        /// Comma-separated tokens of a field, lowercased, across repeated fields.
+        public func tokens(_ name: String) -> [String] {
+            fields.filter { $0.name == name }.flatMap { $0.value.split(separator: ",") }.map {
+                $0.trimmingSpaces().lowercased()
+            }
+        }
+
+        public static func == (lhs: Head, rhs: Head) -> Bool {
+            lhs.startLine == rhs.startLine && lhs.fields.map(\.name) == rhs.fields.map(\.name)
+                && lhs.fields.map(\.value) == rhs.fields.map(\.value)
+        }
+
+        public func hash(into hasher: inout Hasher) {
+            hasher.combine(startLine)
+            for field in fields {
+                hasher.combine(field.name)
+                hasher.combine(field.value)
+            }
+        }
+    }
+
+    /// Finds the end of an HTTP head (CRLF CRLF) in `bytes`: the head's length including it, or `nil`.
+    public static func headLength(in bytes: [UInt8]) -> Int? {
+        guard bytes.count >= 4 else { return nil }
+        for index in 3..<bytes.count
+        where bytes[index] == 10 && bytes[index - 1] == 13 && bytes[index - 2] == 10 && bytes[index - 3] == 13 {
+            return index + 1
+        }
+        return nil
+    }
+
+    /// Parses an HTTP head (without the final empty line needed; CRLF line ends).
+    public static func parseHead(_ text: String) -> Head? {
+        let lines = text.split(separator: "\r\n", omittingEmptySubsequences: true)
+        guard let first = lines.first else { return nil }
+        let startLine = first.split(separator: " ", maxSplits: 2).map(String.init)
+        guard startLine.count >= 2 else { return nil }
+        var fields: [(String, String)] = []
+        for line in lines.dropFirst() {
+            guard let colon = line.firstIndex(of: ":") else { return nil }
+            let name = line[..<colon].lowercased()
+            guard !name.isEmpty, !name.contains(" ") else { return nil }
+            fields.append((name, String(line[line.index(after: colon)...]).trimmingSpaces()))
+        }
+        return Head(startLine: startLine, fields: fields)
+    }
+
+    /// Why a server rejects a request: the reason and the HTTP status to answer with.
+    public struct Rejection: Error, Sendable, Hashable, CustomStringConvertible {
+        /// 400 Bad Request, or 426 Upgrade Required for a wrong version.
+        public var status: Int
+        public var reason: String
+
+        /// The HTTP response to send before closing.
+        public var response: String {
+            let phrase = status == 426 ? "Upgrade Required" : "Bad Request"
+            var lines = [
+                "HTTP/1.1 \(status) \(phrase)", "Content-Type: text/plain", "Content-Length: \(reason.utf8.count + 1)",
+                "Connection: close",
+            ]
+            if status == 426 { lines.append("Sec-WebSocket-Version: 13") }
+            return lines.joined(separator: "\r\n") + "\r\n\r\n" + reason + "\n"
+        }
+
+        public var description: String { "\(status): \(reason)" }
+    }
+
+    /// What a server learns from a valid request.
+    public struct Accepted: Sendable, Hashable {
+        public var path: String
+        public var host: String
+        public var origin: String?
+        /// The subprotocol chosen (the first of the client's that the server supports), if any.
+        public var subprotocol: String?
+        /// The 101 response to send.
+        public var response: String
+    }
+
+    /// Checks a client's request (RFC 6455 §4.2.1) and builds the 101 response.
+    public static func acceptRequest(_ text: String, supportedProtocols: [String] = []) -> Result<Accepted, Rejection> {
+        guard let head = parseHead(text) else {
+            return .failure(Rejection(status: 400, reason: "malformed HTTP request"))
+        }
+        guard head.startLine.count == 3, head.startLine[0] == "GET" else {
+            return .failure(Rejection(status: 400, reason: "the opening handshake must be a GET request"))
+        }
+        guard head.startLine[2] == "HTTP/1.1" else {
+            return .failure(Rejection(status: 400, reason: "HTTP/1.1 is required, not \(head.startLine[2])"))
+        }
+        guard let host = head.value("host"), !host.isEmpty else {
+            return .failure(Rejection(status: 400, reason: "missing Host header"))
+        }
+        guard head.tokens("upgrade").contains("websocket") else {
+            return .failure(Rejection(status: 400, reason: "missing 'Upgrade: websocket'"))
+        }
+        guard head.tokens("connection").contains("upgrade") else {
+            return .failure(Rejection(status: 400, reason: "missing 'Connection: Upgrade'"))
+        }
+        guard head.value("sec-websocket-version") == "13" else {
+            return .failure(Rejection(status: 426, reason: "Sec-WebSocket-Version must be 13"))
+        }
+        guard let key = head.value("sec-websocket-key"), let decoded = Base64.decode(key), decoded.count == 16 else {
+            return .failure(Rejection(status: 400, reason: "Sec-WebSocket-Key must be 16 bytes in base64"))
+        }
+        let offered = head.tokens("sec-websocket-protocol")
+        let chosen = offered.first { supportedProtocols.map { $0.lowercased() }.contains($0) }
+        var lines = [
+            "HTTP/1.1 101 Switching Protocols", "Upgrade: websocket", "Connection: Upgrade",
+            "Sec-WebSocket-Accept: \(acceptValue(forKey: key))",
+        ]
+        if let chosen { lines.append("Sec-WebSocket-Protocol: \(chosen)") }
+        return .success(
+            Accepted(
+                path: head.startLine[1], host: host, origin: head.value("origin"), subprotocol: chosen,
+                response: lines.joined(separator: "\r\n") + "\r\n\r\n"))
+    }
+
+    /// Checks a server's response to our request with `key` (RFC 6455 §4.1). Returns the chosen subprotocol.
+    public static func validateResponse(
+        _ text: String, key: String, offeredProtocols: [String] = []
+    )
+        -> Result<String?, WebSocketProtocolError>
+    {
+        func fail(_ reason: String) -> Result<String?, WebSocketProtocolError> {
+            .failure(WebSocketProtocolError(.protocolError, "handshake: \(reason)"))
+        }
+        guard let head = parseHead(text), head.startLine.count >= 2 else { return fail("malformed HTTP response") }
+        guard head.startLine[1] == "101" else {
+            return fail("the server answered \(head.startLine.dropFirst().joined(separator: " ")), not 101")
+        }
+        guard head.tokens("upgrade").contains("websocket") else { return fail("missing 'Upgrade: websocket'") }
+        guard head.tokens("connection").contains("upgrade") else { return fail("missing 'Connection: Upgrade'") }
+        guard head.value("sec-websocket-accept") == acceptValue(forKey: key) else {
+            return fail("wrong or missing Sec-WebSocket-Accept")
+        }
+        let chosen = head.value("sec-websocket-protocol")
+        if let chosen, !offeredProtocols.map({ $0.lowercased() }).contains(chosen.lowercased()) {
+            return fail("the server chose subprotocol '\(chosen)', which was not offered")
+        }
+        if head.value("sec-websocket-extensions") != nil {
+            return fail("the server chose an extension we did not offer")
+        }
+        return .success(chosen)
+    }
+}
+
+extension StringProtocol {
+    func trimmingSpaces() -> String {
+        String(drop(while: { $0 == " " || $0 == "\t" }).reversed().drop(while: { $0 == " " || $0 == "\t" }).reversed())
+    }
+}
