@@ -53,10 +53,19 @@ let package = Package(
         // RFC 6455 frames, parser, encoder, masking, handshake, UTF-8 validation, state machine. No I/O, no
         // dependencies.
         .target(name: "WebSocketCodec", swiftSettings: strictSettings),
+        // WebSocket over any backend's TCP connection.
+        .target(
+            name: "WebSocketTransport",
+            dependencies: ["ConnectionCore", "WebSocketCodec"],
+            swiftSettings: strictSettings
+        ),
         // Umbrella: re-exports and the Backend enum.
         .target(
             name: "SocketStyles",
-            dependencies: ["ConnectionCore", "BSDSocketBackend", "LibUVBackend", "RunLoopBackend", "AsyncBackend"],
+            dependencies: [
+                "ConnectionCore", "BSDSocketBackend", "LibUVBackend", "RunLoopBackend", "AsyncBackend",
+                "WebSocketCodec", "WebSocketTransport",
+            ],
             swiftSettings: strictSettings
         ),
         // Shipped test support: fd counting, time limits, echo servers.

@@ -34,7 +34,7 @@ public final class EchoServer: Sendable {
     /// How many connections (UDP: peers) were accepted so far.
     public var connectionsServed: Int { served.load(ordering: .relaxed) }
 
-    func begin() {
+    public func begin() {
         let task = Task { [self] in
             await withDiscardingTaskGroup { group in
                 while true {

@@ -4,6 +4,8 @@
 @_exported public import LibUVBackend
 @_exported public import POSIXSupport
 @_exported public import RunLoopBackend
+@_exported public import WebSocketCodec
+@_exported public import WebSocketTransport
 
 /// Every connection style this package offers, by the name users type (`--backend bsd`).
 ///
@@ -41,8 +43,13 @@ public enum Backend: String, Sendable, Hashable, CaseIterable, CustomStringConve
         }
     }
 
-    /// The transports available on this backend: its own, plus what the umbrella layers on top of them.
-    public var transports: Set<Transport> { implementation.transports }
+    /// The transports available on this backend: its own, plus what the umbrella layers on top of them
+    /// (`ws` over `tcp`).
+    public var transports: Set<Transport> {
+        var transports = implementation.transports
+        if transports.contains(.tcp) { transports.insert(.ws) }
+        return transports
+    }
 
     /// Parses a backend name, with an error listing the valid ones.
     public init(name: String) throws(ConnectionError) {
@@ -55,21 +62,28 @@ public enum Backend: String, Sendable, Hashable, CaseIterable, CustomStringConve
 
     public var description: String { rawValue }
 
-    /// Connects with this backend.
+    /// Connects with this backend. `ws://` runs the WebSocket client handshake over the backend's TCP.
     public func connect(
-        to endpoint: Endpoint, options: ConnectionOptions = ConnectionOptions()
-    )
-        async throws(ConnectionError) -> any Connection
-    {
-        try await implementation.connect(to: endpoint, options: options)
+        to endpoint: Endpoint, options: ConnectionOptions = ConnectionOptions(),
+        webSocket: WebSocketOptions = WebSocketOptions()
+    ) async throws(ConnectionError) -> any Connection {
+        guard endpoint.transport == .ws else { return try await implementation.connect(to: endpoint, options: options) }
+        let tcp = try await implementation.connect(to: endpoint.with(transport: .tcp), options: options)
+        do throws(ConnectionError) {
+            return try await WebSocketConnection.client(over: tcp, endpoint: endpoint, options: webSocket)
+        } catch {
+            await tcp.close()
+            throw error
+        }
     }
 
-    /// Listens with this backend.
+    /// Listens with this backend. `ws://` serves WebSocket over the backend's TCP listener.
     public func listen(
-        on endpoint: Endpoint, options: ConnectionOptions = ConnectionOptions()
-    )
-        async throws(ConnectionError) -> any Listener
-    {
-        try await implementation.listen(on: endpoint, options: options)
+        on endpoint: Endpoint, options: ConnectionOptions = ConnectionOptions(),
+        webSocket: WebSocketOptions = WebSocketOptions()
+    ) async throws(ConnectionError) -> any Listener {
+        guard endpoint.transport == .ws else { return try await implementation.listen(on: endpoint, options: options) }
+        let tcp = try await implementation.listen(on: endpoint.with(transport: .tcp), options: options)
+        return WebSocketListener(tcp: tcp, transport: .ws, options: webSocket)
     }
 }

@@ -129,7 +129,13 @@ public struct WebSocketStateMachine: Sendable {
     }
 
     private mutating func fail(_ code: WebSocketCloseCode, _ reason: String) -> [Action] {
-        let error = WebSocketProtocolError(code, reason)
+        failConnection(WebSocketProtocolError(code, reason))
+    }
+
+    /// Fails the connection for `error` (from the frame parser, say): the close frame to send, then close.
+    public mutating func failConnection(_ error: WebSocketProtocolError) -> [Action] {
+        let code = error.closeCode
+        let reason = error.reason
         let wasOpen = state == .open
         state = .closed
         fragments = []

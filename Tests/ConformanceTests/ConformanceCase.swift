@@ -14,12 +14,15 @@ struct ConformanceCase: Sendable, CustomTestStringConvertible {
     var anyPort: Endpoint { try! Endpoint(url: "\(transport)://127.0.0.1:0") }
 
     static let all: [ConformanceCase] = Backend.allCases.flatMap { backend in
-        [Transport.tcp, .udp].filter(backend.transports.contains).map {
+        [Transport.tcp, .udp, .ws].filter(backend.transports.contains).map {
             ConformanceCase(backend: backend, transport: $0)
         }
     }
     static let tcp = all.filter { $0.transport == .tcp }
     static let udp = all.filter { $0.transport == .udp }
+    static let ws = all.filter { $0.transport == .ws }
+    /// Transports that keep message boundaries (UDP datagrams, WebSocket messages).
+    static let messages = all.filter { $0.transport != .tcp }
 
     func connect(
         to endpoint: Endpoint, options: ConnectionOptions = ConnectionOptions()

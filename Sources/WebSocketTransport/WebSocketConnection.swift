@@ -1,0 +1,399 @@
+public import ConnectionCore
+import Synchronization
+public import WebSocketCodec
+
+/// Options of a WebSocket connection.
+public struct WebSocketOptions: Sendable, Hashable {
+    /// Largest message accepted (reassembled); a bigger one fails the connection with 1009. Default 64 MiB,
+    /// which passes Autobahn's 16 MiB cases.
+    public var maximumMessageSize = 64 * 1024 * 1024
+    /// Largest single frame accepted.
+    public var maximumFrameSize = 64 * 1024 * 1024
+    /// Outgoing messages larger than this are sent as several frames.
+    public var fragmentSize = 1024 * 1024
+    /// Subprotocols offered (client) or supported (server), in order of preference.
+    public var subprotocols: [String] = []
+    /// Origin sent by a client.
+    public var origin: String? = nil
+    /// How long ``WebSocketConnection/close(code:reason:)`` waits for the peer's close frame.
+    public var closeTimeout: Duration = .seconds(2)
+    /// Largest opening-handshake head accepted.
+    public var maximumHandshakeSize = 16 * 1024
+
+    public init() {}
+}
+
+/// WebSocket (RFC 6455) over any backend's TCP ``Connection``: the same framing code for every connection
+/// style, so "WebSocket over libuv vs over blocking sockets" compares the transports, not four codecs.
+///
+/// What `URLSessionWebSocketTask` users know — send text or data, receive one message, ``sendPing()`` with its
+/// pong awaited, close with a code and reason — plus automatic pongs and the peer's close code and reason
+/// (``peerCloseCode``). Control frames are handled inside ``receive(maximumLength:)``: keep receiving (as with
+/// URLSessionWebSocketTask) for pings to be answered and the close handshake to complete.
+public final class WebSocketConnection: Connection, @unchecked Sendable {
+    public let transport: Transport
+    public let localEndpoint: Endpoint
+    public let remoteEndpoint: Endpoint
+    public var options: ConnectionOptions { tcp.options }
+    public var preferredExecutor: (any TaskExecutor)? { tcp.preferredExecutor }
+    /// The subprotocol the handshake chose, if any.
+    public let subprotocol: String?
+    /// The WebSocket options in force.
+    public let webSocketOptions: WebSocketOptions
+
+    private let tcp: any Connection
+    private let role: WebSocketRole
+    private let state: Mutex<Shared>
+    private let sendLock = AsyncSerial()
+    private let receiveLock = AsyncSerial()
+
+    private struct Shared: @unchecked Sendable {
+        var machine: WebSocketStateMachine
+        var parser: WebSocketFrameParser
+        var pingWaiters: [CheckedContinuation<Result<Void, ConnectionError>, Never>] = []
+        var tcpClosed = false
+        var endReported = false
+        var failure: ConnectionError?
+        /// close() was called here: a receive that finds the end reports `.closed`, not a clean end.
+        var locallyClosed = false
+        var generator = SystemRandomNumberGenerator()
+    }
+
+    init(
+        tcp: any Connection, role: WebSocketRole, endpoint: Endpoint, subprotocol: String?, leftover: [UInt8],
+        options: WebSocketOptions
+    ) {
+        self.tcp = tcp
+        self.role = role
+        self.subprotocol = subprotocol
+        self.webSocketOptions = options
+        transport = endpoint.transport
+        localEndpoint = tcp.localEndpoint.with(transport: endpoint.transport)
+        remoteEndpoint = role == .client ? endpoint : tcp.remoteEndpoint.with(transport: endpoint.transport)
+        var parser = WebSocketFrameParser(
+            role: role == .client ? .client : .server, maximumFrameSize: options.maximumFrameSize)
+        parser.feed(leftover)
+        state = Mutex(
+            Shared(
+                machine: WebSocketStateMachine(role: role, maximumMessageSize: options.maximumMessageSize),
+                parser: parser))
+    }
+
+    // MARK: Handshakes
+
+    /// Performs the client handshake on a connected TCP connection.
+    public static func client(
+        over tcp: any Connection, endpoint: Endpoint, options: WebSocketOptions = WebSocketOptions()
+    )
+        async throws(ConnectionError) -> WebSocketConnection
+    {
+        var generator = SystemRandomNumberGenerator()
+        let key = WebSocketHandshake.makeKey(using: &generator)
+        let host =
+            endpoint.port == endpoint.transport.defaultPort ? "\(endpoint.host)" : "\(endpoint.host):\(endpoint.port)"
+        let request = WebSocketHandshake.clientRequest(
+            host: host, path: endpoint.path, key: key, protocols: options.subprotocols, origin: options.origin)
+        try await tcp.send(Array(request.utf8))
+        let (head, leftover) = try await readHead(tcp, limit: options.maximumHandshakeSize)
+        switch WebSocketHandshake.validateResponse(head, key: key, offeredProtocols: options.subprotocols) {
+        case .success(let chosen):
+            return WebSocketConnection(
+                tcp: tcp, role: .client, endpoint: endpoint, subprotocol: chosen, leftover: leftover, options: options)
+        case .failure(let error):
+            throw ConnectionError(
+                .protocolViolation, error.reason, systemCode: .init(domain: "websocket", code: 1002, name: "handshake"))
+        }
+    }
+
+    /// Performs the server handshake on an accepted TCP connection. A bad request is answered with 400 or 426
+    /// and the reason, and thrown as `.protocolViolation`; the caller closes the TCP connection.
+    public static func server(
+        over tcp: any Connection, transport: Transport = .ws, options: WebSocketOptions = WebSocketOptions()
+    )
+        async throws(ConnectionError) -> WebSocketConnection
+    {
+        let (head, leftover) = try await readHead(tcp, limit: options.maximumHandshakeSize)
+        switch WebSocketHandshake.acceptRequest(head, supportedProtocols: options.subprotocols) {
+        case .success(let accepted):
+            try await tcp.send(Array(accepted.response.utf8))
+            let endpoint = tcp.localEndpoint.with(transport: transport)
+            return WebSocketConnection(
+                tcp: tcp, role: .server,
+                endpoint: Endpoint(transport: transport, host: endpoint.host, port: endpoint.port, path: accepted.path),
+                subprotocol: accepted.subprotocol, leftover: leftover, options: options)
+        case .failure(let rejection):
+            try? await tcp.send(Array(rejection.response.utf8))
+            throw ConnectionError(
+                .protocolViolation, "WebSocket handshake rejected (\(rejection.status)): \(rejection.reason)",
+                systemCode: .init(domain: "http", code: Int32(rejection.status), name: "HTTP \(rejection.status)"))
+        }
+    }
+
+    /// Reads an HTTP head (up to CRLF CRLF); returns it and the bytes read past it.
+    static func readHead(_ tcp: any Connection, limit: Int) async throws(ConnectionError) -> (String, [UInt8]) {
+        var bytes: [UInt8] = []
+        while true {
+            if let length = WebSocketHandshake.headLength(in: bytes) {
+                return (String(decoding: bytes[..<length], as: UTF8.self), Array(bytes[length...]))
+            }
+            guard bytes.count <= limit else {
+                throw ConnectionError(.protocolViolation, "the handshake exceeds \(limit) bytes")
+            }
+            guard let message = try await tcp.receive() else {
+                throw ConnectionError(.protocolViolation, "the peer closed during the opening handshake")
+            }
+            bytes += message.bytes
+        }
+    }
+
+    // MARK: Sending
+
+    public func send(_ message: Message) async throws(ConnectionError) {
+        if let failure = state.withLock({ $0.failure }) { throw failure }
+        guard state.withLock({ $0.machine.state == .open }) else { throw .closed("the WebSocket is closing or closed") }
+        let frames = WebSocketStateMachine.frames(
+            text: message.kind == .text, payload: message.bytes, fragmentSize: webSocketOptions.fragmentSize)
+        try await sendFrames(frames)
+    }
+
+    /// Sends text.
+    public func send(text: String) async throws(ConnectionError) {
+        try await send(.text(text))
+    }
+
+    private func sendFrames(_ frames: [WebSocketFrame]) async throws(ConnectionError) {
+        await sendLock.enter()
+        defer { sendLock.leave() }
+        for var frame in frames {
+            if role == .client {
+                frame.maskingKey = state.withLock { UInt32.random(in: .min ... .max, using: &$0.generator) }
+            }
+            try await tcp.send(WebSocketFrameEncoder.encode(frame))
+        }
+    }
+
+    /// Sends a ping and waits for the pong (someone must be receiving, as with URLSessionWebSocketTask).
+    public func sendPing(_ payload: [UInt8] = []) async throws(ConnectionError) {
+        guard payload.count <= 125 else { throw ConnectionError(.messageTooLarge, "a ping carries at most 125 bytes") }
+        try await sendFrames([WebSocketFrame(opcode: .ping, payload: payload)])
+        let result = await withCheckedContinuation { continuation in
+            let failure: ConnectionError? = state.withLock { shared in
+                if let failure = shared.failure { return failure }
+                if shared.tcpClosed { return .closed() }
+                shared.pingWaiters.append(continuation)
+                return nil
+            }
+            if let failure { continuation.resume(returning: .failure(failure)) }
+        }
+        try result.get()
+    }
+
+    // MARK: Receiving
+
+    public func receive(maximumLength: Int) async throws(ConnectionError) -> Message? {
+        try await receive(duringClose: false)
+    }
+
+    private func receive(duringClose: Bool) async throws(ConnectionError) -> Message? {
+        await receiveLock.enter()
+        defer { receiveLock.leave() }
+        while true {
+            if let failure = state.withLock({ $0.failure }) { throw failure }
+            // Whole frames already buffered first.
+            let frame: WebSocketFrame?
+            do throws(WebSocketProtocolError) {
+                frame = try state.withLock { (shared) throws(WebSocketProtocolError) in try shared.parser.nextFrame() }
+            } catch {
+                try await handle(state.withLock { $0.machine.failFromParser(error) })
+                continue
+            }
+            if let frame {
+                if let message = try await handle(state.withLock { $0.machine.receive(frame) }) { return message }
+                continue
+            }
+            if state.withLock({ $0.tcpClosed }) {
+                return try endOfStream(duringClose: duringClose)
+            }
+            guard let chunk = try await tcp.receive() else {
+                // TCP ended: cleanly after a close handshake, abnormally otherwise (1006, never sent).
+                let handshakeDone = state.withLock { shared in
+                    shared.tcpClosed = true
+                    defer { shared.machine.connectionLost() }
+                    return shared.machine.peerClose != nil
+                }
+                await tcp.close()
+                if !handshakeDone {
+                    fail(
+                        ConnectionError(
+                            .reset, "the peer closed TCP without a close frame (1006)",
+                            systemCode: .init(domain: "websocket", code: 1006, name: "abnormal closure")))
+                }
+                continue
+            }
+            state.withLock { $0.parser.feed(chunk.bytes) }
+        }
+    }
+
+    private func endOfStream(duringClose: Bool) throws(ConnectionError) -> Message? {
+        try state.withLock { (shared) throws(ConnectionError) -> Message? in
+            if let failure = shared.failure { throw failure }
+            if shared.locallyClosed && !duringClose { throw .closed() }
+            if shared.endReported { throw .closed("the end of the stream was already reported") }
+            shared.endReported = true
+            return nil
+        }
+    }
+
+    /// Carries out the state machine's actions; returns a delivered message, if any.
+    @discardableResult
+    private func handle(_ actions: [WebSocketStateMachine.Action]) async throws(ConnectionError) -> Message? {
+        var delivered: Message?
+        for action in actions {
+            switch action {
+            case .deliver(let text, let payload):
+                delivered = Message(kind: text ? .text : .binary, bytes: payload)
+            case .send(let frame):
+                try? await sendFrames([frame])
+            case .pongReceived:
+                let waiter = state.withLock { $0.pingWaiters.isEmpty ? nil : $0.pingWaiters.removeFirst() }
+                waiter?.resume(returning: .success(()))
+            case .closeReceived:
+                break
+            case .failed(let error):
+                let kind: ConnectionError.Kind =
+                    error.closeCode == .messageTooBig ? .messageTooLarge : .protocolViolation
+                fail(
+                    ConnectionError(
+                        kind, error.reason,
+                        systemCode: .init(
+                            domain: "websocket", code: Int32(error.closeCode.rawValue), name: "\(error.closeCode)")))
+            case .closeConnection:
+                state.withLock { $0.tcpClosed = true }
+                await tcp.close()
+            }
+        }
+        return delivered
+    }
+
+    private func fail(_ error: ConnectionError) {
+        let waiters = state.withLock { shared in
+            if shared.failure == nil { shared.failure = error }
+            defer { shared.pingWaiters.removeAll() }
+            return shared.pingWaiters
+        }
+        for waiter in waiters { waiter.resume(returning: .failure(error)) }
+    }
+
+    // MARK: Closing
+
+    /// The peer's close code (1005 when its close frame had none), once its close frame arrived.
+    public var peerCloseCode: WebSocketCloseCode? { state.withLock { $0.machine.peerClose?.code } }
+
+    /// The peer's close reason.
+    public var peerCloseReason: String? { state.withLock { $0.machine.peerClose?.reason } }
+
+    public func closeOutput() async throws(ConnectionError) {
+        throw ConnectionError(
+            .unsupported, "WebSocket has no half-close; close(code:reason:) starts the close handshake")
+    }
+
+    /// The close handshake: sends a close frame, waits (at most `closeTimeout`) for the peer's, then closes TCP.
+    public func close(code: WebSocketCloseCode, reason: String = "") async {
+        let frames: [WebSocketFrame] = state.withLock { shared in
+            shared.locallyClosed = true
+            return shared.machine.close(code, reason: reason).compactMap {
+                if case .send(let frame) = $0 { return frame } else { return nil }
+            }
+        }
+        if !frames.isEmpty, (try? await sendFrames(frames)) != nil {
+            // Read (discarding data) until the peer's close frame or the time limit, whichever comes first.
+            let timeout = webSocketOptions.closeTimeout
+            await firstOf(
+                { [self] in
+                    while !state.withLock({ $0.tcpClosed }) {
+                        guard (try? await receive(duringClose: true)) != nil else { break }
+                    }
+                },
+                { try? await Task.sleep(for: timeout) })
+        }
+        fail(.closed())
+        state.withLock { $0.tcpClosed = true }
+        await tcp.close()
+    }
+
+    public func close() async {
+        await close(code: .normalClosure)
+    }
+}
+
+extension WebSocketStateMachine {
+    /// A parser error fails the connection like any other protocol error.
+    mutating func failFromParser(_ error: WebSocketProtocolError) -> [Action] {
+        failConnection(error)
+    }
+}
+
+/// A FIFO async lock (sends must not interleave their frames; receives are served in call order).
+final class AsyncSerial: Sendable {
+    private struct State {
+        var busy = false
+        var waiters: [CheckedContinuation<Void, Never>] = []
+    }
+    private let state = Mutex(State())
+
+    func enter() async {
+        if state.withLock({ state in
+            if state.busy { return false }
+            state.busy = true
+            return true
+        }) {
+            return
+        }
+        await withCheckedContinuation { continuation in
+            let now = state.withLock { state in
+                if !state.busy {
+                    state.busy = true
+                    return true
+                }
+                state.waiters.append(continuation)
+                return false
+            }
+            if now { continuation.resume() }
+        }
+    }
+
+    func leave() {
+        let next = state.withLock { state -> CheckedContinuation<Void, Never>? in
+            if state.waiters.isEmpty {
+                state.busy = false
+                return nil
+            }
+            return state.waiters.removeFirst()
+        }
+        next?.resume()
+    }
+}
+
+/// Waits until the first of two operations finishes (the other keeps running, unobserved).
+func firstOf(_ first: @escaping @Sendable () async -> Void, _ second: @escaping @Sendable () async -> Void) async {
+    let done = OnceFlag()
+    await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+        for operation in [first, second] {
+            Task {
+                await operation()
+                if done.claim() { continuation.resume() }
+            }
+        }
+    }
+}
+
+/// True for the first caller of ``claim()`` only.
+final class OnceFlag: Sendable {
+    private let flag = Mutex(false)
+    func claim() -> Bool {
+        flag.withLock { taken in
+            defer { taken = true }
+            return !taken
+        }
+    }
+}

@@ -1,0 +1,184 @@
+import ConnectionTestKit
+import SocketStyles
+import Testing
+
+/// WebSocket over every backend's TCP: the scenarios RFC 6455 users rely on.
+@Suite("WebSocket conformance", .timeLimit(.minutes(3)))
+struct WebSocketConformanceTests {
+    @Test(
+        "Text and binary echo at 0, 125, 126, 65535, 65536 bytes and 16 MiB keep their kind and bytes",
+        arguments: ConformanceCase.ws)
+    func echo(_ test: ConformanceCase) async throws {
+        try await SocketTest.run(timeLimit: .seconds(120)) {
+            let server = try await test.echoServer()
+            let client = try await test.connect(to: server.endpoint)
+            for size in [0, 125, 126, 65_535, 65_536, 16 * 1024 * 1024] {
+                let binary = pattern(size, seed: 4)
+                try await client.send(Message(binary))
+                let echoedBinary = try #require(try await client.receive())
+                #expect(echoedBinary.kind == .binary && echoedBinary.bytes == binary, "binary \(size)")
+                let text = String(repeating: "é", count: size / 2)
+                try await client.send(.text(text))
+                let echoedText = try #require(try await client.receive())
+                #expect(echoedText.kind == .text && echoedText.text == text, "text \(size)")
+            }
+            await client.close()
+            await server.stop()
+        }
+    }
+
+    @Test("A message sent in many fragments arrives whole", arguments: ConformanceCase.ws)
+    func fragmented(_ test: ConformanceCase) async throws {
+        try await SocketTest.run {
+            let server = try await test.echoServer()
+            var options = WebSocketOptions()
+            options.fragmentSize = 7
+            let client = try await test.backend.connect(to: server.endpoint, webSocket: options)
+            let text = "fragmented: κόσμε 🎉 " + String(repeating: "x", count: 100)
+            try await client.send(.text(text))  // 7-byte fragments split code points across frames
+            #expect(try await client.receive()?.text == text)
+            await client.close()
+            await server.stop()
+        }
+    }
+
+    @Test("sendPing gets its pong while the other side receives", arguments: ConformanceCase.ws)
+    func pingPong(_ test: ConformanceCase) async throws {
+        try await SocketTest.run {
+            let server = try await test.echoServer()
+            let client = try #require(try await test.connect(to: server.endpoint) as? WebSocketConnection)
+            // The pong comes back through our receive path: keep one receive waiting meanwhile.
+            let receiving = Task { try? await client.receive() }
+            try await client.sendPing([1, 2, 3])
+            try await client.send([9])
+            #expect(await receiving.value?.bytes == [9])
+            await client.close()
+            await server.stop()
+        }
+    }
+
+    @Test(
+        "Close started by the client: the server sees a clean end; codes and reasons are readable",
+        arguments: ConformanceCase.ws)
+    func clientCloses(_ test: ConformanceCase) async throws {
+        try await SocketTest.run {
+            let listener = try await test.listen()
+            let client = try #require(try await test.connect(to: listener.localEndpoint) as? WebSocketConnection)
+            let server = try #require(try await listener.accept() as? WebSocketConnection)
+            let serverEnd = Task { try await server.receive() }
+            await client.close(code: .goingAway, reason: "bye")
+            #expect(try await serverEnd.value == nil)
+            #expect(server.peerCloseCode == .goingAway)
+            #expect(server.peerCloseReason == "bye")
+            #expect(client.peerCloseCode == .goingAway)  // the server echoed our code
+            await server.close()
+            await listener.close()
+        }
+    }
+
+    @Test("Close started by the server: the client sees a clean end exactly once", arguments: ConformanceCase.ws)
+    func serverCloses(_ test: ConformanceCase) async throws {
+        try await SocketTest.run {
+            let listener = try await test.listen()
+            let client = try #require(try await test.connect(to: listener.localEndpoint) as? WebSocketConnection)
+            let server = try #require(try await listener.accept() as? WebSocketConnection)
+            let closing = Task { await server.close(code: .normalClosure, reason: "done") }
+            #expect(try await client.receive() == nil)
+            await expectConnectionError(.closed) { () throws(ConnectionError) in try await client.receive() }
+            await closing.value
+            #expect(client.peerCloseCode == .normalClosure)
+            #expect(client.peerCloseReason == "done")
+            await client.close()
+            await listener.close()
+        }
+    }
+
+    @Test("Invalid UTF-8 in a text message is answered with close 1007", arguments: ConformanceCase.ws)
+    func invalidUTF8(_ test: ConformanceCase) async throws {
+        try await SocketTest.run {
+            let server = try await test.echoServer()
+            var raw = try await RawWebSocketClient.connect(test.backend, to: server.endpoint)
+            try await raw.sendFrame(WebSocketFrame(opcode: .text, payload: [0x48, 0xC3, 0x28]))
+            let close = try await raw.nextFrame()
+            #expect(close.opcode == .close)
+            #expect(close.payload.prefix(2) == [0x03, 0xEF])  // 1007
+            await raw.close()
+            await server.stop()
+        }
+    }
+
+    @Test("A message above the limit is answered with close 1009", arguments: ConformanceCase.ws)
+    func oversized(_ test: ConformanceCase) async throws {
+        try await SocketTest.run {
+            var small = WebSocketOptions()
+            small.maximumMessageSize = 1000
+            let listener = try await test.backend.listen(on: test.anyPort, webSocket: small)
+            let server = EchoServer(listener: listener)
+            server.begin()
+            let client = try #require(try await test.connect(to: listener.localEndpoint) as? WebSocketConnection)
+            try await client.send(pattern(1001))
+            #expect(try await client.receive() == nil)
+            #expect(client.peerCloseCode == .messageTooBig)
+            await client.close()
+            await server.stop()
+        }
+    }
+
+    @Test("A bad handshake gets 400 and the reason; the server keeps serving", arguments: ConformanceCase.ws)
+    func badHandshake(_ test: ConformanceCase) async throws {
+        try await SocketTest.run {
+            let server = try await test.echoServer()
+            let tcp = try await test.backend.connect(to: server.endpoint.with(transport: .tcp))
+            try await tcp.send(Array("GET / HTTP/1.1\r\nHost: x\r\n\r\n".utf8))
+            var reply: [UInt8] = []
+            while let chunk = try await tcp.receive() { reply += chunk.bytes }
+            let text = String(decoding: reply, as: UTF8.self)
+            #expect(text.hasPrefix("HTTP/1.1 400 Bad Request"))
+            #expect(text.contains("Upgrade"))
+            await tcp.close()
+            let client = try await test.connect(to: server.endpoint)
+            try await client.send(.text("still here"))
+            #expect(try await client.receive()?.text == "still here")
+            await client.close()
+            await server.stop()
+        }
+    }
+}
+
+/// A WebSocket client that sends raw frames (to break the protocol on purpose) over a backend's TCP.
+struct RawWebSocketClient {
+    let tcp: any Connection
+    var parser = WebSocketFrameParser(role: .client)
+
+    static func connect(_ backend: Backend, to endpoint: Endpoint) async throws -> RawWebSocketClient {
+        let tcp = try await backend.connect(to: endpoint.with(transport: .tcp))
+        let key = "dGhlIHNhbXBsZSBub25jZQ=="
+        try await tcp.send(Array(WebSocketHandshake.clientRequest(host: "127.0.0.1", path: "/", key: key).utf8))
+        var bytes: [UInt8] = []
+        while WebSocketHandshake.headLength(in: bytes) == nil {
+            guard let chunk = try await tcp.receive() else { throw ConnectionError(.closed) }
+            bytes += chunk.bytes
+        }
+        let length = WebSocketHandshake.headLength(in: bytes)!
+        _ = try WebSocketHandshake.validateResponse(String(decoding: bytes[..<length], as: UTF8.self), key: key).get()
+        var client = RawWebSocketClient(tcp: tcp)
+        client.parser.feed(bytes[length...])
+        return client
+    }
+
+    func sendFrame(_ frame: WebSocketFrame) async throws {
+        var masked = frame
+        masked.maskingKey = 0x1234_5678
+        try await tcp.send(WebSocketFrameEncoder.encode(masked))
+    }
+
+    mutating func nextFrame() async throws -> WebSocketFrame {
+        while true {
+            if let frame = try parser.nextFrame() { return frame }
+            guard let chunk = try await tcp.receive() else { throw ConnectionError(.closed) }
+            parser.feed(chunk.bytes)
+        }
+    }
+
+    func close() async { await tcp.close() }
+}
