@@ -84,6 +84,6 @@ public enum Backend: String, Sendable, Hashable, CaseIterable, CustomStringConve
     ) async throws(ConnectionError) -> any Listener {
         guard endpoint.transport == .ws else { return try await implementation.listen(on: endpoint, options: options) }
         let tcp = try await implementation.listen(on: endpoint.with(transport: .tcp), options: options)
-        return WebSocketListener(tcp: tcp, transport: .ws, options: webSocket)
+        return WebSocketListener(tcp: tcp, transport: .ws, path: endpoint.path, options: webSocket)
     }
 }

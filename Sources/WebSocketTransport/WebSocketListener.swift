@@ -7,7 +7,12 @@ import Synchronization
 /// keeps serving.
 public final class WebSocketListener: Listener, Sendable {
     public let transport: Transport
-    public var localEndpoint: Endpoint { tcp.localEndpoint.with(transport: transport) }
+    public var localEndpoint: Endpoint {
+        let bound = tcp.localEndpoint
+        return Endpoint(transport: transport, host: bound.host, port: bound.port, path: path)
+    }
+    /// The path announced in ``localEndpoint`` (any path is accepted).
+    public let path: String
     private let tcp: any Listener
     private let shared = Shared()
     private let loop = Mutex<Task<Void, Never>?>(nil)
@@ -22,8 +27,12 @@ public final class WebSocketListener: Listener, Sendable {
     public var rejectedHandshakes: Int { shared.rejected.load(ordering: .relaxed) }
 
     /// Serves WebSocket on `tcp`.
-    public init(tcp: any Listener, transport: Transport = .ws, options: WebSocketOptions = WebSocketOptions()) {
+    public init(
+        tcp: any Listener, transport: Transport = .ws, path: String = "/",
+        options: WebSocketOptions = WebSocketOptions()
+    ) {
         self.tcp = tcp
+        self.path = path
         self.transport = transport
         let task = Task { [shared] in
             await withDiscardingTaskGroup { group in

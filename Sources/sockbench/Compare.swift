@@ -18,7 +18,7 @@ struct Compare: AsyncParsableCommand {
     var backends: String = "all"
 
     @Option(help: "Comma-separated transports.")
-    var transports: String = "tcp,udp"
+    var transports: String = "tcp,udp,ws"
 
     @Option(help: "Bytes per message.")
     var size: Int = 64
@@ -70,7 +70,7 @@ struct Compare: AsyncParsableCommand {
         var chosenTransports: [Transport] = []
         for name in transports.split(separator: ",") {
             guard let transport = Transport(rawValue: String(name)) else {
-                throw fail("unknown transport '\(name)' (tcp, udp)")
+                throw fail("unknown transport '\(name)' (tcp, udp, ws)")
             }
             chosenTransports.append(transport)
         }
@@ -83,7 +83,7 @@ struct Compare: AsyncParsableCommand {
         try pin(toCPU: clientCPU)
 
         var combos: [(Backend?, Transport)] = []
-        if floor { for transport in chosenTransports { combos.append((nil, transport)) } }
+        if floor { for transport in chosenTransports where transport != .ws { combos.append((nil, transport)) } }
         for backend in chosenBackends {
             for transport in chosenTransports where backend.transports.contains(transport) {
                 combos.append((backend, transport))
@@ -201,7 +201,9 @@ struct Compare: AsyncParsableCommand {
             let p50s = row.repetitions.map(\.p50)
             cells.append([
                 row.backend, row.transport, "\(row.size)", microseconds(row.median.p50),
-                floors[row.transport].map { fixed(Double(row.median.p50) / Double(max(1, $0))) + "x" } ?? "-",
+                floors[row.transport == "ws" ? "tcp" : row.transport].map {
+                    fixed(Double(row.median.p50) / Double(max(1, $0))) + "x"
+                } ?? "-",
                 "\(microseconds(p50s.min()!))-\(microseconds(p50s.max()!))", microseconds(row.median.p90),
                 microseconds(row.median.p99), microseconds(row.median.p999), microseconds(row.median.max),
                 "\(Int(row.roundTripsPerSecond))", "\(row.lost)",

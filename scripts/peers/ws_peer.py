@@ -1,0 +1,58 @@
+"""An independent WebSocket peer (Python `websockets`) for SocketStyles' interop tests.
+
+  ws_peer.py server            echo server on 127.0.0.1, port 0; prints "listening on ws://127.0.0.1:PORT/"
+                               and serves until standard input closes
+  ws_peer.py client URL        connects, checks echoes of text and binary messages, a ping and a clean close;
+                               prints "ok" and exits 0, or prints the failure and exits 1
+
+Compression is off (SocketStyles negotiates no extension) and the size limits are raised to 16 MiB.
+"""
+import asyncio
+import os
+import sys
+
+import websockets
+
+
+async def echo(connection):
+    try:
+        async for message in connection:
+            await connection.send(message)
+    except websockets.ConnectionClosed:
+        pass
+
+
+async def serve():
+    async with websockets.serve(echo, "127.0.0.1", 0, compression=None, max_size=16 * 1024 * 1024 + 1024) as server:
+        port = server.sockets[0].getsockname()[1]
+        print(f"listening on ws://127.0.0.1:{port}/", flush=True)
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, sys.stdin.read)
+
+
+async def client(url):
+    async with websockets.connect(url, compression=None, max_size=16 * 1024 * 1024 + 1024) as connection:
+        for size in (0, 1, 125, 126, 65535, 65536, 1024 * 1024):
+            text = "é" * (size // 2)
+            await connection.send(text)
+            reply = await connection.recv()
+            if reply != text:
+                raise SystemExit(f"text echo of {size} bytes differs")
+            data = os.urandom(size)
+            await connection.send(data)
+            reply = await connection.recv()
+            if reply != data:
+                raise SystemExit(f"binary echo of {size} bytes differs")
+        pong = await connection.ping(b"ping?")
+        await asyncio.wait_for(pong, 5)
+        await connection.close(1000, "done")
+        if connection.close_code != 1000:
+            raise SystemExit(f"close code {connection.close_code}, expected 1000")
+    print("ok", flush=True)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "server":
+        asyncio.run(serve())
+    else:
+        asyncio.run(client(sys.argv[2]))
