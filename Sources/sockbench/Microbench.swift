@@ -5,16 +5,33 @@ import Histogram
 import SocketStyles
 
 struct Microbench: ParsableCommand {
+    /// Masks a 16 MiB buffer repeatedly (WebSocketMasking, 8 bytes at a time) and reports GB/s.
+    func measureMasking() {
+        var buffer = [UInt8](repeating: 0x5A, count: 16 * 1024 * 1024)
+        let rounds = 64
+        WebSocketMasking.apply(key: 0x1234_5678, to: &buffer)  // warm-up
+        let start = MonotonicClock.nanoseconds()
+        for round in 0..<rounds {
+            WebSocketMasking.apply(key: 0x9E37_79B9 &+ UInt32(round), to: &buffer, offset: round)
+        }
+        let seconds = Double(MonotonicClock.nanoseconds() - start) / 1e9
+        let gigabytes = Double(buffer.count * rounds) / 1e9
+        Console.line(
+            "WebSocket masking: \(rounds) x 16 MiB in \(fixed(seconds, 3)) s = \(fixed(gigabytes / seconds, 2)) GB/s (checksum \(buffer[12345]))"
+        )
+    }
+
     static let configuration = CommandConfiguration(
         abstract: "Small measurements of the machinery under the styles.",
         discussion: """
+            masking: throughput of WebSocket masking (XOR with the 4-byte key, 8 bytes at a time) over 16 MiB. \
             perform: one-way latency of handing a block from another thread to a run loop (SocketRunLoop.perform: \
             a queue plus an eventfd that wakes epoll_wait), sampled --count times, each after the previous block \
             has run.
             """
     )
 
-    @Argument(help: "What to measure: perform.")
+    @Argument(help: "What to measure: perform, or masking (WebSocket masking throughput).")
     var what: String = "perform"
 
     @Option(help: "Samples.")
@@ -24,7 +41,8 @@ struct Microbench: ParsableCommand {
     var placement: String = "none"
 
     func run() throws {
-        guard what == "perform" else { throw fail("unknown measurement '\(what)' (perform)") }
+        if what == "masking" { return measureMasking() }
+        guard what == "perform" else { throw fail("unknown measurement '\(what)' (perform, masking)") }
         let runLoop: SocketRunLoop
         do throws(ConnectionError) {
             runLoop = try SocketRunLoop.startThread(name: "perform-bench")
