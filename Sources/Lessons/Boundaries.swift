@@ -5,12 +5,16 @@ extension Lesson {
     /// TCP joins and splits sends; UDP keeps each datagram whole.
     static let boundaries = Lesson(
         name: "boundaries",
-        summary: "100 small sends: TCP delivers a byte stream (joined or split), UDP delivers each datagram whole"
+        summary:
+            "100 small sends: TCP delivers a byte stream (joined or split); UDP datagrams and WebSocket messages "
+            + "arrive whole"
     ) { backend, print in
         let out = LessonOutput("boundaries", print)
         let sends = 100
         let size = 10
-        out.say("Sending \(sends) messages of \(size) bytes, back to back, over TCP and over UDP (\(backend) backend).")
+        out.say(
+            "Sending \(sends) messages of \(size) bytes, back to back, over TCP, UDP and WebSocket (\(backend) backend)."
+        )
         out.say()
 
         // TCP: the receiver sees a stream of bytes; how they are cut depends on timing, not on the sends.
@@ -58,12 +62,31 @@ extension Lesson {
         out.figure("udp.sends", Double(sends))
         out.figure("udp.receives", Double(datagrams.count))
         out.figure("udp.whole", whole ? 1 : 0)
+
+        // WebSocket: messages over TCP, framed, so boundaries survive the stream.
+        let wsListener = try await backend.listen(on: loopback(.ws))
+        let wsClient = try await backend.connect(to: wsListener.localEndpoint)
+        let wsServer = try await wsListener.accept()
+        for index in 0..<sends { try await wsClient.send([UInt8](repeating: UInt8(index), count: size)) }
+        var messages: [[UInt8]] = []
+        while messages.count < sends, let message = try await wsServer.receive() { messages.append(message.bytes) }
+        let wsWhole = messages.enumerated().allSatisfy {
+            $0.element == [UInt8](repeating: UInt8($0.offset), count: size)
+        }
+        await wsClient.close()
+        await wsServer.close()
+        await wsListener.close()
+        out.say(
+            "WebSocket: \(sends) sends arrived as \(messages.count) receive(s) of \(summarize(messages.map(\.count))) bytes, in order and whole: \(wsWhole ? "yes" : "NO")."
+        )
+        out.figure("ws.receives", Double(messages.count))
+        out.figure("ws.whole", wsWhole ? 1 : 0)
         out.say()
         out.say("Why: TCP is a byte stream. The kernel coalesces what you send into segments and the receiver gets")
         out.say("whatever has arrived when it reads, so message boundaries are yours to mark (a length prefix, a")
         out.say("delimiter). UDP sends datagrams: each send is one packet and each receive returns one whole")
-        out.say("datagram, or nothing. (WebSocket, which keeps messages over TCP by framing them, joins this lesson")
-        out.say("when the ws transport lands.)")
+        out.say("datagram, or nothing. WebSocket runs over TCP but frames each message (a header with its length),")
+        out.say("so the receiver reassembles exactly the messages that were sent, whatever TCP did to the bytes.")
         return out.report
     }
 }

@@ -8,7 +8,7 @@ extension Lesson {
     /// What it costs to start talking.
     static let handshake = Lesson(
         name: "handshake",
-        summary: "the cost of starting to talk: TCP's 3-way handshake vs UDP's none, measured"
+        summary: "the cost of starting to talk: TCP's 3-way handshake, UDP's none, the WebSocket upgrade, measured"
     ) { backend, print in
         let out = LessonOutput("handshake", print)
         let rounds = 200
@@ -24,7 +24,7 @@ extension Lesson {
         out.say()
         out.say(
             "Then through the \(backend) backend's Connection (its own set-up cost included), timing the first reply:")
-        for transport in [Transport.tcp, .udp] {
+        for transport in [Transport.tcp, .udp, .ws] {
             let server = try await EchoServerHandle.start(backend, transport)
             var connectHistogram = LatencySummary.makeHistogram()
             var firstReplyHistogram = LatencySummary.makeHistogram()
@@ -53,8 +53,9 @@ extension Lesson {
         out.say("first byte can go. A UDP \"connect\" only records the peer's address in the kernel; nothing is")
         out.say("sent, so it costs a system call and the first datagram is the first packet. On loopback the round")
         out.say("trip is microseconds; across a network it is the network's latency, paid on every new connection.")
-        out.say("TLS adds its own handshake (1 more round trip with TLS 1.3) and WebSocket an HTTP upgrade (1 more);")
-        out.say("they join this lesson when the tls and ws transports land.")
+        out.say("WebSocket adds an HTTP upgrade on top of TCP's handshake: one more round trip (GET with Upgrade,")
+        out.say("101 Switching Protocols) before the first message. TLS adds its own (1 more round trip with TLS 1.3);")
+        out.say("it joins this lesson when the tls transport lands.")
         return out.report
     }
 }

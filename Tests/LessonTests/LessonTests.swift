@@ -25,12 +25,17 @@ struct LessonTests {
         #expect(report.figures["tcp.inOrder"] == 1)
         #expect(report.figures["udp.receives"] == 100)
         #expect(report.figures["udp.whole"] == 1)
+        #expect(report.figures["ws.receives"] == 100)
+        #expect(report.figures["ws.whole"] == 1)
     }
 
     @Test("handshake: both transports measured")
     func handshake() async throws {
         let report = try await run("handshake")
-        for key in ["native.tcp.connect.p50us", "native.udp.connect.p50us", "tcp.connect.p50us", "udp.connect.p50us"] {
+        for key in [
+            "native.tcp.connect.p50us", "native.udp.connect.p50us", "tcp.connect.p50us", "udp.connect.p50us",
+            "ws.connect.p50us",
+        ] {
             #expect((report.figures[key] ?? 0) > 0, "\(key)")
         }
     }
