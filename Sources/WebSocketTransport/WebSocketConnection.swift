@@ -19,6 +19,11 @@ public struct WebSocketOptions: Sendable, Hashable {
     public var closeTimeout: Duration = .seconds(2)
     /// Largest opening-handshake head accepted.
     public var maximumHandshakeSize = 16 * 1024
+    /// Keep-alive: send a ping this often (`nil`: never). iOS apps typically ping every 10 s.
+    public var keepAliveInterval: Duration? = nil
+    /// Keep-alive: fail the connection (`.timedOut`, close 1001) when a keep-alive ping gets no pong in time.
+    /// Pongs are read by the receive path, so keep a receive going, as with URLSessionWebSocketTask.
+    public var pongDeadline: Duration = .seconds(10)
 
     public init() {}
 }
@@ -44,6 +49,11 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
     private let tcp: any Connection
     private let role: WebSocketRole
     private let state: Mutex<Shared>
+    /// Open and close events, in order: `.opened` first, then `.closed` once (one consumer).
+    public let events: AsyncStream<WebSocketEvent>
+    private let eventSink: AsyncStream<WebSocketEvent>.Continuation
+    private let keepAlive = Mutex<Task<Void, Never>?>(nil)
+    private let closedEvent = OnceFlag()
     private let sendLock = AsyncSerial()
     private let receiveLock = AsyncSerial()
 
@@ -77,6 +87,44 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
             Shared(
                 machine: WebSocketStateMachine(role: role, maximumMessageSize: options.maximumMessageSize),
                 parser: parser))
+        (events, eventSink) = AsyncStream.makeStream(of: WebSocketEvent.self, bufferingPolicy: .bufferingNewest(8))
+        eventSink.yield(.opened(subprotocol: subprotocol))
+        if let interval = options.keepAliveInterval { startKeepAlive(every: interval, deadline: options.pongDeadline) }
+    }
+
+    /// Pings every `interval`; a ping without a pong within `deadline` fails the connection (close 1001).
+    private func startKeepAlive(every interval: Duration, deadline: Duration) {
+        let task = Task { [weak self] in
+            while !Task.isCancelled {
+                try? await Task.sleep(for: interval)
+                guard let self, !Task.isCancelled, state.withLock({ $0.machine.state == .open && !$0.tcpClosed }) else {
+                    return
+                }
+                let decided = OnceFlag()
+                let ponged = OnceFlag()
+                await firstOf(
+                    {
+                        if (try? await self.sendPing()) != nil, decided.claim() { _ = ponged.claim() }
+                    },
+                    {
+                        try? await Task.sleep(for: deadline)
+                        _ = decided.claim()
+                    })
+                if ponged.claim() {
+                    // No pong before the deadline.
+                    fail(
+                        ConnectionError(
+                            .timedOut, "no pong within \(deadline) of a keep-alive ping",
+                            systemCode: .init(domain: "websocket", code: 1001, name: "keep-alive")))
+                    try? await sendFrames([WebSocketStateMachine.closeFrame(.goingAway, "keep-alive timeout")])
+                    state.withLock { $0.tcpClosed = true }
+                    await tcp.close()
+                    emitClosed(code: nil, reason: "keep-alive timeout")
+                    return
+                }
+            }
+        }
+        keepAlive.withLock { $0 = task }
     }
 
     // MARK: Handshakes
@@ -214,7 +262,14 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
             if state.withLock({ $0.tcpClosed }) {
                 return try endOfStream(duringClose: duringClose)
             }
-            guard let chunk = try await tcp.receive() else {
+            let received: Message?
+            do throws(ConnectionError) {
+                received = try await tcp.receive()
+            } catch {
+                // The connection may have been failed meanwhile (a keep-alive timeout closes TCP): say why.
+                throw state.withLock { $0.failure } ?? error
+            }
+            guard let chunk = received else {
                 // TCP ended: cleanly after a close handshake, abnormally otherwise (1006, never sent).
                 let handshakeDone = state.withLock { shared in
                     shared.tcpClosed = true
@@ -269,7 +324,9 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
                             domain: "websocket", code: Int32(error.closeCode.rawValue), name: "\(error.closeCode)")))
             case .closeConnection:
                 state.withLock { $0.tcpClosed = true }
+                keepAlive.withLock { $0 }?.cancel()
                 await tcp.close()
+                emitClosed(code: peerCloseCode, reason: peerCloseReason ?? "")
             }
         }
         return delivered
@@ -318,7 +375,16 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
         }
         fail(.closed())
         state.withLock { $0.tcpClosed = true }
+        keepAlive.withLock { $0 }?.cancel()
         await tcp.close()
+        emitClosed(code: peerCloseCode, reason: peerCloseReason ?? "")
+    }
+
+    /// The `.closed` event, once, then the end of ``events``.
+    private func emitClosed(code: WebSocketCloseCode?, reason: String) {
+        guard closedEvent.claim() else { return }
+        eventSink.yield(.closed(code: code, reason: reason))
+        eventSink.finish()
     }
 
     public func close() async {
@@ -396,4 +462,12 @@ final class OnceFlag: Sendable {
             return !taken
         }
     }
+}
+
+/// What ``WebSocketConnection/events`` reports.
+public enum WebSocketEvent: Sendable, Hashable {
+    /// The handshake completed (with the chosen subprotocol, if any).
+    case opened(subprotocol: String?)
+    /// The connection ended: the peer's close code and reason when it sent a close frame (`nil` code otherwise).
+    case closed(code: WebSocketCloseCode?, reason: String)
 }

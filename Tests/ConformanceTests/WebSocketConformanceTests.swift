@@ -182,3 +182,59 @@ struct RawWebSocketClient {
 
     func close() async { await tcp.close() }
 }
+
+@Suite("WebSocket keep-alive and events", .timeLimit(.minutes(2)))
+struct WebSocketKeepAliveTests {
+    @Test("Keep-alive pings are answered: the connection stays up; events report open then close")
+    func keepAliveAnswered() async throws {
+        try await SocketTest.run {
+            let server = try await EchoServer.start(.async, on: try Endpoint(url: "ws://127.0.0.1:0/"))
+            var options = WebSocketOptions()
+            options.keepAliveInterval = .milliseconds(20)
+            options.pongDeadline = .seconds(5)
+            let client = try #require(
+                try await Backend.async.connect(to: server.endpoint, webSocket: options) as? WebSocketConnection)
+            // A receive that waits while several keep-alive pings go out and their pongs come back.
+            let receiving = Task { try await client.receive() }
+            try await Task.sleep(for: .milliseconds(150))
+            try await client.send(.text("still up"))
+            #expect(try await receiving.value?.text == "still up")
+            await client.close()
+            var events: [WebSocketEvent] = []
+            for await event in client.events { events.append(event) }
+            #expect(events.first == .opened(subprotocol: nil))
+            #expect(events.count == 2)
+            await server.stop()
+        }
+    }
+
+    @Test("A peer that never answers pings fails the connection with .timedOut after the pong deadline")
+    func keepAliveTimeout() async throws {
+        try await SocketTest.run {
+            // A server that completes the handshake and then ignores every frame.
+            let listener = try await Backend.bsd.listen(on: try Endpoint(url: "tcp://127.0.0.1:0"))
+            let mute = Task { () -> (any Connection)? in
+                guard let tcp = try? await listener.accept() else { return nil }
+                var request: [UInt8] = []
+                while WebSocketHandshake.headLength(in: request) == nil, let chunk = try? await tcp.receive() {
+                    request += chunk.bytes
+                }
+                let accepted = try? WebSocketHandshake.acceptRequest(String(decoding: request, as: UTF8.self)).get()
+                try? await tcp.send(Array((accepted?.response ?? "").utf8))
+                return tcp
+            }
+            var options = WebSocketOptions()
+            options.keepAliveInterval = .milliseconds(20)
+            options.pongDeadline = .milliseconds(100)
+            let endpoint = listener.localEndpoint.with(transport: .ws)
+            let client = try await Backend.bsd.connect(to: endpoint, webSocket: options)
+            let error = await expectConnectionError(.timedOut) { () throws(ConnectionError) in
+                while true { _ = try await client.receive() }
+            }
+            #expect(error?.systemCode?.code == 1001)
+            await client.close()
+            await (await mute.value)?.close()
+            await listener.close()
+        }
+    }
+}
