@@ -103,52 +103,13 @@ private struct UnsafeSendableBox<T>: @unchecked Sendable {
     init(_ value: T) { self.value = value }
 }
 
-/// A FIFO async mutex: waiters queue instead of blocking a thread.
+/// Runs bodies one at a time, in arrival order, on ConnectionCore's ``AsyncGate``.
 final class AsyncLock: Sendable {
-    private let state = Mutex2()
+    private let gate = AsyncGate()
 
     func withLock<R: Sendable>(_ body: () async throws -> R) async throws -> R {
-        await state.acquire()
-        do {
-            let result = try await body()
-            state.release()
-            return result
-        } catch {
-            state.release()
-            throw error
-        }
-    }
-}
-
-private final class Mutex2: Sendable {
-    private struct State {
-        var locked = false
-        var waiters: [CheckedContinuation<Void, Never>] = []
-    }
-    private let state = Mutex(State())
-
-    func acquire() async {
-        await withCheckedContinuation { continuation in
-            let acquired: Bool = state.withLock { state in
-                if !state.locked {
-                    state.locked = true
-                    return true
-                }
-                state.waiters.append(continuation)
-                return false
-            }
-            if acquired { continuation.resume() }
-        }
-    }
-
-    func release() {
-        let next: CheckedContinuation<Void, Never>? = state.withLock { state in
-            if state.waiters.isEmpty {
-                state.locked = false
-                return nil
-            }
-            return state.waiters.removeFirst()
-        }
-        next?.resume()
+        await gate.enter()
+        defer { gate.leave() }
+        return try await body()
     }
 }

@@ -54,8 +54,8 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
     private let eventSink: AsyncStream<WebSocketEvent>.Continuation
     private let keepAlive = Mutex<Task<Void, Never>?>(nil)
     private let closedEvent = OnceFlag()
-    private let sendLock = AsyncSerial()
-    private let receiveLock = AsyncSerial()
+    private let sendLock = AsyncGate()
+    private let receiveLock = AsyncGate()
 
     private struct Shared: @unchecked Sendable {
         var machine: WebSocketStateMachine
@@ -396,47 +396,6 @@ extension WebSocketStateMachine {
     /// A parser error fails the connection like any other protocol error.
     mutating func failFromParser(_ error: WebSocketProtocolError) -> [Action] {
         failConnection(error)
-    }
-}
-
-/// A FIFO async lock (sends must not interleave their frames; receives are served in call order).
-final class AsyncSerial: Sendable {
-    private struct State {
-        var busy = false
-        var waiters: [CheckedContinuation<Void, Never>] = []
-    }
-    private let state = Mutex(State())
-
-    func enter() async {
-        if state.withLock({ state in
-            if state.busy { return false }
-            state.busy = true
-            return true
-        }) {
-            return
-        }
-        await withCheckedContinuation { continuation in
-            let now = state.withLock { state in
-                if !state.busy {
-                    state.busy = true
-                    return true
-                }
-                state.waiters.append(continuation)
-                return false
-            }
-            if now { continuation.resume() }
-        }
-    }
-
-    func leave() {
-        let next = state.withLock { state -> CheckedContinuation<Void, Never>? in
-            if state.waiters.isEmpty {
-                state.busy = false
-                return nil
-            }
-            return state.waiters.removeFirst()
-        }
-        next?.resume()
     }
 }
 

@@ -1,0 +1,47 @@
+import Synchronization
+
+/// A FIFO async lock for backends and transports: one holder at a time, waiters admitted in arrival order,
+/// without blocking a thread. Uncontended it costs one lock. Used to serve concurrent receives in call order
+/// and to keep concurrent sends whole and in order.
+public final class AsyncGate: Sendable {
+    private struct State {
+        var busy = false
+        var waiters: [CheckedContinuation<Void, Never>] = []
+    }
+    private let state = Mutex(State())
+
+    public init() {}
+
+    /// Waits until the gate is free, then holds it.
+    public func enter() async {
+        let entered = state.withLock { state in
+            if state.busy { return false }
+            state.busy = true
+            return true
+        }
+        if entered { return }
+        await withCheckedContinuation { continuation in
+            let now: Bool = state.withLock { state in
+                if !state.busy {
+                    state.busy = true
+                    return true
+                }
+                state.waiters.append(continuation)
+                return false
+            }
+            if now { continuation.resume() }
+        }
+    }
+
+    /// Releases the gate to the next waiter, if any.
+    public func leave() {
+        let next: CheckedContinuation<Void, Never>? = state.withLock { state in
+            if state.waiters.isEmpty {
+                state.busy = false
+                return nil
+            }
+            return state.waiters.removeFirst()
+        }
+        next?.resume()
+    }
+}
