@@ -59,12 +59,21 @@ let package = Package(
             dependencies: ["ConnectionCore", "WebSocketCodec"],
             swiftSettings: strictSettings
         ),
+        // OpenSSL 3 from the system (Debian's libssl-dev), found with pkg-config, plus a header of one-line
+        // wrappers for the calls that are macros.
+        .systemLibrary(name: "COpenSSL", pkgConfig: "openssl", providers: [.apt(["libssl-dev"])]),
+        // TLS over any backend's TCP connection (memory BIOs): tls://, and wss:// with WebSocketTransport.
+        .target(
+            name: "TLSTransport",
+            dependencies: ["ConnectionCore", "COpenSSL"],
+            swiftSettings: strictSettings
+        ),
         // Umbrella: re-exports and the Backend enum.
         .target(
             name: "SocketStyles",
             dependencies: [
                 "ConnectionCore", "BSDSocketBackend", "LibUVBackend", "RunLoopBackend", "AsyncBackend",
-                "WebSocketCodec", "WebSocketTransport",
+                "WebSocketCodec", "WebSocketTransport", "TLSTransport",
             ],
             swiftSettings: strictSettings
         ),

@@ -33,6 +33,15 @@ public final class AsyncGate: Sendable {
         }
     }
 
+    /// Enters when the gate is free, without waiting; `false` when someone holds it.
+    public func tryEnter() -> Bool {
+        state.withLock { state in
+            if state.busy { return false }
+            state.busy = true
+            return true
+        }
+    }
+
     /// Releases the gate to the next waiter, if any.
     public func leave() {
         let next: CheckedContinuation<Void, Never>? = state.withLock { state in

@@ -24,6 +24,7 @@ public struct ConnectionError: Error, Sendable, Hashable, CustomStringConvertibl
             case permissionDenied = "permission denied"
             case resourceExhausted = "resource exhausted"
             case tls = "TLS failure"
+            case certificateRejected = "certificate rejected"
             case system = "system error"
         }
         private let base: Base
@@ -59,8 +60,12 @@ public struct ConnectionError: Error, Sendable, Hashable, CustomStringConvertibl
         public static let permissionDenied = Kind(.permissionDenied)
         /// Out of descriptors, memory or buffers (EMFILE, ENFILE, ENOBUFS, ENOMEM).
         public static let resourceExhausted = Kind(.resourceExhausted)
-        /// A TLS failure (handshake, certificate, close_notify).
+        /// A TLS failure: a failed handshake (a peer that does not speak TLS, no common version or cipher, an
+        /// alert from the peer), or a TCP end without the peer's close_notify (possible truncation).
         public static let tls = Kind(.tls)
+        /// The peer's certificate failed verification: untrusted, expired, or not for this host. The system code
+        /// (domain `x509`) names the check that failed, e.g. `X509_V_ERR_HOSTNAME_MISMATCH`.
+        public static let certificateRejected = Kind(.certificateRejected)
         /// Any other system error; see ``ConnectionError/systemCode``.
         public static let system = Kind(.system)
 

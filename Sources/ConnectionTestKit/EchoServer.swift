@@ -15,9 +15,10 @@ public final class EchoServer: Sendable {
 
     /// Listens on `endpoint` with `backend` and starts serving.
     public static func start(
-        _ backend: Backend, on endpoint: Endpoint, options: ConnectionOptions = ConnectionOptions()
+        _ backend: Backend, on endpoint: Endpoint, options: ConnectionOptions = ConnectionOptions(),
+        tls: TLSConfiguration? = nil
     ) async throws(ConnectionError) -> EchoServer {
-        let listener = try await backend.listen(on: endpoint, options: options)
+        let listener = try await backend.listen(on: endpoint, options: options, tls: tls)
         let server = EchoServer(listener: listener)
         server.begin()
         return server

@@ -79,6 +79,25 @@ public final class ChildProcess: @unchecked Sendable {
         return String(decoding: bytes, as: UTF8.self)
     }
 
+    /// Writes `text` to the child's standard input.
+    public func write(_ text: String) throws(ConnectionError) {
+        let bytes = Array(text.utf8)
+        var offset = 0
+        while offset < bytes.count, stdinFD >= 0 {
+            let count = bytes[offset...].withUnsafeBytes { Glibc.write(stdinFD, $0.baseAddress, $0.count) }
+            if count < 0 {
+                if errno == EINTR { continue }
+                throw .errno(errno, "writing to child \(pid)")
+            }
+            offset += count
+        }
+    }
+
+    /// Asks the child to stop (SIGTERM).
+    public func terminate() {
+        if !exited { kill(pid, SIGTERM) }
+    }
+
     /// Closes the child's standard input (children that stop at its end then exit).
     public func closeInput() {
         if stdinFD >= 0 {

@@ -4,6 +4,7 @@
 @_exported public import LibUVBackend
 @_exported public import POSIXSupport
 @_exported public import RunLoopBackend
+@_exported public import TLSTransport
 @_exported public import WebSocketCodec
 @_exported public import WebSocketTransport
 
@@ -43,11 +44,11 @@ public enum Backend: String, Sendable, Hashable, CaseIterable, CustomStringConve
         }
     }
 
-    /// The transports available on this backend: its own, plus what the umbrella layers on top of them
-    /// (`ws` over `tcp`).
+    /// The transports available on this backend: its own, plus what the umbrella layers on top of its TCP
+    /// (`tls`, `ws`, and `wss` = WebSocket over TLS).
     public var transports: Set<Transport> {
         var transports = implementation.transports
-        if transports.contains(.tcp) { transports.insert(.ws) }
+        if transports.contains(.tcp) { transports.formUnion([.tls, .ws, .wss]) }
         return transports
     }
 
@@ -62,28 +63,63 @@ public enum Backend: String, Sendable, Hashable, CaseIterable, CustomStringConve
 
     public var description: String { rawValue }
 
-    /// Connects with this backend. `ws://` runs the WebSocket client handshake over the backend's TCP.
+    /// Connects with this backend. `tls://` runs the TLS handshake over the backend's TCP, `ws://` the WebSocket
+    /// handshake, `wss://` both. `tls` applies to `tls://` and `wss://` (secure defaults: the certificate is
+    /// verified against the system trust store and must name the host).
     public func connect(
         to endpoint: Endpoint, options: ConnectionOptions = ConnectionOptions(),
-        webSocket: WebSocketOptions = WebSocketOptions()
+        webSocket: WebSocketOptions = WebSocketOptions(), tls: TLSConfiguration = TLSConfiguration()
     ) async throws(ConnectionError) -> any Connection {
-        guard endpoint.transport == .ws else { return try await implementation.connect(to: endpoint, options: options) }
-        let tcp = try await implementation.connect(to: endpoint.with(transport: .tcp), options: options)
+        let transport = endpoint.transport
+        guard transport.runsOverTCP, transport != .tcp else {
+            return try await implementation.connect(to: endpoint, options: options)
+        }
+        var stream = try await implementation.connect(to: endpoint.with(transport: .tcp), options: options)
         do throws(ConnectionError) {
-            return try await WebSocketConnection.client(over: tcp, endpoint: endpoint, options: webSocket)
+            if transport.isSecure {
+                stream = try await TLSConnection.client(over: stream, endpoint: endpoint, configuration: tls)
+            }
+            if transport == .ws || transport == .wss {
+                stream = try await WebSocketConnection.client(over: stream, endpoint: endpoint, options: webSocket)
+            }
+            return stream
         } catch {
-            await tcp.close()
+            await stream.close()
             throw error
         }
     }
 
-    /// Listens with this backend. `ws://` serves WebSocket over the backend's TCP listener.
+    /// Listens with this backend. `tls://` and `wss://` need `tls` with a certificate chain and key
+    /// (``TLSConfiguration/server(certificateChainFile:privateKeyFile:)``); `ws://` and `wss://` serve
+    /// WebSocket. Handshakes run concurrently; failed ones are closed and the listener keeps serving.
     public func listen(
         on endpoint: Endpoint, options: ConnectionOptions = ConnectionOptions(),
-        webSocket: WebSocketOptions = WebSocketOptions()
+        webSocket: WebSocketOptions = WebSocketOptions(), tls: TLSConfiguration? = nil
     ) async throws(ConnectionError) -> any Listener {
-        guard endpoint.transport == .ws else { return try await implementation.listen(on: endpoint, options: options) }
-        let tcp = try await implementation.listen(on: endpoint.with(transport: .tcp), options: options)
-        return WebSocketListener(tcp: tcp, transport: .ws, path: endpoint.path, options: webSocket)
+        let transport = endpoint.transport
+        guard transport.runsOverTCP, transport != .tcp else {
+            return try await implementation.listen(on: endpoint, options: options)
+        }
+        var tlsServer: TLSConfiguration?
+        if transport.isSecure {
+            guard let tls, tls.certificateChainFile != nil, tls.privateKeyFile != nil else {
+                throw ConnectionError(
+                    .tls, "\(transport):// needs a certificate chain and a private key (PEM files; --cert and --key)")
+            }
+            tlsServer = tls
+        }
+        var listener = try await implementation.listen(on: endpoint.with(transport: .tcp), options: options)
+        if let tlsServer {
+            do throws(ConnectionError) {
+                listener = try TLSConnection.listener(over: listener, configuration: tlsServer)
+            } catch {
+                await listener.close()
+                throw error
+            }
+        }
+        if transport == .ws || transport == .wss {
+            listener = WebSocketListener(tcp: listener, transport: transport, path: endpoint.path, options: webSocket)
+        }
+        return listener
     }
 }

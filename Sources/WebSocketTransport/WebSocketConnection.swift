@@ -399,30 +399,6 @@ extension WebSocketStateMachine {
     }
 }
 
-/// Waits until the first of two operations finishes (the other keeps running, unobserved).
-func firstOf(_ first: @escaping @Sendable () async -> Void, _ second: @escaping @Sendable () async -> Void) async {
-    let done = OnceFlag()
-    await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-        for operation in [first, second] {
-            Task {
-                await operation()
-                if done.claim() { continuation.resume() }
-            }
-        }
-    }
-}
-
-/// True for the first caller of ``claim()`` only.
-final class OnceFlag: Sendable {
-    private let flag = Mutex(false)
-    func claim() -> Bool {
-        flag.withLock { taken in
-            defer { taken = true }
-            return !taken
-        }
-    }
-}
-
 /// What ``WebSocketConnection/events`` reports.
 public enum WebSocketEvent: Sendable, Hashable {
     /// The handshake completed (with the chosen subprotocol, if any).

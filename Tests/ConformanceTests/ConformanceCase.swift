@@ -1,4 +1,5 @@
 import ConnectionTestKit
+import Glibc
 import SocketStyles
 import Testing
 
@@ -14,30 +15,52 @@ struct ConformanceCase: Sendable, CustomTestStringConvertible {
     var anyPort: Endpoint { try! Endpoint(url: "\(transport)://127.0.0.1:0") }
 
     static let all: [ConformanceCase] = Backend.allCases.flatMap { backend in
-        [Transport.tcp, .udp, .ws].filter(backend.transports.contains).map {
+        [Transport.tcp, .udp, .ws, .tls, .wss].filter(backend.transports.contains).map {
             ConformanceCase(backend: backend, transport: $0)
         }
     }
-    static let tcp = all.filter { $0.transport == .tcp }
+    /// Byte streams: TCP and TLS.
+    static let streams = all.filter { $0.transport.isByteStream }
     static let udp = all.filter { $0.transport == .udp }
-    static let ws = all.filter { $0.transport == .ws }
+    /// WebSocket, plain and over TLS.
+    static let ws = all.filter { $0.transport == .ws || $0.transport == .wss }
     /// Transports that keep message boundaries (UDP datagrams, WebSocket messages).
-    static let messages = all.filter { $0.transport != .tcp }
+    static let messages = all.filter { !$0.transport.isByteStream }
+
+    /// Throwaway certificates for this test process (made with `openssl` on first use, deleted at exit).
+    static let certificates: TestCertificates = {
+        let certificates = try! TestCertificates.make()
+        atexit { ConformanceCase.certificates.remove() }
+        return certificates
+    }()
+
+    /// The client's TLS configuration: full verification against the test CA.
+    var clientTLS: TLSConfiguration { Self.certificates.client }
+    /// The server's TLS configuration (for tls and wss), `nil` otherwise.
+    var serverTLS: TLSConfiguration? { transport.isSecure ? Self.certificates.server.server : nil }
 
     func connect(
-        to endpoint: Endpoint, options: ConnectionOptions = ConnectionOptions()
+        to endpoint: Endpoint, options: ConnectionOptions = ConnectionOptions(),
+        webSocket: WebSocketOptions = WebSocketOptions()
     )
         async throws(ConnectionError) -> any Connection
     {
-        try await backend.connect(to: endpoint, options: options)
+        try await backend.connect(to: endpoint, options: options, webSocket: webSocket, tls: clientTLS)
     }
 
-    func listen(options: ConnectionOptions = ConnectionOptions()) async throws(ConnectionError) -> any Listener {
-        try await backend.listen(on: anyPort, options: options)
+    /// The stream under a WebSocket (or any) endpoint: TCP for ws, TLS for wss.
+    func connectStream(to endpoint: Endpoint) async throws(ConnectionError) -> any Connection {
+        try await connect(to: endpoint.with(transport: endpoint.transport.isSecure ? .tls : .tcp))
+    }
+
+    func listen(
+        options: ConnectionOptions = ConnectionOptions(), webSocket: WebSocketOptions = WebSocketOptions()
+    ) async throws(ConnectionError) -> any Listener {
+        try await backend.listen(on: anyPort, options: options, webSocket: webSocket, tls: serverTLS)
     }
 
     func echoServer() async throws(ConnectionError) -> EchoServer {
-        try await EchoServer.start(backend, on: anyPort)
+        try await EchoServer.start(backend, on: anyPort, tls: serverTLS)
     }
 }
 

@@ -9,7 +9,7 @@ import Testing
 struct ConformanceTests {
     // MARK: Echo
 
-    @Test("TCP echo keeps every byte in order", arguments: ConformanceCase.tcp, [1, 65_536, 8 * 1024 * 1024])
+    @Test("TCP echo keeps every byte in order", arguments: ConformanceCase.streams, [1, 65_536, 8 * 1024 * 1024])
     func tcpEcho(_ test: ConformanceCase, size: Int) async throws {
         try await SocketTest.run {
             let server = try await test.echoServer()
@@ -63,7 +63,7 @@ struct ConformanceTests {
 
     // MARK: Byte stream versus messages
 
-    @Test("TCP joins and splits sends; receive(exactly:) reassembles", arguments: ConformanceCase.tcp)
+    @Test("TCP joins and splits sends; receive(exactly:) reassembles", arguments: ConformanceCase.streams)
     func tcpCoalescingAndSplitting(_ test: ConformanceCase) async throws {
         try await SocketTest.run {
             let listener = try await test.listen()
@@ -124,7 +124,7 @@ struct ConformanceTests {
 
     // MARK: Failures with clear errors
 
-    @Test("Connecting to a closed TCP port is refused", arguments: ConformanceCase.tcp)
+    @Test("Connecting to a closed TCP port is refused", arguments: ConformanceCase.streams)
     func tcpRefused(_ test: ConformanceCase) async throws {
         try await SocketTest.run {
             // Bind a socket but do not listen: the port is ours, and a SYN to it is answered with RST.
@@ -166,13 +166,13 @@ struct ConformanceTests {
         try await SocketTest.run {
             let first = try await test.listen()
             await expectConnectionError(.addressInUse) { () throws(ConnectionError) in
-                try await test.backend.listen(on: first.localEndpoint)
+                try await test.backend.listen(on: first.localEndpoint, tls: test.serverTLS)
             }
             await first.close()
         }
     }
 
-    @Test("A connect that cannot complete times out", arguments: ConformanceCase.tcp)
+    @Test("A connect that cannot complete times out", arguments: ConformanceCase.streams)
     func connectTimeout(_ test: ConformanceCase) async throws {
         try await SocketTest.run {
             // A listener with a backlog of 1 whose queue is full drops further SYNs, so the handshake never
@@ -200,7 +200,7 @@ struct ConformanceTests {
 
     // MARK: Ending
 
-    @Test("A peer's half-close is a clean end, reported exactly once", arguments: ConformanceCase.tcp)
+    @Test("A peer's half-close is a clean end, reported exactly once", arguments: ConformanceCase.streams)
     func halfClose(_ test: ConformanceCase) async throws {
         try await SocketTest.run {
             let listener = try await test.listen()
@@ -270,7 +270,7 @@ struct ConformanceTests {
             }
             // Data sent after the cancellation is delivered to the next receive.
             try await client.send([9, 8, 7])
-            let next = try await test.transport == .tcp ? server.receive(exactly: 3) : server.receive()?.bytes
+            let next = try await test.transport.isByteStream ? server.receive(exactly: 3) : server.receive()?.bytes
             #expect(next == [9, 8, 7])
             await client.close()
             await server.close()
@@ -290,7 +290,7 @@ struct ConformanceTests {
                         let client = try await test.connect(to: server.endpoint)
                         let payload = pattern(64 + index, seed: UInt8(index))
                         let echoed =
-                            test.transport == .tcp
+                            test.transport.isByteStream
                             ? try await { () async throws -> [UInt8] in
                                 try await client.send(payload)
                                 return try await client.receive(exactly: payload.count)
@@ -307,7 +307,7 @@ struct ConformanceTests {
         }
     }
 
-    @Test("A server keeps serving after a client vanishes", arguments: ConformanceCase.tcp)
+    @Test("A server keeps serving after a client vanishes", arguments: ConformanceCase.streams)
     func serverSurvivesVanishingClient(_ test: ConformanceCase) async throws {
         try await SocketTest.run {
             let server = try await test.echoServer()
@@ -326,12 +326,13 @@ struct ConformanceTests {
     @Test("IPv6 loopback works", arguments: ConformanceCase.all)
     func ipv6(_ test: ConformanceCase) async throws {
         try await SocketTest.run {
-            let server = try await EchoServer.start(test.backend, on: try Endpoint(url: "\(test.transport)://[::1]:0"))
+            let server = try await EchoServer.start(
+                test.backend, on: try Endpoint(url: "\(test.transport)://[::1]:0"), tls: test.serverTLS)
             #expect(server.endpoint.host == .ipv6("::1"))
             let client = try await test.connect(to: server.endpoint)
             let payload = pattern(100, seed: 6)
             let echoed =
-                test.transport == .tcp
+                test.transport.isByteStream
                 ? try await { () async throws -> [UInt8] in
                     try await client.send(payload)
                     return try await client.receive(exactly: 100)
@@ -350,7 +351,7 @@ struct ConformanceTests {
             let client = try await test.connect(
                 to: try Endpoint(url: "\(test.transport)://localhost:\(server.endpoint.port)"))
             let echoed =
-                test.transport == .tcp
+                test.transport.isByteStream
                 ? try await { () async throws -> [UInt8] in
                     try await client.send([5])
                     return try await client.receive(exactly: 1)

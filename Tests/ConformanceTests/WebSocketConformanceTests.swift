@@ -33,7 +33,7 @@ struct WebSocketConformanceTests {
             let server = try await test.echoServer()
             var options = WebSocketOptions()
             options.fragmentSize = 7
-            let client = try await test.backend.connect(to: server.endpoint, webSocket: options)
+            let client = try await test.connect(to: server.endpoint, webSocket: options)
             let text = "fragmented: κόσμε 🎉 " + String(repeating: "x", count: 100)
             try await client.send(.text(text))  // 7-byte fragments split code points across frames
             #expect(try await client.receive()?.text == text)
@@ -97,7 +97,7 @@ struct WebSocketConformanceTests {
     func invalidUTF8(_ test: ConformanceCase) async throws {
         try await SocketTest.run {
             let server = try await test.echoServer()
-            var raw = try await RawWebSocketClient.connect(test.backend, to: server.endpoint)
+            var raw = try await RawWebSocketClient.connect(test, to: server.endpoint)
             try await raw.sendFrame(WebSocketFrame(opcode: .text, payload: [0x48, 0xC3, 0x28]))
             let close = try await raw.nextFrame()
             #expect(close.opcode == .close)
@@ -112,7 +112,7 @@ struct WebSocketConformanceTests {
         try await SocketTest.run {
             var small = WebSocketOptions()
             small.maximumMessageSize = 1000
-            let listener = try await test.backend.listen(on: test.anyPort, webSocket: small)
+            let listener = try await test.listen(webSocket: small)
             let server = EchoServer(listener: listener)
             server.begin()
             let client = try #require(try await test.connect(to: listener.localEndpoint) as? WebSocketConnection)
@@ -128,7 +128,7 @@ struct WebSocketConformanceTests {
     func badHandshake(_ test: ConformanceCase) async throws {
         try await SocketTest.run {
             let server = try await test.echoServer()
-            let tcp = try await test.backend.connect(to: server.endpoint.with(transport: .tcp))
+            let tcp = try await test.connectStream(to: server.endpoint)
             try await tcp.send(Array("GET / HTTP/1.1\r\nHost: x\r\n\r\n".utf8))
             var reply: [UInt8] = []
             while let chunk = try await tcp.receive() { reply += chunk.bytes }
@@ -150,8 +150,8 @@ struct RawWebSocketClient {
     let tcp: any Connection
     var parser = WebSocketFrameParser(role: .client)
 
-    static func connect(_ backend: Backend, to endpoint: Endpoint) async throws -> RawWebSocketClient {
-        let tcp = try await backend.connect(to: endpoint.with(transport: .tcp))
+    static func connect(_ test: ConformanceCase, to endpoint: Endpoint) async throws -> RawWebSocketClient {
+        let tcp = try await test.connectStream(to: endpoint)
         let key = "dGhlIHNhbXBsZSBub25jZQ=="
         try await tcp.send(Array(WebSocketHandshake.clientRequest(host: "127.0.0.1", path: "/", key: key).utf8))
         var bytes: [UInt8] = []

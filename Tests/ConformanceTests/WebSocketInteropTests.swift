@@ -19,13 +19,17 @@ struct WebSocketInteropTests {
             return
         }
         try await SocketTest.run {
-            let server = try ChildProcess([Self.python, Self.peer, "server"], mergeErrors: false)
+            let certificate = test.transport.isSecure ? ConformanceCase.certificates.server : nil
+            let server = try ChildProcess(
+                [Self.python, Self.peer, "server"] + [certificate?.certificate, certificate?.key].compactMap { $0 },
+                mergeErrors: false)
             defer {
                 server.closeInput()
                 _ = try? server.wait()
             }
             let line = server.readLine()
             let endpoint = try Endpoint(url: String(line.dropFirst("listening on ".count)))
+            try #require(endpoint.transport == test.transport, "the Python server said: \(line)")
             let client = try #require(try await test.connect(to: endpoint) as? WebSocketConnection)
             for size in [0, 125, 126, 70_000, 1024 * 1024] {
                 let binary = pattern(size, seed: 2)
@@ -54,7 +58,13 @@ struct WebSocketInteropTests {
             let output: (Int32, String) = try await withCheckedThrowingContinuation { continuation in
                 PosixThread.spawn(name: "py-client") {
                     continuation.resume(
-                        with: Result { try ChildProcess.run([Self.python, Self.peer, "client", "\(server.endpoint)"]) })
+                        with: Result {
+                            try ChildProcess.run(
+                                [
+                                    Self.python, Self.peer, "client", "\(server.endpoint)",
+                                    ConformanceCase.certificates.caFile,
+                                ])
+                        })
                 }
             }
             #expect(output.0 == 0, "python client: \(output.1)")

@@ -1,14 +1,17 @@
 """An independent WebSocket peer (Python `websockets`) for SocketStyles' interop tests.
 
-  ws_peer.py server            echo server on 127.0.0.1, port 0; prints "listening on ws://127.0.0.1:PORT/"
-                               and serves until standard input closes
-  ws_peer.py client URL        connects, checks echoes of text and binary messages, a ping and a clean close;
-                               prints "ok" and exits 0, or prints the failure and exits 1
+  ws_peer.py server [CERT KEY] echo server on 127.0.0.1, port 0; prints "listening on ws://127.0.0.1:PORT/"
+                               (wss:// when given a certificate chain and key in PEM files) and serves until
+                               standard input closes
+  ws_peer.py client URL [CA]   connects, checks echoes of text and binary messages, a ping and a clean close;
+                               prints "ok" and exits 0, or prints the failure and exits 1. For wss:// URLs the
+                               server's certificate is verified against the CA file, host name included.
 
 Compression is off (SocketStyles negotiates no extension) and the size limits are raised to 16 MiB.
 """
 import asyncio
 import os
+import ssl
 import sys
 
 import websockets
@@ -22,16 +25,28 @@ async def echo(connection):
         pass
 
 
-async def serve():
-    async with websockets.serve(echo, "127.0.0.1", 0, compression=None, max_size=16 * 1024 * 1024 + 1024) as server:
+async def serve(cert=None, key=None):
+    context = None
+    if cert:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(cert, key)
+    async with websockets.serve(
+        echo, "127.0.0.1", 0, compression=None, max_size=16 * 1024 * 1024 + 1024, ssl=context
+    ) as server:
         port = server.sockets[0].getsockname()[1]
-        print(f"listening on ws://127.0.0.1:{port}/", flush=True)
+        scheme = "wss" if context else "ws"
+        print(f"listening on {scheme}://127.0.0.1:{port}/", flush=True)
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, sys.stdin.read)
 
 
-async def client(url):
-    async with websockets.connect(url, compression=None, max_size=16 * 1024 * 1024 + 1024) as connection:
+async def client(url, ca=None):
+    context = None
+    if url.startswith("wss:"):
+        context = ssl.create_default_context(cafile=ca)  # verifies the chain and the host name
+    async with websockets.connect(
+        url, compression=None, max_size=16 * 1024 * 1024 + 1024, ssl=context
+    ) as connection:
         for size in (0, 1, 125, 126, 65535, 65536, 1024 * 1024):
             text = "é" * (size // 2)
             await connection.send(text)
@@ -53,6 +68,6 @@ async def client(url):
 
 if __name__ == "__main__":
     if sys.argv[1] == "server":
-        asyncio.run(serve())
+        asyncio.run(serve(*sys.argv[2:4]))
     else:
-        asyncio.run(client(sys.argv[2]))
+        asyncio.run(client(*sys.argv[2:4]))

@@ -1,0 +1,74 @@
+import Synchronization
+
+/// Waits until the first of two operations finishes (the other keeps running, unobserved). Used to bound a wait
+/// (an operation against a timer) where the operation is stopped by other means (closing what it waits on).
+public func firstOf(
+    _ first: @escaping @Sendable () async -> Void, _ second: @escaping @Sendable () async -> Void
+) async {
+    let done = OnceFlag()
+    await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+        for operation in [first, second] {
+            Task {
+                await operation()
+                if done.claim() { continuation.resume() }
+            }
+        }
+    }
+}
+
+/// True for the first caller of ``claim()`` only.
+public final class OnceFlag: Sendable {
+    private let flag = Mutex(false)
+
+    /// A flag not yet claimed.
+    public init() {}
+
+    /// `true` the first time only.
+    public func claim() -> Bool {
+        flag.withLock { taken in
+            defer { taken = true }
+            return !taken
+        }
+    }
+
+    /// Whether someone claimed the flag.
+    public var isClaimed: Bool { flag.withLock { $0 } }
+}
+
+/// Runs `operation`; if it has not finished after `limit`, runs `onTimeout` (which must make the operation
+/// return, for example by closing what it waits on) and then waits for the operation. Returns `true` when the
+/// operation finished in time. Cancelling the caller cancels the operation and never counts as a timeout.
+public func runBounded(
+    by limit: Duration, onTimeout: @escaping @Sendable () async -> Void,
+    _ operation: @escaping @Sendable () async -> Void
+) async -> Bool {
+    enum Outcome { case finished, limitReached, timerCancelled }
+    return await withTaskGroup(of: Outcome.self) { group in
+        group.addTask {
+            await operation()
+            return .finished
+        }
+        group.addTask {
+            do {
+                try await Task.sleep(for: limit)
+                return .limitReached
+            } catch {
+                return .timerCancelled
+            }
+        }
+        var inTime = true
+        while let outcome = await group.next() {
+            switch outcome {
+            case .finished:
+                group.cancelAll()
+                return inTime
+            case .limitReached:
+                inTime = false
+                await onTimeout()
+            case .timerCancelled:
+                continue
+            }
+        }
+        return inTime
+    }
+}
