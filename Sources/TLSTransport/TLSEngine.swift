@@ -103,7 +103,7 @@ final class TLSEngine: Sendable {
             _ = TLSErrors.drain()
             let reason = String(cString: X509_verify_cert_error_string(verify))
             return ConnectionError(
-                .certificateRejected, "the server's certificate was rejected: \(reason)",
+                .certificateRejected, "verifying the server's certificate: \(reason)",
                 systemCode: .init(domain: "x509", code: Int32(verify), name: TLSErrors.verifyName(verify)))
         }
         if session.inputEnded || code == SSL_ERROR_WANT_READ {

@@ -9,11 +9,12 @@ struct AutobahnClient: AsyncParsableCommand {
         abstract: "Drive Autobahn|Testsuite's fuzzingserver with our WebSocket client (used by scripts/autobahn).",
         shouldDisplay: false)
 
-    @Argument(help: "The fuzzingserver, e.g. ws://127.0.0.1:9001.")
+    @Argument(help: "The fuzzingserver, e.g. ws://127.0.0.1:9001 or wss://127.0.0.1:9001.")
     var url: String
 
     @Option var backend: String = "bsd"
     @Option var agent: String = "socketstyles"
+    @OptionGroup var tls: TLSClientOptions
 
     func run() async throws {
         let (base, backend) = try parseTarget(url: url, backend: backend)
@@ -22,7 +23,9 @@ struct AutobahnClient: AsyncParsableCommand {
         options.maximumFrameSize = 64 * 1024 * 1024
         func open(_ path: String) async throws(ConnectionError) -> any Connection {
             try await backend.connect(
-                to: Endpoint(transport: .ws, host: base.host, port: base.port, path: path), webSocket: options)
+                to: Endpoint(transport: base.transport, host: base.host, port: base.port, path: path),
+                webSocket: options,
+                tls: tls.configuration)
         }
         let counter = try await open("/getCaseCount")
         guard let text = try await counter.receive()?.text, let count = Int(text) else {

@@ -1,5 +1,6 @@
 import ArgumentParser
 import BenchmarkDriver
+import ConnectionTestKit
 import Foundation
 import Histogram
 import SocketStyles
@@ -17,7 +18,7 @@ struct Compare: AsyncParsableCommand {
     @Option(help: "Comma-separated backends, or `all`.")
     var backends: String = "all"
 
-    @Option(help: "Comma-separated transports.")
+    @Option(help: "Comma-separated transports: tcp, udp, ws, tls, wss.")
     var transports: String = "tcp,udp,ws"
 
     @Option(help: "Bytes per message.")
@@ -28,6 +29,9 @@ struct Compare: AsyncParsableCommand {
 
     @Option(help: "Round trips before measuring, per repetition.")
     var warmup: Int = 500
+
+    @Option(help: "Connections opened (and closed) per repetition to time the handshake (TCP, + TLS, + upgrade).")
+    var connects: Int = 50
 
     @Option(help: "Repetitions (backends interleaved in each).")
     var repetitions: Int = 3
@@ -53,6 +57,9 @@ struct Compare: AsyncParsableCommand {
         var median: LatencySummary
         var lost: Int
         var roundTripsPerSecond: Double
+        /// Median of the per-repetition median time to connect (TCP handshake, plus TLS, plus WebSocket
+        /// upgrade as the transport has them), nanoseconds.
+        var connectNanoseconds: UInt64?
     }
 
     func run() async throws {
@@ -70,7 +77,7 @@ struct Compare: AsyncParsableCommand {
         var chosenTransports: [Transport] = []
         for name in transports.split(separator: ",") {
             guard let transport = Transport(rawValue: String(name)) else {
-                throw fail("unknown transport '\(name)' (tcp, udp, ws)")
+                throw fail("unknown transport '\(name)' (tcp, udp, ws, tls, wss)")
             }
             chosenTransports.append(transport)
         }
@@ -83,7 +90,11 @@ struct Compare: AsyncParsableCommand {
         try pin(toCPU: clientCPU)
 
         var combos: [(Backend?, Transport)] = []
-        if floor { for transport in chosenTransports where transport != .ws { combos.append((nil, transport)) } }
+        if floor {
+            for transport in chosenTransports where transport == .tcp || transport == .udp {
+                combos.append((nil, transport))
+            }
+        }
         for backend in chosenBackends {
             for transport in chosenTransports where backend.transports.contains(transport) {
                 combos.append((backend, transport))
@@ -94,12 +105,21 @@ struct Compare: AsyncParsableCommand {
         Console.error(
             "sockbench compare: \(combos.count) combination(s) x \(repetitions) repetition(s), \(count) round trips of \(size) B each, placement \(placement.rawValue)"
                 + (serverCPU.map { " (server cpu \($0), client cpu \(clientCPU!))" } ?? ""))
+        // tls and wss: a throwaway CA and server certificate for this run (deleted at the end); the client
+        // verifies the server against that CA, as a real client would.
+        let certificates = chosenTransports.contains(where: \.isSecure) ? try TestCertificates.make() : nil
+        defer { certificates?.remove() }
+        let clientTLS = certificates?.client ?? TLSConfiguration()
         var servers: [String: ChildServer] = [:]
         defer { for server in servers.values { server.stop() } }
         for (backend, transport) in combos {
+            let tlsArguments =
+                transport.isSecure
+                ? ["--cert", certificates!.server.certificate, "--key", certificates!.server.key] : []
             servers[Self.key(backend, transport)] = try ChildServer.start(
-                backend: backend, url: "\(transport)://127.0.0.1:0", cpu: serverCPU)
+                backend: backend, url: "\(transport)://127.0.0.1:0", cpu: serverCPU, extraArguments: tlsArguments)
         }
+        var connectTimes: [String: [UInt64]] = [:]
 
         var results: [String: [PingRunner.Result]] = [:]
         for repetition in 0..<repetitions {
@@ -116,7 +136,11 @@ struct Compare: AsyncParsableCommand {
                         results[key, default: []].append(result)
                         continue
                     }
-                    let connection = try await backend.connect(to: endpoint)
+                    if connects > 0 {
+                        connectTimes[key, default: []].append(
+                            try await medianConnectTime(backend, endpoint, tls: clientTLS))
+                    }
+                    let connection = try await backend.connect(to: endpoint, tls: clientTLS)
                     do throws(ConnectionError) {
                         let result = try await PingRunner(size: size, count: count, warmup: warmup).run(on: connection)
                         results[key, default: []].append(result)
@@ -139,7 +163,8 @@ struct Compare: AsyncParsableCommand {
                     backend: backend?.rawValue ?? Self.floorName, transport: transport.rawValue, size: size,
                     repetitions: runs.map(\.latency), median: median(runs.map(\.latency)),
                     lost: runs.map(\.lost).reduce(0, +),
-                    roundTripsPerSecond: runs.map(\.roundTripsPerSecond).sorted()[runs.count / 2]))
+                    roundTripsPerSecond: runs.map(\.roundTripsPerSecond).sorted()[runs.count / 2],
+                    connectNanoseconds: connectTimes[Self.key(backend, transport)].map { $0.sorted()[$0.count / 2] }))
         }
         Console.line(table(rows))
         if let out {
@@ -155,6 +180,21 @@ struct Compare: AsyncParsableCommand {
     }
 
     static let floorName = "c-floor"
+
+    /// Opens and closes `connects` connections one after another; returns the median time the connect call
+    /// took (resolution is skipped: the endpoint is an address).
+    func medianConnectTime(
+        _ backend: Backend, _ endpoint: Endpoint, tls: TLSConfiguration
+    ) async throws(ConnectionError) -> UInt64 {
+        var times: [UInt64] = []
+        for _ in 0..<connects {
+            let start = MonotonicClock.nanoseconds()
+            let connection = try await backend.connect(to: endpoint, tls: tls)
+            times.append(MonotonicClock.nanoseconds() - start)  // UDP: no handshake, only the peer is fixed
+            await connection.close()
+        }
+        return times.sorted()[times.count / 2]
+    }
 
     static func key(_ backend: Backend?, _ transport: Transport) -> String {
         "\(backend?.rawValue ?? floorName)/\(transport)"
@@ -192,7 +232,7 @@ struct Compare: AsyncParsableCommand {
     func table(_ rows: [Row]) -> String {
         let header = [
             "backend", "transport", "size", "p50 us", "x floor", "p50 spread", "p90 us", "p99 us", "p99.9 us", "max us",
-            "rt/s", "lost",
+            "rt/s", "lost", "connect us",
         ]
         var floors: [String: UInt64] = [:]
         for row in rows where row.backend == Self.floorName { floors[row.transport] = row.median.p50 }
@@ -201,12 +241,12 @@ struct Compare: AsyncParsableCommand {
             let p50s = row.repetitions.map(\.p50)
             cells.append([
                 row.backend, row.transport, "\(row.size)", microseconds(row.median.p50),
-                floors[row.transport == "ws" ? "tcp" : row.transport].map {
+                floors[row.transport == "udp" ? "udp" : "tcp"].map {
                     fixed(Double(row.median.p50) / Double(max(1, $0))) + "x"
                 } ?? "-",
                 "\(microseconds(p50s.min()!))-\(microseconds(p50s.max()!))", microseconds(row.median.p90),
                 microseconds(row.median.p99), microseconds(row.median.p999), microseconds(row.median.max),
-                "\(Int(row.roundTripsPerSecond))", "\(row.lost)",
+                "\(Int(row.roundTripsPerSecond))", "\(row.lost)", row.connectNanoseconds.map(microseconds) ?? "-",
             ])
         }
         let widths = header.indices.map { column in cells.map { $0[column].count }.max()! }
@@ -234,11 +274,12 @@ final class ChildServer {
         self.endpoint = endpoint
     }
 
-    static func start(backend: Backend?, url: String, cpu: Int?) throws -> ChildServer {
+    static func start(backend: Backend?, url: String, cpu: Int?, extraArguments: [String] = []) throws -> ChildServer {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: executablePath())
         let command = backend.map { ["serve", url, "--backend", $0.rawValue] } ?? ["floor-serve", url]
-        process.arguments = command + ["--exit-on-stdin-eof"] + (cpu.map { ["--cpu", "\($0)"] } ?? [])
+        process.arguments =
+            command + ["--exit-on-stdin-eof"] + (cpu.map { ["--cpu", "\($0)"] } ?? []) + extraArguments
         let input = Pipe()
         let output = Pipe()
         process.standardInput = input

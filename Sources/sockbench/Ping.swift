@@ -33,6 +33,8 @@ struct Ping: AsyncParsableCommand {
     @Flag(inversion: .prefixedNo, help: "TCP_NODELAY (on by default, as for every backend).")
     var nodelay = true
 
+    @OptionGroup var tls: TLSClientOptions
+
     @Flag(help: "Print the result as JSON.")
     var json = false
 
@@ -51,7 +53,7 @@ struct Ping: AsyncParsableCommand {
         let options = ConnectionOptions.with { $0.tcpNoDelay = nodelay }
         let result: PingRunner.Result
         do throws(ConnectionError) {
-            let connection = try await backend.connect(to: endpoint, options: options)
+            let connection = try await backend.connect(to: endpoint, options: options, tls: tls.configuration)
             do throws(ConnectionError) {
                 result = try await PingRunner(size: size, count: count, warmup: warmup).run(on: connection)
             } catch {

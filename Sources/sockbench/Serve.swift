@@ -10,7 +10,8 @@ struct Serve: AsyncParsableCommand {
         discussion: "Prints `listening on URL` (with the real port when 0 was asked) once it accepts clients."
     )
 
-    @Argument(help: "Where to listen, e.g. tcp://127.0.0.1:0 or udp://[::1]:9000.")
+    @Argument(
+        help: "Where to listen, e.g. tcp://127.0.0.1:0, udp://[::1]:9000, wss://127.0.0.1:0 (with --cert, --key).")
     var url: String
 
     @Option(help: "The connection style: \(Backend.allCases.map(\.rawValue).joined(separator: ", ")).")
@@ -19,15 +20,18 @@ struct Serve: AsyncParsableCommand {
     @Option(help: "Pin the server to this CPU.")
     var cpu: Int?
 
+    @OptionGroup var tls: TLSServerOptions
+
     @Flag(help: "Stop when standard input reaches its end (used by `sockbench compare` for its child servers).")
     var exitOnStdinEOF = false
 
     func run() async throws {
         let (endpoint, backend) = try parseTarget(url: url, backend: backend)
         try pin(toCPU: cpu)
+        let tlsConfiguration = try tls.configuration(for: endpoint.transport)
         let server: EchoServer
         do throws(ConnectionError) {
-            server = try await EchoServer.start(backend, on: endpoint)
+            server = try await EchoServer.start(backend, on: endpoint, tls: tlsConfiguration)
         } catch {
             throw fail(error.description)
         }

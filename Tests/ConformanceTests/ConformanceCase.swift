@@ -83,7 +83,10 @@ func expectConnectionError<R>(
 /// A deterministic payload in which every byte depends on its position and the seed, so that a lost, repeated
 /// or reordered byte shows.
 func pattern(_ count: Int, seed: UInt8 = 0) -> [UInt8] {
-    (0..<count).map { UInt8(truncatingIfNeeded: ($0 &* 31) ^ ($0 >> 8) ^ Int(seed)) }
+    [UInt8](unsafeUninitializedCapacity: count) { buffer, initialized in
+        for index in 0..<count { buffer[index] = UInt8(truncatingIfNeeded: (index &* 31) ^ (index >> 8) ^ Int(seed)) }
+        initialized = count
+    }
 }
 
 /// Sends a UDP request and waits for the reply, sending again when none comes in time: UDP may lose datagrams,

@@ -5,7 +5,7 @@ import Testing
 /// The conformance suite: each scenario written once, run for every backend x transport.
 /// Every scenario runs through `SocketTest.run`, which bounds it in time and fails it if a descriptor is left
 /// open.
-@Suite("Conformance", .timeLimit(.minutes(2)))
+@Suite("Conformance", .timeLimit(.minutes(10)))
 struct ConformanceTests {
     // MARK: Echo
 

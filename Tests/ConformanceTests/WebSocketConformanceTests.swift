@@ -3,7 +3,7 @@ import SocketStyles
 import Testing
 
 /// WebSocket over every backend's TCP: the scenarios RFC 6455 users rely on.
-@Suite("WebSocket conformance", .timeLimit(.minutes(3)))
+@Suite("WebSocket conformance", .timeLimit(.minutes(10)))
 struct WebSocketConformanceTests {
     @Test(
         "Text and binary echo at 0, 125, 126, 65535, 65536 bytes and 16 MiB keep their kind and bytes",
@@ -183,7 +183,7 @@ struct RawWebSocketClient {
     func close() async { await tcp.close() }
 }
 
-@Suite("WebSocket keep-alive and events", .timeLimit(.minutes(2)))
+@Suite("WebSocket keep-alive and events", .timeLimit(.minutes(10)))
 struct WebSocketKeepAliveTests {
     @Test("Keep-alive pings are answered: the connection stays up; events report open then close")
     func keepAliveAnswered() async throws {

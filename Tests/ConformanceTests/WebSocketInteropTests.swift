@@ -4,7 +4,7 @@ import SocketStyles
 import Testing
 
 /// Interop with an independent WebSocket implementation: Python `websockets` (set up by scripts/peers/setup).
-@Suite("WebSocket interop with Python websockets", .timeLimit(.minutes(3)))
+@Suite("WebSocket interop with Python websockets", .timeLimit(.minutes(10)))
 struct WebSocketInteropTests {
     static let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
         .deletingLastPathComponent()

@@ -3,7 +3,7 @@ import Synchronization
 import Testing
 
 /// The shared half of every backend's receive path, tested without sockets.
-@Suite("ReceiveQueue", .timeLimit(.minutes(1)))
+@Suite("ReceiveQueue", .timeLimit(.minutes(10)))
 struct ReceiveQueueTests {
     @Test("Elements come out in order; a clean end is reported exactly once")
     func orderAndEnd() async throws {

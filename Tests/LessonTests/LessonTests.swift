@@ -4,7 +4,7 @@ import SocketStyles
 import Testing
 
 /// Each lesson's claims, checked on real sockets (never its timings).
-@Suite("Lessons", .serialized, .timeLimit(.minutes(3)))
+@Suite("Lessons", .serialized, .timeLimit(.minutes(10)))
 struct LessonTests {
     init() {
         // The namespace lessons' SIGINT/SIGTERM clean-up (Dispatch signal sources) lives as long as the process.
@@ -29,12 +29,12 @@ struct LessonTests {
         #expect(report.figures["ws.whole"] == 1)
     }
 
-    @Test("handshake: both transports measured")
+    @Test("handshake: every transport measured, TLS and WSS included")
     func handshake() async throws {
         let report = try await run("handshake")
         for key in [
             "native.tcp.connect.p50us", "native.udp.connect.p50us", "tcp.connect.p50us", "udp.connect.p50us",
-            "ws.connect.p50us",
+            "ws.connect.p50us", "tls.connect.p50us", "wss.connect.p50us",
         ] {
             #expect((report.figures[key] ?? 0) > 0, "\(key)")
         }
