@@ -19,6 +19,7 @@ let package = Package(
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
         .package(url: "https://github.com/HdrHistogram/hdrhistogram-swift", from: "0.2.0"),
+        .package(url: "https://github.com/apple/swift-nio", from: "2.101.2"),
     ],
     targets: [
         // The contract: protocols, endpoints, errors, options. No I/O, no C.
@@ -50,6 +51,16 @@ let package = Package(
             dependencies: ["ConnectionCore", "POSIXSupport"],
             swiftSettings: strictSettings
         ),
+        // The reference a user would otherwise pick: SwiftNIO (NIOPosix channels, NIOWebSocket), behind Connection.
+        .target(
+            name: "NIOBackend",
+            dependencies: [
+                "ConnectionCore", "POSIXSupport",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+            ],
+            swiftSettings: strictSettings
+        ),
         // RFC 6455 frames, parser, encoder, masking, handshake, UTF-8 validation, state machine. No I/O, no
         // dependencies.
         .target(name: "WebSocketCodec", swiftSettings: strictSettings),
@@ -72,7 +83,7 @@ let package = Package(
         .target(
             name: "SocketStyles",
             dependencies: [
-                "ConnectionCore", "BSDSocketBackend", "LibUVBackend", "RunLoopBackend", "AsyncBackend",
+                "ConnectionCore", "BSDSocketBackend", "LibUVBackend", "RunLoopBackend", "AsyncBackend", "NIOBackend",
                 "WebSocketCodec", "WebSocketTransport", "TLSTransport",
             ],
             swiftSettings: strictSettings

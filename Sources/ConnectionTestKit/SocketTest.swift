@@ -20,7 +20,7 @@ public enum SocketTest {
     /// Runs `body` alone among socket tests, within `timeLimit`, and fails if the process has more open
     /// descriptors afterwards than before (listing the new ones).
     public static func run<R: Sendable>(
-        timeLimit: Duration = .seconds(60), _ body: @Sendable () async throws -> R
+        timeLimit: Duration = .seconds(60), _ body: @escaping @Sendable () async throws -> R
     ) async throws -> R {
         try await lock.withLock {
             warmUpProcessWideResources()
@@ -80,27 +80,44 @@ public enum SocketTest {
 }
 
 /// Runs `body`, cancelling it and throwing ``SocketTest/Failure`` when it takes longer than `limit`.
-public func withTimeLimit<R: Sendable>(_ limit: Duration, _ body: @Sendable () async throws -> R) async throws -> R {
-    try await withoutActuallyEscaping(body) { body in
-        let box = UnsafeSendableBox(body)
-        return try await withThrowingTaskGroup(of: R?.self) { group in
-            group.addTask { try await box.value() }
-            group.addTask {
-                try? await Task.sleep(for: limit)
-                return nil
+///
+/// On timeout this returns at once, without waiting for `body` to notice the cancellation: a body stuck in
+/// something that ignores cancellation must fail its own test, not hold every later test behind it.
+public func withTimeLimit<R: Sendable>(
+    _ limit: Duration, _ body: @escaping @Sendable () async throws -> R
+) async throws -> R {
+    let race = TimeLimitRace()
+    return try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<R, any Error>) in
+        let task = Task {
+            let result: Result<R, any Error>
+            do {
+                result = .success(try await body())
+            } catch {
+                result = .failure(error)
             }
-            defer { group.cancelAll() }
-            guard let first = try await group.next(), let value = first else {
-                throw SocketTest.Failure(description: "time limit of \(limit) exceeded")
+            if race.decided.claim() {
+                race.timer.withLock { $0 }?.cancel()
+                continuation.resume(with: result)
             }
-            return value
         }
+        race.work.withLock { $0 = task }
+        let sleeper = Task {
+            try? await Task.sleep(for: limit)
+            if !Task.isCancelled, race.decided.claim() {
+                race.work.withLock { $0 }?.cancel()
+                continuation.resume(throwing: SocketTest.Failure(description: "time limit of \(limit) exceeded"))
+            }
+        }
+        race.timer.withLock { $0 = sleeper }
+        if race.decided.isClaimed { sleeper.cancel() }
     }
 }
 
-private struct UnsafeSendableBox<T>: @unchecked Sendable {
-    let value: T
-    init(_ value: T) { self.value = value }
+/// Who finished first in ``withTimeLimit(_:_:)``, and the two tasks racing.
+private final class TimeLimitRace: Sendable {
+    let decided = OnceFlag()
+    let work = Mutex<Task<Void, Never>?>(nil)
+    let timer = Mutex<Task<Void, Never>?>(nil)
 }
 
 /// Runs bodies one at a time, in arrival order, on ConnectionCore's ``AsyncGate``.

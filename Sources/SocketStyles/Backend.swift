@@ -2,6 +2,7 @@
 @_exported public import BSDSocketBackend
 @_exported public import ConnectionCore
 @_exported public import LibUVBackend
+@_exported public import NIOBackend
 @_exported public import POSIXSupport
 @_exported public import RunLoopBackend
 @_exported public import TLSTransport
@@ -22,6 +23,8 @@ public enum Backend: String, Sendable, Hashable, CaseIterable, CustomStringConve
     case runloop
     /// async/await over non-blocking sockets and one epoll reactor thread (``AsyncBackend``).
     case async
+    /// SwiftNIO channels on one event-loop thread (``NIOBackend``): the reference a user would otherwise pick.
+    case nio
 
     /// The backend's factory.
     public var implementation: any ConnectionBackend {
@@ -30,6 +33,7 @@ public enum Backend: String, Sendable, Hashable, CaseIterable, CustomStringConve
         case .uv: LibUVBackend.shared
         case .runloop: RunLoopBackend.shared
         case .async: AsyncBackend()
+        case .nio: NIOBackend()
         }
     }
 
@@ -41,6 +45,7 @@ public enum Backend: String, Sendable, Hashable, CaseIterable, CustomStringConve
         case .runloop:
             "input/output streams with a delegate (openCompleted, hasBytesAvailable, ...) on one epoll run loop"
         case .async: "async/await on non-blocking sockets; one epoll reactor thread resumes waiting tasks"
+        case .nio: "SwiftNIO 2.101 channels and handlers on one event-loop thread; the reference to beat"
         }
     }
 

@@ -1,0 +1,127 @@
+import Synchronization
+
+/// The UDP server side every backend shares: one bound socket's datagrams sorted by sender into one
+/// ``Connection`` per peer (made on the first datagram from that address and handed out by ``accept()``).
+/// A backend feeds datagrams in with ``deliver(_:from:)`` and says how to answer a peer with `send`.
+///
+/// A datagram that finds its peer's queue (or the accept queue) full is dropped and counted, as the kernel
+/// drops a datagram that finds a socket's receive buffer full. Closing a peer forgets it: a later datagram from
+/// the same address is a new peer.
+public final class DatagramDemultiplexer<Address: Hashable & Sendable>: Sendable {
+    /// Sends one datagram to a peer.
+    public typealias Send = @Sendable ([UInt8], Address) async throws(ConnectionError) -> Void
+
+    private let accepted = ReceiveQueue<any Connection>(capacity: 1024)
+    private let peers = Mutex<[Address: DatagramPeer<Address>]>([:])
+    private let droppedCount = Atomic<Int>(0)
+    let localEndpoint: Endpoint
+    let options: ConnectionOptions
+    let send: Send
+    let endpoint: @Sendable (Address) -> Endpoint
+    let executor: (any TaskExecutor)?
+
+    /// - Parameters:
+    ///   - localEndpoint: the bound address.
+    ///   - endpoint: a peer address as an endpoint (for ``Connection/remoteEndpoint``).
+    ///   - executor: where the peers' operations complete, if on an event loop.
+    ///   - send: writes one datagram to a peer.
+    public init(
+        localEndpoint: Endpoint, options: ConnectionOptions, executor: (any TaskExecutor)? = nil,
+        endpoint: @escaping @Sendable (Address) -> Endpoint, send: @escaping Send
+    ) {
+        self.localEndpoint = localEndpoint
+        self.options = options
+        self.executor = executor
+        self.endpoint = endpoint
+        self.send = send
+    }
+
+    /// The bound address, for the listener's ``Listener/localEndpoint``.
+    public var localEndpointForListener: Endpoint { localEndpoint }
+
+    /// Datagrams dropped because a peer's queue or the accept queue was full.
+    public var dropped: Int { droppedCount.load(ordering: .relaxed) }
+
+    /// One datagram from `address`.
+    public func deliver(_ bytes: [UInt8], from address: Address) {
+        let (peer, isNew) = peers.withLock { peers -> (DatagramPeer<Address>, Bool) in
+            if let peer = peers[address] { return (peer, false) }
+            let peer = DatagramPeer(demultiplexer: self, address: address)
+            peers[address] = peer
+            return (peer, true)
+        }
+        if peer.inbox.hasSpace {
+            peer.inbox.push(bytes)
+        } else {
+            droppedCount.add(1, ordering: .relaxed)
+        }
+        if isNew && !accepted.push(peer).accepted {
+            droppedCount.add(1, ordering: .relaxed)
+            forget(peer)
+        }
+    }
+
+    /// The next new peer. Throws `.closed` after ``close()``.
+    public func accept() async throws(ConnectionError) -> any Connection {
+        guard let connection = try await accepted.next() else { throw .closed("the listener is closed") }
+        return connection
+    }
+
+    /// Ends every peer's receive with `.closed` and stops handing out peers.
+    public func close() {
+        _ = accepted.close(.closed("the listener is closed"))
+        let all = peers.withLock { peers in
+            defer { peers.removeAll() }
+            return Array(peers.values)
+        }
+        for peer in all { peer.inbox.close(.closed("the listener is closed")) }
+    }
+
+    func forget(_ peer: DatagramPeer<Address>) {
+        peers.withLock { peers in
+            if peers[peer.address] === peer { peers[peer.address] = nil }
+        }
+        peer.inbox.close()
+    }
+}
+
+/// One peer of a UDP listener: receives the datagrams from its address, sends to it.
+final class DatagramPeer<Address: Hashable & Sendable>: Connection, Sendable {
+    let transport = Transport.udp
+    let address: Address
+    let localEndpoint: Endpoint
+    let remoteEndpoint: Endpoint
+    let options: ConnectionOptions
+    let inbox: ReceiveQueue<[UInt8]>
+    private let demultiplexer: DatagramDemultiplexer<Address>
+    private let closed = Atomic<Bool>(false)
+
+    init(demultiplexer: DatagramDemultiplexer<Address>, address: Address) {
+        self.demultiplexer = demultiplexer
+        self.address = address
+        options = demultiplexer.options
+        localEndpoint = demultiplexer.localEndpoint
+        remoteEndpoint = demultiplexer.endpoint(address)
+        inbox = .datagrams(capacity: demultiplexer.options.receiveQueueLimit)
+    }
+
+    var preferredExecutor: (any TaskExecutor)? { demultiplexer.executor }
+
+    func send(_ message: Message) async throws(ConnectionError) {
+        if closed.load(ordering: .relaxed) || inbox.isEnded { throw .closed() }
+        try await demultiplexer.send(message.bytes, address)
+    }
+
+    func receive(maximumLength: Int) async throws(ConnectionError) -> Message? {
+        try await inbox.next().map(Message.init)
+    }
+
+    func closeOutput() async throws(ConnectionError) {
+        throw ConnectionError(.unsupported, "UDP has no half-close")
+    }
+
+    func close() async {
+        guard !closed.exchange(true, ordering: .relaxed) else { return }
+        demultiplexer.forget(self)
+    }
+}

@@ -1,0 +1,396 @@
+import ConnectionCore
+import NIOCore
+import NIOPosix
+import POSIXSupport
+import Synchronization
+
+/// A SwiftNIO event loop as a `TaskExecutor`, so a task that prefers it runs on the loop thread and is resumed
+/// by channel events without a thread hop (what ``Connection/preferredExecutor`` is for; SwiftNIO 2.101 has no
+/// such conformance of its own).
+final class EventLoopTaskExecutor: TaskExecutor, @unchecked Sendable {
+    let loop: any EventLoop
+
+    init(_ loop: any EventLoop) { self.loop = loop }
+
+    func enqueue(_ job: consuming ExecutorJob) {
+        let job = UnownedJob(job)
+        loop.execute { [self] in job.runSynchronously(on: asUnownedTaskExecutor()) }
+    }
+
+    private static let executors = Mutex<[ObjectIdentifier: EventLoopTaskExecutor]>([:])
+
+    /// One executor per loop.
+    static func of(_ loop: any EventLoop) -> EventLoopTaskExecutor {
+        executors.withLock { executors in
+            let key = ObjectIdentifier(loop)
+            if let executor = executors[key] { return executor }
+            let executor = EventLoopTaskExecutor(loop)
+            executors[key] = executor
+            return executor
+        }
+    }
+}
+
+/// Reads of a TCP channel into a bounded queue; reading stops (autoRead off) while the queue is full.
+final class StreamInboxHandler: ChannelInboundHandler {
+    typealias InboundIn = ByteBuffer
+    let inbox: ReceiveQueue<[UInt8]>
+
+    init(inbox: ReceiveQueue<[UInt8]>) { self.inbox = inbox }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        var buffer = Self.unwrapInboundIn(data)
+        let bytes = buffer.readBytes(length: buffer.readableBytes) ?? []
+        if !inbox.push(bytes).hasSpace { try? context.channel.syncOptions?.setOption(.autoRead, value: false) }
+    }
+
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        if let event = event as? ChannelEvent, event == .inputClosed { inbox.finish(.finished) }
+        context.fireUserInboundEventTriggered(event)
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        inbox.finish(.failed(connectionError(error, "read")))
+        context.close(promise: nil)
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        inbox.finish(.finished)
+        context.fireChannelInactive()
+    }
+}
+
+/// A TCP connection on a SwiftNIO channel.
+final class NIOStreamConnection: Connection, Sendable {
+    let transport = Transport.tcp
+    let localEndpoint: Endpoint
+    let remoteEndpoint: Endpoint
+    let options: ConnectionOptions
+    let channel: any Channel
+    let inbox: ReceiveQueue<[UInt8]>
+    private let closed = Atomic<Bool>(false)
+    private let outputClosed = Atomic<Bool>(false)
+
+    var preferredExecutor: (any TaskExecutor)? { EventLoopTaskExecutor.of(channel.eventLoop) }
+
+    /// Wraps an active channel whose pipeline holds a ``StreamInboxHandler`` for `inbox`.
+    init(channel: any Channel, inbox: ReceiveQueue<[UInt8]>, options: ConnectionOptions) {
+        self.channel = channel
+        self.inbox = inbox
+        self.options = options
+        localEndpoint = endpoint(channel.localAddress, .tcp)
+        remoteEndpoint = endpoint(channel.remoteAddress, .tcp)
+    }
+
+    /// The queue for a new channel: room again turns reading back on.
+    static func makeInbox(for channel: any Channel, options: ConnectionOptions) -> ReceiveQueue<[UInt8]> {
+        .byteStream(capacity: options.receiveQueueLimit) {
+            channel.setOption(ChannelOptions.autoRead, value: true).whenComplete { _ in }
+        }
+    }
+
+    /// Every option set explicitly (SwiftNIO's own defaults differ from the other backends').
+    static func configure(_ channel: any Channel, options: ConnectionOptions) throws {
+        guard let sync = channel.syncOptions else { return }
+        try sync.setOption(.socketOption(.tcp_nodelay), value: options.tcpNoDelay ? 1 : 0)
+        try sync.setOption(.allowRemoteHalfClosure, value: true)
+        if let size = options.receiveBufferSize { try sync.setOption(.socketOption(.so_rcvbuf), value: size) }
+        if let size = options.sendBufferSize { try sync.setOption(.socketOption(.so_sndbuf), value: size) }
+        try sync.setOption(
+            .recvAllocator,
+            value: AdaptiveRecvByteBufferAllocator(minimum: 64, initial: 2048, maximum: options.readChunkSize))
+    }
+
+    static func connect(
+        to address: NIOCore.SocketAddress, endpoint: Endpoint, options: ConnectionOptions,
+        group: MultiThreadedEventLoopGroup
+    ) async throws(ConnectionError) -> NIOStreamConnection {
+        let inboxBox = Mutex<ReceiveQueue<[UInt8]>?>(nil)
+        let timeout = options.connectTimeout.components
+        let bootstrap = ClientBootstrap(group: group)
+            .connectTimeout(.nanoseconds(timeout.seconds * 1_000_000_000 + timeout.attoseconds / 1_000_000_000))
+            .channelInitializer { channel in
+                do {
+                    try configure(channel, options: options)
+                    let inbox = makeInbox(for: channel, options: options)
+                    inboxBox.withLock { $0 = inbox }
+                    try channel.pipeline.syncOperations.addHandler(StreamInboxHandler(inbox: inbox))
+                    return channel.eventLoop.makeSucceededVoidFuture()
+                } catch {
+                    return channel.eventLoop.makeFailedFuture(error)
+                }
+            }
+        do {
+            let channel = try await bootstrap.connect(to: address).get()
+            guard let inbox = inboxBox.withLock({ $0 }) else { throw ConnectionError(.system, "no inbox") }
+            return NIOStreamConnection(channel: channel, inbox: inbox, options: options)
+        } catch {
+            throw connectionError(error, "connect to \(endpoint)")
+        }
+    }
+
+    func send(_ message: Message) async throws(ConnectionError) {
+        if closed.load(ordering: .relaxed) { throw .closed() }
+        if outputClosed.load(ordering: .relaxed) { throw .closed("the output was closed (half-close)") }
+        do {
+            try await channel.writeAndFlush(ByteBuffer(bytes: message.bytes)).get()
+        } catch {
+            throw closed.load(ordering: .relaxed) ? .closed() : connectionError(error, "write")
+        }
+    }
+
+    func receive(maximumLength: Int) async throws(ConnectionError) -> Message? {
+        guard let bytes = try await inbox.next(maximumLength: maximumLength) else { return nil }
+        return Message(bytes)
+    }
+
+    func closeOutput() async throws(ConnectionError) {
+        if closed.load(ordering: .relaxed) { throw .closed() }
+        guard !outputClosed.exchange(true, ordering: .relaxed) else { return }
+        do {
+            try await channel.close(mode: .output).get()
+        } catch {
+            throw connectionError(error, "shutdown")
+        }
+    }
+
+    func close() async {
+        guard !closed.exchange(true, ordering: .relaxed) else { return }
+        inbox.close()
+        try? await channel.close().get()
+        try? await channel.closeFuture.get()
+    }
+}
+
+/// The TCP server side: accepted channels become connections, handed out by ``accept()``.
+final class NIOStreamListener: Listener, Sendable {
+    let transport = Transport.tcp
+    let localEndpoint: Endpoint
+    private let serverChannel: any Channel
+    private let accepted: ReceiveQueue<any Connection>
+
+    private init(serverChannel: any Channel, accepted: ReceiveQueue<any Connection>) {
+        self.serverChannel = serverChannel
+        self.accepted = accepted
+        localEndpoint = endpoint(serverChannel.localAddress, .tcp)
+    }
+
+    static func bind(
+        to address: NIOCore.SocketAddress, endpoint: Endpoint, options: ConnectionOptions,
+        group: MultiThreadedEventLoopGroup
+    ) async throws(ConnectionError) -> NIOStreamListener {
+        let accepted = ReceiveQueue<any Connection>(capacity: 1024)
+        let bootstrap = ServerBootstrap(group: group)
+            .serverChannelOption(.backlog, value: options.backlog)
+            .serverChannelOption(.socketOption(.so_reuseaddr), value: options.reuseAddress ? 1 : 0)
+            .childChannelInitializer { channel in
+                do {
+                    try NIOStreamConnection.configure(channel, options: options)
+                    let inbox = NIOStreamConnection.makeInbox(for: channel, options: options)
+                    try channel.pipeline.syncOperations.addHandler(StreamInboxHandler(inbox: inbox))
+                    let connection = NIOStreamConnection(channel: channel, inbox: inbox, options: options)
+                    if !accepted.push(connection).accepted { channel.close(promise: nil) }
+                    return channel.eventLoop.makeSucceededVoidFuture()
+                } catch {
+                    return channel.eventLoop.makeFailedFuture(error)
+                }
+            }
+        do {
+            let channel = try await bootstrap.bind(to: address).get()
+            return NIOStreamListener(serverChannel: channel, accepted: accepted)
+        } catch {
+            throw connectionError(error, "listen on \(endpoint)")
+        }
+    }
+
+    func accept() async throws(ConnectionError) -> any Connection {
+        guard let connection = try await accepted.next() else { throw .closed("the listener is closed") }
+        return connection
+    }
+
+    func close() async {
+        try? await serverChannel.close().get()
+        for connection in accepted.close(.closed("the listener is closed")) { await connection.close() }
+    }
+}
+
+/// Datagrams of a UDP channel into a bounded queue (a datagram that finds it full is dropped), or, for a
+/// listener, into a demultiplexer by sender.
+final class DatagramInboxHandler: ChannelInboundHandler {
+    typealias InboundIn = AddressedEnvelope<ByteBuffer>
+    let deliver: (AddressedEnvelope<ByteBuffer>) -> Void
+    let fail: (ConnectionError) -> Void
+
+    init(deliver: @escaping (AddressedEnvelope<ByteBuffer>) -> Void, fail: @escaping (ConnectionError) -> Void) {
+        self.deliver = deliver
+        self.fail = fail
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        deliver(Self.unwrapInboundIn(data))
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        // ECONNREFUSED (an ICMP port unreachable) leaves the channel open, as it leaves the socket usable.
+        fail(connectionError(error, "receive"))
+    }
+}
+
+/// Every option set explicitly for a UDP channel: datagrams up to maxDatagramSize (SwiftNIO's default buffer
+/// is 2,048 bytes, which would truncate larger datagrams).
+func configureDatagram(_ channel: any Channel, options: ConnectionOptions) throws {
+    guard let sync = channel.syncOptions else { return }
+    try sync.setOption(.recvAllocator, value: FixedSizeRecvByteBufferAllocator(capacity: options.maxDatagramSize))
+    if let size = options.receiveBufferSize { try sync.setOption(.socketOption(.so_rcvbuf), value: size) }
+    if let size = options.sendBufferSize { try sync.setOption(.socketOption(.so_sndbuf), value: size) }
+}
+
+/// A connected UDP channel.
+final class NIODatagramConnection: Connection, Sendable {
+    let transport = Transport.udp
+    let localEndpoint: Endpoint
+    let remoteEndpoint: Endpoint
+    let options: ConnectionOptions
+    let channel: any Channel
+    let inbox: ReceiveQueue<[UInt8]>
+    private let closed = Atomic<Bool>(false)
+
+    var preferredExecutor: (any TaskExecutor)? { EventLoopTaskExecutor.of(channel.eventLoop) }
+
+    private init(channel: any Channel, inbox: ReceiveQueue<[UInt8]>, options: ConnectionOptions) {
+        self.channel = channel
+        self.inbox = inbox
+        self.options = options
+        localEndpoint = endpoint(channel.localAddress, .udp)
+        remoteEndpoint = endpoint(channel.remoteAddress, .udp)
+    }
+
+    static func connect(
+        to address: NIOCore.SocketAddress, endpoint: Endpoint, options: ConnectionOptions,
+        group: MultiThreadedEventLoopGroup
+    ) async throws(ConnectionError) -> NIODatagramConnection {
+        let inbox = ReceiveQueue<[UInt8]>.datagrams(capacity: options.receiveQueueLimit)
+        let bootstrap = DatagramBootstrap(group: group)
+            .channelInitializer { channel in
+                do {
+                    try configureDatagram(channel, options: options)
+                    let handler = DatagramInboxHandler(
+                        deliver: { envelope in
+                            var data = envelope.data
+                            if inbox.hasSpace { inbox.push(data.readBytes(length: data.readableBytes) ?? []) }
+                        },
+                        fail: { error in inbox.pushFailure(error) })
+                    try channel.pipeline.syncOperations.addHandler(handler)
+                    return channel.eventLoop.makeSucceededVoidFuture()
+                } catch {
+                    return channel.eventLoop.makeFailedFuture(error)
+                }
+            }
+        do {
+            let channel = try await bootstrap.connect(to: address).get()
+            return NIODatagramConnection(channel: channel, inbox: inbox, options: options)
+        } catch {
+            throw connectionError(error, "connect to \(endpoint)")
+        }
+    }
+
+    func send(_ message: Message) async throws(ConnectionError) {
+        if closed.load(ordering: .relaxed) { throw .closed() }
+        do {
+            try await channel.writeAndFlush(ByteBuffer(bytes: message.bytes)).get()
+        } catch {
+            throw closed.load(ordering: .relaxed) ? .closed() : connectionError(error, "send")
+        }
+    }
+
+    func receive(maximumLength: Int) async throws(ConnectionError) -> Message? {
+        try await inbox.next().map(Message.init)
+    }
+
+    func closeOutput() async throws(ConnectionError) {
+        throw ConnectionError(.unsupported, "UDP has no half-close")
+    }
+
+    func close() async {
+        guard !closed.exchange(true, ordering: .relaxed) else { return }
+        inbox.close()
+        try? await channel.close().get()
+    }
+}
+
+/// The UDP server side: one bound channel, datagrams sorted by sender into per-peer connections.
+final class NIODatagramListener: Listener, Sendable {
+    let transport = Transport.udp
+    let localEndpoint: Endpoint
+    private let channel: any Channel
+    private let demultiplexer: DatagramDemultiplexer<NIOCore.SocketAddress>
+
+    private init(channel: any Channel, demultiplexer: DatagramDemultiplexer<NIOCore.SocketAddress>) {
+        self.channel = channel
+        self.demultiplexer = demultiplexer
+        localEndpoint = demultiplexer.localEndpointForListener
+    }
+
+    /// Binds with the same system calls as every other backend (so a taken address reads the same, and a
+    /// failed bind leaves nothing open), then hands the bound socket to SwiftNIO.
+    static func bind(
+        to address: POSIXSupport.SocketAddress, endpoint requested: Endpoint, options: ConnectionOptions,
+        group: MultiThreadedEventLoopGroup
+    ) async throws(ConnectionError) -> NIODatagramListener {
+        let fd = try Syscall.socket(family: address.family, datagram: true)
+        do throws(ConnectionError) {
+            if address.family == .ipv6 { try Syscall.setIPv6Only(fd, true) }
+            try Syscall.bind(fd, to: address)
+        } catch {
+            Syscall.close(fd)
+            throw ConnectionError(error.kind, "listen on \(requested): \(error.detail)", systemCode: error.systemCode)
+        }
+        let box = Mutex<DatagramDemultiplexer<NIOCore.SocketAddress>?>(nil)
+        let bootstrap = DatagramBootstrap(group: group)
+            .channelInitializer { channel in
+                do {
+                    try configureDatagram(channel, options: options)
+                    let handler = DatagramInboxHandler(
+                        deliver: { envelope in
+                            var data = envelope.data
+                            box.withLock { $0 }?.deliver(
+                                data.readBytes(length: data.readableBytes) ?? [], from: envelope.remoteAddress)
+                        },
+                        fail: { _ in })  // a stale ICMP error or an oversized datagram: the socket lives on
+                    try channel.pipeline.syncOperations.addHandler(handler)
+                    return channel.eventLoop.makeSucceededVoidFuture()
+                } catch {
+                    return channel.eventLoop.makeFailedFuture(error)
+                }
+            }
+        let channel: any Channel
+        do {
+            channel = try await bootstrap.withBoundSocket(fd).get()
+        } catch {
+            throw connectionError(error, "listen on \(requested)")
+        }
+        let executor = EventLoopTaskExecutor.of(channel.eventLoop)
+        let demultiplexer = DatagramDemultiplexer<NIOCore.SocketAddress>(
+            localEndpoint: endpoint(channel.localAddress, .udp), options: options, executor: executor,
+            endpoint: { endpoint($0, .udp) },
+            send: { bytes, peer throws(ConnectionError) in
+                do {
+                    try await channel.writeAndFlush(
+                        AddressedEnvelope(remoteAddress: peer, data: ByteBuffer(bytes: bytes))
+                    )
+                    .get()
+                } catch {
+                    throw connectionError(error, "send to \(peer)")
+                }
+            })
+        box.withLock { $0 = demultiplexer }
+        return NIODatagramListener(channel: channel, demultiplexer: demultiplexer)
+    }
+
+    func accept() async throws(ConnectionError) -> any Connection { try await demultiplexer.accept() }
+
+    func close() async {
+        demultiplexer.close()
+        try? await channel.close().get()
+    }
+}
