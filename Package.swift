@@ -90,7 +90,8 @@ let package = Package(
         ),
         // Shipped test support: fd counting, time limits, echo servers.
         .target(
-            name: "ConnectionTestKit", dependencies: ["SocketStyles", "POSIXSupport"], swiftSettings: strictSettings),
+            name: "ConnectionTestKit", dependencies: ["SocketStyles", "POSIXSupport", "BenchmarkDriver"],
+            swiftSettings: strictSettings),
         // Live lessons on TCP and UDP behaviour (sockbench lesson NAME).
         .target(
             name: "Lessons",

@@ -27,6 +27,23 @@ public struct LatencySummary: Sendable, Codable, Hashable {
         stddev = histogram.stdDeviation
     }
 
+    /// A summary from percentiles another tool reported (sockperf), nanoseconds.
+    public init(
+        count: UInt64, min: UInt64, p50: UInt64, p90: UInt64, p99: UInt64, p999: UInt64, p9999: UInt64, max: UInt64,
+        mean: Double, stddev: Double
+    ) {
+        self.count = count
+        self.min = min
+        self.p50 = p50
+        self.p90 = p90
+        self.p99 = p99
+        self.p999 = p999
+        self.p9999 = p9999
+        self.max = max
+        self.mean = mean
+        self.stddev = stddev
+    }
+
     /// A histogram for latencies from 1 ns to 60 s at 3 significant digits.
     public static func makeHistogram() -> Histogram<UInt64> {
         Histogram<UInt64>(

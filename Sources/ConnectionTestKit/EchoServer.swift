@@ -1,3 +1,4 @@
+import BenchmarkDriver
 public import SocketStyles
 import Synchronization
 
@@ -12,21 +13,30 @@ public final class EchoServer: Sendable {
     private let connections = Mutex<[ObjectIdentifier: any Connection]>([:])
     private let served = Atomic<Int>(0)
     private let acceptLoop = Mutex<Task<Void, Never>?>(nil)
+    /// What the server does with what it receives.
+    public let mode: Mode
+
+    /// Echo every message back, or count and discard (the receiving end of a one-way `pump`).
+    public enum Mode: String, Sendable {
+        case echo
+        case sink
+    }
 
     /// Listens on `endpoint` with `backend` and starts serving.
     public static func start(
         _ backend: Backend, on endpoint: Endpoint, options: ConnectionOptions = ConnectionOptions(),
-        tls: TLSConfiguration? = nil
+        tls: TLSConfiguration? = nil, mode: Mode = .echo
     ) async throws(ConnectionError) -> EchoServer {
         let listener = try await backend.listen(on: endpoint, options: options, tls: tls)
-        let server = EchoServer(listener: listener)
+        let server = EchoServer(listener: listener, mode: mode)
         server.begin()
         return server
     }
 
     /// Serves an existing listener.
-    public init(listener: any Listener) {
+    public init(listener: any Listener, mode: Mode = .echo) {
         self.listener = listener
+        self.mode = mode
     }
 
     /// The address clients should use.
@@ -51,8 +61,11 @@ public final class EchoServer: Sendable {
                     let id = ObjectIdentifier(connection)
                     connections.withLock { $0[id] = connection }
                     // Run each echo where the connection's I/O completes (an event loop), when it has such a place.
-                    group.addTask(executorPreference: connection.preferredExecutor) { [self] in
-                        await Self.echo(connection)
+                    group.addTask(executorPreference: connection.preferredExecutor) { [self, mode] in
+                        switch mode {
+                        case .echo: await Self.echo(connection)
+                        case .sink: await PumpSink.serve(connection)
+                        }
                         connections.withLock { $0[id] = nil }
                         await connection.close()
                     }

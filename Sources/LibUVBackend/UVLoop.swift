@@ -188,3 +188,8 @@ private let uvWalkCollect: @convention(c) (UnsafeMutablePointer<uv_handle_t>?, U
     collector.names.append(
         String(cString: uv_handle_type_name(type)) + (uv_is_closing(handle) != 0 ? " (closing)" : ""))
 }
+
+extension LibUVBackend {
+    /// The libuv library in use, e.g. "1.44.2" (for reports).
+    public static var libraryVersion: String { String(cString: uv_version_string()) }
+}

@@ -31,10 +31,24 @@ public final class ChildProcess: @unchecked Sendable {
         posix_spawn_file_actions_adddup2(&actions, input[0], 0)
         posix_spawn_file_actions_adddup2(&actions, output[1], 1)
         if mergeErrors { posix_spawn_file_actions_adddup2(&actions, output[1], 2) }
+        // The child starts with no signal blocked and default handlers: posix_spawn would otherwise pass on
+        // this process's mask (threads here block signals to route them), and a tool timed by SIGALRM, such
+        // as sockperf, would never see its timer.
+        var attributes = posix_spawnattr_t()
+        posix_spawnattr_init(&attributes)
+        defer { posix_spawnattr_destroy(&attributes) }
+        var empty = sigset_t()
+        sigemptyset(&empty)
+        posix_spawnattr_setsigmask(&attributes, &empty)
+        var defaults = sigset_t()
+        sigemptyset(&defaults)
+        for signal in [SIGPIPE, SIGINT, SIGTERM, SIGALRM, SIGUSR1, SIGUSR2, SIGCHLD] { sigaddset(&defaults, signal) }
+        posix_spawnattr_setsigdefault(&attributes, &defaults)
+        posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF))
         var cArguments: [UnsafeMutablePointer<CChar>?] = arguments.map { strdup($0) } + [nil]
         defer { for argument in cArguments { free(argument) } }
         var child: pid_t = 0
-        let result = posix_spawn(&child, arguments[0], &actions, nil, &cArguments, environ)
+        let result = posix_spawn(&child, arguments[0], &actions, &attributes, &cArguments, environ)
         close(input[0])
         close(output[1])
         guard result == 0 else {
@@ -93,9 +107,9 @@ public final class ChildProcess: @unchecked Sendable {
         }
     }
 
-    /// Asks the child to stop (SIGTERM).
-    public func terminate() {
-        if !exited { kill(pid, SIGTERM) }
+    /// Asks the child to stop (SIGTERM), or makes it (`force`: SIGKILL, for tools that may ignore SIGTERM).
+    public func terminate(force: Bool = false) {
+        if !exited { kill(pid, force ? SIGKILL : SIGTERM) }
     }
 
     /// Closes the child's standard input (children that stop at its end then exit).

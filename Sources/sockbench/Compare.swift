@@ -7,62 +7,73 @@ import SocketStyles
 
 struct Compare: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "Round-trip latency of every backend x transport, side by side, in one run.",
+        abstract: "Every backend x transport x scenario, side by side, against SwiftNIO and the C floor, in one run.",
         discussion: """
-            Starts one echo server per backend x transport in separate processes (same backend on both ends), \
-            then runs closed-loop ping-pong against each, interleaved, --repetitions times, and prints the \
-            median of each percentile with the spread of p50 across repetitions.
+            Starts one server process per backend x transport (an echo server, and a sink for pump scenarios), \
+            then runs each scenario against each, backends interleaved and the order rotated, --repetitions \
+            times, and reports the median with the spread. Client and server are pinned (--placement). \
+            Scenarios: pingpong-SIZE, rate-PERSECOND, pump-SIZE, connect, fanin-N (docs/benchmarks.md says what \
+            each times). The quick default takes about a minute; --full goes deep.
             """
     )
 
-    @Option(help: "Comma-separated backends, or `all`.")
+    @Option(help: "Comma-separated backends, or `all` (bsd, uv, runloop, async, nio).")
     var backends: String = "all"
 
     @Option(help: "Comma-separated transports: tcp, udp, ws, tls, wss.")
-    var transports: String = "tcp,udp,ws"
+    var transports: String?
 
-    @Option(help: "Bytes per message.")
-    var size: Int = 64
+    @Option(help: "Comma-separated scenarios (default: pingpong-64,rate-5000,pump-64k,pump-1400,connect,fanin-16).")
+    var scenarios: String?
 
-    @Option(help: "Measured round trips per repetition.")
-    var count: Int = 5_000
+    @Option(help: "pingpong: measured round trips per repetition.")
+    var count: Int?
 
-    @Option(help: "Round trips before measuring, per repetition.")
+    @Option(help: "pingpong: round trips before measuring, per repetition.")
     var warmup: Int = 500
 
-    @Option(help: "Connections opened (and closed) per repetition to time the handshake (TCP, + TLS, + upgrade).")
-    var connects: Int = 50
-
     @Option(help: "Repetitions (backends interleaved in each).")
-    var repetitions: Int = 3
+    var repetitions: Int?
 
     @Option(help: "CPU placement: `same` (client and server on one CPU), `cross` (different CPUs) or `none`.")
     var placement: Placement = .same
 
-    @Option(help: "Write results.json to this directory.")
+    @Option(help: "Write results.json, results.csv, report.md and report.html to this directory.")
     var out: String?
 
     @Flag(inversion: .prefixedNo, help: "Also run the C floor (blocking C ping-pong against a C echo server).")
     var floor = true
 
+    @Flag(inversion: .prefixedNo, help: "Also run iperf3 and sockperf when installed, as rows of the same report.")
+    var baselines = true
+
+    @Flag(help: "Go deep: more sizes, rates, fan-in up to 1,000 connections, tls and wss, 5 repetitions.")
+    var full = false
+
     enum Placement: String, ExpressibleByArgument, Codable {
         case same, cross, none
     }
 
-    struct Row: Codable {
-        var backend: String
-        var transport: String
-        var size: Int
-        var repetitions: [LatencySummary]
-        var median: LatencySummary
-        var lost: Int
-        var roundTripsPerSecond: Double
-        /// Median of the per-repetition median time to connect (TCP handshake, plus TLS, plus WebSocket
-        /// upgrade as the transport has them), nanoseconds.
-        var connectNanoseconds: UInt64?
+    /// The knobs a run uses, resolved from the flags (recorded in results.json).
+    struct Plan: Codable {
+        var backends: [String]
+        var transports: [String]
+        var scenarios: [Scenario]
+        var repetitions: Int
+        var pingpongCount: Int
+        var pingpongWarmup: Int
+        var rateSeconds: Double
+        var pumpBytes: Int
+        var connectCount: Int
+        var faninCount: Int
+        var placement: Placement
+        var serverCPU: Int?
+        var clientCPU: Int?
+        var tcpNoDelay = true
+        var options: String
     }
 
-    func run() async throws {
+    func makePlan() throws -> Plan {
         let chosenBackends: [Backend]
         do throws(ConnectionError) {
             chosenBackends =
@@ -75,11 +86,23 @@ struct Compare: AsyncParsableCommand {
             throw fail(error.detail)
         }
         var chosenTransports: [Transport] = []
-        for name in transports.split(separator: ",") {
+        for name in (transports ?? (full ? "tcp,udp,ws,tls,wss" : "tcp,udp,ws")).split(separator: ",") {
             guard let transport = Transport(rawValue: String(name)) else {
                 throw fail("unknown transport '\(name)' (tcp, udp, ws, tls, wss)")
             }
             chosenTransports.append(transport)
+        }
+        let defaultScenarios =
+            full
+            ? "pingpong-64,pingpong-1k,pingpong-64k,rate-10k,rate-50k,pump-1400,pump-64k,connect,fanin-1,fanin-10,fanin-100,fanin-1000"
+            : "pingpong-64,rate-5000,pump-64k,pump-1400,connect,fanin-16"
+        var chosenScenarios: [Scenario] = []
+        for name in (scenarios ?? defaultScenarios).split(separator: ",") {
+            do throws(ScenarioError) {
+                chosenScenarios.append(try Scenario(name: String(name)))
+            } catch {
+                throw fail(error.message)
+            }
         }
         let (serverCPU, clientCPU): (Int?, Int?) =
             switch placement {
@@ -87,177 +110,201 @@ struct Compare: AsyncParsableCommand {
             case .cross: (0, min(1, Syscall.cpuCount - 1))
             case .none: (nil, nil)
             }
-        try pin(toCPU: clientCPU)
+        let defaults = ConnectionOptions()
+        return Plan(
+            backends: chosenBackends.map(\.rawValue), transports: chosenTransports.map(\.rawValue),
+            scenarios: chosenScenarios, repetitions: repetitions ?? (full ? 5 : 3),
+            pingpongCount: count ?? (full ? 10_000 : 2_000), pingpongWarmup: warmup, rateSeconds: full ? 2 : 0.5,
+            pumpBytes: full ? 64 << 20 : 8 << 20, connectCount: full ? 200 : 30, faninCount: full ? 500 : 100,
+            placement: placement, serverCPU: serverCPU, clientCPU: clientCPU,
+            options:
+                "TCP_NODELAY on; SO_RCVBUF/SO_SNDBUF system defaults; read chunk \(defaults.readChunkSize) B; UDP buffer \(defaults.maxDatagramSize) B; receive queue \(defaults.receiveQueueLimit) B; TLS \(TLSLibrary.version), TLS 1.3, certificate verified against a throwaway CA"
+        )
+    }
 
+    /// One server process (and its sink, for pump) per backend x transport.
+    struct Target {
+        var backend: Backend?
+        var transport: Transport
+        var echo: ChildServer
+        var sink: ChildServer?
+        var name: String { "\(backend?.rawValue ?? Report.floorName)/\(transport)" }
+    }
+
+    func run() async throws {
+        let plan = try makePlan()
+        try pin(toCPU: plan.clientCPU)
+        let chosenTransports = plan.transports.compactMap(Transport.init(rawValue:))
+        let certificates = chosenTransports.contains(where: \.isSecure) ? try TestCertificates.make() : nil
+        defer { certificates?.remove() }
+        let clientTLS = certificates?.client ?? TLSConfiguration()
+        let needsSink = plan.scenarios.contains { $0.kind == "pump" }
+
+        var targets: [Target] = []
+        defer {
+            for target in targets {
+                target.echo.stop()
+                target.sink?.stop()
+            }
+        }
         var combos: [(Backend?, Transport)] = []
         if floor {
             for transport in chosenTransports where transport == .tcp || transport == .udp {
                 combos.append((nil, transport))
             }
         }
-        for backend in chosenBackends {
+        for name in plan.backends {
+            let backend = Backend(rawValue: name)!
             for transport in chosenTransports where backend.transports.contains(transport) {
                 combos.append((backend, transport))
             }
         }
         guard !combos.isEmpty else { throw fail("nothing to compare") }
-
         Console.error(
-            "sockbench compare: \(combos.count) combination(s) x \(repetitions) repetition(s), \(count) round trips of \(size) B each, placement \(placement.rawValue)"
-                + (serverCPU.map { " (server cpu \($0), client cpu \(clientCPU!))" } ?? ""))
-        // tls and wss: a throwaway CA and server certificate for this run (deleted at the end); the client
-        // verifies the server against that CA, as a real client would.
-        let certificates = chosenTransports.contains(where: \.isSecure) ? try TestCertificates.make() : nil
-        defer { certificates?.remove() }
-        let clientTLS = certificates?.client ?? TLSConfiguration()
-        var servers: [String: ChildServer] = [:]
-        defer { for server in servers.values { server.stop() } }
+            "sockbench compare: \(combos.count) server(s) x \(plan.scenarios.count) scenario(s) x \(plan.repetitions) repetition(s), placement \(plan.placement.rawValue)"
+                + (plan.serverCPU.map { " (server cpu \($0), client cpu \(plan.clientCPU!))" } ?? ""))
         for (backend, transport) in combos {
             let tlsArguments =
                 transport.isSecure
                 ? ["--cert", certificates!.server.certificate, "--key", certificates!.server.key] : []
-            servers[Self.key(backend, transport)] = try ChildServer.start(
-                backend: backend, url: "\(transport)://127.0.0.1:0", cpu: serverCPU, extraArguments: tlsArguments)
+            let echo = try ChildServer.start(
+                backend: backend, url: "\(transport)://127.0.0.1:0", cpu: plan.serverCPU, extraArguments: tlsArguments)
+            var sink: ChildServer?
+            if needsSink, backend != nil {
+                sink = try ChildServer.start(
+                    backend: backend, url: "\(transport)://127.0.0.1:0", cpu: plan.serverCPU,
+                    extraArguments: tlsArguments + ["--sink"])
+            }
+            targets.append(Target(backend: backend, transport: transport, echo: echo, sink: sink))
         }
-        var connectTimes: [String: [UInt64]] = [:]
 
-        var results: [String: [PingRunner.Result]] = [:]
-        for repetition in 0..<repetitions {
-            // Rotate the order each repetition so no backend always runs first (or last).
-            let order = combos.indices.map { combos[($0 + repetition) % combos.count] }
-            for (backend, transport) in order {
-                let key = Self.key(backend, transport)
-                let endpoint = servers[key]!.endpoint
-                Console.error("  [\(repetition + 1)/\(repetitions)] \(key) ...")
-                do throws(ConnectionError) {
-                    guard let backend else {
-                        let result = try await runFloorPing(
-                            endpoint: endpoint, size: size, count: count, warmup: warmup)
-                        results[key, default: []].append(result)
+        var runs: [String: [ScenarioResult]] = [:]
+        var skipped: [String: String] = [:]
+        let started = Date()
+        for repetition in 0..<plan.repetitions {
+            for scenario in plan.scenarios {
+                // Rotate the order each repetition so no backend always runs first (or last).
+                let order = targets.indices.map { targets[($0 + repetition) % targets.count] }
+                for target in order {
+                    let key = Report.key(scenario, target.backend, target.transport)
+                    if let reason = skipReason(scenario, target) {
+                        skipped[key] = reason
                         continue
                     }
-                    if connects > 0 {
-                        connectTimes[key, default: []].append(
-                            try await medianConnectTime(backend, endpoint, tls: clientTLS))
-                    }
-                    let connection = try await backend.connect(to: endpoint, tls: clientTLS)
+                    let server = scenario.kind == "pump" ? target.sink! : target.echo
+                    let clientBefore = ResourceUsage.read()
+                    let serverBefore = ResourceUsage.read(pid: server.pid)
                     do throws(ConnectionError) {
-                        let result = try await PingRunner(size: size, count: count, warmup: warmup).run(on: connection)
-                        results[key, default: []].append(result)
+                        var measurement = try await measure(
+                            scenario, target, server: server, plan: plan, tls: clientTLS)
+                        if let after = ResourceUsage.read(), let clientBefore {
+                            measurement.client = after.since(clientBefore)
+                        }
+                        if let after = ResourceUsage.read(pid: server.pid), let serverBefore {
+                            measurement.server = after.since(serverBefore)
+                        }
+                        runs[key, default: []].append(measurement)
+                        Console.error(
+                            String(
+                                format: "  [%d/%d %4.0fs] %-14@ %-12@ %@", repetition + 1, plan.repetitions,
+                                Date().timeIntervalSince(started), scenario.description, target.name,
+                                Report.brief(scenario, measurement)))
                     } catch {
-                        await connection.close()
-                        throw error
+                        throw fail("\(scenario) \(target.name): \(error)")
                     }
-                    await connection.close()
-                } catch {
-                    throw fail("\(key): \(error)")
                 }
             }
         }
-
-        var rows: [Row] = []
-        for (backend, transport) in combos {
-            let runs = results[Self.key(backend, transport)]!
-            rows.append(
-                Row(
-                    backend: backend?.rawValue ?? Self.floorName, transport: transport.rawValue, size: size,
-                    repetitions: runs.map(\.latency), median: median(runs.map(\.latency)),
-                    lost: runs.map(\.lost).reduce(0, +),
-                    roundTripsPerSecond: runs.map(\.roundTripsPerSecond).sorted()[runs.count / 2],
-                    connectNanoseconds: connectTimes[Self.key(backend, transport)].map { $0.sorted()[$0.count / 2] }))
+        var external: [String] = []
+        if baselines {
+            Console.error("  baselines: iperf3 and sockperf (when installed) ...")
+            let rows = Baselines.run(plan: plan, seconds: full ? 5 : 1)
+            for (key, value) in rows { runs[key] = value }
+            external = Array(Set(rows.keys.map { String($0.split(separator: "|")[1]) })).sorted()
         }
-        Console.line(table(rows))
+        let report = Report(
+            plan: plan, runs: runs, skipped: skipped, machine: MachineInfo.read(), external: external)
+        Console.line(report.terminalTables())
         if let out {
-            try FileManager.default.createDirectory(atPath: out, withIntermediateDirectories: true)
-            let encoder = JSONEncoder()
-            encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
-            let document = CompareDocument(
-                placement: placement, serverCPU: serverCPU, clientCPU: clientCPU, size: size, count: count,
-                warmup: warmup, repetitions: repetitions, tcpNoDelay: true, rows: rows)
-            try encoder.encode(document).write(to: URL(fileURLWithPath: out + "/results.json"))
-            Console.error("wrote \(out)/results.json")
+            try report.write(to: out)
+            Console.error("wrote \(out)/results.json, results.csv, report.md, report.html")
         }
     }
 
-    static let floorName = "c-floor"
+    /// Why a scenario does not apply to a target, or `nil`.
+    func skipReason(_ scenario: Scenario, _ target: Target) -> String? {
+        guard target.backend != nil else {
+            return scenario.kind == "pingpong" ? nil : "the C floor runs pingpong only"
+        }
+        if case .pump(let size) = scenario, target.transport == .udp, size > 65_507 {
+            return "a UDP datagram carries at most 65,507 bytes"
+        }
+        return nil
+    }
 
-    /// Opens and closes `connects` connections one after another; returns the median time the connect call
-    /// took (resolution is skipped: the endpoint is an address).
-    func medianConnectTime(
-        _ backend: Backend, _ endpoint: Endpoint, tls: TLSConfiguration
-    ) async throws(ConnectionError) -> UInt64 {
-        var times: [UInt64] = []
-        for _ in 0..<connects {
-            let start = MonotonicClock.nanoseconds()
-            let connection = try await backend.connect(to: endpoint, tls: tls)
-            times.append(MonotonicClock.nanoseconds() - start)  // UDP: no handshake, only the peer is fixed
+    func measure(
+        _ scenario: Scenario, _ target: Target, server: ChildServer, plan: Plan, tls: TLSConfiguration
+    ) async throws(ConnectionError) -> ScenarioResult {
+        let endpoint = server.endpoint
+        guard let backend = target.backend else {
+            guard case .pingpong(let size) = scenario else { throw ConnectionError(.unsupported, "floor") }
+            let result = try await runFloorPing(
+                endpoint: endpoint, size: size, count: plan.pingpongCount, warmup: plan.pingpongWarmup)
+            return Self.measurement(result, size: size, count: plan.pingpongCount)
+        }
+        let connect: @Sendable () async throws(ConnectionError) -> any Connection = {
+            try await backend.connect(to: endpoint, tls: tls)
+        }
+        switch scenario {
+        case .pingpong(let size):
+            let connection = try await connect()
+            defer { Task { await connection.close() } }
+            let result = try await PingRunner(size: size, count: plan.pingpongCount, warmup: plan.pingpongWarmup).run(
+                on: connection)
             await connection.close()
+            return Self.measurement(result, size: size, count: plan.pingpongCount)
+        case .rate(let perSecond):
+            let connection = try await connect()
+            let runner = RateRunner(perSecond: perSecond, duration: .milliseconds(Int(plan.rateSeconds * 1000)))
+            do throws(ConnectionError) {
+                let result = try await runner.run(on: connection)
+                await connection.close()
+                return result
+            } catch {
+                await connection.close()
+                throw error
+            }
+        case .pump(let size):
+            // A short pump first, on its own connection, as the warm-up.
+            for total in [plan.pumpBytes / 8, plan.pumpBytes] {
+                let connection = try await connect()
+                do throws(ConnectionError) {
+                    let result = try await PumpRunner(size: size, totalBytes: max(size, total)).run(on: connection)
+                    await connection.close()
+                    if total == plan.pumpBytes { return result }
+                } catch {
+                    await connection.close()
+                    throw error
+                }
+            }
+            throw ConnectionError(.system, "unreachable")
+        case .connect:
+            return try await ConnectRunner(count: plan.connectCount).run(connect: connect)
+        case .fanin(let connections):
+            return try await FaninRunner(connections: connections, count: plan.faninCount, warmup: 20).run(
+                connect: connect)
         }
-        return times.sorted()[times.count / 2]
     }
 
-    static func key(_ backend: Backend?, _ transport: Transport) -> String {
-        "\(backend?.rawValue ?? floorName)/\(transport)"
-    }
-
-    struct CompareDocument: Codable {
-        var placement: Placement
-        var serverCPU: Int?
-        var clientCPU: Int?
-        var size: Int
-        var count: Int
-        var warmup: Int
-        var repetitions: Int
-        var tcpNoDelay: Bool
-        var rows: [Row]
-    }
-
-    /// The median of each field across repetitions.
-    func median(_ runs: [LatencySummary]) -> LatencySummary {
-        func mid(_ values: [UInt64]) -> UInt64 { values.sorted()[values.count / 2] }
-        var result = runs[0]
-        result.count = runs.map(\.count).reduce(0, +)
-        result.min = runs.map(\.min).min()!
-        result.p50 = mid(runs.map(\.p50))
-        result.p90 = mid(runs.map(\.p90))
-        result.p99 = mid(runs.map(\.p99))
-        result.p999 = mid(runs.map(\.p999))
-        result.p9999 = mid(runs.map(\.p9999))
-        result.max = runs.map(\.max).max()!
-        result.mean = runs.map(\.mean).sorted()[runs.count / 2]
-        result.stddev = runs.map(\.stddev).sorted()[runs.count / 2]
-        return result
-    }
-
-    func table(_ rows: [Row]) -> String {
-        let header = [
-            "backend", "transport", "size", "p50 us", "x floor", "p50 spread", "p90 us", "p99 us", "p99.9 us", "max us",
-            "rt/s", "lost", "connect us",
-        ]
-        var floors: [String: UInt64] = [:]
-        for row in rows where row.backend == Self.floorName { floors[row.transport] = row.median.p50 }
-        var cells: [[String]] = [header]
-        for row in rows {
-            let p50s = row.repetitions.map(\.p50)
-            cells.append([
-                row.backend, row.transport, "\(row.size)", microseconds(row.median.p50),
-                floors[row.transport == "udp" ? "udp" : "tcp"].map {
-                    fixed(Double(row.median.p50) / Double(max(1, $0))) + "x"
-                } ?? "-",
-                "\(microseconds(p50s.min()!))-\(microseconds(p50s.max()!))", microseconds(row.median.p90),
-                microseconds(row.median.p99), microseconds(row.median.p999), microseconds(row.median.max),
-                "\(Int(row.roundTripsPerSecond))", "\(row.lost)", row.connectNanoseconds.map(microseconds) ?? "-",
-            ])
-        }
-        let widths = header.indices.map { column in cells.map { $0[column].count }.max()! }
-        return cells.enumerated().map { index, row in
-            let line = row.enumerated().map { column, cell in
-                column < 2
-                    ? cell.padding(toLength: widths[column], withPad: " ", startingAt: 0)
-                    : String(repeating: " ", count: widths[column] - cell.count) + cell
-            }.joined(separator: "  ")
-            return index == 0 ? line + "\n" + String(repeating: "-", count: line.count) : line
-        }.joined(separator: "\n")
+    static func measurement(_ result: PingRunner.Result, size: Int, count: Int) -> ScenarioResult {
+        var measurement = ScenarioResult()
+        measurement.latency = result.latency
+        measurement.messages = count
+        measurement.lost = result.lost
+        measurement.elapsedNanoseconds = result.elapsedNanoseconds
+        measurement.messagesPerSecond = result.roundTripsPerSecond
+        measurement.bytesPerSecond = result.roundTripsPerSecond * Double(size)
+        return measurement
     }
 }
 
@@ -273,6 +320,8 @@ final class ChildServer {
         self.stdin = stdin
         self.endpoint = endpoint
     }
+
+    var pid: Int32 { process.processIdentifier }
 
     static func start(backend: Backend?, url: String, cpu: Int?, extraArguments: [String] = []) throws -> ChildServer {
         let process = Process()

@@ -22,6 +22,9 @@ struct Serve: AsyncParsableCommand {
 
     @OptionGroup var tls: TLSServerOptions
 
+    @Flag(help: "Count and discard instead of echoing (the receiving end of `compare`'s pump scenarios).")
+    var sink = false
+
     @Flag(help: "Stop when standard input reaches its end (used by `sockbench compare` for its child servers).")
     var exitOnStdinEOF = false
 
@@ -31,7 +34,8 @@ struct Serve: AsyncParsableCommand {
         let tlsConfiguration = try tls.configuration(for: endpoint.transport)
         let server: EchoServer
         do throws(ConnectionError) {
-            server = try await EchoServer.start(backend, on: endpoint, tls: tlsConfiguration)
+            server = try await EchoServer.start(
+                backend, on: endpoint, tls: tlsConfiguration, mode: sink ? .sink : .echo)
         } catch {
             throw fail(error.description)
         }

@@ -1,0 +1,179 @@
+public import ConnectionCore
+import POSIXSupport
+import Synchronization
+
+/// The receiving end of a one-way pump: counts what arrives, discards it, and reports the count when the
+/// sender asks (``PumpRunner`` is the other end).
+///
+/// - Byte streams (tcp, tls): the sender half-closes; the sink answers with the byte count (8 bytes, big
+///   endian) and closes.
+/// - WebSocket: the sender sends the text message `pump-end`; the sink answers with the byte count as text.
+/// - UDP: each datagram starts with its sequence number (8 bytes, big endian); a datagram whose first 8 bytes
+///   are all 0xFF asks for the counts: received, reordered, bytes (3 x 8 bytes).
+public enum PumpSink {
+    static let endText = "pump-end"
+    static let statsRequest = [UInt8](repeating: 0xFF, count: 8)
+
+    /// Serves one connection until it ends.
+    public static func serve(_ connection: any Connection) async {
+        do {
+            switch connection.transport {
+            case .udp:
+                var received: UInt64 = 0
+                var reordered: UInt64 = 0
+                var bytes: UInt64 = 0
+                var highest: UInt64 = 0
+                while let message = try await connection.receive() {
+                    let datagram = message.bytes
+                    guard datagram.count >= 8 else { continue }
+                    if Array(datagram.prefix(8)) == statsRequest {
+                        try await connection.send(encode(received) + encode(reordered) + encode(bytes))
+                        continue
+                    }
+                    let sequence = decode(datagram, at: 0)
+                    received += 1
+                    bytes += UInt64(datagram.count)
+                    if sequence < highest { reordered += 1 } else { highest = sequence }
+                }
+            case .ws, .wss:
+                var bytes: UInt64 = 0
+                while let message = try await connection.receive() {
+                    if message.kind == .text, message.text == endText {
+                        try await connection.send(.text(String(bytes)))
+                        bytes = 0
+                    } else {
+                        bytes += UInt64(message.bytes.count)
+                    }
+                }
+            default:
+                var bytes: UInt64 = 0
+                while let message = try await connection.receive() { bytes += UInt64(message.bytes.count) }
+                try await connection.send(encode(bytes))
+            }
+        } catch {
+            // The sender vanished or the server is stopping.
+        }
+    }
+
+    static func encode(_ value: UInt64) -> [UInt8] { (0..<8).map { UInt8(truncatingIfNeeded: value >> (56 - 8 * $0)) } }
+
+    static func decode(_ bytes: [UInt8], at offset: Int) -> UInt64 {
+        var value: UInt64 = 0
+        for index in offset..<(offset + 8) { value = value << 8 | UInt64(bytes[index]) }
+        return value
+    }
+}
+
+/// One-way bulk transfer to a ``PumpSink``: `totalBytes` in writes of `size` bytes (UDP: `totalBytes / size`
+/// datagrams). What is timed: from the first write to the sink's report, so the rate counts bytes delivered,
+/// not bytes queued.
+public struct PumpRunner: Sendable {
+    public var size: Int
+    public var totalBytes: Int
+
+    public init(size: Int, totalBytes: Int) {
+        self.size = size
+        self.totalBytes = totalBytes
+    }
+
+    /// Runs on `connection` (connected to a sink); the connection is finished afterwards (byte streams are
+    /// half-closed).
+    public func run(on connection: any Connection) async throws(ConnectionError) -> ScenarioResult {
+        let outcome: Result<ScenarioResult, ConnectionError> = await withTaskExecutorPreference(
+            connection.preferredExecutor
+        ) {
+            do throws(ConnectionError) {
+                switch connection.transport {
+                case .udp: return .success(try await runDatagrams(connection))
+                default: return .success(try await runReliable(connection))
+                }
+            } catch {
+                return .failure(error)
+            }
+        }
+        return try outcome.get()
+    }
+
+    private func runReliable(_ connection: any Connection) async throws(ConnectionError) -> ScenarioResult {
+        let chunk = [UInt8](repeating: 0xA5, count: size)
+        let writes = max(1, totalBytes / size)
+        let start = MonotonicClock.nanoseconds()
+        for _ in 0..<writes { try await connection.send(chunk) }
+        let delivered: UInt64
+        if connection.transport.isByteStream {
+            try await connection.closeOutput()
+            let reply = try await connection.receive(exactly: 8)
+            delivered = PumpSink.decode(reply, at: 0)
+        } else {
+            try await connection.send(.text(PumpSink.endText))
+            guard let reply = try await connection.receive(), let count = UInt64(reply.text ?? "") else {
+                throw ConnectionError(.protocolViolation, "the sink did not report its count")
+            }
+            delivered = count
+        }
+        let elapsed = MonotonicClock.nanoseconds() - start
+        let sent = UInt64(writes * size)
+        guard delivered == sent else {
+            throw ConnectionError(.protocolViolation, "the sink received \(delivered) of \(sent) bytes")
+        }
+        var measurement = ScenarioResult()
+        measurement.messages = writes
+        measurement.elapsedNanoseconds = elapsed
+        measurement.bytesPerSecond = Double(sent) / (Double(elapsed) / 1e9)
+        measurement.messagesPerSecond = Double(writes) / (Double(elapsed) / 1e9)
+        return measurement
+    }
+
+    private func runDatagrams(_ connection: any Connection) async throws(ConnectionError) -> ScenarioResult {
+        let count = max(1, totalBytes / size)
+        var datagram = [UInt8](repeating: 0xA5, count: max(size, 8))
+        let before = UDPCounters.read()
+        let start = MonotonicClock.nanoseconds()
+        var sendErrors = 0
+        for sequence in 0..<count {
+            let encoded = PumpSink.encode(UInt64(sequence))
+            for index in 0..<8 { datagram[index] = encoded[index] }
+            do throws(ConnectionError) {
+                try await connection.send(datagram)
+            } catch {
+                // ENOBUFS and the like: the datagram was not sent; the sender goes on, as a UDP sender does.
+                if error.kind == .closed || error.kind == .cancelled { throw error }
+                sendErrors += 1
+            }
+        }
+        let sendElapsed = MonotonicClock.nanoseconds() - start
+        // Ask for the counts (behind the data in the same socket); ask again if the request or answer is lost.
+        var stats: [UInt8]?
+        for _ in 0..<20 where stats == nil {
+            try await connection.send(PumpSink.statsRequest)
+            stats = await receive(from: connection, within: .milliseconds(200))
+        }
+        guard let stats, stats.count >= 24 else {
+            throw ConnectionError(.timedOut, "the UDP sink did not report its counts")
+        }
+        let after = UDPCounters.read()
+        let received = Int(PumpSink.decode(stats, at: 0))
+        var measurement = ScenarioResult()
+        measurement.messages = count - sendErrors
+        measurement.elapsedNanoseconds = sendElapsed
+        measurement.received = received
+        measurement.lost = count - sendErrors - received
+        measurement.reordered = Int(PumpSink.decode(stats, at: 8))
+        if let before, let after {
+            measurement.kernelReceiveBufferDrops = Int(after.receiveBufferErrors &- before.receiveBufferErrors)
+        }
+        measurement.messagesPerSecond = Double(count - sendErrors) / (Double(sendElapsed) / 1e9)
+        measurement.bytesPerSecond = Double(received * size) / (Double(sendElapsed) / 1e9)
+        return measurement
+    }
+
+    /// The next message within `limit`, or `nil`.
+    private func receive(from connection: any Connection, within limit: Duration) async -> [UInt8]? {
+        let box = Mutex<[UInt8]?>(nil)
+        let reader = Task {
+            if let message = try? await connection.receive() { box.withLock { $0 = message.bytes } }
+        }
+        _ = await runBounded(by: limit, onTimeout: { reader.cancel() }) { _ = await reader.value }
+        return box.withLock { $0 }
+    }
+}

@@ -1,0 +1,116 @@
+/// The scenarios `sockbench compare` runs, by name; parameters are part of the name so a report row says
+/// exactly what was measured.
+///
+/// | name | what is timed |
+/// |---|---|
+/// | `pingpong-SIZE` | closed-loop round trips of SIZE bytes: send, wait for the whole echo, repeat |
+/// | `rate-PERSECOND` | open loop: 64-byte messages sent on a fixed schedule; latency from the intended send time (coordinated omission corrected) and from the actual one |
+/// | `pump-SIZE` | one-way bulk in SIZE-byte writes to a sink; for UDP, datagrams sent and received, loss, reordering, kernel drops |
+/// | `connect` | connections opened one after another: handshake time (TCP, + TLS, + WebSocket upgrade) and connections per second |
+/// | `fanin-N` | N connections at once against one server, each in closed-loop 64-byte round trips |
+public enum Scenario: Sendable, Hashable, Codable, CustomStringConvertible {
+    case pingpong(size: Int)
+    case rate(perSecond: Int)
+    case pump(size: Int)
+    case connect
+    case fanin(connections: Int)
+
+    /// Parses `pingpong-64`, `rate-10000`, `pump-65536`, `connect`, `fanin-100` (sizes may end in `k`, for
+    /// KiB, or `m`, for MiB; rates in `k`, for thousands).
+    public init(name: String) throws(ScenarioError) {
+        let parts = name.lowercased().split(separator: "-", maxSplits: 1).map(String.init)
+        func number(_ text: String?, kilo: Int) throws(ScenarioError) -> Int {
+            guard var text, !text.isEmpty else {
+                throw ScenarioError(message: "'\(name)' needs a number, e.g. pingpong-64")
+            }
+            var scale = 1
+            if text.hasSuffix("k") {
+                scale = kilo
+                text.removeLast()
+            } else if text.hasSuffix("m") {
+                scale = kilo * kilo
+                text.removeLast()
+            }
+            guard let value = Int(text), value > 0 else {
+                throw ScenarioError(message: "'\(name)': '\(text)' is not a positive number")
+            }
+            return value * scale
+        }
+        switch parts[0] {
+        case "pingpong": self = .pingpong(size: try number(parts.count > 1 ? parts[1] : "64", kilo: 1024))
+        case "rate": self = .rate(perSecond: try number(parts.count > 1 ? parts[1] : nil, kilo: 1000))
+        case "pump": self = .pump(size: try number(parts.count > 1 ? parts[1] : "64k", kilo: 1024))
+        case "connect": self = .connect
+        case "fanin": self = .fanin(connections: try number(parts.count > 1 ? parts[1] : nil, kilo: 1000))
+        default:
+            throw ScenarioError(
+                message: "unknown scenario '\(name)' (pingpong-SIZE, rate-PERSECOND, pump-SIZE, connect, fanin-N)")
+        }
+    }
+
+    public var description: String {
+        switch self {
+        case .pingpong(let size): "pingpong-\(size)"
+        case .rate(let perSecond): "rate-\(perSecond)"
+        case .pump(let size): "pump-\(size)"
+        case .connect: "connect"
+        case .fanin(let connections): "fanin-\(connections)"
+        }
+    }
+
+    /// The kind without parameters: `pingpong`, `rate`, `pump`, `connect`, `fanin`.
+    public var kind: String { String(description.prefix(while: { $0 != "-" })) }
+
+    public init(from decoder: any Decoder) throws {
+        let name = try decoder.singleValueContainer().decode(String.self)
+        self = try Scenario(name: name)
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var container = encoder.singleValueContainer()
+        try container.encode(description)
+    }
+}
+
+/// A scenario name that cannot be parsed.
+public struct ScenarioError: Error, CustomStringConvertible {
+    public let message: String
+    public var description: String { message }
+}
+
+/// What one run of one scenario measured. Fields a scenario does not produce are `nil`.
+public struct ScenarioResult: Sendable, Codable {
+    /// Latency, nanoseconds: round trips (pingpong, fanin), from the intended send time (rate), handshakes
+    /// (connect).
+    public var latency: LatencySummary?
+    /// rate only: latency from the actual send time (what a closed-loop tool would report).
+    public var uncorrectedLatency: LatencySummary?
+    /// Messages (round trips, datagrams, connections) per second.
+    public var messagesPerSecond: Double?
+    /// Payload bytes per second delivered (pump), or echoed both ways (pingpong, fanin: one direction counted).
+    public var bytesPerSecond: Double?
+    /// Messages counted (round trips, datagrams sent, connections).
+    public var messages: Int = 0
+    /// UDP: datagrams lost (pingpong: re-sent probes; pump and rate: sent but never received).
+    public var lost: Int?
+    /// UDP pump: datagrams the sink received.
+    public var received: Int?
+    /// UDP pump: datagrams that arrived after a later one.
+    public var reordered: Int?
+    /// UDP pump: the kernel's RcvbufErrors delta during the run (system-wide).
+    public var kernelReceiveBufferDrops: Int?
+    /// Wall-clock time of the measured window, nanoseconds.
+    public var elapsedNanoseconds: UInt64 = 0
+    /// The client process during the window (peak memory: so far).
+    public var client: ResourceUsage?
+    /// The server process during the window (peak memory: so far).
+    public var server: ResourceUsage?
+
+    public init() {}
+
+    /// CPU time of both sides per message, nanoseconds (the cost of a message).
+    public var cpuPerMessageNanoseconds: Double? {
+        guard messages > 0, let client, let server else { return nil }
+        return Double(client.cpuNanoseconds + server.cpuNanoseconds) / Double(messages)
+    }
+}

@@ -1,0 +1,388 @@
+import BenchmarkDriver
+import Foundation
+import SocketStyles
+
+/// The machine a report was measured on.
+struct MachineInfo: Codable {
+    var cpuModel: String
+    var cpus: Int
+    var kernel: String
+    var loadAverageBefore: String
+    var libuv: String
+    var openssl: String
+    var swiftNIO: String
+    var date: String
+
+    static func read() -> MachineInfo {
+        let cpuinfo = (try? String(contentsOfFile: "/proc/cpuinfo", encoding: .utf8)) ?? ""
+        let model =
+            cpuinfo.split(separator: "\n").first { $0.hasPrefix("model name") }.map {
+                String($0.split(separator: ":", maxSplits: 1).last ?? "").trimmingCharacters(in: .whitespaces)
+            } ?? "unknown"
+        var name = utsname()
+        uname(&name)
+        let release = withUnsafeBytes(of: name.release) {
+            String(decoding: $0.prefix(while: { $0 != 0 }), as: UTF8.self)
+        }
+        let load = ((try? String(contentsOfFile: "/proc/loadavg", encoding: .utf8)) ?? "")
+            .split(separator: " ").prefix(3).joined(separator: " ")
+        let formatter = ISO8601DateFormatter()
+        return MachineInfo(
+            cpuModel: model, cpus: Syscall.cpuCount, kernel: "Linux \(release)", loadAverageBefore: load,
+            libuv: LibUVBackend.libraryVersion, openssl: TLSLibrary.version, swiftNIO: "2.101 (swift-nio)",
+            date: formatter.string(from: Date()))
+    }
+}
+
+/// One backend x transport x scenario: every repetition and their median.
+struct ReportRow: Codable {
+    var scenario: Scenario
+    var backend: String
+    var transport: String
+    var repetitions: [ScenarioResult]
+    var median: ScenarioResult
+    /// Smallest and largest of the scenario's main figure across repetitions.
+    var spread: [Double]
+}
+
+/// What `sockbench compare` found, in every format it writes.
+struct Report: Codable {
+    static let floorName = "c-floor"
+    var schema = "socketstyles.compare/1"
+    var machine: MachineInfo
+    var plan: Compare.Plan
+    var rows: [ReportRow]
+    var skipped: [String: String]
+    var notes: [String]
+
+    static func key(_ scenario: Scenario, _ backend: Backend?, _ transport: Transport) -> String {
+        "\(scenario)|\(backend?.rawValue ?? floorName)|\(transport)"
+    }
+
+    init(
+        plan: Compare.Plan, runs: [String: [ScenarioResult]], skipped: [String: String], machine: MachineInfo,
+        external: [String] = []
+    ) {
+        self.plan = plan
+        self.machine = machine
+        self.skipped = skipped
+        var rows: [ReportRow] = []
+        for scenario in plan.scenarios {
+            for backend in [Self.floorName] + external + plan.backends {
+                for transport in plan.transports {
+                    let key = "\(scenario)|\(backend)|\(transport)"
+                    guard let measurements = runs[key], !measurements.isEmpty else { continue }
+                    let main = measurements.map { Self.mainFigure(scenario, $0) }
+                    rows.append(
+                        ReportRow(
+                            scenario: scenario, backend: backend, transport: transport, repetitions: measurements,
+                            median: Self.median(measurements), spread: [main.min() ?? 0, main.max() ?? 0]))
+                }
+            }
+        }
+        self.rows = rows
+        notes = [
+            "Every backend is measured through the unified Connection on both ends (client here, server in its own process).",
+            "SwiftNIO (nio) runs with TCP_NODELAY and a 64 KiB UDP buffer like every other backend (its defaults differ); its tls/wss use the same OpenSSL layer as the others, so TLS numbers compare connection styles, not TLS libraries.",
+            "iperf3 and sockperf rows (when installed) are those tools measured in the same run with the same pinning: iperf3's single TCP stream and UDP sender, sockperf's ping-pong (its --full-rtt round trips).",
+            "CPU time per side is read from each process's CPU-time clock (clock_getcpuclockid: every thread, nanoseconds); cost per message is (client + server CPU) / messages over the window. Context switches and peak memory come from /proc/PID/status. All figures per repetition, medians across repetitions.",
+        ]
+    }
+
+    /// The figure a scenario is judged by: p50 latency (ns) for latency scenarios, bytes/s for pump,
+    /// connections/s for connect.
+    static func mainFigure(_ scenario: Scenario, _ measurement: ScenarioResult) -> Double {
+        switch scenario.kind {
+        case "pump": measurement.bytesPerSecond ?? 0
+        case "connect": Double(measurement.latency?.p50 ?? 0)
+        default: Double(measurement.latency?.p50 ?? 0)
+        }
+    }
+
+    static func median(_ runs: [ScenarioResult]) -> ScenarioResult {
+        func mid<T: Comparable>(_ values: [T]) -> T? { values.isEmpty ? nil : values.sorted()[values.count / 2] }
+        func latency(_ values: [LatencySummary]) -> LatencySummary? {
+            guard var result = values.first else { return nil }
+            result.count = values.map(\.count).reduce(0, +)
+            result.min = values.map(\.min).min()!
+            result.p50 = mid(values.map(\.p50))!
+            result.p90 = mid(values.map(\.p90))!
+            result.p99 = mid(values.map(\.p99))!
+            result.p999 = mid(values.map(\.p999))!
+            result.p9999 = mid(values.map(\.p9999))!
+            result.max = values.map(\.max).max()!
+            result.mean = mid(values.map(\.mean))!
+            result.stddev = mid(values.map(\.stddev))!
+            return result
+        }
+        func usage(_ values: [ResourceUsage]) -> ResourceUsage? {
+            guard var result = values.first else { return nil }
+            result.userNanoseconds = mid(values.map(\.userNanoseconds))!
+            let clocks = values.compactMap(\.cpuClockNanoseconds)
+            result.cpuClockNanoseconds = clocks.count == values.count ? mid(clocks) : nil
+            result.systemNanoseconds = mid(values.map(\.systemNanoseconds))!
+            result.voluntaryContextSwitches = mid(values.map(\.voluntaryContextSwitches))!
+            result.involuntaryContextSwitches = mid(values.map(\.involuntaryContextSwitches))!
+            result.peakResidentKiB = values.map(\.peakResidentKiB).max()!
+            result.threads = values.map(\.threads).max()!
+            return result
+        }
+        var result = ScenarioResult()
+        result.latency = latency(runs.compactMap(\.latency))
+        result.uncorrectedLatency = latency(runs.compactMap(\.uncorrectedLatency))
+        result.messagesPerSecond = mid(runs.compactMap(\.messagesPerSecond))
+        result.bytesPerSecond = mid(runs.compactMap(\.bytesPerSecond))
+        result.messages = mid(runs.map(\.messages)) ?? 0
+        result.lost = mid(runs.compactMap(\.lost))
+        result.received = mid(runs.compactMap(\.received))
+        result.reordered = mid(runs.compactMap(\.reordered))
+        result.kernelReceiveBufferDrops = mid(runs.compactMap(\.kernelReceiveBufferDrops))
+        result.elapsedNanoseconds = mid(runs.map(\.elapsedNanoseconds)) ?? 0
+        result.client = usage(runs.compactMap(\.client))
+        result.server = usage(runs.compactMap(\.server))
+        return result
+    }
+
+    /// One line for the live progress.
+    static func brief(_ scenario: Scenario, _ m: ScenarioResult) -> String {
+        switch scenario.kind {
+        case "pump":
+            var text = "\(fixed((m.bytesPerSecond ?? 0) / 1e6, 1)) MB/s, \(Int(m.messagesPerSecond ?? 0)) msg/s"
+            if let lost = m.lost, m.received != nil { text += ", lost \(lost)" }
+            return text
+        case "connect":
+            return "p50 \(microseconds(m.latency?.p50 ?? 0)) us, \(Int(m.messagesPerSecond ?? 0)) conn/s"
+        case "rate":
+            return
+                "p50 \(microseconds(m.latency?.p50 ?? 0)) us (uncorrected \(microseconds(m.uncorrectedLatency?.p50 ?? 0))), p99 \(microseconds(m.latency?.p99 ?? 0)) us, lost \(m.lost ?? 0)"
+        default:
+            return
+                "p50 \(microseconds(m.latency?.p50 ?? 0)) us, p99 \(microseconds(m.latency?.p99 ?? 0)) us, \(Int(m.messagesPerSecond ?? 0)) rt/s"
+        }
+    }
+
+    // MARK: Tables
+
+    /// The p50 of the C floor for the same transport in pingpong-SIZE (ws/tls/wss against tcp).
+    func floor(for row: ReportRow) -> Double? {
+        guard row.scenario.kind == "pingpong" else { return nil }
+        let transport = row.transport == "udp" ? "udp" : "tcp"
+        return rows.first { $0.backend == Self.floorName && $0.transport == transport && $0.scenario == row.scenario }
+            .flatMap { $0.median.latency.map { Double($0.p50) } }
+    }
+
+    /// nio's figure for the same scenario and transport.
+    func nio(for row: ReportRow) -> ScenarioResult? {
+        rows.first { $0.backend == "nio" && $0.transport == row.transport && $0.scenario == row.scenario }?.median
+    }
+
+    func cpuPerMessage(_ m: ScenarioResult) -> String {
+        m.cpuPerMessageNanoseconds.map { fixed($0 / 1000, 1) } ?? "-"
+    }
+
+    /// The header and cells of one scenario's table.
+    func table(for scenario: Scenario) -> (header: [String], cells: [[String]]) {
+        let selected = rows.filter { $0.scenario == scenario }
+        switch scenario.kind {
+        case "pump":
+            let header = [
+                "backend", "transport", "MB/s", "msg/s", "spread MB/s", "sent", "received", "lost", "reordered",
+                "kernel drops", "cpu us/msg", "client cpu ms", "server cpu ms",
+            ]
+            let cells = selected.map { row -> [String] in
+                let m = row.median
+                return [
+                    row.backend, row.transport, fixed((m.bytesPerSecond ?? 0) / 1e6, 1),
+                    "\(Int(m.messagesPerSecond ?? 0))",
+                    "\(fixed(row.spread[0] / 1e6, 1))-\(fixed(row.spread[1] / 1e6, 1))", "\(m.messages)",
+                    m.received.map(String.init) ?? "-", m.received == nil ? "-" : "\(m.lost ?? 0)",
+                    m.reordered.map(String.init) ?? "-", m.kernelReceiveBufferDrops.map(String.init) ?? "-",
+                    cpuPerMessage(m), m.client.map { fixed(Double($0.cpuNanoseconds) / 1e6, 0) } ?? "-",
+                    m.server.map { fixed(Double($0.cpuNanoseconds) / 1e6, 0) } ?? "-",
+                ]
+            }
+            return (header, cells)
+        case "connect":
+            let header = ["backend", "transport", "connect p50 us", "p90 us", "p99 us", "conn/s", "cpu us/conn"]
+            let cells = selected.map { row -> [String] in
+                let m = row.median
+                return [
+                    row.backend, row.transport, microseconds(m.latency?.p50 ?? 0), microseconds(m.latency?.p90 ?? 0),
+                    microseconds(m.latency?.p99 ?? 0), "\(Int(m.messagesPerSecond ?? 0))", cpuPerMessage(m),
+                ]
+            }
+            return (header, cells)
+        case "rate":
+            let header = [
+                "backend", "transport", "p50 us", "p99 us", "p99.9 us", "max us", "uncorrected p50", "uncorrected p99",
+                "achieved/s", "lost", "cpu us/msg",
+            ]
+            let cells = selected.map { row -> [String] in
+                let m = row.median
+                return [
+                    row.backend, row.transport, microseconds(m.latency?.p50 ?? 0), microseconds(m.latency?.p99 ?? 0),
+                    microseconds(m.latency?.p999 ?? 0), microseconds(m.latency?.max ?? 0),
+                    microseconds(m.uncorrectedLatency?.p50 ?? 0), microseconds(m.uncorrectedLatency?.p99 ?? 0),
+                    "\(Int(m.messagesPerSecond ?? 0))", "\(m.lost ?? 0)", cpuPerMessage(m),
+                ]
+            }
+            return (header, cells)
+        default:
+            let header = [
+                "backend", "transport", "p50 us", "x floor", "x nio", "p50 spread", "p90 us", "p99 us", "p99.9 us",
+                "max us", "rt/s", "lost", "cpu us/rt", "ctx sw/rt", "threads",
+            ]
+            let cells = selected.map { row -> [String] in
+                let m = row.median
+                let p50 = Double(m.latency?.p50 ?? 0)
+                let contextSwitches: String = {
+                    guard let client = m.client, let server = m.server, m.messages > 0 else { return "-" }
+                    let total =
+                        client.voluntaryContextSwitches + client.involuntaryContextSwitches
+                        + server.voluntaryContextSwitches + server.involuntaryContextSwitches
+                    return fixed(Double(total) / Double(m.messages), 1)
+                }()
+                return [
+                    row.backend, row.transport, microseconds(UInt64(p50)),
+                    floor(for: row).map { fixed(p50 / max(1, $0)) + "x" } ?? "-",
+                    nio(for: row).flatMap { $0.latency }.map { fixed(p50 / Double(max(1, $0.p50))) + "x" } ?? "-",
+                    "\(microseconds(UInt64(row.spread[0])))-\(microseconds(UInt64(row.spread[1])))",
+                    microseconds(m.latency?.p90 ?? 0), microseconds(m.latency?.p99 ?? 0),
+                    microseconds(m.latency?.p999 ?? 0), microseconds(m.latency?.max ?? 0),
+                    "\(Int(m.messagesPerSecond ?? 0))", "\(m.lost ?? 0)", cpuPerMessage(m), contextSwitches,
+                    m.server.map { "\($0.threads)" } ?? "-",
+                ]
+            }
+            return (header, cells)
+        }
+    }
+
+    static func render(_ header: [String], _ cells: [[String]]) -> String {
+        let all = [header] + cells
+        let widths = header.indices.map { column in all.map { $0[column].count }.max()! }
+        return all.enumerated().map { index, row in
+            let line = row.enumerated().map { column, cell in
+                column < 2
+                    ? cell.padding(toLength: widths[column], withPad: " ", startingAt: 0)
+                    : String(repeating: " ", count: widths[column] - cell.count) + cell
+            }.joined(separator: "  ")
+            return index == 0 ? line + "\n" + String(repeating: "-", count: line.count) : line
+        }.joined(separator: "\n")
+    }
+
+    func terminalTables() -> String {
+        var text = ""
+        for scenario in plan.scenarios where rows.contains(where: { $0.scenario == scenario }) {
+            let (header, cells) = table(for: scenario)
+            text += "\n== \(scenario)\n" + Self.render(header, cells) + "\n"
+        }
+        text += "\n" + summary().joined(separator: "\n") + "\n"
+        return text
+    }
+
+    // MARK: Summary
+
+    /// What the numbers mean for someone choosing: measured facts first, then what each style asks of you.
+    func summary() -> [String] {
+        var lines = ["== What this run says"]
+        if let ping = plan.scenarios.first(where: { $0.kind == "pingpong" }) {
+            for transport in plan.transports {
+                let candidates = rows.filter {
+                    $0.scenario == ping && $0.transport == transport && Backend(rawValue: $0.backend) != nil
+                }
+                guard
+                    let best = candidates.min(by: {
+                        ($0.median.latency?.p50 ?? .max) < ($1.median.latency?.p50 ?? .max)
+                    })
+                else { continue }
+                let ordered = candidates.sorted { ($0.median.latency?.p50 ?? .max) < ($1.median.latency?.p50 ?? .max) }
+                    .map { "\($0.backend) \(microseconds($0.median.latency?.p50 ?? 0))" }.joined(separator: ", ")
+                lines.append("- \(ping) \(transport) p50, lowest first: \(ordered) us (lowest: \(best.backend)).")
+            }
+        }
+        if let pump = plan.scenarios.first(where: { $0.kind == "pump" }) {
+            let candidates = rows.filter { $0.scenario == pump && $0.transport == "tcp" }
+            let ordered = candidates.sorted { ($0.median.bytesPerSecond ?? 0) > ($1.median.bytesPerSecond ?? 0) }
+                .map { "\($0.backend) \(fixed(($0.median.bytesPerSecond ?? 0) / 1e6, 0))" }.joined(separator: ", ")
+            if !ordered.isEmpty { lines.append("- \(pump) tcp, MB/s, highest first: \(ordered).") }
+        }
+        lines += [
+            "- Threads and style: bsd uses a reader thread per connection (plus a writer when a send would block): simplest code, most threads;",
+            "  uv, runloop, async and nio run every connection on one loop thread: callbacks (uv), delegates (runloop), async/await (async), handlers and futures (nio).",
+            "- Backpressure: every backend stops reading when its receive queue is full and makes send wait while the kernel buffer is full.",
+            "- Read the ratios from this run, never absolute numbers from another day: shared machines are noisy.",
+        ]
+        return lines
+    }
+
+    // MARK: Files
+
+    func write(to directory: String) throws {
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
+        try encoder.encode(self).write(to: URL(fileURLWithPath: directory + "/results.json"))
+        try csv().write(toFile: directory + "/results.csv", atomically: true, encoding: .utf8)
+        try markdown().write(toFile: directory + "/report.md", atomically: true, encoding: .utf8)
+        try ReportHTML(report: self).render().write(
+            toFile: directory + "/report.html", atomically: true, encoding: .utf8)
+    }
+
+    func csv() -> String {
+        var lines = [
+            "scenario,backend,transport,repetitions,p50_ns,p90_ns,p99_ns,p999_ns,max_ns,uncorrected_p50_ns,uncorrected_p99_ns,messages_per_s,bytes_per_s,messages,lost,received,reordered,kernel_drops,cpu_ns_per_message,client_user_ns,client_sys_ns,server_user_ns,server_sys_ns,client_ctx,server_ctx,server_peak_rss_kib,server_threads"
+        ]
+        for row in rows {
+            let m = row.median
+            let fields: [String] = [
+                row.scenario.description, row.backend, row.transport, "\(row.repetitions.count)",
+                m.latency.map { "\($0.p50)" } ?? "", m.latency.map { "\($0.p90)" } ?? "",
+                m.latency.map { "\($0.p99)" } ?? "",
+                m.latency.map { "\($0.p999)" } ?? "", m.latency.map { "\($0.max)" } ?? "",
+                m.uncorrectedLatency.map { "\($0.p50)" } ?? "", m.uncorrectedLatency.map { "\($0.p99)" } ?? "",
+                m.messagesPerSecond.map { fixed($0, 1) } ?? "", m.bytesPerSecond.map { fixed($0, 0) } ?? "",
+                "\(m.messages)", m.lost.map(String.init) ?? "", m.received.map(String.init) ?? "",
+                m.reordered.map(String.init) ?? "", m.kernelReceiveBufferDrops.map(String.init) ?? "",
+                m.cpuPerMessageNanoseconds.map { fixed($0, 0) } ?? "",
+                m.client.map { "\($0.userNanoseconds)" } ?? "", m.client.map { "\($0.systemNanoseconds)" } ?? "",
+                m.server.map { "\($0.userNanoseconds)" } ?? "", m.server.map { "\($0.systemNanoseconds)" } ?? "",
+                m.client.map { "\($0.voluntaryContextSwitches + $0.involuntaryContextSwitches)" } ?? "",
+                m.server.map { "\($0.voluntaryContextSwitches + $0.involuntaryContextSwitches)" } ?? "",
+                m.server.map { "\($0.peakResidentKiB)" } ?? "", m.server.map { "\($0.threads)" } ?? "",
+            ]
+            lines.append(fields.joined(separator: ","))
+        }
+        return lines.joined(separator: "\n") + "\n"
+    }
+
+    func markdown() -> String {
+        var text = "# sockbench compare\n\n"
+        text +=
+            "Measured \(machine.date) on \(machine.cpus) x \(machine.cpuModel), \(machine.kernel); load average before: \(machine.loadAverageBefore). "
+        text += "libuv \(machine.libuv), \(machine.openssl), SwiftNIO \(machine.swiftNIO).\n\n"
+        text += "Placement: \(plan.placement.rawValue)"
+        if let server = plan.serverCPU, let client = plan.clientCPU {
+            text += " (server CPU \(server), client CPU \(client))"
+        }
+        text +=
+            "; \(plan.repetitions) repetitions, medians; pingpong \(plan.pingpongCount) round trips after \(plan.pingpongWarmup); "
+        text +=
+            "rate windows \(plan.rateSeconds) s; pump \(plan.pumpBytes >> 20) MiB; connect \(plan.connectCount); fan-in \(plan.faninCount) round trips per connection.\n\n"
+        text += "Options: \(plan.options).\n\n"
+        for scenario in plan.scenarios where rows.contains(where: { $0.scenario == scenario }) {
+            let (header, cells) = table(for: scenario)
+            text +=
+                "## \(scenario)\n\n| " + header.joined(separator: " | ") + " |\n|"
+                + header.map { _ in "---" }.joined(separator: "|") + "|\n"
+            for row in cells { text += "| " + row.joined(separator: " | ") + " |\n" }
+            text += "\n"
+        }
+        if !skipped.isEmpty {
+            let reasons = Set(skipped.values).sorted()
+            text += "Not run: " + reasons.joined(separator: "; ") + ".\n\n"
+        }
+        text += summary().dropFirst().joined(separator: "\n") + "\n\n"
+        text += notes.map { "- " + $0 }.joined(separator: "\n") + "\n"
+        return text
+    }
+}
