@@ -90,8 +90,9 @@ enum Baselines {
         for _ in 0..<10 {
             let (status, text) = try ChildProcess.run(pinned(plan.clientCPU, arguments))
             output = text
-            if status == 0 { break }
-            usleep(50_000)  // the server may not be listening yet: iperf3 has no "ready" signal
+            // A busy or not yet ready server answers with {"error": ...}; try again shortly.
+            if status == 0 && !text.contains("\"error\"") { break }
+            usleep(100_000)
         }
         guard let json = try JSONSerialization.jsonObject(with: Data(output.utf8)) as? [String: Any],
             let end = json["end"] as? [String: Any]

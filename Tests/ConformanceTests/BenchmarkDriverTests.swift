@@ -1,0 +1,102 @@
+import BenchmarkDriver
+import ConnectionTestKit
+import SocketStyles
+import Testing
+
+/// The benchmark driver's scenarios, run for real (small and short) against in-process servers: they must
+/// measure what they claim (every byte delivered, every message matched), whatever the figures are.
+@Suite("Benchmark driver scenarios", .timeLimit(.minutes(10)))
+struct BenchmarkDriverTests {
+    @Test(
+        "Scenario names carry their parameters and parse back",
+        arguments: ["pingpong-64", "pingpong-1k", "rate-10k", "pump-64k", "pump-1400", "connect", "fanin-100"])
+    func names(_ name: String) throws {
+        let scenario = try Scenario(name: name)
+        #expect(try Scenario(name: scenario.description) == scenario)
+        #expect(name.hasPrefix(scenario.kind))
+    }
+
+    @Test("Unknown or malformed scenario names are rejected with the reason")
+    func badNames() {
+        #expect(throws: ScenarioError.self) { try Scenario(name: "teleport") }
+        #expect(throws: ScenarioError.self) { try Scenario(name: "rate") }
+        #expect(throws: ScenarioError.self) { try Scenario(name: "fanin-0") }
+    }
+
+    @Test("pump delivers every byte to the sink, which reports the count", arguments: [Transport.tcp, .ws, .tls])
+    func pumpReliable(_ transport: Transport) async throws {
+        try await SocketTest.run {
+            let certificates = ConformanceCase.certificates
+            let sink = try await EchoServer.start(
+                .async, on: try Endpoint(url: "\(transport)://127.0.0.1:0"),
+                tls: transport.isSecure ? certificates.server.server : nil, mode: .sink)
+            let connection = try await Backend.bsd.connect(to: sink.endpoint, tls: certificates.client)
+            let result = try await PumpRunner(size: 4096, totalBytes: 4 << 20).run(on: connection)
+            #expect(result.messages == 1024)
+            #expect((result.bytesPerSecond ?? 0) > 0)
+            await connection.close()
+            await sink.stop()
+        }
+    }
+
+    @Test("UDP pump: the sink's counts add up (received + lost = sent)")
+    func pumpDatagrams() async throws {
+        try await SocketTest.run {
+            let sink = try await EchoServer.start(.async, on: try Endpoint(url: "udp://127.0.0.1:0"), mode: .sink)
+            let connection = try await Backend.async.connect(to: sink.endpoint)
+            let result = try await PumpRunner(size: 1400, totalBytes: 1400 * 2000).run(on: connection)
+            let received = try #require(result.received)
+            #expect(received > 0 && received <= 2000)
+            #expect(received + (result.lost ?? -1) == result.messages)
+            await connection.close()
+            await sink.stop()
+        }
+    }
+
+    @Test("rate: every echo over TCP is matched to its send; corrected latency is never below uncorrected")
+    func rate() async throws {
+        try await SocketTest.run {
+            let server = try await EchoServer.start(.async, on: try Endpoint(url: "tcp://127.0.0.1:0"))
+            let connection = try await Backend.bsd.connect(to: server.endpoint)
+            let result = try await RateRunner(perSecond: 2000, duration: .milliseconds(300), warmup: .milliseconds(50))
+                .run(on: connection)
+            #expect(result.lost == 0)
+            let corrected = try #require(result.latency)
+            let uncorrected = try #require(result.uncorrectedLatency)
+            #expect(corrected.count == uncorrected.count && corrected.count > 0)
+            #expect(corrected.p50 >= uncorrected.p50)
+            await connection.close()
+            await server.stop()
+        }
+    }
+
+    @Test("fanin: every client's round trips are counted; connect: each handshake timed")
+    func faninAndConnect() async throws {
+        try await SocketTest.run {
+            let server = try await EchoServer.start(.uv, on: try Endpoint(url: "ws://127.0.0.1:0/"))
+            let endpoint = server.endpoint
+            let fanin = try await FaninRunner(connections: 20, count: 50, warmup: 5).run {
+                () throws(ConnectionError) in try await Backend.runloop.connect(to: endpoint)
+            }
+            #expect(fanin.messages == 1000)
+            #expect(fanin.latency?.count == 1000)
+            let connect = try await ConnectRunner(count: 20).run { () throws(ConnectionError) in
+                try await Backend.nio.connect(to: endpoint)
+            }
+            #expect(connect.latency?.count == 20)
+            await server.stop()
+        }
+    }
+
+    @Test("Resource usage reads this process: CPU time grows, threads are counted")
+    func resources() throws {
+        let before = try #require(ResourceUsage.read())
+        var sum = 0
+        for index in 0..<2_000_000 { sum &+= index &* 7 }
+        let after = try #require(ResourceUsage.read())
+        #expect(sum != 1)
+        #expect(after.since(before).cpuNanoseconds > 0)
+        #expect(after.threads >= 1)
+        #expect(after.peakResidentKiB > 0)
+    }
+}
