@@ -108,11 +108,8 @@ final class AsyncUDPListener: Listener, Sendable {
     let localEndpoint: Endpoint
     let options: ConnectionOptions
     let socket: AsyncSocket
-    private let queue = ReceiveQueue<any Connection>(capacity: 1024)
-    private let peers = Mutex<[SocketAddress: AsyncUDPPeer]>([:])
+    private let peers: DatagramDemultiplexer<SocketAddress>
     private let pump = Mutex<Task<Void, Never>?>(nil)
-    /// Datagrams dropped because a peer's queue or the accept queue was full.
-    let dropped = Atomic<Int>(0)
 
     static func start(
         on endpoint: Endpoint, options: ConnectionOptions, reactor: AsyncReactor
@@ -148,6 +145,10 @@ final class AsyncUDPListener: Listener, Sendable {
         self.socket = socket
         self.options = options
         self.localEndpoint = socket.localEndpoint!
+        peers = DatagramDemultiplexer(
+            localEndpoint: socket.localEndpoint!, options: options, executor: socket.reactor,
+            endpoint: { $0.endpoint(.udp) },
+            send: { bytes, address throws(ConnectionError) in try await socket.send(bytes, to: address) })
     }
 
     private func run() async {
@@ -159,81 +160,15 @@ final class AsyncUDPListener: Listener, Sendable {
                 if error.kind == .closed || error.kind == .cancelled { return }
                 continue  // a stale ICMP error or an oversized datagram: the socket lives on
             }
-            let (peer, isNew) = peers.withLock { peers -> (AsyncUDPPeer, Bool) in
-                if let peer = peers[datagram.from] { return (peer, false) }
-                let peer = AsyncUDPPeer(listener: self, address: datagram.from)
-                peers[datagram.from] = peer
-                return (peer, true)
-            }
-            if peer.inbox.hasSpace {
-                peer.inbox.push(datagram.bytes)
-            } else {
-                dropped.add(1, ordering: .relaxed)
-            }
-            if isNew && !queue.push(peer).accepted { forget(peer) }
+            peers.deliver(datagram.bytes, from: datagram.from)
         }
     }
 
-    func forget(_ peer: AsyncUDPPeer) {
-        peers.withLock { peers in
-            if peers[peer.address] === peer { peers[peer.address] = nil }
-        }
-        peer.inbox.close()
-    }
-
-    func accept() async throws(ConnectionError) -> any Connection {
-        guard let connection = try await queue.next() else { throw .closed("the listener is closed") }
-        return connection
-    }
+    func accept() async throws(ConnectionError) -> any Connection { try await peers.accept() }
 
     func close() async {
-        _ = queue.close(.closed("the listener is closed"))
-        let all = peers.withLock { peers in
-            defer { peers.removeAll() }
-            return Array(peers.values)
-        }
-        for peer in all { peer.inbox.close(.closed("the listener is closed")) }
+        peers.close()
         await socket.close()
         await pump.withLock { $0 }?.value
-    }
-}
-
-final class AsyncUDPPeer: Connection, Sendable {
-    let transport = Transport.udp
-    let address: SocketAddress
-    let localEndpoint: Endpoint
-    let remoteEndpoint: Endpoint
-    let options: ConnectionOptions
-    let inbox: ReceiveQueue<[UInt8]>
-    private let listener: AsyncUDPListener
-    private let closed = Atomic<Bool>(false)
-
-    init(listener: AsyncUDPListener, address: SocketAddress) {
-        self.listener = listener
-        self.address = address
-        self.options = listener.options
-        self.localEndpoint = listener.localEndpoint
-        self.remoteEndpoint = address.endpoint(.udp)
-        self.inbox = .datagrams(capacity: listener.options.receiveQueueLimit)
-    }
-
-    var preferredExecutor: (any TaskExecutor)? { listener.socket.reactor }
-
-    func send(_ message: Message) async throws(ConnectionError) {
-        if closed.load(ordering: .relaxed) || inbox.isEnded { throw .closed() }
-        try await listener.socket.send(message.bytes, to: address)
-    }
-
-    func receive(maximumLength: Int) async throws(ConnectionError) -> Message? {
-        try await inbox.next().map(Message.init)
-    }
-
-    func closeOutput() async throws(ConnectionError) {
-        throw ConnectionError(.unsupported, "UDP has no half-close")
-    }
-
-    func close() async {
-        guard !closed.exchange(true, ordering: .relaxed) else { return }
-        listener.forget(self)
     }
 }

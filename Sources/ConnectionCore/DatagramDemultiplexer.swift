@@ -61,6 +61,24 @@ public final class DatagramDemultiplexer<Address: Hashable & Sendable>: Sendable
         }
     }
 
+    /// A datagram from `address` that could not be delivered (larger than the receive buffer, for example):
+    /// that peer's next receive throws `error`.
+    public func deliverFailure(_ error: ConnectionError, from address: Address) {
+        let (peer, isNew) = peers.withLock { peers -> (DatagramPeer<Address>, Bool) in
+            if let peer = peers[address] { return (peer, false) }
+            let peer = DatagramPeer(demultiplexer: self, address: address)
+            peers[address] = peer
+            return (peer, true)
+        }
+        peer.inbox.pushFailure(error)
+        if isNew && !accepted.push(peer).accepted { forget(peer) }
+    }
+
+    /// The socket failed for good: ``accept()`` throws `error` from now on.
+    public func fail(_ error: ConnectionError) {
+        accepted.finish(.failed(error))
+    }
+
     /// The next new peer. Throws `.closed` after ``close()``.
     public func accept() async throws(ConnectionError) -> any Connection {
         guard let connection = try await accepted.next() else { throw .closed("the listener is closed") }

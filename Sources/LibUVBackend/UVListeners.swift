@@ -82,28 +82,29 @@ final class UVTCPListener: Listener, @unchecked Sendable {
     }
 }
 
-/// A UDP listener on a libuv loop: datagrams sorted by sender into per-peer connections, as in every backend.
+/// A UDP listener on a libuv loop: datagrams sorted by sender into per-peer connections (ConnectionCore's
+/// ``DatagramDemultiplexer``, shared by every backend).
 final class UVUDPListener: Listener, @unchecked Sendable {
     let transport = Transport.udp
     let localEndpoint: Endpoint
     let options: ConnectionOptions
     let udp: UVUDP
     let loop: UVLoop
-    private let queue = ReceiveQueue<any Connection>(capacity: 1024)
     private let gate = UVCloseGate()
-    // Loop-confined.
-    private var peers: [SocketAddress: UVUDPPeerConnection] = [:]
+    private let peers: DatagramDemultiplexer<SocketAddress>
     /// Datagrams dropped because a peer's queue or the accept queue was full.
-    let dropped = Atomic<Int>(0)
+    var dropped: Int { peers.dropped }
 
     init(loop: UVLoop, address: SocketAddress, options: ConnectionOptions) throws(ConnectionError) {
         self.loop = loop
         self.options = options
+        let udp: UVUDP
         do throws(UVError) {
             udp = try UVUDP(loop: loop, bufferSize: options.maxDatagramSize)
         } catch {
             throw error.connectionError("uv_udp_init")
         }
+        self.udp = udp
         do throws(UVError) {
             try udp.bind(address)
             try udp.setBufferSizes(receive: options.receiveBufferSize, send: options.sendBufferSize)
@@ -112,10 +113,19 @@ final class UVUDPListener: Listener, @unchecked Sendable {
             udp.close()
             throw error.connectionError("listen on \(address)")
         }
+        peers = DatagramDemultiplexer(
+            localEndpoint: localEndpoint, options: options, endpoint: { $0.endpoint(.udp) },
+            send: { bytes, peer throws(ConnectionError) in try await sendDatagram(bytes, on: udp, to: peer, loop: loop)
+            })
         do throws(UVError) {
-            try udp.receiveStart { [unowned(unsafe) self] result in
+            try udp.receiveStart { [peers] result in
                 guard case .datagram(let bytes, let from, let truncated) = result else { return }
-                deliver(bytes, from: from, truncated: truncated)
+                if truncated {
+                    peers.deliverFailure(
+                        ConnectionError(.messageTooLarge, "a datagram exceeded \(bytes.count) bytes"), from: from)
+                } else {
+                    peers.deliver([UInt8](bytes), from: from)
+                }
             }
         } catch {
             udp.close()
@@ -123,95 +133,13 @@ final class UVUDPListener: Listener, @unchecked Sendable {
         }
     }
 
-    private func deliver(_ bytes: UnsafeRawBufferPointer, from: SocketAddress, truncated: Bool) {
-        var isNew = false
-        let peer: UVUDPPeerConnection
-        if let existing = peers[from] {
-            peer = existing
-        } else {
-            peer = UVUDPPeerConnection(listener: self, address: from)
-            peers[from] = peer
-            isNew = true
-        }
-        if truncated {
-            peer.inbox.pushFailure(ConnectionError(.messageTooLarge, "a datagram exceeded \(bytes.count) bytes"))
-        } else if peer.inbox.hasSpace {
-            peer.inbox.push([UInt8](bytes))
-        } else {
-            dropped.add(1, ordering: .relaxed)
-        }
-        if isNew && !queue.push(peer).accepted {
-            forget(peer)
-        }
-    }
-
-    /// On the loop thread.
-    func forget(_ peer: UVUDPPeerConnection) {
-        if peers[peer.address] === peer { peers[peer.address] = nil }
-        peer.inbox.close()
-    }
-
-    func accept() async throws(ConnectionError) -> any Connection {
-        guard let connection = try await queue.next() else { throw .closed("the listener is closed") }
-        return connection
-    }
+    func accept() async throws(ConnectionError) -> any Connection { try await peers.accept() }
 
     func close() async {
-        _ = queue.close(.closed("the listener is closed"))
+        peers.close()
         await withCheckedContinuation { continuation in
             loop.execute { [self] in
-                gate.close(
-                    { finished in
-                        for peer in peers.values { peer.inbox.close(.closed("the listener is closed")) }
-                        peers.removeAll()
-                        udp.close(finished)
-                    }, waiter: continuation)
-            }
-        }
-    }
-}
-
-/// One peer of a ``UVUDPListener``.
-final class UVUDPPeerConnection: Connection, @unchecked Sendable {
-    let transport = Transport.udp
-    let address: SocketAddress
-    let localEndpoint: Endpoint
-    let remoteEndpoint: Endpoint
-    let options: ConnectionOptions
-    let inbox: ReceiveQueue<[UInt8]>
-    private let listener: UVUDPListener
-    private let closed = Atomic<Bool>(false)
-
-    init(listener: UVUDPListener, address: SocketAddress) {
-        self.listener = listener
-        self.address = address
-        self.options = listener.options
-        self.localEndpoint = listener.localEndpoint
-        self.remoteEndpoint = address.endpoint(.udp)
-        self.inbox = .datagrams(capacity: listener.options.receiveQueueLimit)
-    }
-
-    func send(_ message: Message) async throws(ConnectionError) {
-        if closed.load(ordering: .relaxed) || inbox.isEnded { throw .closed() }
-        try await sendDatagram(message.bytes, on: listener.udp, to: address, loop: listener.loop)
-    }
-
-    func receive(maximumLength: Int) async throws(ConnectionError) -> Message? {
-        guard let bytes = try await inbox.next() else { return nil }
-        return Message(bytes)
-    }
-
-    func closeOutput() async throws(ConnectionError) {
-        throw ConnectionError(.unsupported, "UDP has no half-close")
-    }
-
-    func close() async {
-        guard !closed.exchange(true, ordering: .relaxed) else { return }
-        let listener = listener
-        await withCheckedContinuation { continuation in
-            listener.loop.execute { [self] in
-                listener.forget(self)
-                continuation.resume()
+                gate.close({ finished in udp.close(finished) }, waiter: continuation)
             }
         }
     }

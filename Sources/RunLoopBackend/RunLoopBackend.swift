@@ -408,111 +408,50 @@ final class RunLoopUDPConnection: Connection, DatagramSocketDelegate, @unchecked
     }
 }
 
-/// The UDP server side in the delegate style: one bound ``DatagramSocket``, datagrams sorted by sender.
+/// The UDP server side in the delegate style: one bound ``DatagramSocket``, datagrams sorted by sender
+/// (ConnectionCore's ``DatagramDemultiplexer``, shared by every backend).
 final class RunLoopUDPListener: Listener, DatagramSocketDelegate, @unchecked Sendable {
     let transport = Transport.udp
     let localEndpoint: Endpoint
     let options: ConnectionOptions
     let socket: DatagramSocket
     let runLoop: SocketRunLoop
-    private let queue = ReceiveQueue<any Connection>(capacity: 1024)
-    // Run-loop-confined.
-    private var peers: [SocketAddress: RunLoopUDPPeer] = [:]
+    private let peers: DatagramDemultiplexer<SocketAddress>
 
     init(on endpoint: Endpoint, runLoop: SocketRunLoop, options: ConnectionOptions) throws(ConnectionError) {
-        socket = try DatagramSocket(endpoint, connect: false, runLoop: runLoop, options: options)
+        let socket = try DatagramSocket(endpoint, connect: false, runLoop: runLoop, options: options)
+        self.socket = socket
         localEndpoint = socket.localEndpoint
         self.options = options
         self.runLoop = runLoop
+        peers = DatagramDemultiplexer(
+            localEndpoint: socket.localEndpoint, options: options, executor: runLoop.loop,
+            endpoint: { $0.endpoint(.udp) },
+            send: { bytes, address throws(ConnectionError) in
+                let result: Result<Void, ConnectionError> = await withCheckedContinuation { continuation in
+                    runLoop.perform {
+                        continuation.resume(
+                            returning: Result { () throws(ConnectionError) in try socket.send(bytes, to: address) })
+                    }
+                }
+                try result.get()
+            })
         socket.delegate = self
     }
 
     func datagramSocket(_ socket: DatagramSocket, didReceive bytes: [UInt8], from sender: SocketAddress) {
-        var isNew = false
-        let peer: RunLoopUDPPeer
-        if let existing = peers[sender] {
-            peer = existing
-        } else {
-            peer = RunLoopUDPPeer(listener: self, address: sender)
-            peers[sender] = peer
-            isNew = true
-        }
-        if peer.inbox.hasSpace { peer.inbox.push(bytes) }
-        if isNew && !queue.push(peer).accepted { forget(peer) }
+        peers.deliver(bytes, from: sender)
     }
 
     func datagramSocket(_ socket: DatagramSocket, didFail error: ConnectionError) {}
 
-    /// On the run loop thread.
-    func forget(_ peer: RunLoopUDPPeer) {
-        if peers[peer.address] === peer { peers[peer.address] = nil }
-        peer.inbox.close()
-    }
-
-    func accept() async throws(ConnectionError) -> any Connection {
-        guard let connection = try await queue.next() else { throw .closed("the listener is closed") }
-        return connection
-    }
+    func accept() async throws(ConnectionError) -> any Connection { try await peers.accept() }
 
     func close() async {
-        _ = queue.close(.closed("the listener is closed"))
+        peers.close()
         await withCheckedContinuation { continuation in
-            runLoop.perform { [self] in
-                for peer in peers.values { peer.inbox.close(.closed("the listener is closed")) }
-                peers.removeAll()
+            runLoop.perform { [socket] in
                 socket.close()
-                continuation.resume()
-            }
-        }
-    }
-}
-
-final class RunLoopUDPPeer: Connection, @unchecked Sendable {
-    let transport = Transport.udp
-    let address: SocketAddress
-    let localEndpoint: Endpoint
-    let remoteEndpoint: Endpoint
-    let options: ConnectionOptions
-    let inbox: ReceiveQueue<[UInt8]>
-    private let listener: RunLoopUDPListener
-    private let closed = Atomic<Bool>(false)
-
-    init(listener: RunLoopUDPListener, address: SocketAddress) {
-        self.listener = listener
-        self.address = address
-        self.options = listener.options
-        self.localEndpoint = listener.localEndpoint
-        self.remoteEndpoint = address.endpoint(.udp)
-        self.inbox = .datagrams(capacity: listener.options.receiveQueueLimit)
-    }
-
-    var preferredExecutor: (any TaskExecutor)? { listener.runLoop.loop }
-
-    func send(_ message: Message) async throws(ConnectionError) {
-        if closed.load(ordering: .relaxed) || inbox.isEnded { throw .closed() }
-        let (socket, address, bytes) = (listener.socket, address, message.bytes)
-        let result: Result<Void, ConnectionError> = await withCheckedContinuation { continuation in
-            listener.runLoop.perform {
-                continuation.resume(
-                    returning: Result { () throws(ConnectionError) in try socket.send(bytes, to: address) })
-            }
-        }
-        try result.get()
-    }
-
-    func receive(maximumLength: Int) async throws(ConnectionError) -> Message? {
-        try await inbox.next().map(Message.init)
-    }
-
-    func closeOutput() async throws(ConnectionError) {
-        throw ConnectionError(.unsupported, "UDP has no half-close")
-    }
-
-    func close() async {
-        guard !closed.exchange(true, ordering: .relaxed) else { return }
-        await withCheckedContinuation { continuation in
-            listener.runLoop.perform { [self] in
-                listener.forget(self)
                 continuation.resume()
             }
         }

@@ -60,7 +60,10 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
     private struct Shared: @unchecked Sendable {
         var machine: WebSocketStateMachine
         var parser: WebSocketFrameParser
-        var pingWaiters: [CheckedContinuation<Result<Void, ConnectionError>, Never>] = []
+        /// Pings waiting for their pong, oldest first. A waiter is registered before its ping is sent, so a pong
+        /// that comes back at once always finds it.
+        var pingWaiters: [(id: UInt64, continuation: CheckedContinuation<Result<Void, ConnectionError>, Never>)] = []
+        var nextPingID: UInt64 = 0
         var tcpClosed = false
         var endReported = false
         var failure: ConnectionError?
@@ -223,15 +226,31 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
     /// Sends a ping and waits for the pong (someone must be receiving, as with URLSessionWebSocketTask).
     public func sendPing(_ payload: [UInt8] = []) async throws(ConnectionError) {
         guard payload.count <= 125 else { throw ConnectionError(.messageTooLarge, "a ping carries at most 125 bytes") }
-        try await sendFrames([WebSocketFrame(opcode: .ping, payload: payload)])
         let result = await withCheckedContinuation { continuation in
-            let failure: ConnectionError? = state.withLock { shared in
-                if let failure = shared.failure { return failure }
-                if shared.tcpClosed { return .closed() }
-                shared.pingWaiters.append(continuation)
-                return nil
+            let registered: Result<UInt64, ConnectionError> = state.withLock { shared in
+                if let failure = shared.failure { return .failure(failure) }
+                if shared.tcpClosed { return .failure(.closed()) }
+                let id = shared.nextPingID
+                shared.nextPingID += 1
+                shared.pingWaiters.append((id, continuation))
+                return .success(id)
             }
-            if let failure { continuation.resume(returning: .failure(failure)) }
+            switch registered {
+            case .failure(let error):
+                continuation.resume(returning: .failure(error))
+            case .success(let id):
+                // Sent after the waiter is in place; a failed send takes the waiter back out.
+                Task { [self] in
+                    do throws(ConnectionError) {
+                        try await sendFrames([WebSocketFrame(opcode: .ping, payload: payload)])
+                    } catch {
+                        let waiter = state.withLock { shared in
+                            shared.pingWaiters.firstIndex { $0.id == id }.map { shared.pingWaiters.remove(at: $0) }
+                        }
+                        waiter?.continuation.resume(returning: .failure(error))
+                    }
+                }
+            }
         }
         try result.get()
     }
@@ -311,7 +330,7 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
                 try? await sendFrames([frame])
             case .pongReceived:
                 let waiter = state.withLock { $0.pingWaiters.isEmpty ? nil : $0.pingWaiters.removeFirst() }
-                waiter?.resume(returning: .success(()))
+                waiter?.continuation.resume(returning: .success(()))
             case .closeReceived:
                 break
             case .failed(let error):
@@ -338,7 +357,7 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
             defer { shared.pingWaiters.removeAll() }
             return shared.pingWaiters
         }
-        for waiter in waiters { waiter.resume(returning: .failure(error)) }
+        for waiter in waiters { waiter.continuation.resume(returning: .failure(error)) }
     }
 
     // MARK: Closing

@@ -27,7 +27,7 @@ struct WebSocketInteropTests {
                 server.closeInput()
                 _ = try? server.wait()
             }
-            let line = server.readLine()
+            let line = try await onThread { server.readLine() }  // blocking: off the cooperative pool
             let endpoint = try Endpoint(url: String(line.dropFirst("listening on ".count)))
             try #require(endpoint.transport == test.transport, "the Python server said: \(line)")
             let client = try #require(try await test.connect(to: endpoint) as? WebSocketConnection)
