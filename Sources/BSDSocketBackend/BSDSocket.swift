@@ -57,7 +57,7 @@ public final class BSDSocket: @unchecked Sendable {
         guard endpoint.transport == .tcp || endpoint.transport == .udp else {
             throw ConnectionError(.unsupported, "BSDSocket speaks tcp and udp, not \(endpoint.transport)")
         }
-        let deadline = MonotonicClock.nanoseconds() + options.connectTimeout.nanoseconds
+        let deadline = MonotonicClock.nanoseconds() + options.connectTimeout.wholeNanoseconds
         let addresses = try Syscall.resolve(endpoint)
         var lastError = ConnectionError(.hostNotFound, "no address for \(endpoint)")
         for address in addresses {
@@ -277,14 +277,5 @@ final class ConnectAttempt: Sendable {
             state.cancelled = true
             if state.fd >= 0 { try? Syscall.shutdown(state.fd, .both) }
         }
-    }
-}
-
-extension Duration {
-    /// The duration in whole nanoseconds (negative durations count as 0).
-    var nanoseconds: UInt64 {
-        let (seconds, attoseconds) = components
-        guard seconds >= 0 else { return 0 }
-        return UInt64(seconds) * 1_000_000_000 + UInt64(attoseconds / 1_000_000_000)
     }
 }

@@ -39,13 +39,9 @@ public struct RateRunner: Sendable {
         return try outcome.get()
     }
 
-    private func nanoseconds(_ duration: Duration) -> UInt64 {
-        UInt64(duration.components.seconds) * 1_000_000_000 + UInt64(duration.components.attoseconds / 1_000_000_000)
-    }
-
     private func measure(_ connection: any Connection) async throws(ConnectionError) -> ScenarioResult {
-        let total = max(1, Int(Double(perSecond) * Double(nanoseconds(duration + warmup)) / 1e9))
-        let skip = Int(Double(perSecond) * Double(nanoseconds(warmup)) / 1e9)
+        let total = max(1, Int(Double(perSecond) * Double((duration + warmup).wholeNanoseconds) / 1e9))
+        let skip = Int(Double(perSecond) * Double(warmup.wholeNanoseconds) / 1e9)
         let interval = 1e9 / Double(perSecond)
         let book = Book(count: total)
         let stream = connection.transport.isByteStream

@@ -112,9 +112,7 @@ public struct PingRunner: Sendable {
         var histogram = LatencySummary.makeHistogram()
         let probe = Probe()
         let timeout = lossTimeout
-        let timeoutNanoseconds =
-            UInt64(timeout.components.seconds) * 1_000_000_000
-            + UInt64(timeout.components.attoseconds / 1_000_000_000)
+        let timeoutNanoseconds = timeout.wholeNanoseconds
         // The watchdog: re-sends the current probe when its echo is overdue.
         let watchdog = Task {
             while !Task.isCancelled {

@@ -40,18 +40,11 @@ public struct ResourceUsage: Sendable, Codable, Hashable {
                 usage.systemNanoseconds = (UInt64(fields[12]) ?? 0) * 1_000_000_000 / tick
             }
         }
-        for line in status.split(separator: "\n") {
-            let parts = line.split(separator: ":", maxSplits: 1)
-            guard parts.count == 2 else { continue }
-            let value = UInt64(parts[1].split(whereSeparator: { $0 == " " || $0 == "\t" }).first ?? "") ?? 0
-            switch parts[0] {
-            case "voluntary_ctxt_switches": usage.voluntaryContextSwitches = value
-            case "nonvoluntary_ctxt_switches": usage.involuntaryContextSwitches = value
-            case "VmHWM": usage.peakResidentKiB = value
-            case "Threads": usage.threads = value
-            default: break
-            }
-        }
+        let fields = statusFields(status)
+        usage.voluntaryContextSwitches = fields["voluntary_ctxt_switches"] ?? 0
+        usage.involuntaryContextSwitches = fields["nonvoluntary_ctxt_switches"] ?? 0
+        usage.peakResidentKiB = fields["VmHWM"] ?? 0
+        usage.threads = fields["Threads"] ?? 0
         // Context switches: /proc/PID/status counts the main thread only, so add up every live thread's.
         if let tasks = opendir("\(base)/task") {
             var voluntary: UInt64 = 0
@@ -61,13 +54,9 @@ public struct ResourceUsage: Sendable, Codable, Hashable {
                     String(decoding: raw.prefix(while: { $0 != 0 }), as: UTF8.self)
                 }
                 guard name.first?.isNumber == true, let text = readFile("\(base)/task/\(name)/status") else { continue }
-                for line in text.split(separator: "\n") {
-                    let parts = line.split(separator: ":", maxSplits: 1)
-                    guard parts.count == 2 else { continue }
-                    let value = UInt64(parts[1].split(whereSeparator: { $0 == " " || $0 == "\t" }).first ?? "") ?? 0
-                    if parts[0] == "voluntary_ctxt_switches" { voluntary += value }
-                    if parts[0] == "nonvoluntary_ctxt_switches" { involuntary += value }
-                }
+                let fields = statusFields(text)
+                voluntary += fields["voluntary_ctxt_switches"] ?? 0
+                involuntary += fields["nonvoluntary_ctxt_switches"] ?? 0
             }
             closedir(tasks)
             usage.voluntaryContextSwitches = voluntary
@@ -96,6 +85,19 @@ public struct ResourceUsage: Sendable, Codable, Hashable {
             delta.cpuClockNanoseconds = nil
         }
         return delta
+    }
+
+    /// The numeric fields of a /proc status file ("Threads:\t5", "VmHWM:\t  1234 kB"), by name.
+    static func statusFields(_ text: String) -> [Substring: UInt64] {
+        var fields: [Substring: UInt64] = [:]
+        for line in text.split(separator: "\n") {
+            let parts = line.split(separator: ":", maxSplits: 1)
+            guard parts.count == 2,
+                let value = UInt64(parts[1].split(whereSeparator: { $0 == " " || $0 == "\t" }).first ?? "")
+            else { continue }
+            fields[parts[0]] = value
+        }
+        return fields
     }
 
     /// A whole small file (/proc files report size 0, so read until the end).

@@ -106,9 +106,8 @@ final class NIOStreamConnection: Connection, Sendable {
         group: MultiThreadedEventLoopGroup
     ) async throws(ConnectionError) -> NIOStreamConnection {
         let inboxBox = Mutex<ReceiveQueue<[UInt8]>?>(nil)
-        let timeout = options.connectTimeout.components
         let bootstrap = ClientBootstrap(group: group)
-            .connectTimeout(.nanoseconds(timeout.seconds * 1_000_000_000 + timeout.attoseconds / 1_000_000_000))
+            .connectTimeout(.nanoseconds(Int64(options.connectTimeout.wholeNanoseconds)))
             .channelInitializer { channel in
                 do {
                     try configure(channel, options: options)

@@ -137,11 +137,9 @@ public final class EpollLoop: TaskExecutor, @unchecked Sendable {
     @discardableResult
     public func schedule(after delay: Duration, _ block: @escaping () -> Void) -> UInt64 {
         nextTimerID += 1
-        let (seconds, attoseconds) = delay.components
-        let nanoseconds = max(0, seconds) * 1_000_000_000 + attoseconds / 1_000_000_000
         timers.insert(
             TimerHeap.Entry(
-                deadline: MonotonicClock.nanoseconds() + UInt64(max(0, nanoseconds)), id: nextTimerID,
+                deadline: MonotonicClock.nanoseconds() + delay.wholeNanoseconds, id: nextTimerID,
                 block: block))
         return nextTimerID
     }

@@ -75,9 +75,7 @@ public final class SocketRunLoop: Sendable {
 
     /// Turns for at most `duration`, or until ``stop()``.
     public func run(for duration: Duration) {
-        let (seconds, attoseconds) = duration.components
-        let nanoseconds = UInt64(max(0, seconds)) * 1_000_000_000 + UInt64(max(0, attoseconds) / 1_000_000_000)
-        loop.run(until: MonotonicClock.nanoseconds() + nanoseconds)
+        loop.run(until: MonotonicClock.nanoseconds() + duration.wholeNanoseconds)
     }
 
     /// Turns until `deadline` passes, or until ``stop()``.
