@@ -88,6 +88,17 @@ let package = Package(
             ],
             swiftSettings: strictSettings
         ),
+        // Each backend written in its own style, without Connection (sockbench compare's native-SIZE): the price of
+        // the unified API.
+        .target(
+            name: "NativeStyles",
+            dependencies: [
+                "SocketStyles", "BenchmarkDriver", "POSIXSupport", "NIOBackend",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+            ],
+            swiftSettings: strictSettings
+        ),
         // Shipped test support: fd counting, time limits, echo servers.
         .target(
             name: "ConnectionTestKit", dependencies: ["SocketStyles", "POSIXSupport", "BenchmarkDriver"],
@@ -120,6 +131,7 @@ let package = Package(
                 "BenchmarkDriver",
                 "CFloor",
                 "Lessons",
+                "NativeStyles",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Histogram", package: "hdrhistogram-swift"),
             ],
@@ -162,7 +174,7 @@ let package = Package(
         ),
         .testTarget(
             name: "ConformanceTests",
-            dependencies: ["SocketStyles", "ConnectionTestKit", "BenchmarkDriver"],
+            dependencies: ["SocketStyles", "ConnectionTestKit", "BenchmarkDriver", "NativeStyles"],
             swiftSettings: strictSettings
         ),
     ],

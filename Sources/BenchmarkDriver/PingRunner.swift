@@ -81,7 +81,7 @@ public struct PingRunner: Sendable {
         var start: UInt64 = 0
         for index in 0..<(warmup + count) {
             if index == warmup { start = MonotonicClock.nanoseconds() }
-            stamp(&payload, UInt64(index))
+            Self.stamp(&payload, UInt64(index))
             let sent = MonotonicClock.nanoseconds()
             try await connection.send(payload)
             let echoed = try await connection.receive(exactly: size)
@@ -137,7 +137,7 @@ public struct PingRunner: Sendable {
                 start = MonotonicClock.nanoseconds()
                 probe.state.withLock { $0.lost = 0 }
             }
-            stamp(&payload, UInt64(index))
+            Self.stamp(&payload, UInt64(index))
             let now = MonotonicClock.nanoseconds()
             probe.state.withLock { state in
                 state.sequence = UInt64(index)
@@ -172,7 +172,7 @@ public struct PingRunner: Sendable {
     }
 
     /// Writes the sequence number into the first (up to) 8 bytes, so each probe differs from the last.
-    private func stamp(_ payload: inout [UInt8], _ sequence: UInt64) {
+    static func stamp(_ payload: inout [UInt8], _ sequence: UInt64) {
         for offset in 0..<min(8, payload.count) {
             payload[offset] = UInt8(truncatingIfNeeded: sequence >> (8 * UInt64(offset)))
         }

@@ -4,12 +4,14 @@
 /// | name | what is timed |
 /// |---|---|
 /// | `pingpong-SIZE` | closed-loop round trips of SIZE bytes: send, wait for the whole echo, repeat |
+/// | `native-SIZE` | the same round trips over TCP, written in each backend's own style on both ends (blocking loop, libuv callbacks, stream delegates, async socket calls, NIO handlers) instead of through `Connection` |
 /// | `rate-PERSECOND` | open loop: 64-byte messages sent on a fixed schedule; latency from the intended send time (coordinated omission corrected) and from the actual one |
 /// | `pump-SIZE` | one-way bulk in SIZE-byte writes to a sink; for UDP, datagrams sent and received, loss, reordering, kernel drops |
 /// | `connect` | connections opened one after another: handshake time (TCP, + TLS, + WebSocket upgrade) and connections per second |
 /// | `fanin-N` | N connections at once against one server, each in closed-loop 64-byte round trips |
 public enum Scenario: Sendable, Hashable, Codable, CustomStringConvertible {
     case pingpong(size: Int)
+    case native(size: Int)
     case rate(perSecond: Int)
     case pump(size: Int)
     case connect
@@ -38,19 +40,23 @@ public enum Scenario: Sendable, Hashable, Codable, CustomStringConvertible {
         }
         switch parts[0] {
         case "pingpong": self = .pingpong(size: try number(parts.count > 1 ? parts[1] : "64", kilo: 1024))
+        case "native": self = .native(size: try number(parts.count > 1 ? parts[1] : "64", kilo: 1024))
         case "rate": self = .rate(perSecond: try number(parts.count > 1 ? parts[1] : nil, kilo: 1000))
         case "pump": self = .pump(size: try number(parts.count > 1 ? parts[1] : "64k", kilo: 1024))
         case "connect": self = .connect
         case "fanin": self = .fanin(connections: try number(parts.count > 1 ? parts[1] : nil, kilo: 1000))
         default:
             throw ScenarioError(
-                message: "unknown scenario '\(name)' (pingpong-SIZE, rate-PERSECOND, pump-SIZE, connect, fanin-N)")
+                message:
+                    "unknown scenario '\(name)' (pingpong-SIZE, native-SIZE, rate-PERSECOND, pump-SIZE, connect, fanin-N)"
+            )
         }
     }
 
     public var description: String {
         switch self {
         case .pingpong(let size): "pingpong-\(size)"
+        case .native(let size): "native-\(size)"
         case .rate(let perSecond): "rate-\(perSecond)"
         case .pump(let size): "pump-\(size)"
         case .connect: "connect"
@@ -58,7 +64,7 @@ public enum Scenario: Sendable, Hashable, Codable, CustomStringConvertible {
         }
     }
 
-    /// The kind without parameters: `pingpong`, `rate`, `pump`, `connect`, `fanin`.
+    /// The kind without parameters: `pingpong`, `native`, `rate`, `pump`, `connect`, `fanin`.
     public var kind: String { String(description.prefix(while: { $0 != "-" })) }
 
     public init(from decoder: any Decoder) throws {

@@ -97,3 +97,121 @@ int cfloor_pingpong(int fd, int datagram, int size, int count, int warmup, uint6
     free(in);
     return result;
 }
+
+static void put_be64(unsigned char *p, uint64_t v) {
+    for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (56 - 8 * i));
+}
+
+static uint64_t get_be64(const unsigned char *p) {
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++) v = v << 8 | p[i];
+    return v;
+}
+
+static const unsigned char stats_request[8] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
+
+int cfloor_sink(int fd, int datagram, int stop_fd) {
+    static unsigned char buffer[65536];
+    if (datagram) {
+        /* Counts are per sender (each pump connects a socket of its own): a new sender starts from zero. */
+        uint64_t received = 0, reordered = 0, bytes = 0, highest = 0;
+        struct sockaddr_storage sender;
+        socklen_t sender_len = 0;
+        for (;;) {
+            if (!wait_readable(fd, stop_fd)) return 0;
+            struct sockaddr_storage from;
+            socklen_t len = sizeof from;
+            ssize_t n = recvfrom(fd, buffer, sizeof buffer, 0, (struct sockaddr *)&from, &len);
+            if (n < 0) { if (errno == EINTR || errno == ECONNREFUSED) continue; return -1; }
+            if (n < 8) continue;
+            if (len != sender_len || memcmp(&from, &sender, len) != 0) {
+                memcpy(&sender, &from, len);
+                sender_len = len;
+                received = reordered = bytes = highest = 0;
+            }
+            if (memcmp(buffer, stats_request, 8) == 0) {
+                unsigned char answer[24];
+                put_be64(answer, received);
+                put_be64(answer + 8, reordered);
+                put_be64(answer + 16, bytes);
+                sendto(fd, answer, sizeof answer, MSG_NOSIGNAL, (struct sockaddr *)&from, len);
+                continue;
+            }
+            uint64_t sequence = get_be64(buffer);
+            received++;
+            bytes += (uint64_t)n;
+            if (sequence < highest) reordered++; else highest = sequence;
+        }
+    }
+    for (;;) {
+        if (!wait_readable(fd, stop_fd)) return 0;
+        int client = accept4(fd, NULL, NULL, SOCK_CLOEXEC);
+        if (client < 0) { if (errno == EINTR || errno == ECONNABORTED) continue; return -1; }
+        uint64_t bytes = 0;
+        for (;;) {
+            if (!wait_readable(client, stop_fd)) { close(client); return 0; }
+            ssize_t n = recv(client, buffer, sizeof buffer, 0);
+            if (n < 0) { if (errno == EINTR) continue; break; }
+            if (n == 0) {
+                unsigned char answer[8];
+                put_be64(answer, bytes);
+                send_all(client, (const char *)answer, sizeof answer);
+                break;
+            }
+            bytes += (uint64_t)n;
+        }
+        close(client);
+    }
+}
+
+int cfloor_pump(int fd, int datagram, int size, uint64_t total_bytes, cfloor_pump_result *result) {
+    memset(result, 0, sizeof *result);
+    if (size < 8) size = 8;
+    char *chunk = malloc((size_t)size);
+    if (!chunk) { errno = ENOMEM; return -1; }
+    memset(chunk, 0xa5, (size_t)size);
+    uint64_t writes = total_bytes / (uint64_t)size;
+    if (writes == 0) writes = 1;
+    int status = 0;
+    uint64_t start = now_ns();
+    if (!datagram) {
+        for (uint64_t i = 0; i < writes; i++) {
+            if (send_all(fd, chunk, (size_t)size) != 0) { status = -1; goto done; }
+        }
+        result->sent = writes;
+        if (shutdown(fd, SHUT_WR) != 0) { status = -1; goto done; }
+        unsigned char answer[8];
+        if (recv_all(fd, (char *)answer, sizeof answer) != 0) { status = -1; goto done; }
+        result->send_ns = now_ns() - start;
+        result->delivered = get_be64(answer);
+        goto done;
+    }
+    for (uint64_t i = 0; i < writes; i++) {
+        put_be64((unsigned char *)chunk, i);
+        if (send(fd, chunk, (size_t)size, MSG_NOSIGNAL) < 0) {
+            if (errno == EINTR) { i--; continue; }
+            result->send_errors++;
+            continue;
+        }
+        result->sent++;
+    }
+    result->send_ns = now_ns() - start;
+    /* Ask for the counts; ask again when the request or the answer is lost. */
+    for (int attempt = 0; attempt < 20; attempt++) {
+        send(fd, stats_request, sizeof stats_request, MSG_NOSIGNAL);
+        struct pollfd p = {fd, POLLIN, 0};
+        if (poll(&p, 1, 200) <= 0) continue;
+        unsigned char answer[64];
+        ssize_t n = recv(fd, answer, sizeof answer, 0);
+        if (n >= 24) {
+            result->delivered = get_be64(answer);
+            result->reordered = get_be64(answer + 8);
+            goto done;
+        }
+    }
+    errno = ETIMEDOUT;
+    status = -1;
+done:
+    free(chunk);
+    return status;
+}

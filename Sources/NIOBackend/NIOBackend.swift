@@ -1,7 +1,7 @@
 public import ConnectionCore
-import NIOCore
+package import NIOCore
 public import NIOPosix
-import POSIXSupport
+package import POSIXSupport
 import Synchronization
 
 /// SwiftNIO as a backend: what a user would pick instead of the four styles here, measured through the same
@@ -59,7 +59,9 @@ public struct NIOBackend: ConnectionBackend {
 }
 
 /// Our resolved address as SwiftNIO's.
-func nioAddress(_ address: POSIXSupport.SocketAddress, doing: String) throws(ConnectionError) -> NIOCore.SocketAddress {
+package func nioAddress(
+    _ address: POSIXSupport.SocketAddress, doing: String
+) throws(ConnectionError) -> NIOCore.SocketAddress {
     do {
         return try NIOCore.SocketAddress(ipAddress: address.host, port: Int(address.port))
     } catch {
@@ -68,7 +70,7 @@ func nioAddress(_ address: POSIXSupport.SocketAddress, doing: String) throws(Con
 }
 
 /// SwiftNIO's address as an endpoint.
-func endpoint(_ address: NIOCore.SocketAddress?, _ transport: Transport) -> Endpoint {
+package func endpoint(_ address: NIOCore.SocketAddress?, _ transport: Transport) -> Endpoint {
     guard let address, let ip = address.ipAddress, let port = address.port else {
         return Endpoint(transport: transport, host: .ipv4("0.0.0.0"), port: 0)
     }
@@ -81,7 +83,7 @@ func endpoint(_ address: NIOCore.SocketAddress?, _ transport: Transport) -> Endp
 }
 
 /// Any error SwiftNIO reports, in the shared vocabulary.
-func connectionError(_ error: any Error, _ doing: String) -> ConnectionError {
+package func connectionError(_ error: any Error, _ doing: String) -> ConnectionError {
     switch error {
     case let error as ConnectionError:
         return error

@@ -3,6 +3,7 @@ import BenchmarkDriver
 import ConnectionTestKit
 import Foundation
 import Histogram
+import NativeStyles
 import SocketStyles
 
 struct Compare: AsyncParsableCommand {
@@ -23,7 +24,9 @@ struct Compare: AsyncParsableCommand {
     @Option(help: "Comma-separated transports: tcp, udp, ws, tls, wss.")
     var transports: String?
 
-    @Option(help: "Comma-separated scenarios (default: pingpong-64,rate-5000,pump-64k,pump-1400,connect,fanin-16).")
+    @Option(
+        help:
+            "Comma-separated scenarios (default: pingpong-64,native-64,rate-5000,pump-64k,pump-1400,connect,fanin-16).")
     var scenarios: String?
 
     @Option(help: "pingpong: measured round trips per repetition.")
@@ -94,8 +97,8 @@ struct Compare: AsyncParsableCommand {
         }
         let defaultScenarios =
             full
-            ? "pingpong-64,pingpong-1k,pingpong-64k,rate-10k,rate-50k,pump-1400,pump-64k,connect,fanin-1,fanin-10,fanin-100,fanin-1000"
-            : "pingpong-64,rate-5000,pump-64k,pump-1400,connect,fanin-16"
+            ? "pingpong-64,native-64,pingpong-1k,pingpong-64k,rate-10k,rate-50k,pump-1400,pump-64k,connect,fanin-1,fanin-10,fanin-100,fanin-1000"
+            : "pingpong-64,native-64,rate-5000,pump-64k,pump-1400,connect,fanin-16"
         var chosenScenarios: [Scenario] = []
         for name in (scenarios ?? defaultScenarios).split(separator: ",") {
             do throws(ScenarioError) {
@@ -128,6 +131,8 @@ struct Compare: AsyncParsableCommand {
         var transport: Transport
         var echo: ChildServer
         var sink: ChildServer?
+        /// The backend's own-style echo server (tcp, for native-SIZE).
+        var native: ChildServer?
         var name: String { "\(backend?.rawValue ?? Report.floorName)/\(transport)" }
     }
 
@@ -139,12 +144,14 @@ struct Compare: AsyncParsableCommand {
         defer { certificates?.remove() }
         let clientTLS = certificates?.client ?? TLSConfiguration()
         let needsSink = plan.scenarios.contains { $0.kind == "pump" }
+        let needsNative = plan.scenarios.contains { $0.kind == "native" }
 
         var targets: [Target] = []
         defer {
             for target in targets {
                 target.echo.stop()
                 target.sink?.stop()
+                target.native?.stop()
             }
         }
         var combos: [(Backend?, Transport)] = []
@@ -170,12 +177,17 @@ struct Compare: AsyncParsableCommand {
             let echo = try ChildServer.start(
                 backend: backend, url: "\(transport)://127.0.0.1:0", cpu: plan.serverCPU, extraArguments: tlsArguments)
             var sink: ChildServer?
-            if needsSink, backend != nil {
+            if needsSink {
                 sink = try ChildServer.start(
                     backend: backend, url: "\(transport)://127.0.0.1:0", cpu: plan.serverCPU,
                     extraArguments: tlsArguments + ["--sink"])
             }
-            targets.append(Target(backend: backend, transport: transport, echo: echo, sink: sink))
+            var native: ChildServer?
+            if needsNative, backend != nil, transport == .tcp {
+                native = try ChildServer.start(
+                    backend: backend, url: "tcp://127.0.0.1:0", cpu: plan.serverCPU, extraArguments: ["--native"])
+            }
+            targets.append(Target(backend: backend, transport: transport, echo: echo, sink: sink, native: native))
         }
 
         var runs: [String: [ScenarioResult]] = [:]
@@ -191,7 +203,12 @@ struct Compare: AsyncParsableCommand {
                         skipped[key] = reason
                         continue
                     }
-                    let server = scenario.kind == "pump" ? target.sink! : target.echo
+                    let server =
+                        switch scenario.kind {
+                        case "pump": target.sink!
+                        case "native": target.native!
+                        default: target.echo
+                        }
                     let clientBefore = ResourceUsage.read()
                     let serverBefore = ResourceUsage.read(pid: server.pid)
                     do throws(ConnectionError) {
@@ -233,11 +250,14 @@ struct Compare: AsyncParsableCommand {
 
     /// Why a scenario does not apply to a target, or `nil`.
     func skipReason(_ scenario: Scenario, _ target: Target) -> String? {
-        guard target.backend != nil else {
-            return scenario.kind == "pingpong" ? nil : "the C floor runs pingpong only"
-        }
         if case .pump(let size) = scenario, target.transport == .udp, size > 65_507 {
             return "a UDP datagram carries at most 65,507 bytes"
+        }
+        guard target.backend != nil else {
+            return ["pingpong", "pump"].contains(scenario.kind) ? nil : "the C floor runs pingpong and pump only"
+        }
+        if scenario.kind == "native", target.transport != .tcp {
+            return "the native-style ping-pong runs over tcp"
         }
         return nil
     }
@@ -247,10 +267,17 @@ struct Compare: AsyncParsableCommand {
     ) async throws(ConnectionError) -> ScenarioResult {
         let endpoint = server.endpoint
         guard let backend = target.backend else {
-            guard case .pingpong(let size) = scenario else { throw ConnectionError(.unsupported, "floor") }
-            let result = try await runFloorPing(
-                endpoint: endpoint, size: size, count: plan.pingpongCount, warmup: plan.pingpongWarmup)
-            return Self.measurement(result, size: size, count: plan.pingpongCount)
+            switch scenario {
+            case .pingpong(let size):
+                let result = try await runFloorPing(
+                    endpoint: endpoint, size: size, count: plan.pingpongCount, warmup: plan.pingpongWarmup)
+                return Self.measurement(result, size: size, count: plan.pingpongCount)
+            case .pump(let size):
+                _ = try await runFloorPump(endpoint: endpoint, size: size, totalBytes: plan.pumpBytes / 8)
+                return try await runFloorPump(endpoint: endpoint, size: size, totalBytes: plan.pumpBytes)
+            default:
+                throw ConnectionError(.unsupported, "the C floor runs pingpong and pump only")
+            }
         }
         let connect: @Sendable () async throws(ConnectionError) -> any Connection = {
             try await backend.connect(to: endpoint, tls: tls)
@@ -262,6 +289,10 @@ struct Compare: AsyncParsableCommand {
             let result = try await PingRunner(size: size, count: plan.pingpongCount, warmup: plan.pingpongWarmup).run(
                 on: connection)
             await connection.close()
+            return Self.measurement(result, size: size, count: plan.pingpongCount)
+        case .native(let size):
+            let result = try await backend.nativePingPong(
+                to: endpoint, size: size, count: plan.pingpongCount, warmup: plan.pingpongWarmup)
             return Self.measurement(result, size: size, count: plan.pingpongCount)
         case .rate(let perSecond):
             let connection = try await connect()

@@ -18,6 +18,9 @@ struct FloorServe: AsyncParsableCommand {
     @Option(help: "Pin the server to this CPU.")
     var cpu: Int?
 
+    @Flag(help: "Count and discard (the C sink for pump scenarios) instead of echoing.")
+    var sink = false
+
     @Flag(help: "Stop when standard input reaches its end.")
     var exitOnStdinEOF = false
 
@@ -35,10 +38,11 @@ struct FloorServe: AsyncParsableCommand {
         let (stopRead, stopWrite) = (pipeFDs[0], pipeFDs[1])
         let datagram: Int32 = socket.transport == .udp ? 1 : 0
         let fd = socket.descriptor
+        let sink = sink
         let done = Task.detached {
             await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
                 PosixThread.spawn(name: "cfloor-serve") {
-                    _ = cfloor_serve(fd, datagram, stopRead)
+                    _ = sink ? cfloor_sink(fd, datagram, stopRead) : cfloor_serve(fd, datagram, stopRead)
                     continuation.resume()
                 }
             }
@@ -64,23 +68,59 @@ func runFloorPing(
     defer { socket.close() }
     let fd = socket.descriptor
     let datagram: Int32 = endpoint.transport == .udp ? 1 : 0
-    let outcome: (status: Int32, errno: Int32, samples: [UInt64], elapsed: UInt64) = await withCheckedContinuation {
+    let outcome: (status: Int32, errno: Int32, samples: [UInt64]) = await withCheckedContinuation {
         continuation in
         PosixThread.spawn(name: "cfloor-ping") {
             var samples = [UInt64](repeating: 0, count: count)
-            let start = MonotonicClock.nanoseconds()
             let status = samples.withUnsafeMutableBufferPointer {
                 cfloor_pingpong(fd, datagram, Int32(size), Int32(count), Int32(warmup), $0.baseAddress)
             }
             let code = errno
-            continuation.resume(returning: (status, code, samples, MonotonicClock.nanoseconds() - start))
+            continuation.resume(returning: (status, code, samples))
         }
     }
     guard outcome.status == 0 else { throw .errno(outcome.errno, "C floor ping-pong") }
-    var histogram = LatencySummary.makeHistogram()
-    for sample in outcome.samples { _ = histogram.record(max(1, sample)) }
-    let measured = outcome.samples.reduce(0, +)
-    return PingRunner.Result(
-        latency: LatencySummary(histogram), lost: 0, stale: 0, elapsedNanoseconds: measured,
-        roundTripsPerSecond: Double(count) / (Double(measured) / 1e9), histogram: histogram)
+    return PingRunner.Result(samples: outcome.samples, elapsedNanoseconds: outcome.samples.reduce(0, +))
+}
+
+/// Runs the C floor's pump (blocking C writes) to a C sink on a thread of its own; the same figures as
+/// ``PumpRunner``.
+func runFloorPump(endpoint: Endpoint, size: Int, totalBytes: Int) async throws(ConnectionError) -> ScenarioResult {
+    let socket = try BSDSocket.connect(to: endpoint)
+    defer { socket.close() }
+    let fd = socket.descriptor
+    let datagram = endpoint.transport == .udp
+    let before = UDPCounters.read()
+    let outcome: (status: Int32, errno: Int32, result: cfloor_pump_result) = await withCheckedContinuation {
+        continuation in
+        PosixThread.spawn(name: "cfloor-pump") {
+            var result = cfloor_pump_result()
+            let status = cfloor_pump(fd, datagram ? 1 : 0, Int32(size), UInt64(totalBytes), &result)
+            let code = errno
+            continuation.resume(returning: (status, code, result))
+        }
+    }
+    guard outcome.status == 0 else { throw .errno(outcome.errno, "C floor pump") }
+    let result = outcome.result
+    let seconds = Double(max(1, result.send_ns)) / 1e9
+    var measurement = ScenarioResult()
+    measurement.messages = Int(result.sent)
+    measurement.elapsedNanoseconds = result.send_ns
+    measurement.messagesPerSecond = Double(result.sent) / seconds
+    if datagram {
+        measurement.received = Int(result.delivered)
+        measurement.lost = Int(result.sent) - Int(result.delivered)
+        measurement.reordered = Int(result.reordered)
+        if let before, let after = UDPCounters.read() {
+            measurement.kernelReceiveBufferDrops = Int(after.receiveBufferErrors &- before.receiveBufferErrors)
+        }
+        measurement.bytesPerSecond = Double(Int(result.delivered) * size) / seconds
+    } else {
+        guard result.delivered == result.sent * UInt64(size) else {
+            throw ConnectionError(
+                .protocolViolation, "the C sink received \(result.delivered) of \(result.sent * UInt64(size)) bytes")
+        }
+        measurement.bytesPerSecond = Double(result.delivered) / seconds
+    }
+    return measurement
 }

@@ -82,7 +82,7 @@ struct Report: Codable {
         }
         self.rows = rows
         notes = [
-            "Every backend is measured through the unified Connection on both ends (client here, server in its own process).",
+            "Every backend is measured through the unified Connection on both ends (client here, server in its own process), except native-SIZE: the same tcp ping-pong written in the backend's own style on both ends (x native = the price of the unified API).",
             "SwiftNIO (nio) runs with TCP_NODELAY and a 64 KiB UDP buffer like every other backend (its defaults differ); its tls/wss use the same OpenSSL layer as the others, so TLS numbers compare connection styles, not TLS libraries.",
             "iperf3 and sockperf rows (when installed) are those tools measured in the same run with the same pinning: iperf3's single TCP stream and UDP sender, sockperf's ping-pong (its --full-rtt round trips).",
             "CPU time per side is read from each process's CPU-time clock (clock_getcpuclockid: every thread, nanoseconds); cost per message is (client + server CPU) / messages over the window. Context switches and peak memory come from /proc/PID/status. All figures per repetition, medians across repetitions.",
@@ -165,10 +165,40 @@ struct Report: Codable {
 
     /// The p50 of the C floor for the same transport in pingpong-SIZE (ws/tls/wss against tcp).
     func floor(for row: ReportRow) -> Double? {
-        guard row.scenario.kind == "pingpong" else { return nil }
+        let size: Int
+        switch row.scenario {
+        case .pingpong(let value), .native(let value): size = value
+        default: return nil
+        }
         let transport = row.transport == "udp" ? "udp" : "tcp"
-        return rows.first { $0.backend == Self.floorName && $0.transport == transport && $0.scenario == row.scenario }
+        return p50(Self.floorName, transport, .pingpong(size: size))
+    }
+
+    /// The median p50 of one row, nanoseconds.
+    func p50(_ backend: String, _ transport: String, _ scenario: Scenario) -> Double? {
+        rows.first { $0.backend == backend && $0.transport == transport && $0.scenario == scenario }
             .flatMap { $0.median.latency.map { Double($0.p50) } }
+    }
+
+    /// The price of the unified API: a tcp pingpong-SIZE row's p50 over the same backend's native-SIZE p50.
+    func unifiedPrice(for row: ReportRow) -> Double? {
+        guard case .pingpong(let size) = row.scenario, row.transport == "tcp",
+            let native = p50(row.backend, "tcp", .native(size: size)), let unified = row.median.latency?.p50
+        else { return nil }
+        return Double(unified) / max(1, native)
+    }
+
+    /// A pump row against the C floor's pump of the same size: MB/s delivered for tcp, datagrams sent per
+    /// second for udp (the sender's rate: what the UDP target compares).
+    func pumpFloorRatio(for row: ReportRow) -> Double? {
+        guard row.scenario.kind == "pump", row.transport == "tcp" || row.transport == "udp",
+            let floor = rows.first(where: {
+                $0.backend == Self.floorName && $0.transport == row.transport && $0.scenario == row.scenario
+            })?.median
+        else { return nil }
+        let figure: (ScenarioResult) -> Double? = row.transport == "udp" ? \.messagesPerSecond : \.bytesPerSecond
+        guard let mine = figure(row.median), let theirs = figure(floor), theirs > 0 else { return nil }
+        return mine / theirs
     }
 
     /// nio's figure for the same scenario and transport.
@@ -186,14 +216,15 @@ struct Report: Codable {
         switch scenario.kind {
         case "pump":
             let header = [
-                "backend", "transport", "MB/s", "msg/s", "spread MB/s", "sent", "received", "lost", "reordered",
+                "backend", "transport", "MB/s", "msg/s", "x floor", "spread MB/s", "sent", "received", "lost",
+                "reordered",
                 "kernel drops", "cpu us/msg", "client cpu ms", "server cpu ms",
             ]
             let cells = selected.map { row -> [String] in
                 let m = row.median
                 return [
                     row.backend, row.transport, fixed((m.bytesPerSecond ?? 0) / 1e6, 1),
-                    "\(Int(m.messagesPerSecond ?? 0))",
+                    "\(Int(m.messagesPerSecond ?? 0))", pumpFloorRatio(for: row).map { fixed($0) + "x" } ?? "-",
                     "\(fixed(row.spread[0] / 1e6, 1))-\(fixed(row.spread[1] / 1e6, 1))", "\(m.messages)",
                     m.received.map(String.init) ?? "-", m.received == nil ? "-" : "\(m.lost ?? 0)",
                     m.reordered.map(String.init) ?? "-", m.kernelReceiveBufferDrops.map(String.init) ?? "-",
@@ -229,7 +260,8 @@ struct Report: Codable {
             return (header, cells)
         default:
             let header = [
-                "backend", "transport", "p50 us", "x floor", "x nio", "p50 spread", "p90 us", "p99 us", "p99.9 us",
+                "backend", "transport", "p50 us", "x floor", "x nio", "x native", "p50 spread", "p90 us", "p99 us",
+                "p99.9 us",
                 "max us", "rt/s", "lost", "cpu us/rt", "ctx sw/rt", "threads",
             ]
             let cells = selected.map { row -> [String] in
@@ -246,6 +278,7 @@ struct Report: Codable {
                     row.backend, row.transport, microseconds(UInt64(p50)),
                     floor(for: row).map { fixed(p50 / max(1, $0)) + "x" } ?? "-",
                     nio(for: row).flatMap { $0.latency }.map { fixed(p50 / Double(max(1, $0.p50))) + "x" } ?? "-",
+                    unifiedPrice(for: row).map { fixed($0) + "x" } ?? "-",
                     "\(microseconds(UInt64(row.spread[0])))-\(microseconds(UInt64(row.spread[1])))",
                     microseconds(m.latency?.p90 ?? 0), microseconds(m.latency?.p99 ?? 0),
                     microseconds(m.latency?.p999 ?? 0), microseconds(m.latency?.max ?? 0),
@@ -298,6 +331,25 @@ struct Report: Codable {
                 let ordered = candidates.sorted { ($0.median.latency?.p50 ?? .max) < ($1.median.latency?.p50 ?? .max) }
                     .map { "\($0.backend) \(microseconds($0.median.latency?.p50 ?? 0))" }.joined(separator: ", ")
                 lines.append("- \(ping) \(transport) p50, lowest first: \(ordered) us (lowest: \(best.backend)).")
+            }
+        }
+        for case .native(let size) in plan.scenarios {
+            let prices = rows.filter { $0.scenario == .pingpong(size: size) && $0.transport == "tcp" }.compactMap {
+                row in
+                unifiedPrice(for: row).map { (row.backend, $0) }
+            }
+            guard !prices.isEmpty else { continue }
+            lines.append(
+                "- The price of the unified API (tcp pingpong-\(size) p50 through Connection / the same backend written in its own style, both ends): "
+                    + prices.map { "\($0.0) \(fixed($0.1))x" }.joined(separator: ", ") + ".")
+            let floors = rows.filter { $0.scenario == .native(size: size) }.compactMap { row in
+                floor(for: row).flatMap { floor in row.median.latency.map { (row.backend, Double($0.p50) / floor) } }
+            }
+            if !floors.isEmpty {
+                lines.append(
+                    "- native-\(size) against the C floor: "
+                        + floors.map { "\($0.0) \(fixed($0.1))x" }.joined(separator: ", ")
+                        + ".")
             }
         }
         if let pump = plan.scenarios.first(where: { $0.kind == "pump" }) {

@@ -2,6 +2,7 @@ import ArgumentParser
 import ConnectionTestKit
 import Dispatch
 import Foundation
+import NativeStyles
 import SocketStyles
 
 struct Serve: AsyncParsableCommand {
@@ -25,12 +26,19 @@ struct Serve: AsyncParsableCommand {
     @Flag(help: "Count and discard instead of echoing (the receiving end of `compare`'s pump scenarios).")
     var sink = false
 
+    @Flag(
+        help:
+            "Serve in the backend's own style instead of through Listener/Connection (tcp; the server side of `compare`'s native-SIZE)."
+    )
+    var native = false
+
     @Flag(help: "Stop when standard input reaches its end (used by `sockbench compare` for its child servers).")
     var exitOnStdinEOF = false
 
     func run() async throws {
         let (endpoint, backend) = try parseTarget(url: url, backend: backend)
         try pin(toCPU: cpu)
+        if native { return try await serveNative(endpoint, backend) }
         let tlsConfiguration = try tls.configuration(for: endpoint.transport)
         let server: EchoServer
         do throws(ConnectionError) {
@@ -43,6 +51,22 @@ struct Serve: AsyncParsableCommand {
         let reason = await StopSignal.wait(stdinEOF: exitOnStdinEOF)
         await server.stop()
         Console.error("sockbench serve: \(reason); served \(server.connectionsServed) connection(s)")
+    }
+}
+
+extension Serve {
+    func serveNative(_ endpoint: Endpoint, _ backend: Backend) async throws {
+        guard !sink, tls.cert == nil else { throw fail("--native serves a plain tcp echo (no --sink, no TLS)") }
+        let server: any NativeEchoServer
+        do throws(ConnectionError) {
+            server = try await backend.nativeEchoServer(on: endpoint)
+        } catch {
+            throw fail(error.description)
+        }
+        Console.line("listening on \(server.localEndpoint)")
+        let reason = await StopSignal.wait(stdinEOF: exitOnStdinEOF)
+        await server.stop()
+        Console.error("sockbench serve --native: \(reason)")
     }
 }
 

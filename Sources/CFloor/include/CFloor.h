@@ -13,4 +13,23 @@ int cfloor_serve(int fd, int datagram, int stop_fd);
 /* Closed-loop ping-pong on a connected blocking socket: `warmup` then `count` round trips of `size` bytes;
  * samples_ns[i] receives each measured round trip (CLOCK_MONOTONIC). Returns 0, or -1 with errno set. */
 int cfloor_pingpong(int fd, int datagram, int size, int count, int warmup, uint64_t *samples_ns);
+
+/* The sink for a pump (the protocol of sockbench's PumpSink): TCP counts bytes until the sender half-closes,
+ * answers with the count (8 bytes, big endian) and closes, one client at a time; UDP counts datagrams (each
+ * starts with an 8-byte big-endian sequence number) and answers a datagram of eight 0xFF bytes with received,
+ * reordered and bytes (3 x 8 bytes). Returns when stop_fd becomes readable (or on error): -1 with errno set. */
+int cfloor_sink(int fd, int datagram, int stop_fd);
+
+/* What a pump reported. */
+typedef struct {
+    uint64_t sent;        /* writes (TCP) or datagrams (UDP) handed to the kernel */
+    uint64_t send_errors; /* UDP datagrams the kernel refused (ENOBUFS and the like) */
+    uint64_t delivered;   /* TCP: bytes the sink counted; UDP: datagrams it received */
+    uint64_t reordered;   /* UDP: datagrams that came after a later one */
+    uint64_t send_ns;     /* from the first write to the last (UDP) or to the sink's answer (TCP) */
+} cfloor_pump_result;
+
+/* One-way bulk on a connected blocking socket to a cfloor_sink: total_bytes in writes of `size` bytes (UDP:
+ * total_bytes / size datagrams), then the sink's count. Returns 0, or -1 with errno set. */
+int cfloor_pump(int fd, int datagram, int size, uint64_t total_bytes, cfloor_pump_result *result);
 #endif

@@ -1,0 +1,72 @@
+public import BenchmarkDriver
+public import ConnectionCore
+public import SocketStyles
+
+/// An echo server written in one backend's own style (no `Connection`, no `Listener`).
+public protocol NativeEchoServer: AnyObject, Sendable {
+    /// Where it listens (the real port when 0 was asked).
+    var localEndpoint: Endpoint { get }
+    /// Stops listening, closes every client, and waits until its threads or loop are gone.
+    func stop() async
+}
+
+/// Each backend in the style its users would write by hand, for `sockbench compare`'s `native-SIZE`: the same
+/// TCP ping-pong as `pingpong-SIZE` with the unified `Connection` taken out on both ends, so the difference is
+/// the price of the unified API. Both ends set TCP_NODELAY, as the unified backends do.
+extension Backend {
+    /// How this backend's native ping-pong is written, in a line.
+    public var nativeStyle: String {
+        switch self {
+        case .bsd: "a blocking send/recv loop on a thread of its own; the server a thread per client"
+        case .uv: "uv_write and the read callback on a libuv loop thread; the next probe is written from the callback"
+        case .runloop:
+            "stream delegates on the calling thread's run loop (hasBytesAvailable -> read -> write); the server a delegate per client"
+        case .async: "AsyncSocket send/receive in a task on the reactor's executor; the server a task per client"
+        case .nio: "ChannelInboundHandlers: channelRead writes the next probe; the server an echo handler"
+        }
+    }
+
+    /// `warmup` then `count` TCP round trips of `size` bytes to an echo server, written in this backend's own
+    /// style, timed by a ``PingPongTally``.
+    public func nativePingPong(
+        to endpoint: Endpoint, size: Int, count: Int, warmup: Int
+    ) async throws(ConnectionError) -> PingRunner.Result {
+        guard endpoint.transport == .tcp else {
+            throw ConnectionError(.unsupported, "the native-style ping-pong runs over tcp, not \(endpoint.transport)")
+        }
+        let tally = PingPongTally(size: size, count: count, warmup: warmup)
+        switch self {
+        case .bsd: return try await BSDNative.pingpong(to: endpoint, tally: tally)
+        case .uv: return try await UVNative.pingpong(to: endpoint, tally: tally)
+        case .runloop: return try await RunLoopNative.pingpong(to: endpoint, tally: tally)
+        case .async: return try await AsyncNative.pingpong(to: endpoint, tally: tally)
+        case .nio: return try await NIONative.pingpong(to: endpoint, tally: tally)
+        }
+    }
+
+    /// A TCP echo server written in this backend's own style.
+    public func nativeEchoServer(on endpoint: Endpoint) async throws(ConnectionError) -> any NativeEchoServer {
+        guard endpoint.transport == .tcp else {
+            throw ConnectionError(
+                .unsupported, "the native-style echo server listens on tcp, not \(endpoint.transport)")
+        }
+        switch self {
+        case .bsd: return try BSDNativeEchoServer(on: endpoint)
+        case .uv: return try await UVNativeEchoServer.start(on: endpoint)
+        case .runloop: return try await RunLoopNativeEchoServer.start(on: endpoint)
+        case .async: return try AsyncNativeEchoServer(on: endpoint)
+        case .nio: return try await NIONativeEchoServer.start(on: endpoint)
+        }
+    }
+}
+
+/// Runs `body` on a new thread and returns what it returned (for styles that block or turn a loop).
+func onOwnThread<T: Sendable>(
+    name: String, _ body: @escaping @Sendable () -> Result<T, ConnectionError>
+) async throws(ConnectionError) -> T {
+    let result = await withCheckedContinuation {
+        (continuation: CheckedContinuation<Result<T, ConnectionError>, Never>) in
+        PosixThread.spawn(name: name) { continuation.resume(returning: body()) }
+    }
+    return try result.get()
+}
