@@ -37,20 +37,21 @@ public final class TestCertificates: Sendable {
         return configuration
     }
 
-    /// Makes a fresh set. Needs the `openssl` command (Debian package openssl).
-    public static func make() throws(ConnectionError) -> TestCertificates {
+    /// Makes a fresh set. Needs the `openssl` command (Debian package openssl). The server certificate names
+    /// localhost, 127.0.0.1 and ::1, and `extraServerHosts` (IP addresses or DNS names) too.
+    public static func make(extraServerHosts: [String] = []) throws(ConnectionError) -> TestCertificates {
         var template = Array("/tmp/socketstyles-certs-XXXXXX".utf8CString)
         guard let created = mkdtemp(&template) else { throw .errno(errno, "mkdtemp") }
         let directory = String(cString: created)
         do throws(ConnectionError) {
-            return try TestCertificates(directory: directory)
+            return try TestCertificates(directory: directory, extraServerHosts: extraServerHosts)
         } catch {
             Self.removeDirectory(directory)
             throw error
         }
     }
 
-    private init(directory: String) throws(ConnectionError) {
+    private init(directory: String, extraServerHosts: [String]) throws(ConnectionError) {
         self.directory = directory
         let openssl = try Self.findOpenSSL()
         func run(_ arguments: [String]) throws(ConnectionError) {
@@ -85,7 +86,14 @@ public final class TestCertificates: Sendable {
             ])
             return Pair(certificate: path("\(name).pem"), key: path("\(name).key"))
         }
-        let server = try signed("server", names: "DNS:localhost,IP:127.0.0.1,IP:::1", days: 2)
+        let extra = extraServerHosts.map { host in
+            (try? Endpoint(url: "tcp://\(host.contains(":") ? "[\(host)]" : host):1")).map { endpoint in
+                if case .name = endpoint.host { return "DNS:" + host }
+                return "IP:" + host
+            } ?? "DNS:" + host
+        }
+        let server = try signed(
+            "server", names: (["DNS:localhost", "IP:127.0.0.1", "IP:::1"] + extra).joined(separator: ","), days: 2)
         let wrongHost = try signed("wrong-host", names: "DNS:wrong.example", days: 2)
         // -days -1: valid until a day before it was made.
         let expired = try signed("expired", names: "DNS:localhost,IP:127.0.0.1", days: -1)

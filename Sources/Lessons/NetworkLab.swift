@@ -1,5 +1,5 @@
 import Foundation
-import POSIXSupport
+public import POSIXSupport
 import SocketStyles
 import Synchronization
 
@@ -107,13 +107,13 @@ public final class NetworkLab: @unchecked Sendable {
     }
 
     /// Starts `sockbench` (this executable) with `arguments` inside `namespace`.
-    func start(in namespace: String, _ arguments: [String]) throws -> ChildProcess {
+    public func start(in namespace: String, _ arguments: [String]) throws -> ChildProcess {
         try ChildProcess(
             [Self.which("ip")!, "netns", "exec", namespace, Self.selfPath()] + arguments, mergeErrors: false)
     }
 
     /// Runs `sockbench` (this executable) inside `namespace` to completion and returns its output.
-    func runToEnd(in namespace: String, _ arguments: [String]) throws -> String {
+    public func runToEnd(in namespace: String, _ arguments: [String]) throws -> String {
         try Self.run(["ip", "netns", "exec", namespace, Self.selfPath()] + arguments)
     }
 
@@ -139,7 +139,7 @@ public final class NetworkLab: @unchecked Sendable {
     }
 
     /// Stops a child started with ``start(in:_:)`` by closing its standard input, and waits for it to exit.
-    static func stop(_ child: ChildProcess) {
+    public static func stop(_ child: ChildProcess) {
         child.closeInput()
         _ = try? child.wait()
     }

@@ -50,6 +50,12 @@ struct Compare: AsyncParsableCommand {
     @Flag(inversion: .prefixedNo, help: "Also run iperf3 and sockperf when installed, as rows of the same report.")
     var baselines = true
 
+    @Option(
+        help:
+            "Run the servers on another host: HOST:PORT of a `sockbench serve --agent tcp://HOST:PORT` there. Servers are then pinned by the agent's --cpu; iperf3 and sockperf rows are left out."
+    )
+    var server: String?
+
     @Flag(help: "Go deep: more sizes, rates, fan-in up to 1,000 connections, tls and wss, 5 repetitions.")
     var full = false
 
@@ -74,6 +80,8 @@ struct Compare: AsyncParsableCommand {
         var clientCPU: Int?
         var tcpNoDelay = true
         var options: String
+        /// Where the servers ran: `local` (child processes here) or the agent's HOST:PORT.
+        var servers = "local"
     }
 
     func makePlan() throws -> Plan {
@@ -129,20 +137,41 @@ struct Compare: AsyncParsableCommand {
     struct Target {
         var backend: Backend?
         var transport: Transport
-        var echo: ChildServer
-        var sink: ChildServer?
+        var echo: any ServerHandle
+        var sink: (any ServerHandle)?
         /// The backend's own-style echo server (tcp, for native-SIZE).
-        var native: ChildServer?
+        var native: (any ServerHandle)?
         var name: String { "\(backend?.rawValue ?? Report.floorName)/\(transport)" }
     }
 
     func run() async throws {
-        let plan = try makePlan()
+        var plan = try makePlan()
         try pin(toCPU: plan.clientCPU)
         let chosenTransports = plan.transports.compactMap(Transport.init(rawValue:))
-        let certificates = chosenTransports.contains(where: \.isSecure) ? try TestCertificates.make() : nil
-        defer { certificates?.remove() }
-        let clientTLS = certificates?.client ?? TLSConfiguration()
+        let secure = chosenTransports.contains(where: \.isSecure)
+        let agent = try await server.asyncMap { try await AgentClient.connect($0) }
+        if let server {
+            plan.servers = server
+            plan.serverCPU = nil
+        }
+        let certificates = secure && agent == nil ? try TestCertificates.make() : nil
+        let remoteCA = secure ? try await agent?.fetchCA() : nil
+        defer {
+            certificates?.remove()
+            if let remoteCA { unlink(remoteCA) }
+        }
+        var clientTLS = certificates?.client ?? TLSConfiguration()
+        if let remoteCA { clientTLS.trustRoots = .file(remoteCA) }
+        /// Starts one server: a child process here, or one the agent starts there.
+        func start(_ backend: Backend?, _ transport: Transport, _ mode: String) async throws -> any ServerHandle {
+            if let agent { return try await agent.start(backend, transport, mode) }
+            var arguments =
+                transport.isSecure
+                ? ["--cert", certificates!.server.certificate, "--key", certificates!.server.key] : []
+            if mode != "echo" { arguments.append("--\(mode)") }
+            return try ChildServer.start(
+                backend: backend, url: "\(transport)://127.0.0.1:0", cpu: plan.serverCPU, extraArguments: arguments)
+        }
         let needsSink = plan.scenarios.contains { $0.kind == "pump" }
         let needsNative = plan.scenarios.contains { $0.kind == "native" }
 
@@ -171,22 +200,10 @@ struct Compare: AsyncParsableCommand {
             "sockbench compare: \(combos.count) server(s) x \(plan.scenarios.count) scenario(s) x \(plan.repetitions) repetition(s), placement \(plan.placement.rawValue)"
                 + (plan.serverCPU.map { " (server cpu \($0), client cpu \(plan.clientCPU!))" } ?? ""))
         for (backend, transport) in combos {
-            let tlsArguments =
-                transport.isSecure
-                ? ["--cert", certificates!.server.certificate, "--key", certificates!.server.key] : []
-            let echo = try ChildServer.start(
-                backend: backend, url: "\(transport)://127.0.0.1:0", cpu: plan.serverCPU, extraArguments: tlsArguments)
-            var sink: ChildServer?
-            if needsSink {
-                sink = try ChildServer.start(
-                    backend: backend, url: "\(transport)://127.0.0.1:0", cpu: plan.serverCPU,
-                    extraArguments: tlsArguments + ["--sink"])
-            }
-            var native: ChildServer?
-            if needsNative, backend != nil, transport == .tcp {
-                native = try ChildServer.start(
-                    backend: backend, url: "tcp://127.0.0.1:0", cpu: plan.serverCPU, extraArguments: ["--native"])
-            }
+            let echo = try await start(backend, transport, "echo")
+            let sink = needsSink ? try await start(backend, transport, "sink") : nil
+            let native =
+                needsNative && backend != nil && transport == .tcp ? try await start(backend, .tcp, "native") : nil
             targets.append(Target(backend: backend, transport: transport, echo: echo, sink: sink, native: native))
         }
 
@@ -210,14 +227,14 @@ struct Compare: AsyncParsableCommand {
                         default: target.echo
                         }
                     let clientBefore = ResourceUsage.read()
-                    let serverBefore = ResourceUsage.read(pid: server.pid)
+                    let serverBefore = await server.usage()
                     do throws(ConnectionError) {
                         var measurement = try await measure(
                             scenario, target, server: server, plan: plan, tls: clientTLS)
                         if let after = ResourceUsage.read(), let clientBefore {
                             measurement.client = after.since(clientBefore)
                         }
-                        if let after = ResourceUsage.read(pid: server.pid), let serverBefore {
+                        if let after = await server.usage(), let serverBefore {
                             measurement.server = after.since(serverBefore)
                         }
                         runs[key, default: []].append(measurement)
@@ -233,7 +250,7 @@ struct Compare: AsyncParsableCommand {
             }
         }
         var external: [String] = []
-        if baselines {
+        if baselines, agent == nil {
             Console.error("  baselines: iperf3 and sockperf (when installed) ...")
             let rows = Baselines.run(plan: plan, seconds: full ? 5 : 1)
             for (key, value) in rows { runs[key] = value }
@@ -263,7 +280,7 @@ struct Compare: AsyncParsableCommand {
     }
 
     func measure(
-        _ scenario: Scenario, _ target: Target, server: ChildServer, plan: Plan, tls: TLSConfiguration
+        _ scenario: Scenario, _ target: Target, server: any ServerHandle, plan: Plan, tls: TLSConfiguration
     ) async throws(ConnectionError) -> ScenarioResult {
         let endpoint = server.endpoint
         guard let backend = target.backend else {
@@ -339,9 +356,68 @@ struct Compare: AsyncParsableCommand {
     }
 }
 
+/// A server `compare` measures against: a child process here, or one an agent runs on another host.
+protocol ServerHandle: AnyObject {
+    /// Where clients connect.
+    var endpoint: Endpoint { get }
+    /// The server process's CPU time, context switches and memory so far.
+    func usage() async -> ResourceUsage?
+    /// Stops it (an agent's servers stop when its control connection ends).
+    func stop()
+}
+
+/// A server an agent started on another host.
+final class RemoteServer: ServerHandle {
+    let endpoint: Endpoint
+    let id: String
+    let agent: AgentClient
+
+    init(endpoint: Endpoint, id: String, agent: AgentClient) {
+        self.endpoint = endpoint
+        self.id = id
+        self.agent = agent
+    }
+
+    func usage() async -> ResourceUsage? {
+        guard let json = try? await agent.request("usage \(id)") else { return nil }
+        return try? JSONDecoder().decode(ResourceUsage.self, from: Data(json.utf8))
+    }
+
+    func stop() {}
+}
+
+extension AgentClient {
+    /// Asks the agent for a server; its address is taken with the agent's host (the agent may listen on a
+    /// wildcard address).
+    func start(_ backend: Backend?, _ transport: Transport, _ mode: String) async throws -> any ServerHandle {
+        let answer = try await request("start \(backend?.rawValue ?? Report.floorName) \(transport) \(mode)")
+        let words = answer.split(separator: " ").map(String.init)
+        guard words.count == 2, var endpoint = try? Endpoint(url: words[1]) else {
+            throw fail("the agent answered '\(answer)'")
+        }
+        endpoint.host = host
+        return RemoteServer(endpoint: endpoint, id: words[0], agent: self)
+    }
+
+    /// The agent's throwaway CA, written to a temporary file (the caller deletes it).
+    func fetchCA() async throws -> String {
+        guard let pem = Data(base64Encoded: try await request("ca")) else { throw fail("the agent sent no CA") }
+        let path = NSTemporaryDirectory() + "/sockbench-agent-ca-\(getpid()).pem"
+        try pem.write(to: URL(fileURLWithPath: path))
+        return path
+    }
+}
+
+extension Optional {
+    func asyncMap<T>(_ transform: (Wrapped) async throws -> T) async rethrows -> T? {
+        guard let value = self else { return nil }
+        return try await transform(value)
+    }
+}
+
 /// A `sockbench serve` child process. It stops when we close its standard input (or on SIGTERM), so it cannot
 /// outlive this process.
-final class ChildServer {
+final class ChildServer: ServerHandle {
     let process: Process
     let stdin: Pipe
     let endpoint: Endpoint
@@ -353,6 +429,8 @@ final class ChildServer {
     }
 
     var pid: Int32 { process.processIdentifier }
+
+    func usage() async -> ResourceUsage? { ResourceUsage.read(pid: pid) }
 
     static func start(backend: Backend?, url: String, cpu: Int?, extraArguments: [String] = []) throws -> ChildServer {
         let process = Process()

@@ -412,6 +412,8 @@ struct Report: Codable {
         text +=
             "Measured \(machine.date) on \(machine.cpus) x \(machine.cpuModel), \(machine.kernel); load average before: \(machine.loadAverageBefore). "
         text += "libuv \(machine.libuv), \(machine.openssl), SwiftNIO \(machine.swiftNIO).\n\n"
+        text +=
+            "Servers: \(plan.servers == "local" ? "child processes on this host" : "on another host, started by `sockbench serve --agent` at \(plan.servers)"). "
         text += "Placement: \(plan.placement.rawValue)"
         if let server = plan.serverCPU, let client = plan.clientCPU {
             text += " (server CPU \(server), client CPU \(client))"

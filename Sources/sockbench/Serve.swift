@@ -32,11 +32,26 @@ struct Serve: AsyncParsableCommand {
     )
     var native = false
 
+    @Flag(
+        help:
+            "Be an agent for `sockbench compare --server HOST:PORT` on another host: URL is the control address; servers are started on request, on the same host address (pinned with --cpu)."
+    )
+    var agent = false
+
     @Flag(help: "Stop when standard input reaches its end (used by `sockbench compare` for its child servers).")
     var exitOnStdinEOF = false
 
     func run() async throws {
         let (endpoint, backend) = try parseTarget(url: url, backend: backend)
+        if agent {
+            let stdinEOF = exitOnStdinEOF
+            do throws(ConnectionError) {
+                try await Agent(control: endpoint, cpu: cpu).run { await StopSignal.wait(stdinEOF: stdinEOF) }
+            } catch {
+                throw fail(error.description)
+            }
+            return
+        }
         try pin(toCPU: cpu)
         if native { return try await serveNative(endpoint, backend) }
         let tlsConfiguration = try tls.configuration(for: endpoint.transport)

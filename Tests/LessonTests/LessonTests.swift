@@ -1,4 +1,5 @@
 import ConnectionTestKit
+import Foundation
 import Lessons
 import SocketStyles
 import Testing
@@ -97,5 +98,72 @@ struct LessonTests {
         #expect(sent == 10)
         for receiver in 1...3 { #expect(report.figures["receiver\(receiver)"] == sent) }
         #expect(report.figures["notJoined"] == 0)
+    }
+}
+
+/// `sockbench compare --server HOST:PORT` against `sockbench serve --agent` on another host: two network
+/// namespaces joined by a veth pair play the hosts (root only; removed afterwards, also on failure).
+@Suite("Across hosts", .serialized, .timeLimit(.minutes(10)))
+struct AcrossHostsTests {
+    init() {
+        SocketTest.addWarmUp { NetworkLab.installSignalCleanup() }
+    }
+
+    /// Runs blocking work (child processes) on a thread of its own.
+    func blocking<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
+        let result = await withCheckedContinuation { (continuation: CheckedContinuation<Result<T, any Error>, Never>) in
+            PosixThread.spawn(name: "test-blocking") { continuation.resume(returning: Result { try body() }) }
+        }
+        return try result.get()
+    }
+
+    @Test(
+        "compare --server: every server on the other host, the client here, results for each row",
+        .enabled(
+            if: NetworkLab.unavailableReason() == nil,
+            "skipped: \(NetworkLab.unavailableReason() ?? "") (the cross-host test makes two network namespaces)"))
+    func compareAcrossNamespaces() async throws {
+        try await SocketTest.run(timeLimit: .seconds(300)) {
+            let lab = try NetworkLab()
+            defer { lab.remove() }
+            let agent = try lab.start(
+                in: lab.serverNamespace, ["serve", "--agent", "tcp://\(lab.serverAddress):0", "--exit-on-stdin-eof"])
+            defer { NetworkLab.stop(agent) }
+            let line = try await blocking { agent.readLine() }
+            let prefix = "listening on tcp://"
+            try #require(line.hasPrefix(prefix), "the agent said: \(line)")
+            let address = String(line.dropFirst(prefix.count))
+            #expect(address.hasPrefix(lab.serverAddress + ":"))
+            let out = "/tmp/socketstyles-across-\(getpid())"
+            defer { _ = try? FileManager.default.removeItem(atPath: out) }
+            _ = try await blocking {
+                try lab.runToEnd(
+                    in: lab.clientNamespace,
+                    [
+                        "compare", "--server", address, "--backends", "bsd,async", "--transports", "tcp,udp,tls",
+                        "--scenarios", "pingpong-64,native-64,pump-64k", "--count", "200", "--warmup", "20",
+                        "--repetitions", "1", "--placement", "none", "--out", out,
+                    ])
+            }
+            let data = try Data(contentsOf: URL(fileURLWithPath: out + "/results.json"))
+            let json = try #require(try JSONSerialization.jsonObject(with: data) as? [String: Any])
+            let plan = try #require(json["plan"] as? [String: Any])
+            #expect(plan["servers"] as? String == address)
+            let rows = try #require(json["rows"] as? [[String: Any]])
+            let names = Set(rows.map { "\($0["scenario"]!)|\($0["backend"]!)|\($0["transport"]!)" })
+            for expected in [
+                "pingpong-64|c-floor|tcp", "pingpong-64|bsd|tcp", "pingpong-64|async|udp", "pingpong-64|bsd|tls",
+                "native-64|async|tcp", "pump-65536|c-floor|tcp", "pump-65536|bsd|tls",
+            ] {
+                #expect(names.contains(expected), "\(expected) missing from \(names.sorted())")
+            }
+            for row in rows where (row["scenario"] as? String) == "pingpong-64" {
+                let median = try #require(row["median"] as? [String: Any])
+                let latency = try #require(median["latency"] as? [String: Any])
+                #expect(latency["count"] as? Int == 200)
+                // The server's usage came from the agent over the control connection.
+                #expect(median["server"] != nil)
+            }
+        }
     }
 }

@@ -1,0 +1,176 @@
+import BenchmarkDriver
+import ConnectionTestKit
+import Foundation
+import SocketStyles
+
+/// Lines of text over a `Connection`: the control channel between `sockbench compare --server` and
+/// `sockbench serve --agent`.
+final class LineChannel {
+    let connection: any Connection
+    private var buffer: [UInt8] = []
+
+    init(_ connection: any Connection) { self.connection = connection }
+
+    /// The next line without its newline, or `nil` at the end of the stream.
+    func readLine() async throws(ConnectionError) -> String? {
+        while true {
+            if let newline = buffer.firstIndex(of: UInt8(ascii: "\n")) {
+                let line = String(decoding: buffer[..<newline], as: UTF8.self)
+                buffer.removeSubrange(...newline)
+                return line
+            }
+            guard buffer.count < 1 << 20 else { throw ConnectionError(.protocolViolation, "control line too long") }
+            guard let message = try await connection.receive() else { return nil }
+            buffer += message.bytes
+        }
+    }
+
+    func send(_ line: String) async throws(ConnectionError) {
+        try await connection.send(Array((line + "\n").utf8))
+    }
+}
+
+/// `sockbench serve --agent URL`: starts and stops servers for a `sockbench compare --server HOST:PORT` on
+/// another host, over a line protocol on one TCP control connection:
+///
+/// | request | answer |
+/// |---|---|
+/// | `start BACKEND TRANSPORT echo|sink|native` (BACKEND may be `c-floor`) | `ok ID URL` |
+/// | `usage ID` | `ok JSON` (the server process's CPU, context switches, memory) |
+/// | `ca` | `ok BASE64` (the PEM of the throwaway CA that signed the tls/wss servers' certificate) |
+///
+/// Anything else, or a failure, is answered `error MESSAGE` and the session goes on. Every server of a
+/// session stops when its control connection ends.
+struct Agent {
+    let control: Endpoint
+    let cpu: Int?
+
+    func run(until stop: @escaping @Sendable () async -> String) async throws(ConnectionError) {
+        let listener = try await Backend.async.listen(on: control)
+        Console.line("listening on \(listener.localEndpoint)")
+        let sessions = Task {
+            await withDiscardingTaskGroup { group in
+                while let connection = try? await listener.accept() {
+                    group.addTask { await session(connection) }
+                }
+            }
+        }
+        let reason = await stop()
+        await listener.close()
+        sessions.cancel()
+        await sessions.value
+        Console.error("sockbench serve --agent: \(reason)")
+    }
+
+    private func session(_ connection: any Connection) async {
+        let channel = LineChannel(connection)
+        var children: [ChildServer] = []
+        var certificates: TestCertificates?
+        defer {
+            for child in children { child.stop() }
+            certificates?.remove()
+        }
+        let host = control.host
+        while let line = try? await channel.readLine() {
+            let words = line.split(separator: " ").map(String.init)
+            var answer: String
+            do {
+                switch words.first {
+                case "start" where words.count == 4:
+                    let backend = words[1] == Report.floorName ? nil : try Backend(name: words[1])
+                    guard let transport = Transport(rawValue: words[2]) else {
+                        throw ConnectionError(.invalidEndpoint, "unknown transport \(words[2])")
+                    }
+                    var arguments: [String]
+                    switch words[3] {
+                    case "echo": arguments = []
+                    case "sink": arguments = ["--sink"]
+                    case "native": arguments = ["--native"]
+                    default: throw ConnectionError(.unsupported, "unknown mode \(words[3]) (echo, sink, native)")
+                    }
+                    if transport.isSecure {
+                        let made = try certificates ?? TestCertificates.make(extraServerHosts: [host.literal])
+                        certificates = made
+                        arguments += ["--cert", made.server.certificate, "--key", made.server.key]
+                    }
+                    let url = "\(transport)://\(host.urlForm):0"
+                    let child = try ChildServer.start(backend: backend, url: url, cpu: cpu, extraArguments: arguments)
+                    children.append(child)
+                    answer = "ok \(children.count - 1) \(child.endpoint)"
+                case "usage" where words.count == 2:
+                    guard let index = Int(words[1]), children.indices.contains(index),
+                        let usage = ResourceUsage.read(pid: children[index].pid)
+                    else { throw ConnectionError(.unsupported, "no server \(words[1])") }
+                    answer = "ok " + String(decoding: try JSONEncoder().encode(usage), as: UTF8.self)
+                case "ca" where words.count == 1:
+                    let made = try certificates ?? TestCertificates.make(extraServerHosts: [host.literal])
+                    certificates = made
+                    answer = "ok " + (try Data(contentsOf: URL(fileURLWithPath: made.caFile)).base64EncodedString())
+                default:
+                    throw ConnectionError(.protocolViolation, "unknown request '\(line)'")
+                }
+            } catch {
+                answer = "error \(error)".replacingOccurrences(of: "\n", with: " ")
+            }
+            do throws(ConnectionError) {
+                try await channel.send(answer)
+            } catch {
+                break
+            }
+        }
+        await connection.close()
+    }
+}
+
+extension Endpoint.Host {
+    /// The address as written in a certificate or on a command line (no brackets).
+    var literal: String {
+        switch self {
+        case .ipv4(let text), .ipv6(let text), .name(let text): text
+        }
+    }
+
+    /// The address as written in a URL (IPv6 in brackets).
+    var urlForm: String {
+        if case .ipv6(let text) = self { return "[\(text)]" }
+        return literal
+    }
+}
+
+/// The client side: asks an agent for servers and reads their usage.
+final class AgentClient: @unchecked Sendable {
+    private let channel: LineChannel
+    /// The host the agent was reached at (its servers are reached at the same address).
+    let host: Endpoint.Host
+
+    private init(channel: LineChannel, host: Endpoint.Host) {
+        self.channel = channel
+        self.host = host
+    }
+
+    /// Connects to `HOST:PORT`.
+    static func connect(_ address: String) async throws -> AgentClient {
+        let endpoint: Endpoint
+        do {
+            endpoint = try Endpoint(url: address.contains("://") ? address : "tcp://\(address)")
+        } catch {
+            throw fail("--server \(address): \(error)")
+        }
+        do throws(ConnectionError) {
+            let connection = try await Backend.async.connect(to: endpoint)
+            return AgentClient(channel: LineChannel(connection), host: endpoint.host)
+        } catch {
+            throw fail("--server \(address): \(error) (is `sockbench serve --agent` running there?)")
+        }
+    }
+
+    /// One request, one answer; `error ...` answers throw.
+    func request(_ line: String) async throws -> String {
+        try await channel.send(line)
+        guard let answer = try await channel.readLine() else { throw fail("the agent closed the control connection") }
+        guard answer.hasPrefix("ok") else { throw fail("the agent says: \(answer)") }
+        return String(answer.dropFirst(3))
+    }
+
+    func close() async { await channel.connection.close() }
+}
