@@ -96,6 +96,8 @@ let package = Package(
                 "SocketStyles", "BenchmarkDriver", "POSIXSupport", "NIOBackend",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "NIOWebSocket", package: "swift-nio"),
             ],
             swiftSettings: strictSettings
         ),

@@ -12,7 +12,8 @@ public protocol NativeEchoServer: AnyObject, Sendable {
 
 /// Each backend in the style its users would write by hand, for `sockbench compare`'s `native-SIZE`: the same
 /// TCP ping-pong as `pingpong-SIZE` with the unified `Connection` taken out on both ends, so the difference is
-/// the price of the unified API. Both ends set TCP_NODELAY, as the unified backends do.
+/// the price of the unified API. Both ends set TCP_NODELAY, as the unified backends do. For nio there is also
+/// ws: SwiftNIO's own WebSocket (NIOHTTP1 upgrade + NIOWebSocket frames), the reference for our WebSocket stack.
 extension Backend {
     /// How this backend's native ping-pong is written, in a line.
     public var nativeStyle: String {
@@ -26,15 +27,26 @@ extension Backend {
         }
     }
 
+    /// The transports this backend has a style of its own for: tcp for all; ws for nio (NIOWebSocket).
+    public var nativeTransports: [Transport] { self == .nio ? [.tcp, .ws] : [.tcp] }
+
+    static func nativeUnsupported(_ transport: Transport) -> ConnectionError {
+        ConnectionError(
+            .unsupported,
+            "native style over \(transport): every backend has one for tcp; only nio has a WebSocket of its own (NIOWebSocket, ws)"
+        )
+    }
+
     /// `warmup` then `count` TCP round trips of `size` bytes to an echo server, written in this backend's own
     /// style, timed by a ``PingPongTally``.
     public func nativePingPong(
         to endpoint: Endpoint, size: Int, count: Int, warmup: Int
     ) async throws(ConnectionError) -> PingRunner.Result {
-        guard endpoint.transport == .tcp else {
-            throw ConnectionError(.unsupported, "the native-style ping-pong runs over tcp, not \(endpoint.transport)")
-        }
         let tally = PingPongTally(size: size, count: count, warmup: warmup)
+        if endpoint.transport == .ws, self == .nio {
+            return try await NIOWebSocketNative.pingpong(to: endpoint, tally: tally)
+        }
+        guard endpoint.transport == .tcp else { throw Self.nativeUnsupported(endpoint.transport) }
         switch self {
         case .bsd: return try await BSDNative.pingpong(to: endpoint, tally: tally)
         case .uv: return try await UVNative.pingpong(to: endpoint, tally: tally)
@@ -46,10 +58,8 @@ extension Backend {
 
     /// A TCP echo server written in this backend's own style.
     public func nativeEchoServer(on endpoint: Endpoint) async throws(ConnectionError) -> any NativeEchoServer {
-        guard endpoint.transport == .tcp else {
-            throw ConnectionError(
-                .unsupported, "the native-style echo server listens on tcp, not \(endpoint.transport)")
-        }
+        if endpoint.transport == .ws, self == .nio { return try await NIOWebSocketNativeEchoServer.start(on: endpoint) }
+        guard endpoint.transport == .tcp else { throw Self.nativeUnsupported(endpoint.transport) }
         switch self {
         case .bsd: return try BSDNativeEchoServer(on: endpoint)
         case .uv: return try await UVNativeEchoServer.start(on: endpoint)

@@ -203,7 +203,8 @@ struct Compare: AsyncParsableCommand {
             let echo = try await start(backend, transport, "echo")
             let sink = needsSink ? try await start(backend, transport, "sink") : nil
             let native =
-                needsNative && backend != nil && transport == .tcp ? try await start(backend, .tcp, "native") : nil
+                needsNative && backend?.nativeTransports.contains(transport) == true
+                ? try await start(backend, transport, "native") : nil
             targets.append(Target(backend: backend, transport: transport, echo: echo, sink: sink, native: native))
         }
 
@@ -273,8 +274,8 @@ struct Compare: AsyncParsableCommand {
         guard target.backend != nil else {
             return ["pingpong", "pump"].contains(scenario.kind) ? nil : "the C floor runs pingpong and pump only"
         }
-        if scenario.kind == "native", target.transport != .tcp {
-            return "the native-style ping-pong runs over tcp"
+        if scenario.kind == "native", target.native == nil {
+            return "native styles: every backend over tcp, and nio over ws (NIOWebSocket)"
         }
         return nil
     }

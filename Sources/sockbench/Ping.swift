@@ -1,6 +1,7 @@
 import ArgumentParser
 import BenchmarkDriver
 import Foundation
+import NativeStyles
 import SocketStyles
 
 struct Ping: AsyncParsableCommand {
@@ -35,6 +36,12 @@ struct Ping: AsyncParsableCommand {
 
     @OptionGroup var tls: TLSClientOptions
 
+    @Flag(
+        help:
+            "Ping in the backend's own style instead of through Connection (tcp; nio also ws): compare with `serve --native`."
+    )
+    var native = false
+
     @Flag(help: "Print the result as JSON.")
     var json = false
 
@@ -53,14 +60,21 @@ struct Ping: AsyncParsableCommand {
         let options = ConnectionOptions.with { $0.tcpNoDelay = nodelay }
         let result: PingRunner.Result
         do throws(ConnectionError) {
-            let connection = try await backend.connect(to: endpoint, options: options, tls: tls.configuration)
-            do throws(ConnectionError) {
-                result = try await PingRunner(size: size, count: count, warmup: warmup).run(on: connection)
-            } catch {
+            if native {
+                guard nodelay, tls.configuration == TLSConfiguration() else {
+                    throw ConnectionError(.unsupported, "--native pings plain tcp (nio: also ws) with TCP_NODELAY")
+                }
+                result = try await backend.nativePingPong(to: endpoint, size: size, count: count, warmup: warmup)
+            } else {
+                let connection = try await backend.connect(to: endpoint, options: options, tls: tls.configuration)
+                do throws(ConnectionError) {
+                    result = try await PingRunner(size: size, count: count, warmup: warmup).run(on: connection)
+                } catch {
+                    await connection.close()
+                    throw error
+                }
                 await connection.close()
-                throw error
             }
-            await connection.close()
         } catch {
             throw fail(error.description)
         }

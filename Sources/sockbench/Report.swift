@@ -342,7 +342,16 @@ struct Report: Codable {
             lines.append(
                 "- The price of the unified API (tcp pingpong-\(size) p50 through Connection / the same backend written in its own style, both ends): "
                     + prices.map { "\($0.0) \(fixed($0.1))x" }.joined(separator: ", ") + ".")
-            let floors = rows.filter { $0.scenario == .native(size: size) }.compactMap { row in
+            if let nioWebSocket = p50("nio", "ws", .native(size: size)) {
+                let ws = rows.filter { $0.scenario == .pingpong(size: size) && $0.transport == "ws" }.compactMap {
+                    row in
+                    row.median.latency.map { (row.backend, Double($0.p50) / max(1, nioWebSocket)) }
+                }
+                lines.append(
+                    "- ws pingpong-\(size) p50 against SwiftNIO's own WebSocket (NIOWebSocket client and server, \(microseconds(UInt64(nioWebSocket))) us): "
+                        + ws.map { "\($0.0) \(fixed($0.1))x" }.joined(separator: ", ") + ".")
+            }
+            let floors = rows.filter { $0.scenario == .native(size: size) && $0.transport == "tcp" }.compactMap { row in
                 floor(for: row).flatMap { floor in row.median.latency.map { (row.backend, Double($0.p50) / floor) } }
             }
             if !floors.isEmpty {

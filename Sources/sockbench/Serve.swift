@@ -28,7 +28,7 @@ struct Serve: AsyncParsableCommand {
 
     @Flag(
         help:
-            "Serve in the backend's own style instead of through Listener/Connection (tcp; the server side of `compare`'s native-SIZE)."
+            "Serve in the backend's own style instead of through Listener/Connection (tcp; nio also ws, with NIOWebSocket): the server side of `compare`'s native-SIZE."
     )
     var native = false
 

@@ -73,3 +73,65 @@ struct NativeStyleTests {
         }
     }
 }
+
+/// SwiftNIO's own WebSocket (NIOWebSocket), the nio backend's native style over ws: it must interoperate with
+/// our WebSocket stack both ways, and its server must turn away plain HTTP and keep serving.
+@Suite("Native style: NIOWebSocket", .timeLimit(.minutes(10)))
+struct NIOWebSocketNativeTests {
+    @Test("NIOWebSocket client and server: every round trip echoed, small and large", arguments: [64, 300_000])
+    func ownServer(size: Int) async throws {
+        try await SocketTest.run {
+            let server = try await Backend.nio.nativeEchoServer(on: try Endpoint(url: "ws://127.0.0.1:0/echo"))
+            #expect(server.localEndpoint.transport == .ws)
+            #expect(server.localEndpoint.path == "/echo")
+            let result = try await Backend.nio.nativePingPong(
+                to: server.localEndpoint, size: size, count: 30, warmup: 5)
+            #expect(result.latency.count == 30)
+            await server.stop()
+        }
+    }
+
+    @Test("NIOWebSocket client against our WebSocket server, and our client against the NIOWebSocket server")
+    func interop() async throws {
+        try await SocketTest.run {
+            let ours = try await EchoServer.start(.async, on: try Endpoint(url: "ws://127.0.0.1:0"))
+            let first = try await Backend.nio.nativePingPong(to: ours.endpoint, size: 1000, count: 50, warmup: 0)
+            #expect(first.latency.count == 50)
+            await ours.stop()
+
+            let theirs = try await Backend.nio.nativeEchoServer(on: try Endpoint(url: "ws://127.0.0.1:0"))
+            let connection = try await Backend.bsd.connect(to: theirs.localEndpoint)
+            let second = try await PingRunner(size: 1000, count: 50, warmup: 0).run(on: connection)
+            #expect(second.latency.count == 50)
+            await connection.close()
+            await theirs.stop()
+        }
+    }
+
+    @Test("Plain HTTP to the NIOWebSocket server gets 400; the next WebSocket client is served")
+    func plainHTTP() async throws {
+        try await SocketTest.run {
+            let server = try await Backend.nio.nativeEchoServer(on: try Endpoint(url: "ws://127.0.0.1:0"))
+            let tcp = try await Backend.bsd.connect(
+                to: Endpoint(transport: .tcp, host: server.localEndpoint.host, port: server.localEndpoint.port))
+            try await tcp.send(Array("GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n".utf8))
+            var answer: [UInt8] = []
+            while let message = try await tcp.receive() { answer += message.bytes }
+            #expect(String(decoding: answer, as: UTF8.self).hasPrefix("HTTP/1.1 400"))
+            await tcp.close()
+            let result = try await Backend.nio.nativePingPong(to: server.localEndpoint, size: 64, count: 10, warmup: 0)
+            #expect(result.latency.count == 10)
+            await server.stop()
+        }
+    }
+
+    @Test(
+        "Other backends have no WebSocket style of their own: a clear error",
+        arguments: [Backend.bsd, .uv, .runloop, .async])
+    func unsupported(_ backend: Backend) async throws {
+        let error = await #expect(throws: ConnectionError.self) {
+            _ = try await backend.nativeEchoServer(on: try Endpoint(url: "ws://127.0.0.1:0"))
+        }
+        #expect(error?.kind == .unsupported)
+    }
+}

@@ -1,0 +1,301 @@
+import BenchmarkDriver
+import ConnectionCore
+import NIOBackend
+import NIOCore
+import NIOHTTP1
+import NIOPosix
+import NIOWebSocket
+import POSIXSupport
+
+/// SwiftNIO's own WebSocket (NIOHTTP1's upgrade handlers + NIOWebSocket's frame codec) by hand: what a SwiftNIO
+/// user would write for ws://. The reference row for our WebSocket stack in `native-SIZE` over ws.
+///
+/// Both ends accept frames up to 64 MiB (NIOWebSocket's default is 16 KiB) to match ``WebSocketOptions``.
+enum NIOWebSocketNative {
+    static let maximumFrameSize = 64 << 20
+
+    /// Sends the upgrade request once the channel is active; a response that reaches it means the server
+    /// refused the upgrade.
+    final class UpgradeRequester: ChannelInboundHandler, RemovableChannelHandler {
+        typealias InboundIn = HTTPClientResponsePart
+        typealias OutboundOut = HTTPClientRequestPart
+        let host: String
+        let path: String
+        let promise: EventLoopPromise<PingRunner.Result>
+
+        init(host: String, path: String, promise: EventLoopPromise<PingRunner.Result>) {
+            self.host = host
+            self.path = path
+            self.promise = promise
+        }
+
+        func channelActive(context: ChannelHandlerContext) {
+            var headers = HTTPHeaders()
+            headers.add(name: "Host", value: host)
+            headers.add(name: "Content-Length", value: "0")
+            let head = HTTPRequestHead(version: .http1_1, method: .GET, uri: path, headers: headers)
+            context.write(Self.wrapOutboundOut(.head(head)), promise: nil)
+            context.writeAndFlush(Self.wrapOutboundOut(.end(nil)), promise: nil)
+            context.fireChannelActive()
+        }
+
+        func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+            if case .head(let response) = Self.unwrapInboundIn(data) {
+                promise.fail(
+                    ConnectionError(
+                        .protocolViolation, "the server refused the WebSocket upgrade: \(response.status.code)"))
+                context.close(promise: nil)
+            }
+        }
+
+        func errorCaught(context: ChannelHandlerContext, error: any Error) {
+            promise.fail(connectionError(error, "WebSocket upgrade"))
+            context.close(promise: nil)
+        }
+    }
+
+    /// After the upgrade: sends each probe as one masked binary frame, times its echo (which may come back in
+    /// several frames), answers pings, and ends with a close handshake.
+    final class PingHandler: ChannelInboundHandler {
+        typealias InboundIn = WebSocketFrame
+        typealias OutboundOut = WebSocketFrame
+        let tally: PingPongTally
+        let promise: EventLoopPromise<PingRunner.Result>
+        var done = false
+
+        init(tally: PingPongTally, promise: EventLoopPromise<PingRunner.Result>) {
+            self.tally = tally
+            self.promise = promise
+        }
+
+        func handlerAdded(context: ChannelHandlerContext) {
+            write(context)
+        }
+
+        func write(_ context: ChannelHandlerContext) {
+            let frame = WebSocketFrame(
+                fin: true, opcode: .binary, maskKey: .random(),
+                data: context.channel.allocator.buffer(bytes: tally.next()))
+            context.writeAndFlush(Self.wrapOutboundOut(frame), promise: nil)
+        }
+
+        func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+            guard !done else { return }
+            let frame = Self.unwrapInboundIn(data)
+            switch frame.opcode {
+            case .binary, .continuation, .text:
+                let step = frame.unmaskedData.withUnsafeReadableBytes { bytes in
+                    Result { () throws(ConnectionError) in try tally.consume(bytes) }
+                }
+                switch step {
+                case .success(.needMore): break
+                case .success(.echoed): write(context)
+                case .success(.finished): finish(context, .success(tally.result()))
+                case .failure(let error): finish(context, .failure(error))
+                }
+            case .ping:
+                let pong = WebSocketFrame(fin: true, opcode: .pong, maskKey: .random(), data: frame.unmaskedData)
+                context.writeAndFlush(Self.wrapOutboundOut(pong), promise: nil)
+            case .connectionClose:
+                finish(context, .failure(.closed("the server closed the WebSocket")))
+            default:
+                break
+            }
+        }
+
+        func errorCaught(context: ChannelHandlerContext, error: any Error) {
+            finish(context, .failure(connectionError(error, "read")))
+        }
+
+        func channelInactive(context: ChannelHandlerContext) {
+            finish(context, .failure(.closed("the server ended the connection")))
+            context.fireChannelInactive()
+        }
+
+        func finish(_ context: ChannelHandlerContext, _ result: Result<PingRunner.Result, ConnectionError>) {
+            guard !done else { return }
+            done = true
+            switch result {
+            case .success(let value):
+                promise.succeed(value)
+                // Close handshake: 1000, then close once the server answers or after the write.
+                var payload = context.channel.allocator.buffer(capacity: 2)
+                payload.writeInteger(UInt16(1000))
+                let close = WebSocketFrame(fin: true, opcode: .connectionClose, maskKey: .random(), data: payload)
+                let bound = NIOLoopBound(context, eventLoop: context.eventLoop)
+                context.writeAndFlush(Self.wrapOutboundOut(close)).whenComplete { _ in bound.value.close(promise: nil) }
+            case .failure(let error):
+                promise.fail(error)
+                context.close(promise: nil)
+            }
+        }
+    }
+
+    static func pingpong(
+        to endpoint: Endpoint, tally: PingPongTally
+    ) async throws(ConnectionError)
+        -> PingRunner.Result
+    {
+        let address = try nioAddress(try await Syscall.resolveAsync(endpoint)[0], doing: "connect to \(endpoint)")
+        let loop = NIOBackend.sharedGroup.next()
+        let promise = loop.makePromise(of: PingRunner.Result.self)
+        let hostHeader = "\(endpoint.host):\(endpoint.port)"
+        let path = endpoint.path
+        let bootstrap = ClientBootstrap(group: loop)
+            .channelOption(.socketOption(.tcp_nodelay), value: 1)
+            .channelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    let requester = UpgradeRequester(host: hostHeader, path: path, promise: promise)
+                    let boundRequester = NIOLoopBound(requester, eventLoop: channel.eventLoop)
+                    let upgrader = NIOWebSocketClientUpgrader(maxFrameSize: maximumFrameSize) { channel, _ in
+                        channel.eventLoop.makeCompletedFuture {
+                            try channel.pipeline.syncOperations.addHandler(PingHandler(tally: tally, promise: promise))
+                        }
+                    }
+                    try channel.pipeline.syncOperations.addHTTPClientHandlers(
+                        withClientUpgrade: (
+                            upgraders: [upgrader],
+                            completionHandler: { context in
+                                context.pipeline.syncOperations.removeHandler(boundRequester.value, promise: nil)
+                            }
+                        ))
+                    try channel.pipeline.syncOperations.addHandler(requester)
+                }
+            }
+        let channel: any Channel
+        do {
+            channel = try await bootstrap.connect(to: address).get()
+        } catch {
+            promise.fail(error)
+            throw connectionError(error, "connect to \(endpoint)")
+        }
+        do {
+            let result = try await promise.futureResult.get()
+            try? await channel.closeFuture.get()
+            return result
+        } catch {
+            try? await channel.closeFuture.get()
+            throw connectionError(error, "WebSocket ping-pong")
+        }
+    }
+}
+
+/// `ServerBootstrap` with NIOHTTP1's server pipeline and NIOWebSocket's upgrader; an echo handler per
+/// upgraded channel. Requests that are not upgrades get 400 and are closed.
+final class NIOWebSocketNativeEchoServer: NativeEchoServer, Sendable {
+    /// Plain HTTP (no upgrade): 400, then close.
+    final class RejectHandler: ChannelInboundHandler, RemovableChannelHandler {
+        typealias InboundIn = HTTPServerRequestPart
+        typealias OutboundOut = HTTPServerResponsePart
+
+        func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+            guard case .end = Self.unwrapInboundIn(data) else { return }
+            var headers = HTTPHeaders()
+            headers.add(name: "Content-Length", value: "0")
+            headers.add(name: "Connection", value: "close")
+            context.write(
+                Self.wrapOutboundOut(.head(HTTPResponseHead(version: .http1_1, status: .badRequest, headers: headers))),
+                promise: nil)
+            let bound = NIOLoopBound(context, eventLoop: context.eventLoop)
+            context.writeAndFlush(Self.wrapOutboundOut(.end(nil))).whenComplete { _ in bound.value.close(promise: nil) }
+        }
+    }
+
+    /// Echoes data frames as they come (same opcode and fin), answers pings, and answers a close with a close.
+    final class EchoHandler: ChannelInboundHandler {
+        typealias InboundIn = WebSocketFrame
+        typealias OutboundOut = WebSocketFrame
+        var closing = false
+
+        func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+            let frame = Self.unwrapInboundIn(data)
+            switch frame.opcode {
+            case .binary, .text, .continuation:
+                guard !closing else { return }
+                context.write(
+                    Self.wrapOutboundOut(
+                        WebSocketFrame(fin: frame.fin, opcode: frame.opcode, data: frame.unmaskedData)),
+                    promise: nil)
+            case .ping:
+                context.write(
+                    Self.wrapOutboundOut(WebSocketFrame(fin: true, opcode: .pong, data: frame.unmaskedData)),
+                    promise: nil)
+            case .connectionClose:
+                guard !closing else { return context.close(promise: nil) }
+                closing = true
+                var payload = frame.unmaskedData
+                let code = payload.readSlice(length: min(2, payload.readableBytes)) ?? ByteBuffer()
+                let close = WebSocketFrame(fin: true, opcode: .connectionClose, data: code)
+                let bound = NIOLoopBound(context, eventLoop: context.eventLoop)
+                context.writeAndFlush(Self.wrapOutboundOut(close)).whenComplete { _ in bound.value.close(promise: nil) }
+            default:
+                break
+            }
+        }
+
+        func channelReadComplete(context: ChannelHandlerContext) {
+            context.flush()
+        }
+
+        func errorCaught(context: ChannelHandlerContext, error: any Error) {
+            context.close(promise: nil)
+        }
+    }
+
+    let localEndpoint: Endpoint
+    private let serverChannel: any Channel
+    private let children: NIONativeEchoServer.ChannelGroup
+
+    private init(serverChannel: any Channel, children: NIONativeEchoServer.ChannelGroup, path: String) {
+        self.serverChannel = serverChannel
+        self.children = children
+        let tcp = endpoint(serverChannel.localAddress, .tcp)
+        localEndpoint = Endpoint(transport: .ws, host: tcp.host, port: tcp.port, path: path)
+    }
+
+    static func start(on endpoint: Endpoint) async throws(ConnectionError) -> NIOWebSocketNativeEchoServer {
+        let address = try nioAddress(
+            try await Syscall.resolveAsync(endpoint, passive: true)[0], doing: "listen on \(endpoint)")
+        let children = NIONativeEchoServer.ChannelGroup()
+        let bootstrap = ServerBootstrap(group: NIOBackend.sharedGroup)
+            .serverChannelOption(.backlog, value: 511)
+            .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
+            .childChannelOption(.socketOption(.tcp_nodelay), value: 1)
+            .childChannelInitializer { channel in
+                children.add(channel)
+                return channel.eventLoop.makeCompletedFuture {
+                    let reject = RejectHandler()
+                    let boundReject = NIOLoopBound(reject, eventLoop: channel.eventLoop)
+                    let upgrader = NIOWebSocketServerUpgrader(
+                        maxFrameSize: NIOWebSocketNative.maximumFrameSize,
+                        shouldUpgrade: { channel, _ in channel.eventLoop.makeSucceededFuture(HTTPHeaders()) },
+                        upgradePipelineHandler: { channel, _ in
+                            channel.eventLoop.makeCompletedFuture {
+                                try channel.pipeline.syncOperations.addHandler(EchoHandler())
+                            }
+                        })
+                    try channel.pipeline.syncOperations.configureHTTPServerPipeline(
+                        withServerUpgrade: (
+                            upgraders: [upgrader],
+                            completionHandler: { context in
+                                context.pipeline.syncOperations.removeHandler(boundReject.value, promise: nil)
+                            }
+                        ))
+                    try channel.pipeline.syncOperations.addHandler(reject)
+                }
+            }
+        do {
+            let channel = try await bootstrap.bind(to: address).get()
+            return NIOWebSocketNativeEchoServer(serverChannel: channel, children: children, path: endpoint.path)
+        } catch {
+            throw connectionError(error, "listen on \(endpoint)")
+        }
+    }
+
+    func stop() async {
+        try? await serverChannel.close().get()
+        for channel in children.all {
+            try? await channel.close().get()
+        }
+    }
+}
