@@ -157,6 +157,33 @@ struct WebSocketCodecTests {
         #expect(!accepted)
     }
 
+    @Test("UTF-8: the 8-bytes-at-a-time path, the byte path and Swift's own decoder agree on random input")
+    func utf8Differential() {
+        var generator = SystemRandomNumberGenerator()
+        let pieces: [[UInt8]] = [
+            Array("plain ascii text ".utf8), Array("é".utf8), Array("日".utf8), Array("🎉".utf8), [0xED, 0xA0, 0x80],
+            [0xC0], [0x80], [0xF4, 0x90], [0xFF], Array(repeating: 0x61, count: 13),
+        ]
+        for round in 0..<2000 {
+            var bytes: [UInt8] = []
+            for _ in 0..<Int.random(in: 0...12, using: &generator) {
+                // Mostly valid pieces, now and then a broken one.
+                let index = Int.random(in: 0..<pieces.count, using: &generator)
+                if index >= 4 && index <= 8 && round % 3 != 0 { continue }
+                bytes += pieces[index]
+            }
+            let expected = String(validating: bytes, as: UTF8.self) != nil
+            #expect(UTF8Validator.isValid(bytes) == expected, "\(bytes)")
+            // A non-contiguous sequence takes the byte-by-byte path.
+            #expect(UTF8Validator.isValid(bytes.lazy.map { $0 }) == expected, "\(bytes)")
+            // Split anywhere, fed in two pieces.
+            let cut = Int.random(in: 0...bytes.count, using: &generator)
+            var validator = UTF8Validator()
+            let whole = validator.feed(bytes[..<cut]) && validator.feed(bytes[cut...]) && validator.isComplete
+            #expect(whole == expected, "\(bytes) cut at \(cut)")
+        }
+    }
+
     @Test("Invalid UTF-8 in a text message fails with 1007; a code point split across fragments is fine")
     func textValidation() {
         var machine = WebSocketStateMachine(role: .server)
