@@ -37,6 +37,14 @@ public final class SocketRunLoop: Sendable {
         return loop
     }
 
+    /// Lets go of the calling thread's run loop, if ``current`` made one (it is freed, with its descriptors, once
+    /// nothing else holds it). For a thread that lives on, or that must not leave the descriptors to its exit.
+    public static func releaseCurrent() {
+        guard let existing = pthread_getspecific(key) else { return }
+        pthread_setspecific(key, nil)
+        Unmanaged<SocketRunLoop>.fromOpaque(existing).release()
+    }
+
     /// A run loop turning on a new thread of its own until ``stop()``.
     public static func startThread(name: String = "runloop") throws(ConnectionError) -> SocketRunLoop {
         let loop = try SocketRunLoop(name: name)

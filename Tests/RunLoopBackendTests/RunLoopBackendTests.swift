@@ -162,13 +162,19 @@ struct RunLoopBackendTests {
         try await SocketTest.run {
             let ran: Bool = try await withCheckedThrowingContinuation { continuation in
                 PosixThread.spawn(name: "own-runloop") {
-                    let loop = SocketRunLoop.current
-                    nonisolated(unsafe) var fired = false
-                    loop.schedule(after: .milliseconds(5)) {
-                        fired = true
-                        loop.stop()
-                    }
-                    loop.run(for: .seconds(10))
+                    let fired = {
+                        let loop = SocketRunLoop.current
+                        nonisolated(unsafe) var fired = false
+                        loop.schedule(after: .milliseconds(5)) {
+                            fired = true
+                            loop.stop()
+                        }
+                        loop.run(for: .seconds(10))
+                        return fired
+                    }()
+                    // Free it (and its epoll and eventfd descriptors) now, not at thread exit, which may come
+                    // after the descriptor count.
+                    SocketRunLoop.releaseCurrent()
                     continuation.resume(returning: fired)
                 }
             }
