@@ -44,6 +44,9 @@ final class UVTCPConnection: Connection, @unchecked Sendable {
     // Loop-confined.
     private var readingPaused = false
 
+    /// The loop thread: a task there is resumed by read callbacks without a hop, and sends without a wake-up.
+    var preferredExecutor: (any TaskExecutor)? { loop }
+
     /// On the loop thread: wraps a connected handle and starts reading.
     init(tcp: UVTCP, options: ConnectionOptions) throws(ConnectionError) {
         self.tcp = tcp
@@ -112,7 +115,7 @@ final class UVTCPConnection: Connection, @unchecked Sendable {
         if outputClosed.load(ordering: .relaxed) { throw .closed("the output was closed (half-close)") }
         let bytes = message.bytes
         let result: Result<Void, ConnectionError> = await withCheckedContinuation { continuation in
-            loop.execute { [tcp] in
+            loop.executeHere { [tcp] in
                 guard !tcp.isClosing else { return continuation.resume(returning: .failure(.closed())) }
                 do throws(UVError) {
                     // uv_try_write returns EAGAIN (0 here) while earlier writes are queued, so order is kept.
@@ -142,7 +145,7 @@ final class UVTCPConnection: Connection, @unchecked Sendable {
         if closing.load(ordering: .relaxed) { throw .closed() }
         guard !outputClosed.exchange(true, ordering: .relaxed) else { return }
         let result: Result<Void, ConnectionError> = await withCheckedContinuation { continuation in
-            loop.execute { [tcp] in
+            loop.executeHere { [tcp] in
                 guard !tcp.isClosing else { return continuation.resume(returning: .failure(.closed())) }
                 do throws(UVError) {
                     // uv_shutdown waits for the writes queued before it.
@@ -186,6 +189,8 @@ final class UVUDPConnection: Connection, @unchecked Sendable {
     private let gate = UVCloseGate()
     /// Datagrams dropped because the queue was full.
     let dropped = Atomic<Int>(0)
+
+    var preferredExecutor: (any TaskExecutor)? { loop }
 
     init(udp: UVUDP, peer: SocketAddress, options: ConnectionOptions) throws(UVError) {
         self.udp = udp
@@ -258,7 +263,7 @@ func sendDatagram(
     async throws(ConnectionError)
 {
     let result: Result<Void, ConnectionError> = await withCheckedContinuation { continuation in
-        loop.execute {
+        loop.executeHere {
             guard !udp.isClosing else { return continuation.resume(returning: .failure(.closed())) }
             do throws(UVError) {
                 let sent = try udp.trySend(bytes, to: address)

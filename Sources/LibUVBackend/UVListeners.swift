@@ -114,7 +114,7 @@ final class UVUDPListener: Listener, @unchecked Sendable {
             throw error.connectionError("listen on \(address)")
         }
         peers = DatagramDemultiplexer(
-            localEndpoint: localEndpoint, options: options, endpoint: { $0.endpoint(.udp) },
+            localEndpoint: localEndpoint, options: options, executor: loop, endpoint: { $0.endpoint(.udp) },
             send: { bytes, peer throws(ConnectionError) in try await sendDatagram(bytes, on: udp, to: peer, loop: loop)
             })
         do throws(UVError) {

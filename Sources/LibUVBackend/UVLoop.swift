@@ -83,6 +83,13 @@ public final class UVLoop: @unchecked Sendable {
         }
     }
 
+    /// Runs `block` at once when called on the loop thread (inside a callback or a job of a task that prefers
+    /// this loop), otherwise like ``execute(_:)``. For the hot paths (send): no wake-up when there is no thread
+    /// to cross.
+    public func executeHere(_ block: @escaping @Sendable () -> Void) {
+        if isOnLoopThread { block() } else { execute(block) }
+    }
+
     fileprivate func drain() {
         while true {
             let blocks = pending.withLock { pending in
@@ -192,4 +199,17 @@ private let uvWalkCollect: @convention(c) (UnsafeMutablePointer<uv_handle_t>?, U
 extension LibUVBackend {
     /// The libuv library in use, e.g. "1.44.2" (for reports).
     public static var libraryVersion: String { String(cString: uv_version_string()) }
+}
+
+/// The loop as a `TaskExecutor`: a task that prefers it (`withTaskExecutorPreference(loop)`, or a connection's
+/// ``Connection/preferredExecutor``) runs on the loop thread, so a read callback that resumes it needs no thread
+/// hop and its sends go straight to `uv_try_write`. Jobs go through the same queue as ``execute(_:)``: one
+/// `uv_async_send`, coalesced, even from the loop thread itself (a job never runs inside `enqueue`). Jobs
+/// enqueued after ``shutdown()`` has closed the wake-up handle are dropped, like blocks: shut a loop down only
+/// once no task uses it.
+extension UVLoop: TaskExecutor {
+    public func enqueue(_ job: consuming ExecutorJob) {
+        let job = UnownedJob(job)
+        execute { [self] in job.runSynchronously(on: asUnownedTaskExecutor()) }
+    }
 }
