@@ -8,8 +8,9 @@ public struct ResourceUsage: Sendable, Codable, Hashable {
     public var userNanoseconds: UInt64 = 0
     /// Kernel-mode CPU time, nanoseconds.
     public var systemNanoseconds: UInt64 = 0
-    /// Voluntary context switches (a thread waited: for I/O, a lock, a sleep), summed over the live threads
-    /// (a thread that ended takes its count with it).
+    /// Voluntary context switches (a thread waited: for I/O, a lock, a sleep). For this process: every thread,
+    /// including those that ended (getrusage). For another process: summed over its live threads (/proc has no
+    /// total), so a thread that ended during the window takes its count with it.
     public var voluntaryContextSwitches: UInt64 = 0
     /// Involuntary context switches (the scheduler took the CPU away).
     public var involuntaryContextSwitches: UInt64 = 0
@@ -61,6 +62,13 @@ public struct ResourceUsage: Sendable, Codable, Hashable {
             closedir(tasks)
             usage.voluntaryContextSwitches = voluntary
             usage.involuntaryContextSwitches = involuntary
+        }
+        if pid == nil {
+            var own = rusage()
+            if getrusage(__rusage_who_t(RUSAGE_SELF.rawValue), &own) == 0 {
+                usage.voluntaryContextSwitches = UInt64(max(0, own.ru_nvcsw))
+                usage.involuntaryContextSwitches = UInt64(max(0, own.ru_nivcsw))
+            }
         }
         var clock = clockid_t()
         if clock_getcpuclockid(pid ?? getpid(), &clock) == 0 {

@@ -85,7 +85,7 @@ struct Report: Codable {
             "Every backend is measured through the unified Connection on both ends (client here, server in its own process), except native-SIZE: the same tcp ping-pong written in the backend's own style on both ends (x native = the price of the unified API).",
             "SwiftNIO (nio) runs with TCP_NODELAY and a 64 KiB UDP buffer like every other backend (its defaults differ); its tls/wss use the same OpenSSL layer as the others, so TLS numbers compare connection styles, not TLS libraries.",
             "iperf3 and sockperf rows (when installed) are those tools measured in the same run with the same pinning: iperf3's single TCP stream and UDP sender, sockperf's ping-pong (its --full-rtt round trips).",
-            "CPU time per side is read from each process's CPU-time clock (clock_getcpuclockid: every thread, nanoseconds); cost per message is (client + server CPU) / messages over the window. Context switches and peak memory come from /proc/PID/status. All figures per repetition, medians across repetitions.",
+            "CPU time per side is read from each process's CPU-time clock (clock_getcpuclockid: every thread, nanoseconds); cost per message is (client + server CPU) / messages over the window. Context switches: the client from getrusage (every thread), the server summed over its live threads in /proc/PID/task (a server thread that ended in the window is not counted); peak memory from /proc/PID/status. All figures per repetition, medians across repetitions.",
         ]
     }
 
