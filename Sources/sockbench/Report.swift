@@ -1,3 +1,4 @@
+import ArgumentParser
 import BenchmarkDriver
 import Foundation
 import SocketStyles
@@ -367,12 +368,84 @@ struct Report: Codable {
                 .map { "\($0.backend) \(fixed(($0.median.bytesPerSecond ?? 0) / 1e6, 0))" }.joined(separator: ", ")
             if !ordered.isEmpty { lines.append("- \(pump) tcp, MB/s, highest first: \(ordered).") }
         }
+        lines += targets()
         lines += [
             "- Threads and style: bsd uses a reader thread per connection (plus a writer when a send would block): simplest code, most threads;",
             "  uv, runloop, async and nio run every connection on one loop thread: callbacks (uv), delegates (runloop), async/await (async), handlers and futures (nio).",
             "- Backpressure: every backend stops reading when its receive queue is full and makes send wait while the kernel buffer is full.",
             "- Read the ratios from this run, never absolute numbers from another day: shared machines are noisy.",
         ]
+        return lines
+    }
+
+    /// The issue's targets, checked against this run's ratios: each says met or missed, with the figures.
+    func targets() -> [String] {
+        var lines: [String] = []
+        func verdict(_ pairs: [(String, Double)], limit: (String) -> Double, atMost: Bool = true) -> String {
+            let missed = pairs.filter { atMost ? $0.1 > limit($0.0) : $0.1 < limit($0.0) }.map(\.0)
+            let figures = pairs.map { "\($0.0) \(fixed($0.1))x" }.joined(separator: ", ")
+            return (missed.isEmpty ? "met" : "MISSED by \(missed.joined(separator: ", "))") + " (\(figures))"
+        }
+        let backends = plan.backends
+        if let floor = p50(Self.floorName, "tcp", .pingpong(size: 64)) {
+            let native = backends.compactMap { b in p50(b, "tcp", .native(size: 64)).map { (b, $0 / floor) } }
+            if !native.isEmpty {
+                lines.append(
+                    "- Target, 64 B tcp round trip in native style <= 1.3x the C floor (bsd <= 1.1x): "
+                        + verdict(native, limit: { $0 == "bsd" ? 1.1 : 1.3 }) + ".")
+            }
+            let unified = backends.compactMap { b in p50(b, "tcp", .pingpong(size: 64)).map { (b, $0 / floor) } }
+            if !unified.isEmpty {
+                lines.append(
+                    "- Target, the same through Connection <= 1.6x the floor: " + verdict(unified, limit: { _ in 1.6 })
+                        + ".")
+            }
+        }
+        for transport in plan.transports {
+            guard let nio = p50("nio", transport, .pingpong(size: 64)) else { continue }
+            let ratios = backends.filter { $0 != "nio" }.compactMap { b in
+                p50(b, transport, .pingpong(size: 64)).map { (b, $0 / nio) }
+            }
+            guard !ratios.isEmpty else { continue }
+            lines.append(
+                "- Target, \(transport) round trip through Connection at or below SwiftNIO's: "
+                    + verdict(ratios, limit: { _ in 1.0 }) + ".")
+        }
+        func pump(_ backend: String, _ transport: String, _ size: Int) -> ScenarioResult? {
+            rows.first { $0.backend == backend && $0.transport == transport && $0.scenario == .pump(size: size) }?
+                .median
+        }
+        let bulkReference =
+            pump("iperf3", "tcp", 65536).map { ("iperf3", $0) }
+            ?? pump(Self.floorName, "tcp", 65536)
+            .map { (Self.floorName, $0) }
+        if let (name, reference) = bulkReference, let rate = reference.bytesPerSecond, rate > 0 {
+            let ratios = backends.compactMap { b in pump(b, "tcp", 65536)?.bytesPerSecond.map { (b, $0 / rate) } }
+            if !ratios.isEmpty {
+                lines.append(
+                    "- Target, tcp pump in 64 KiB writes >= 0.8x \(name)'s single stream: "
+                        + verdict(ratios, limit: { _ in 0.8 }, atMost: false) + ".")
+            }
+        }
+        if let floor = pump(Self.floorName, "udp", 1400)?.messagesPerSecond, floor > 0 {
+            let ratios = backends.compactMap { b in pump(b, "udp", 1400)?.messagesPerSecond.map { (b, $0 / floor) } }
+            if !ratios.isEmpty {
+                lines.append(
+                    "- Target, udp 1,400-byte datagram send rate >= 0.9x the C sender: "
+                        + verdict(ratios, limit: { _ in 0.9 }, atMost: false) + ".")
+            }
+        }
+        let ws = backends.compactMap { b -> (String, Double)? in
+            guard let ws = p50(b, "ws", .pingpong(size: 64)), let tcp = p50(b, "tcp", .pingpong(size: 64)) else {
+                return nil
+            }
+            return (b, ws / tcp)
+        }
+        if !ws.isEmpty {
+            lines.append(
+                "- Target, WebSocket echo <= 1.25x the same backend's tcp round trip (64 B here): "
+                    + verdict(ws, limit: { _ in 1.25 }) + ".")
+        }
         return lines
     }
 
@@ -447,5 +520,34 @@ struct Report: Codable {
         text += summary().dropFirst().joined(separator: "\n") + "\n\n"
         text += notes.map { "- " + $0 }.joined(separator: "\n") + "\n"
         return text
+    }
+}
+
+/// `sockbench report DIR`: writes report.md, report.html and results.csv again from DIR/results.json (after
+/// an upgrade of sockbench, or to print a run's tables and summary again).
+struct RenderReport: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "report",
+        abstract: "Render a compare run again from its results.json: tables, summary, report.md/html, results.csv."
+    )
+
+    @Argument(help: "A directory written by `sockbench compare --out DIR`.")
+    var directory: String
+
+    func run() throws {
+        let data: Data
+        do {
+            data = try Data(contentsOf: URL(fileURLWithPath: directory + "/results.json"))
+        } catch {
+            throw fail("cannot read \(directory)/results.json: \(error.localizedDescription)")
+        }
+        let report: Report
+        do {
+            report = try JSONDecoder().decode(Report.self, from: data)
+        } catch {
+            throw fail("\(directory)/results.json is not a compare report: \(error)")
+        }
+        Console.line(report.terminalTables())
+        try report.write(to: directory)
     }
 }

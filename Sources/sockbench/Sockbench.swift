@@ -14,7 +14,7 @@ struct Sockbench: AsyncParsableCommand {
             """,
         subcommands: [
             Compare.self, Serve.self, Ping.self, LessonCommand.self, Backends.self, Microbench.self, FloorServe.self,
-            LessonProbeCommand.self, AutobahnClient.self,
+            LessonProbeCommand.self, AutobahnClient.self, RenderReport.self,
         ],
         defaultSubcommand: nil
     )
