@@ -10,31 +10,24 @@ import Synchronization
 /// server's handler writes back what it reads and flushes at the end of each read burst. The same one-thread
 /// event loop group as the `nio` backend.
 enum NIONative {
-    final class PingHandler: ChannelInboundHandler {
-        typealias InboundIn = ByteBuffer
-        typealias OutboundOut = ByteBuffer
+    /// What the tcp and ws ping handlers share: the tally, the promise, and finishing exactly once. Subclasses
+    /// write probes (``write(_:)``) and may end differently (``finish(_:_:)``).
+    class PingHandlerBase {
         let tally: PingPongTally
         let promise: EventLoopPromise<PingRunner.Result>
-        var done = false
+        private(set) var done = false
 
         init(tally: PingPongTally, promise: EventLoopPromise<PingRunner.Result>) {
             self.tally = tally
             self.promise = promise
         }
 
-        func channelActive(context: ChannelHandlerContext) {
-            write(context)
-            context.fireChannelActive()
-        }
+        /// Writes `tally.next()` in the subclass's framing.
+        func write(_ context: ChannelHandlerContext) {}
 
-        func write(_ context: ChannelHandlerContext) {
-            let buffer = context.channel.allocator.buffer(bytes: tally.next())
-            context.writeAndFlush(Self.wrapOutboundOut(buffer), promise: nil)
-        }
-
-        func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        /// Echoed bytes: the next probe, or the end.
+        func take(_ buffer: ByteBuffer, _ context: ChannelHandlerContext) {
             guard !done else { return }
-            let buffer = Self.unwrapInboundIn(data)
             let step = buffer.withUnsafeReadableBytes { bytes in
                 Result { () throws(ConnectionError) in try tally.consume(bytes) }
             }
@@ -46,6 +39,22 @@ enum NIONative {
             }
         }
 
+        /// Settles the promise once; `false` when it already was.
+        func settle(_ result: Result<PingRunner.Result, ConnectionError>) -> Bool {
+            guard !done else { return false }
+            done = true
+            switch result {
+            case .success(let value): promise.succeed(value)
+            case .failure(let error): promise.fail(error)
+            }
+            return true
+        }
+
+        /// Settles and closes the channel.
+        func finish(_ context: ChannelHandlerContext, _ result: Result<PingRunner.Result, ConnectionError>) {
+            if settle(result) { context.close(promise: nil) }
+        }
+
         func errorCaught(context: ChannelHandlerContext, error: any Error) {
             finish(context, .failure(connectionError(error, "read")))
         }
@@ -54,15 +63,25 @@ enum NIONative {
             finish(context, .failure(.closed("the server ended the connection")))
             context.fireChannelInactive()
         }
+    }
 
-        func finish(_ context: ChannelHandlerContext, _ result: Result<PingRunner.Result, ConnectionError>) {
-            guard !done else { return }
-            done = true
-            switch result {
-            case .success(let value): promise.succeed(value)
-            case .failure(let error): promise.fail(error)
-            }
-            context.close(promise: nil)
+    /// Plain tcp: each probe is written as is; `channelRead` takes the echo and writes the next.
+    final class PingHandler: PingHandlerBase, ChannelInboundHandler {
+        typealias InboundIn = ByteBuffer
+        typealias OutboundOut = ByteBuffer
+
+        func channelActive(context: ChannelHandlerContext) {
+            write(context)
+            context.fireChannelActive()
+        }
+
+        override func write(_ context: ChannelHandlerContext) {
+            let buffer = context.channel.allocator.buffer(bytes: tally.next())
+            context.writeAndFlush(Self.wrapOutboundOut(buffer), promise: nil)
+        }
+
+        func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+            take(Self.unwrapInboundIn(data), context)
         }
     }
 
@@ -81,6 +100,15 @@ enum NIONative {
                     try channel.pipeline.syncOperations.addHandler(PingHandler(tally: tally, promise: promise))
                 }
             }
+        return try await run(bootstrap, to: address, endpoint: endpoint, promise: promise)
+    }
+
+    /// Connects with `bootstrap` (whose handler completes `promise` and then closes the channel) and waits for
+    /// the result and the close.
+    static func run(
+        _ bootstrap: ClientBootstrap, to address: NIOCore.SocketAddress, endpoint: Endpoint,
+        promise: EventLoopPromise<PingRunner.Result>
+    ) async throws(ConnectionError) -> PingRunner.Result {
         let channel: any Channel
         do {
             channel = try await bootstrap.connect(to: address).get()
@@ -94,12 +122,13 @@ enum NIONative {
             return result
         } catch {
             try? await channel.closeFuture.get()
-            throw connectionError(error, "ping-pong")
+            throw connectionError(error, "ping-pong with \(endpoint)")
         }
     }
 }
 
-/// `ServerBootstrap` with an echo handler per child channel.
+/// A `ServerBootstrap` whose child channels get the pipeline `configure` builds: an echo handler (tcp) or
+/// NIOHTTP1 + NIOWebSocket's upgrader (ws). Tracks the children so that ``stop()`` closes them.
 final class NIONativeEchoServer: NativeEchoServer, Sendable {
     final class EchoHandler: ChannelInboundHandler {
         typealias InboundIn = ByteBuffer
@@ -122,10 +151,11 @@ final class NIONativeEchoServer: NativeEchoServer, Sendable {
     private let serverChannel: any Channel
     private let children: ChannelGroup
 
-    private init(serverChannel: any Channel, children: ChannelGroup) {
+    private init(serverChannel: any Channel, children: ChannelGroup, endpoint asked: Endpoint) {
         self.serverChannel = serverChannel
         self.children = children
-        localEndpoint = endpoint(serverChannel.localAddress, .tcp)
+        let bound = endpoint(serverChannel.localAddress, .tcp)
+        localEndpoint = Endpoint(transport: asked.transport, host: bound.host, port: bound.port, path: asked.path)
     }
 
     /// The accepted channels, so that ``stop()`` can close them.
@@ -141,7 +171,15 @@ final class NIONativeEchoServer: NativeEchoServer, Sendable {
         var all: [any Channel] { channels.withLock { Array($0.values) } }
     }
 
+    /// The tcp echo server.
     static func start(on endpoint: Endpoint) async throws(ConnectionError) -> NIONativeEchoServer {
+        try await start(on: endpoint) { channel in try channel.pipeline.syncOperations.addHandler(EchoHandler()) }
+    }
+
+    /// Listens on `endpoint`; `configure` sets up each accepted channel's pipeline (on its event loop).
+    static func start(
+        on endpoint: Endpoint, configure: @escaping @Sendable (any Channel) throws -> Void
+    ) async throws(ConnectionError) -> NIONativeEchoServer {
         let address = try nioAddress(
             try await Syscall.resolveAsync(endpoint, passive: true)[0], doing: "listen on \(endpoint)")
         let children = ChannelGroup()
@@ -151,13 +189,11 @@ final class NIONativeEchoServer: NativeEchoServer, Sendable {
             .childChannelOption(.socketOption(.tcp_nodelay), value: 1)
             .childChannelInitializer { channel in
                 children.add(channel)
-                return channel.eventLoop.makeCompletedFuture {
-                    try channel.pipeline.syncOperations.addHandler(EchoHandler())
-                }
+                return channel.eventLoop.makeCompletedFuture { try configure(channel) }
             }
         do {
             let channel = try await bootstrap.bind(to: address).get()
-            return NIONativeEchoServer(serverChannel: channel, children: children)
+            return NIONativeEchoServer(serverChannel: channel, children: children, endpoint: endpoint)
         } catch {
             throw connectionError(error, "listen on \(endpoint)")
         }

@@ -56,23 +56,15 @@ enum NIOWebSocketNative {
 
     /// After the upgrade: sends each probe as one masked binary frame, times its echo (which may come back in
     /// several frames), answers pings, and ends with a close handshake.
-    final class PingHandler: ChannelInboundHandler {
+    final class PingHandler: NIONative.PingHandlerBase, ChannelInboundHandler {
         typealias InboundIn = WebSocketFrame
         typealias OutboundOut = WebSocketFrame
-        let tally: PingPongTally
-        let promise: EventLoopPromise<PingRunner.Result>
-        var done = false
-
-        init(tally: PingPongTally, promise: EventLoopPromise<PingRunner.Result>) {
-            self.tally = tally
-            self.promise = promise
-        }
 
         func handlerAdded(context: ChannelHandlerContext) {
             write(context)
         }
 
-        func write(_ context: ChannelHandlerContext) {
+        override func write(_ context: ChannelHandlerContext) {
             let frame = WebSocketFrame(
                 fin: true, opcode: .binary, maskKey: .random(),
                 data: context.channel.allocator.buffer(bytes: tally.next()))
@@ -84,15 +76,7 @@ enum NIOWebSocketNative {
             let frame = Self.unwrapInboundIn(data)
             switch frame.opcode {
             case .binary, .continuation, .text:
-                let step = frame.unmaskedData.withUnsafeReadableBytes { bytes in
-                    Result { () throws(ConnectionError) in try tally.consume(bytes) }
-                }
-                switch step {
-                case .success(.needMore): break
-                case .success(.echoed): write(context)
-                case .success(.finished): finish(context, .success(tally.result()))
-                case .failure(let error): finish(context, .failure(error))
-                }
+                take(frame.unmaskedData, context)
             case .ping:
                 let pong = WebSocketFrame(fin: true, opcode: .pong, maskKey: .random(), data: frame.unmaskedData)
                 context.writeAndFlush(Self.wrapOutboundOut(pong), promise: nil)
@@ -103,31 +87,15 @@ enum NIOWebSocketNative {
             }
         }
 
-        func errorCaught(context: ChannelHandlerContext, error: any Error) {
-            finish(context, .failure(connectionError(error, "read")))
-        }
-
-        func channelInactive(context: ChannelHandlerContext) {
-            finish(context, .failure(.closed("the server ended the connection")))
-            context.fireChannelInactive()
-        }
-
-        func finish(_ context: ChannelHandlerContext, _ result: Result<PingRunner.Result, ConnectionError>) {
-            guard !done else { return }
-            done = true
-            switch result {
-            case .success(let value):
-                promise.succeed(value)
-                // Close handshake: 1000, then close once the server answers or after the write.
-                var payload = context.channel.allocator.buffer(capacity: 2)
-                payload.writeInteger(UInt16(1000))
-                let close = WebSocketFrame(fin: true, opcode: .connectionClose, maskKey: .random(), data: payload)
-                let bound = NIOLoopBound(context, eventLoop: context.eventLoop)
-                context.writeAndFlush(Self.wrapOutboundOut(close)).whenComplete { _ in bound.value.close(promise: nil) }
-            case .failure(let error):
-                promise.fail(error)
-                context.close(promise: nil)
-            }
+        /// On success, the close handshake (1000) before closing; on failure, close at once.
+        override func finish(_ context: ChannelHandlerContext, _ result: Result<PingRunner.Result, ConnectionError>) {
+            guard settle(result) else { return }
+            guard case .success = result else { return context.close(promise: nil) }
+            var payload = context.channel.allocator.buffer(capacity: 2)
+            payload.writeInteger(UInt16(1000))
+            let close = WebSocketFrame(fin: true, opcode: .connectionClose, maskKey: .random(), data: payload)
+            let bound = NIOLoopBound(context, eventLoop: context.eventLoop)
+            context.writeAndFlush(Self.wrapOutboundOut(close)).whenComplete { _ in bound.value.close(promise: nil) }
         }
     }
 
@@ -162,27 +130,13 @@ enum NIOWebSocketNative {
                     try channel.pipeline.syncOperations.addHandler(requester)
                 }
             }
-        let channel: any Channel
-        do {
-            channel = try await bootstrap.connect(to: address).get()
-        } catch {
-            promise.fail(error)
-            throw connectionError(error, "connect to \(endpoint)")
-        }
-        do {
-            let result = try await promise.futureResult.get()
-            try? await channel.closeFuture.get()
-            return result
-        } catch {
-            try? await channel.closeFuture.get()
-            throw connectionError(error, "WebSocket ping-pong")
-        }
+        return try await NIONative.run(bootstrap, to: address, endpoint: endpoint, promise: promise)
     }
 }
 
-/// `ServerBootstrap` with NIOHTTP1's server pipeline and NIOWebSocket's upgrader; an echo handler per
+/// NIOHTTP1's server pipeline and NIOWebSocket's upgrader on each accepted channel; an echo handler per
 /// upgraded channel. Requests that are not upgrades get 400 and are closed.
-final class NIOWebSocketNativeEchoServer: NativeEchoServer, Sendable {
+enum NIOWebSocketNativeEchoServer {
     /// Plain HTTP (no upgrade): 400, then close.
     final class RejectHandler: ChannelInboundHandler, RemovableChannelHandler {
         typealias InboundIn = HTTPServerRequestPart
@@ -242,60 +196,26 @@ final class NIOWebSocketNativeEchoServer: NativeEchoServer, Sendable {
         }
     }
 
-    let localEndpoint: Endpoint
-    private let serverChannel: any Channel
-    private let children: NIONativeEchoServer.ChannelGroup
-
-    private init(serverChannel: any Channel, children: NIONativeEchoServer.ChannelGroup, path: String) {
-        self.serverChannel = serverChannel
-        self.children = children
-        let tcp = endpoint(serverChannel.localAddress, .tcp)
-        localEndpoint = Endpoint(transport: .ws, host: tcp.host, port: tcp.port, path: path)
-    }
-
-    static func start(on endpoint: Endpoint) async throws(ConnectionError) -> NIOWebSocketNativeEchoServer {
-        let address = try nioAddress(
-            try await Syscall.resolveAsync(endpoint, passive: true)[0], doing: "listen on \(endpoint)")
-        let children = NIONativeEchoServer.ChannelGroup()
-        let bootstrap = ServerBootstrap(group: NIOBackend.sharedGroup)
-            .serverChannelOption(.backlog, value: 511)
-            .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
-            .childChannelOption(.socketOption(.tcp_nodelay), value: 1)
-            .childChannelInitializer { channel in
-                children.add(channel)
-                return channel.eventLoop.makeCompletedFuture {
-                    let reject = RejectHandler()
-                    let boundReject = NIOLoopBound(reject, eventLoop: channel.eventLoop)
-                    let upgrader = NIOWebSocketServerUpgrader(
-                        maxFrameSize: NIOWebSocketNative.maximumFrameSize,
-                        shouldUpgrade: { channel, _ in channel.eventLoop.makeSucceededFuture(HTTPHeaders()) },
-                        upgradePipelineHandler: { channel, _ in
-                            channel.eventLoop.makeCompletedFuture {
-                                try channel.pipeline.syncOperations.addHandler(EchoHandler())
-                            }
-                        })
-                    try channel.pipeline.syncOperations.configureHTTPServerPipeline(
-                        withServerUpgrade: (
-                            upgraders: [upgrader],
-                            completionHandler: { context in
-                                context.pipeline.syncOperations.removeHandler(boundReject.value, promise: nil)
-                            }
-                        ))
-                    try channel.pipeline.syncOperations.addHandler(reject)
-                }
-            }
-        do {
-            let channel = try await bootstrap.bind(to: address).get()
-            return NIOWebSocketNativeEchoServer(serverChannel: channel, children: children, path: endpoint.path)
-        } catch {
-            throw connectionError(error, "listen on \(endpoint)")
-        }
-    }
-
-    func stop() async {
-        try? await serverChannel.close().get()
-        for channel in children.all {
-            try? await channel.close().get()
+    static func start(on endpoint: Endpoint) async throws(ConnectionError) -> NIONativeEchoServer {
+        try await NIONativeEchoServer.start(on: endpoint) { channel in
+            let reject = RejectHandler()
+            let boundReject = NIOLoopBound(reject, eventLoop: channel.eventLoop)
+            let upgrader = NIOWebSocketServerUpgrader(
+                maxFrameSize: NIOWebSocketNative.maximumFrameSize,
+                shouldUpgrade: { channel, _ in channel.eventLoop.makeSucceededFuture(HTTPHeaders()) },
+                upgradePipelineHandler: { channel, _ in
+                    channel.eventLoop.makeCompletedFuture {
+                        try channel.pipeline.syncOperations.addHandler(EchoHandler())
+                    }
+                })
+            try channel.pipeline.syncOperations.configureHTTPServerPipeline(
+                withServerUpgrade: (
+                    upgraders: [upgrader],
+                    completionHandler: { context in
+                        context.pipeline.syncOperations.removeHandler(boundReject.value, promise: nil)
+                    }
+                ))
+            try channel.pipeline.syncOperations.addHandler(reject)
         }
     }
 }
