@@ -119,7 +119,7 @@ public final class NetworkLab: @unchecked Sendable {
 
     /// The `sockbench` executable that plays the hosts: this process when it is sockbench, otherwise
     /// (in tests) the one built beside it, or `$SOCKBENCH` when set.
-    static func selfPath() -> String {
+    public static func selfPath() -> String {
         if let path = ProcessInfo.processInfo.environment["SOCKBENCH"] { return path }
         var buffer = [CChar](repeating: 0, count: 4096)
         let count = readlink("/proc/self/exe", &buffer, buffer.count - 1)

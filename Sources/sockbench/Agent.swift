@@ -40,10 +40,12 @@ final class LineChannel {
 /// | `ca` | `ok BASE64` (the PEM of the throwaway CA that signed the tls/wss servers' certificate) |
 ///
 /// Anything else, or a failure, is answered `error MESSAGE` and the session goes on. Every server of a
-/// session stops when its control connection ends.
+/// session stops when its control connection ends; a session starts at most ``maximumServers``.
 struct Agent {
     let control: Endpoint
     let cpu: Int?
+    /// A session may start this many servers (a full compare needs 3 per backend x transport: 75 at most).
+    static let maximumServers = 100
 
     func run(until stop: @escaping @Sendable () async -> String) async throws(ConnectionError) {
         let listener = try await Backend.async.listen(on: control)
@@ -77,6 +79,10 @@ struct Agent {
             do {
                 switch words.first {
                 case "start" where words.count == 4:
+                    guard children.count < Self.maximumServers else {
+                        throw ConnectionError(
+                            .resourceExhausted, "at most \(Self.maximumServers) servers per control connection")
+                    }
                     let backend = words[1] == Report.floorName ? nil : try Backend(name: words[1])
                     guard let transport = Transport(rawValue: words[2]) else {
                         throw ConnectionError(.invalidEndpoint, "unknown transport \(words[2])")

@@ -167,3 +167,51 @@ struct AcrossHostsTests {
         }
     }
 }
+
+/// The agent on loopback (no root needed): its control protocol turns bad requests into `error` answers and
+/// keeps serving, and the servers it starts answer.
+@Suite("Agent control protocol", .timeLimit(.minutes(5)))
+struct AgentProtocolTests {
+    func blocking<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
+        let result = await withCheckedContinuation { (continuation: CheckedContinuation<Result<T, any Error>, Never>) in
+            PosixThread.spawn(name: "test-blocking") { continuation.resume(returning: Result { try body() }) }
+        }
+        return try result.get()
+    }
+
+    @Test("Bad requests get `error ...`; the session goes on; a started server echoes")
+    func badRequests() async throws {
+        try await SocketTest.run(timeLimit: .seconds(120)) {
+            let agent = try ChildProcess(
+                [NetworkLab.selfPath(), "serve", "--agent", "tcp://127.0.0.1:0", "--exit-on-stdin-eof"],
+                mergeErrors: false)
+            defer { NetworkLab.stop(agent) }
+            let line = try await blocking { agent.readLine() }
+            try #require(line.hasPrefix("listening on "), "the agent said: \(line)")
+            let control = try await Backend.async.connect(to: try Endpoint(url: String(line.dropFirst(13))))
+            var buffer: [UInt8] = []
+            func ask(_ request: String) async throws -> String {
+                try await control.send(Array((request + "\n").utf8))
+                while !buffer.contains(UInt8(ascii: "\n")) {
+                    guard let message = try await control.receive() else { return "" }
+                    buffer += message.bytes
+                }
+                let end = buffer.firstIndex(of: UInt8(ascii: "\n"))!
+                defer { buffer.removeSubrange(...end) }
+                return String(decoding: buffer[..<end], as: UTF8.self)
+            }
+            #expect(try await ask("teleport").hasPrefix("error "))
+            #expect(try await ask("start nosuch tcp echo").hasPrefix("error "))
+            #expect(try await ask("start bsd carrier-pigeon echo").hasPrefix("error "))
+            #expect(try await ask("usage 7").hasPrefix("error "))
+            let started = try await ask("start async tcp echo").split(separator: " ")
+            try #require(started.count == 3 && started[0] == "ok", "\(started)")
+            let server = try await Backend.bsd.connect(to: try Endpoint(url: String(started[2])))
+            try await server.send([1, 2, 3])
+            #expect(try await server.receive(exactly: 3) == [1, 2, 3])
+            await server.close()
+            #expect(try await ask("usage 0").hasPrefix("ok {"))
+            await control.close()
+        }
+    }
+}
