@@ -37,7 +37,7 @@ final class LineChannel {
 /// |---|---|
 /// | `start BACKEND TRANSPORT echo|sink|native` (BACKEND may be `c-floor`) | `ok ID URL` |
 /// | `usage ID` | `ok JSON` (the server process's CPU, context switches, memory) |
-/// | `ca` | `ok BASE64` (the PEM of the throwaway CA that signed the tls/wss servers' certificate) |
+/// | `ca [HOST]` | `ok BASE64` (the PEM of the throwaway CA that signed the tls/wss servers' certificate, which names the agent's address and HOST, the address the client reaches it at; ask before starting tls/wss servers) |
 ///
 /// Anything else, or a failure, is answered `error MESSAGE` and the session goes on. Every server of a
 /// session stops when its control connection ends; a session starts at most ``maximumServers``.
@@ -108,8 +108,10 @@ struct Agent {
                         let usage = ResourceUsage.read(pid: children[index].pid)
                     else { throw ConnectionError(.unsupported, "no server \(words[1])") }
                     answer = "ok " + String(decoding: try JSONEncoder().encode(usage), as: UTF8.self)
-                case "ca" where words.count == 1:
-                    let made = try certificates ?? TestCertificates.make(extraServerHosts: [host.literal])
+                case "ca" where words.count <= 2:
+                    // The client may name the address it reaches us at (we may listen on a wildcard address).
+                    let made =
+                        try certificates ?? TestCertificates.make(extraServerHosts: [host.literal] + words.dropFirst())
                     certificates = made
                     answer = "ok " + (try Data(contentsOf: URL(fileURLWithPath: made.caFile)).base64EncodedString())
                 default:

@@ -402,7 +402,9 @@ extension AgentClient {
 
     /// The agent's throwaway CA, written to a temporary file (the caller deletes it).
     func fetchCA() async throws -> String {
-        guard let pem = Data(base64Encoded: try await request("ca")) else { throw fail("the agent sent no CA") }
+        guard let pem = Data(base64Encoded: try await request("ca \(host.literal)")) else {
+            throw fail("the agent sent no CA")
+        }
         let path = NSTemporaryDirectory() + "/sockbench-agent-ca-\(getpid()).pem"
         try pem.write(to: URL(fileURLWithPath: path))
         return path
