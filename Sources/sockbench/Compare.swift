@@ -264,6 +264,8 @@ struct Compare: AsyncParsableCommand {
             try report.write(to: out)
             Console.error("wrote \(out)/results.json, results.csv, report.md, report.html")
         }
+        // The agent stops its servers when the control connection ends.
+        await agent?.close()
     }
 
     /// Why a scenario does not apply to a target, or `nil`.
