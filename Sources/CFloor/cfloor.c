@@ -46,22 +46,44 @@ static int wait_readable(int fd, int stop_fd) {
     }
 }
 
+enum { STOPPED = -2 };
+
+/* The next datagram on fd (its sender in *from), STOPPED when stop_fd becomes readable, or -1 with errno. */
+static ssize_t next_datagram(int fd, int stop_fd, void *buffer, size_t size, struct sockaddr_storage *from,
+                             socklen_t *len) {
+    for (;;) {
+        if (!wait_readable(fd, stop_fd)) return STOPPED;
+        *len = sizeof *from;
+        ssize_t n = recvfrom(fd, buffer, size, 0, (struct sockaddr *)from, len);
+        if (n >= 0) return n;
+        if (errno != EINTR && errno != ECONNREFUSED) return -1;
+    }
+}
+
+/* The next client of listening fd, STOPPED when stop_fd becomes readable, or -1 with errno. */
+static int next_client(int fd, int stop_fd) {
+    for (;;) {
+        if (!wait_readable(fd, stop_fd)) return STOPPED;
+        int client = accept4(fd, NULL, NULL, SOCK_CLOEXEC);
+        if (client >= 0) return client;
+        if (errno != EINTR && errno != ECONNABORTED) return -1;
+    }
+}
+
 int cfloor_serve(int fd, int datagram, int stop_fd) {
     static char buffer[65536];
     if (datagram) {
         for (;;) {
-            if (!wait_readable(fd, stop_fd)) return 0;
             struct sockaddr_storage from;
-            socklen_t len = sizeof from;
-            ssize_t n = recvfrom(fd, buffer, sizeof buffer, 0, (struct sockaddr *)&from, &len);
-            if (n < 0) { if (errno == EINTR || errno == ECONNREFUSED) continue; return -1; }
+            socklen_t len;
+            ssize_t n = next_datagram(fd, stop_fd, buffer, sizeof buffer, &from, &len);
+            if (n < 0) return n == STOPPED ? 0 : -1;
             sendto(fd, buffer, (size_t)n, MSG_NOSIGNAL, (struct sockaddr *)&from, len);
         }
     }
     for (;;) {
-        if (!wait_readable(fd, stop_fd)) return 0;
-        int client = accept4(fd, NULL, NULL, SOCK_CLOEXEC);
-        if (client < 0) { if (errno == EINTR || errno == ECONNABORTED) continue; return -1; }
+        int client = next_client(fd, stop_fd);
+        if (client < 0) return client == STOPPED ? 0 : -1;
         int one = 1;
         setsockopt(client, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         for (;;) {
@@ -118,11 +140,10 @@ int cfloor_sink(int fd, int datagram, int stop_fd) {
         struct sockaddr_storage sender;
         socklen_t sender_len = 0;
         for (;;) {
-            if (!wait_readable(fd, stop_fd)) return 0;
             struct sockaddr_storage from;
-            socklen_t len = sizeof from;
-            ssize_t n = recvfrom(fd, buffer, sizeof buffer, 0, (struct sockaddr *)&from, &len);
-            if (n < 0) { if (errno == EINTR || errno == ECONNREFUSED) continue; return -1; }
+            socklen_t len;
+            ssize_t n = next_datagram(fd, stop_fd, buffer, sizeof buffer, &from, &len);
+            if (n < 0) return n == STOPPED ? 0 : -1;
             if (n < 8) continue;
             if (len != sender_len || memcmp(&from, &sender, len) != 0) {
                 memcpy(&sender, &from, len);
@@ -144,9 +165,8 @@ int cfloor_sink(int fd, int datagram, int stop_fd) {
         }
     }
     for (;;) {
-        if (!wait_readable(fd, stop_fd)) return 0;
-        int client = accept4(fd, NULL, NULL, SOCK_CLOEXEC);
-        if (client < 0) { if (errno == EINTR || errno == ECONNABORTED) continue; return -1; }
+        int client = next_client(fd, stop_fd);
+        if (client < 0) return client == STOPPED ? 0 : -1;
         uint64_t bytes = 0;
         for (;;) {
             if (!wait_readable(client, stop_fd)) { close(client); return 0; }
