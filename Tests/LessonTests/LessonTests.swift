@@ -109,14 +109,6 @@ struct AcrossHostsTests {
         SocketTest.addWarmUp { NetworkLab.installSignalCleanup() }
     }
 
-    /// Runs blocking work (child processes) on a thread of its own.
-    func blocking<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
-        let result = await withCheckedContinuation { (continuation: CheckedContinuation<Result<T, any Error>, Never>) in
-            PosixThread.spawn(name: "test-blocking") { continuation.resume(returning: Result { try body() }) }
-        }
-        return try result.get()
-    }
-
     @Test(
         "compare --server: every server on the other host, the client here, results for each row",
         .enabled(
@@ -172,12 +164,6 @@ struct AcrossHostsTests {
 /// keeps serving, and the servers it starts answer.
 @Suite("Agent control protocol", .timeLimit(.minutes(5)))
 struct AgentProtocolTests {
-    func blocking<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
-        let result = await withCheckedContinuation { (continuation: CheckedContinuation<Result<T, any Error>, Never>) in
-            PosixThread.spawn(name: "test-blocking") { continuation.resume(returning: Result { try body() }) }
-        }
-        return try result.get()
-    }
 
     @Test("Bad requests get `error ...`; the session goes on; a started server echoes")
     func badRequests() async throws {
@@ -214,4 +200,12 @@ struct AgentProtocolTests {
             await control.close()
         }
     }
+}
+
+/// Runs blocking work (child processes) on a thread of its own, off Swift's cooperative pool.
+func blocking<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
+    let result = await withCheckedContinuation { (continuation: CheckedContinuation<Result<T, any Error>, Never>) in
+        PosixThread.spawn(name: "test-blocking") { continuation.resume(returning: Result { try body() }) }
+    }
+    return try result.get()
 }
