@@ -55,9 +55,10 @@ let package = Package(
         .target(
             name: "NIOBackend",
             dependencies: [
-                "ConnectionCore", "POSIXSupport",
+                "ConnectionCore", "POSIXSupport", "WebSocketCodec", "WebSocketTransport",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOWebSocket", package: "swift-nio"),
             ],
             swiftSettings: strictSettings
         ),

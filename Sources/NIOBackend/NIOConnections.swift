@@ -32,8 +32,10 @@ final class EventLoopTaskExecutor: TaskExecutor, @unchecked Sendable {
 }
 
 /// Reads of a TCP channel into a bounded queue; reading stops (autoRead off) while the queue is full.
-final class StreamInboxHandler: ChannelInboundHandler {
+final class StreamInboxHandler: ChannelInboundHandler, RemovableChannelHandler {
     typealias InboundIn = ByteBuffer
+    /// Its name in the pipeline (a WebSocket replaces it with frame handlers after the handshake).
+    static let name = "socketstyles.inbox"
     let inbox: ReceiveQueue<[UInt8]>
 
     init(inbox: ReceiveQueue<[UInt8]>) { self.inbox = inbox }
@@ -113,7 +115,8 @@ final class NIOStreamConnection: Connection, Sendable {
                     try configure(channel, options: options)
                     let inbox = makeInbox(for: channel, options: options)
                     inboxBox.withLock { $0 = inbox }
-                    try channel.pipeline.syncOperations.addHandler(StreamInboxHandler(inbox: inbox))
+                    try channel.pipeline.syncOperations.addHandler(
+                        StreamInboxHandler(inbox: inbox), name: StreamInboxHandler.name)
                     return channel.eventLoop.makeSucceededVoidFuture()
                 } catch {
                     return channel.eventLoop.makeFailedFuture(error)
@@ -129,10 +132,17 @@ final class NIOStreamConnection: Connection, Sendable {
     }
 
     func send(_ message: Message) async throws(ConnectionError) {
+        try await write([ByteBuffer(bytes: message.bytes)])
+    }
+
+    /// Writes `items` through the pipeline in order, flushes once, and waits for the last write.
+    func write<Item: Sendable>(_ items: [Item]) async throws(ConnectionError) {
         if closed.load(ordering: .relaxed) { throw .closed() }
         if outputClosed.load(ordering: .relaxed) { throw .closed("the output was closed (half-close)") }
+        guard let last = items.last else { return }
         do {
-            try await channel.writeAndFlush(ByteBuffer(bytes: message.bytes)).get()
+            for item in items.dropLast() { channel.write(item, promise: nil) }
+            try await channel.writeAndFlush(last).get()
         } catch {
             throw closed.load(ordering: .relaxed) ? .closed() : connectionError(error, "write")
         }
@@ -186,7 +196,8 @@ final class NIOStreamListener: Listener, Sendable {
                 do {
                     try NIOStreamConnection.configure(channel, options: options)
                     let inbox = NIOStreamConnection.makeInbox(for: channel, options: options)
-                    try channel.pipeline.syncOperations.addHandler(StreamInboxHandler(inbox: inbox))
+                    try channel.pipeline.syncOperations.addHandler(
+                        StreamInboxHandler(inbox: inbox), name: StreamInboxHandler.name)
                     let connection = NIOStreamConnection(channel: channel, inbox: inbox, options: options)
                     if !accepted.push(connection).accepted { channel.close(promise: nil) }
                     return channel.eventLoop.makeSucceededVoidFuture()

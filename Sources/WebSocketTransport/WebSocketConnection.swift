@@ -45,8 +45,13 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
     public let subprotocol: String?
     /// The WebSocket options in force.
     public let webSocketOptions: WebSocketOptions
+    /// Whose code parses and encodes the frames: "SwiftNIO NIOWebSocket" for the nio backend's ws://, "SocketStyles
+    /// WebSocketCodec" otherwise (every other backend, and wss:// on every backend, whose TLS layer is ours).
+    public var framing: String { link.framing }
 
     private let tcp: any Connection
+    /// What carries the frames: our parser over `tcp`, or the backend's own framing.
+    private let link: any WebSocketFrameLink
     private let role: WebSocketRole
     private let state: Mutex<Shared>
     /// Open and close events, in order: `.opened` first, then `.closed` once (one consumer).
@@ -59,7 +64,6 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
 
     private struct Shared: @unchecked Sendable {
         var machine: WebSocketStateMachine
-        var parser: WebSocketFrameParser
         /// Pings waiting for their pong, oldest first. A waiter is registered before its ping is sent, so a pong
         /// that comes back at once always finds it.
         var pingWaiters: [(id: UInt64, continuation: CheckedContinuation<Result<Void, ConnectionError>, Never>)] = []
@@ -73,23 +77,19 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
     }
 
     init(
-        tcp: any Connection, role: WebSocketRole, endpoint: Endpoint, subprotocol: String?, leftover: [UInt8],
-        options: WebSocketOptions
+        tcp: any Connection, link: any WebSocketFrameLink, role: WebSocketRole, endpoint: Endpoint,
+        subprotocol: String?, options: WebSocketOptions
     ) {
         self.tcp = tcp
+        self.link = link
         self.role = role
         self.subprotocol = subprotocol
         self.webSocketOptions = options
         transport = endpoint.transport
         localEndpoint = tcp.localEndpoint.with(transport: endpoint.transport)
         remoteEndpoint = role == .client ? endpoint : tcp.remoteEndpoint.with(transport: endpoint.transport)
-        var parser = WebSocketFrameParser(
-            role: role == .client ? .client : .server, maximumFrameSize: options.maximumFrameSize)
-        parser.feed(leftover)
         state = Mutex(
-            Shared(
-                machine: WebSocketStateMachine(role: role, maximumMessageSize: options.maximumMessageSize),
-                parser: parser))
+            Shared(machine: WebSocketStateMachine(role: role, maximumMessageSize: options.maximumMessageSize)))
         (events, eventSink) = AsyncStream.makeStream(of: WebSocketEvent.self, bufferingPolicy: .bufferingNewest(8))
         eventSink.yield(.opened(subprotocol: subprotocol))
         if let interval = options.keepAliveInterval { startKeepAlive(every: interval, deadline: options.pongDeadline) }
@@ -148,8 +148,9 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
         let (head, leftover) = try await readHead(tcp, limit: options.maximumHandshakeSize)
         switch WebSocketHandshake.validateResponse(head, key: key, offeredProtocols: options.subprotocols) {
         case .success(let chosen):
+            let link = try await frameLink(over: tcp, role: .client, leftover: leftover, options: options)
             return WebSocketConnection(
-                tcp: tcp, role: .client, endpoint: endpoint, subprotocol: chosen, leftover: leftover, options: options)
+                tcp: tcp, link: link, role: .client, endpoint: endpoint, subprotocol: chosen, options: options)
         case .failure(let error):
             throw ConnectionError(
                 .protocolViolation, error.reason, systemCode: .init(domain: "websocket", code: 1002, name: "handshake"))
@@ -168,16 +169,31 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
         case .success(let accepted):
             try await tcp.send(Array(accepted.response.utf8))
             let endpoint = tcp.localEndpoint.with(transport: transport)
+            let link = try await frameLink(over: tcp, role: .server, leftover: leftover, options: options)
             return WebSocketConnection(
-                tcp: tcp, role: .server,
+                tcp: tcp, link: link, role: .server,
                 endpoint: Endpoint(transport: transport, host: endpoint.host, port: endpoint.port, path: accepted.path),
-                subprotocol: accepted.subprotocol, leftover: leftover, options: options)
+                subprotocol: accepted.subprotocol, options: options)
         case .failure(let rejection):
             try? await tcp.send(Array(rejection.response.utf8))
             throw ConnectionError(
                 .protocolViolation, "WebSocket handshake rejected (\(rejection.status)): \(rejection.reason)",
                 systemCode: .init(domain: "http", code: Int32(rejection.status), name: "HTTP \(rejection.status)"))
         }
+    }
+
+    /// The backend's own framing when its connection has one (nio), our parser and encoder otherwise.
+    private static func frameLink(
+        over tcp: any Connection, role: WebSocketRole, leftover: [UInt8], options: WebSocketOptions
+    ) async throws(ConnectionError) -> any WebSocketFrameLink {
+        if let framing = tcp as? any WebSocketFramingConnection,
+            let link = try await framing.webSocketFrameLink(
+                role: role, maximumFrameSize: options.maximumFrameSize, leftover: leftover)
+        {
+            return link
+        }
+        return ByteStreamFrameLink(
+            over: tcp, role: role, maximumFrameSize: options.maximumFrameSize, leftover: leftover)
     }
 
     /// Reads an HTTP head (up to CRLF CRLF); returns it and the bytes read past it.
@@ -215,12 +231,15 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
     private func sendFrames(_ frames: [WebSocketFrame]) async throws(ConnectionError) {
         await sendLock.enter()
         defer { sendLock.leave() }
-        for var frame in frames {
-            if role == .client {
-                frame.maskingKey = state.withLock { UInt32.random(in: .min ... .max, using: &$0.generator) }
+        var frames = frames
+        if role == .client {
+            state.withLock { shared in
+                for index in frames.indices {
+                    frames[index].maskingKey = UInt32.random(in: .min ... .max, using: &shared.generator)
+                }
             }
-            try await tcp.send(WebSocketFrameEncoder.encode(frame))
         }
+        try await link.send(frames)
     }
 
     /// Sends a ping and waits for the pong (someone must be receiving, as with URLSessionWebSocketTask).
@@ -266,29 +285,22 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
         defer { receiveLock.leave() }
         while true {
             if let failure = state.withLock({ $0.failure }) { throw failure }
-            // Whole frames already buffered first.
-            let frame: WebSocketFrame?
-            do throws(WebSocketProtocolError) {
-                frame = try state.withLock { (shared) throws(WebSocketProtocolError) in try shared.parser.nextFrame() }
-            } catch {
-                try await handle(state.withLock { $0.machine.failFromParser(error) })
-                continue
-            }
-            if let frame {
-                if let message = try await handle(state.withLock { $0.machine.receive(frame) }) { return message }
-                continue
-            }
             if state.withLock({ $0.tcpClosed }) {
                 return try endOfStream(duringClose: duringClose)
             }
-            let received: Message?
+            let received: WebSocketLinkInput?
             do throws(ConnectionError) {
-                received = try await tcp.receive()
+                received = try await link.receive()
             } catch {
                 // The connection may have been failed meanwhile (a keep-alive timeout closes TCP): say why.
                 throw state.withLock { $0.failure } ?? error
             }
-            guard let chunk = received else {
+            switch received {
+            case .frame(let frame):
+                if let message = try await handle(state.withLock { $0.machine.receive(frame) }) { return message }
+            case .invalid(let error):
+                try await handle(state.withLock { $0.machine.failFromParser(error) })
+            case nil:
                 // TCP ended: cleanly after a close handshake, abnormally otherwise (1006, never sent).
                 let handshakeDone = state.withLock { shared in
                     shared.tcpClosed = true
@@ -302,9 +314,7 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
                             .reset, "the peer closed TCP without a close frame (1006)",
                             systemCode: .init(domain: "websocket", code: 1006, name: "abnormal closure")))
                 }
-                continue
             }
-            state.withLock { $0.parser.feed(chunk.bytes) }
         }
     }
 

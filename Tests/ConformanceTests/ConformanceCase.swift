@@ -59,6 +59,11 @@ struct ConformanceCase: Sendable, CustomTestStringConvertible {
         try await backend.listen(on: anyPort, options: options, webSocket: webSocket, tls: serverTLS)
     }
 
+    /// A listener for the stream under a WebSocket transport: TCP for ws, TLS for wss.
+    func listenStream() async throws(ConnectionError) -> any Listener {
+        try await backend.listen(on: anyPort.with(transport: transport.isSecure ? .tls : .tcp), tls: serverTLS)
+    }
+
     func echoServer() async throws(ConnectionError) -> EchoServer {
         try await EchoServer.start(backend, on: anyPort, tls: serverTLS)
     }

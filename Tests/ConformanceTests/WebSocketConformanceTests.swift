@@ -143,6 +143,129 @@ struct WebSocketConformanceTests {
             await server.stop()
         }
     }
+
+    @Test(
+        "Frames are carried by the backend's framing (NIOWebSocket for nio over ws, ours otherwise), both ends",
+        arguments: ConformanceCase.ws)
+    func framing(_ test: ConformanceCase) async throws {
+        try await SocketTest.run {
+            let expected =
+                test.backend == .nio && test.transport == .ws ? "SwiftNIO NIOWebSocket" : "SocketStyles WebSocketCodec"
+            let listener = try await test.listen()
+            let accepting = Task { try await listener.accept() }
+            let client = try #require(try await test.connect(to: listener.localEndpoint) as? WebSocketConnection)
+            let server = try #require(try await accepting.value as? WebSocketConnection)
+            #expect(client.framing == expected)
+            #expect(server.framing == expected)
+            try await client.send(.text("to the server"))
+            #expect(try await server.receive()?.text == "to the server")
+            try await server.send(Message(pattern(70_000)))
+            #expect(try await client.receive()?.bytes == pattern(70_000))
+            let closing = Task { try await server.receive() }
+            await client.close()
+            #expect(try await closing.value == nil)
+            await server.close()
+            await listener.close()
+        }
+    }
+
+    @Test(
+        "Frames RFC 6455 forbids (unmasked, reserved bit, unknown opcode, long or split ping) get 1002; server lives",
+        arguments: ConformanceCase.ws)
+    func forbiddenFrames(_ test: ConformanceCase) async throws {
+        try await SocketTest.run {
+            let server = try await test.echoServer()
+            func masked(_ frame: WebSocketFrame) -> [UInt8] {
+                var frame = frame
+                frame.maskingKey = 0x0A0B_0C0D
+                return WebSocketFrameEncoder.encode(frame)
+            }
+            let forbidden: [(String, [UInt8])] = [
+                ("unmasked", WebSocketFrameEncoder.encode(WebSocketFrame(opcode: .text, payload: Array("hi".utf8)))),
+                ("reserved bit", masked(WebSocketFrame(opcode: .text, payload: Array("hi".utf8), rsv1: true))),
+                ("unknown opcode", masked(WebSocketFrame(opcode: WebSocketOpcode(rawValue: 0x3), payload: [1]))),
+                ("126-byte ping", masked(WebSocketFrame(opcode: .ping, payload: pattern(126)))),
+                ("fragmented ping", masked(WebSocketFrame(fin: false, opcode: .ping, payload: [1]))),
+            ]
+            for (name, bytes) in forbidden {
+                var raw = try await RawWebSocketClient.connect(test, to: server.endpoint)
+                try await raw.tcp.send(bytes)
+                let close = try await raw.nextFrame()
+                #expect(close.opcode == .close, "\(name)")
+                #expect(close.payload.prefix(2) == [0x03, 0xEA], "\(name): \(close.payload.prefix(2))")  // 1002
+                await raw.close()
+            }
+            let client = try await test.connect(to: server.endpoint)
+            try await client.send(.text("still here"))
+            #expect(try await client.receive()?.text == "still here")
+            await client.close()
+            await server.stop()
+        }
+    }
+
+    @Test("A frame above maximumFrameSize is answered with close 1009", arguments: ConformanceCase.ws)
+    func oversizedFrame(_ test: ConformanceCase) async throws {
+        try await SocketTest.run {
+            var small = WebSocketOptions()
+            small.maximumFrameSize = 1000
+            let listener = try await test.listen(webSocket: small)
+            let server = EchoServer(listener: listener)
+            server.begin()
+            var raw = try await RawWebSocketClient.connect(test, to: listener.localEndpoint)
+            try await raw.sendFrame(WebSocketFrame(opcode: .binary, payload: pattern(1000)))
+            #expect(try await raw.nextFrame().payload == pattern(1000))
+            try await raw.sendFrame(WebSocketFrame(opcode: .binary, payload: pattern(1001)))
+            let close = try await raw.nextFrame()
+            #expect(close.opcode == .close)
+            #expect(close.payload.prefix(2) == [0x03, 0xF1])  // 1009
+            await raw.close()
+            await server.stop()
+        }
+    }
+
+    @Test(
+        "Frames sent in the same segment as the handshake request or response are not lost",
+        arguments: ConformanceCase.ws)
+    func framesWithTheHandshake(_ test: ConformanceCase) async throws {
+        try await SocketTest.run {
+            // Server side: the request and a first frame in one send.
+            let server = try await test.echoServer()
+            var early = WebSocketFrame(opcode: .text, payload: Array("early".utf8))
+            early.maskingKey = 0x0102_0304
+            var raw = try await RawWebSocketClient.connect(
+                test, to: server.endpoint, withRequest: WebSocketFrameEncoder.encode(early))
+            #expect(try await raw.nextFrame().payload == Array("early".utf8))
+            await raw.close()
+            await server.stop()
+
+            // Client side: a raw server sends the response and a first frame in one send, then answers the close.
+            let listener = try await test.listenStream()
+            let rawServer = Task { () throws -> Void in
+                let tcp = try await listener.accept()
+                var request: [UInt8] = []
+                while WebSocketHandshake.headLength(in: request) == nil, let chunk = try await tcp.receive() {
+                    request += chunk.bytes
+                }
+                let accepted = try WebSocketHandshake.acceptRequest(String(decoding: request, as: UTF8.self)).get()
+                let first = WebSocketFrameEncoder.encode(WebSocketFrame(opcode: .text, payload: Array("hello".utf8)))
+                try await tcp.send(Array(accepted.response.utf8) + first)
+                var parser = WebSocketFrameParser(role: .server)
+                while let chunk = try await tcp.receive() {
+                    parser.feed(chunk.bytes)
+                    if let frame = try parser.nextFrame(), frame.opcode == .close {
+                        try await tcp.send(WebSocketFrameEncoder.encode(WebSocketFrame(opcode: .close, payload: [])))
+                        break
+                    }
+                }
+                await tcp.close()
+            }
+            let client = try await test.connect(to: listener.localEndpoint.with(transport: test.transport))
+            #expect(try await client.receive()?.text == "hello")
+            await client.close()
+            try await rawServer.value
+            await listener.close()
+        }
+    }
 }
 
 /// A WebSocket client that sends raw frames (to break the protocol on purpose) over a backend's TCP.
@@ -150,10 +273,14 @@ struct RawWebSocketClient {
     let tcp: any Connection
     var parser = WebSocketFrameParser(role: .client)
 
-    static func connect(_ test: ConformanceCase, to endpoint: Endpoint) async throws -> RawWebSocketClient {
+    /// Connects and completes the handshake; `withRequest` is sent in the same send as the request.
+    static func connect(
+        _ test: ConformanceCase, to endpoint: Endpoint, withRequest: [UInt8] = []
+    ) async throws -> RawWebSocketClient {
         let tcp = try await test.connectStream(to: endpoint)
         let key = "dGhlIHNhbXBsZSBub25jZQ=="
-        try await tcp.send(Array(WebSocketHandshake.clientRequest(host: "127.0.0.1", path: "/", key: key).utf8))
+        try await tcp.send(
+            Array(WebSocketHandshake.clientRequest(host: "127.0.0.1", path: "/", key: key).utf8) + withRequest)
         var bytes: [UInt8] = []
         while WebSocketHandshake.headLength(in: bytes) == nil {
             guard let chunk = try await tcp.receive() else { throw ConnectionError(.closed) }
