@@ -1,5 +1,6 @@
 import ConnectionTestKit
 import SocketStyles
+import Synchronization
 import Testing
 
 /// WebSocket over every backend's TCP: the scenarios RFC 6455 users rely on.
@@ -263,6 +264,56 @@ struct WebSocketConformanceTests {
             #expect(try await client.receive()?.text == "hello")
             await client.close()
             try await rawServer.value
+            await listener.close()
+        }
+    }
+
+    @Test(
+        "A slow reader slows the sender: what is in flight stays bounded, every message arrives in order",
+        arguments: ConformanceCase.ws)
+    func slowReader(_ test: ConformanceCase) async throws {
+        try await SocketTest.run(timeLimit: .seconds(120)) {
+            let listener = try await test.listen()
+            let accepting = Task { try await listener.accept() }
+            // The server sends (unmasked frames: the sender is fast on every backend), the client reads.
+            let reader = try await test.connect(to: listener.localEndpoint)
+            let sender = try await accepting.value
+            let count = 512
+            let size = 64 * 1024
+            let sent = Atomic<Int>(0)
+            let received = Atomic<Int>(0)
+            let maxInFlight = Atomic<Int>(0)
+            // One pattern, each message numbered in its first bytes (a lost or reordered message shows).
+            let base = pattern(size)
+            let numbered = { @Sendable (index: Int) -> [UInt8] in
+                var bytes = base
+                withUnsafeBytes(of: UInt32(index).bigEndian) { bytes.replaceSubrange(0..<4, with: $0) }
+                return bytes
+            }
+            async let sending: Void = {
+                for index in 0..<count {
+                    try await sender.send(Message(numbered(index)))
+                    let now = sent.add(size, ordering: .relaxed).newValue
+                    _ = maxInFlight.max(now - received.load(ordering: .relaxed), ordering: .relaxed)
+                }
+            }()
+            // The slow reader: a pause of 1 ms after every message (64 MB/s at most; the sender could go 10 times faster).
+            for index in 0..<count {
+                let message = try #require(try await reader.receive())
+                #expect(message.bytes == numbered(index), "message \(index)")
+                received.add(size, ordering: .relaxed)
+                try await Task.sleep(for: .milliseconds(1))
+            }
+            try await sending
+            // 32 MiB went out; without backpressure nearly all of it would be in flight at once. What may be: the
+            // receive queues (256 KiB a side) and the kernel's socket buffers (a few MiB each way).
+            #expect(
+                maxInFlight.load(ordering: .relaxed) < 16 * 1024 * 1024,
+                "in flight: \(maxInFlight.load(ordering: .relaxed))")
+            let closing = Task { try await reader.receive() }
+            await sender.close()
+            #expect(try await closing.value == nil)
+            await reader.close()
             await listener.close()
         }
     }
