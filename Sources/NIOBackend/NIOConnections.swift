@@ -132,17 +132,22 @@ final class NIOStreamConnection: Connection, Sendable {
     }
 
     func send(_ message: Message) async throws(ConnectionError) {
-        try await write([ByteBuffer(bytes: message.bytes)])
+        try await writeAndFlush(ByteBuffer(bytes: message.bytes))
     }
 
-    /// Writes `items` through the pipeline in order, flushes once, and waits for the last write.
+    /// Writes `items` (WebSocket frames, once the pipeline frames) in order, flushes once, and waits for the last.
     func write<Item: Sendable>(_ items: [Item]) async throws(ConnectionError) {
+        guard let last = items.last else { return }
+        // A write that fails fails the ones after it: the last one's result says.
+        for item in items.dropLast() { channel.write(item, promise: nil) }
+        try await writeAndFlush(last)
+    }
+
+    private func writeAndFlush<Item: Sendable>(_ item: Item) async throws(ConnectionError) {
         if closed.load(ordering: .relaxed) { throw .closed() }
         if outputClosed.load(ordering: .relaxed) { throw .closed("the output was closed (half-close)") }
-        guard let last = items.last else { return }
         do {
-            for item in items.dropLast() { channel.write(item, promise: nil) }
-            try await channel.writeAndFlush(last).get()
+            try await channel.writeAndFlush(item).get()
         } catch {
             throw closed.load(ordering: .relaxed) ? .closed() : connectionError(error, "write")
         }
