@@ -228,10 +228,10 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
         try await send(.text(text))
     }
 
-    private func sendFrames(_ frames: [WebSocketFrame]) async throws(ConnectionError) {
+    /// Sends frames in order (masked by a client). `consuming`: the caller's array is masked in place, not copied.
+    private func sendFrames(_ frames: consuming [WebSocketFrame]) async throws(ConnectionError) {
         await sendLock.enter()
         defer { sendLock.leave() }
-        var frames = frames
         if role == .client {
             state.withLock { shared in
                 for index in frames.indices {

@@ -84,7 +84,7 @@ struct Report: Codable {
         self.rows = rows
         notes = [
             "Every backend is measured through the unified Connection on both ends (client here, server in its own process), except native-SIZE: the same tcp ping-pong written in the backend's own style on both ends (x native = the price of the unified API).",
-            "SwiftNIO (nio) runs with TCP_NODELAY and a 64 KiB UDP buffer like every other backend (its defaults differ); its tls/wss use the same OpenSSL layer as the others, so TLS numbers compare connection styles, not TLS libraries.",
+            "SwiftNIO (nio) runs with TCP_NODELAY and a 64 KiB UDP buffer like every other backend (its defaults differ); its tls/wss use the same OpenSSL layer as the others, so TLS numbers compare connection styles, not TLS libraries. Its ws frames are SwiftNIO's (NIOWebSocket's WebSocketFrameDecoder and WebSocketFrameEncoder in the pipeline) under the opening handshake, state machine and close handshake every backend shares; its wss frames go through the shared codec, since the TLS layer under them is ours.",
             "iperf3 and sockperf rows (when installed) are those tools measured in the same run with the same pinning: iperf3's single TCP stream and UDP sender, sockperf's ping-pong (its --full-rtt round trips).",
             "CPU time per side is read from each process's CPU-time clock (clock_getcpuclockid: every thread, nanoseconds); cost per message is (client + server CPU) / messages over the window. Context switches: the client from getrusage (every thread), the server summed over its live threads in /proc/PID/task (a server thread that ended in the window is not counted); peak memory from /proc/PID/status. All figures per repetition, medians across repetitions.",
         ]
@@ -349,7 +349,7 @@ struct Report: Codable {
                     row.median.latency.map { (row.backend, Double($0.p50) / max(1, nioWebSocket)) }
                 }
                 lines.append(
-                    "- ws pingpong-\(size) p50 against SwiftNIO's own WebSocket (NIOWebSocket client and server, \(microseconds(UInt64(nioWebSocket))) us): "
+                    "- ws pingpong-\(size) p50 against SwiftNIO's own WebSocket written natively (NIOHTTP1 upgrade and NIOWebSocket handlers on both ends, no Connection; \(microseconds(UInt64(nioWebSocket))) us): "
                         + ws.map { "\($0.0) \(fixed($0.1))x" }.joined(separator: ", ") + ".")
             }
             let floors = rows.filter { $0.scenario == .native(size: size) && $0.transport == "tcp" }.compactMap { row in
