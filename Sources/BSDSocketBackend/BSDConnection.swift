@@ -4,9 +4,11 @@ import Synchronization
 
 /// The blocking style adapted to ``Connection`` (TCP, and connected UDP) without ever blocking Swift's
 /// cooperative thread pool:
-/// - a **reader thread** per connection blocks in `recv(2)` and hands each chunk (or datagram) to a bounded
-///   ``ReceiveQueue``; when the queue is full it sleeps until `receive` makes room, so a slow consumer slows
-///   the peer through TCP flow control instead of growing memory;
+/// - a **reader thread** per connection blocks in `poll(2)` until its socket is readable, reads, and hands each
+///   chunk (or datagram) to a bounded ``ReceiveQueue``; when the queue is full it stops reading until `receive`
+///   makes room, so a slow consumer slows the peer through TCP flow control instead of growing memory;
+/// - the reader thread is also the connection's ``preferredExecutor`` (``ReaderExecutor``): a task that prefers
+///   it runs between reads on that thread, so a message the reader queues is taken without a thread hop;
 /// - sends go through ``BSDWriter`` (a non-blocking attempt first, then a writer thread);
 /// - `close()` shuts the socket down (which wakes both threads), waits until they have finished, and only
 ///   then closes the descriptor.
@@ -24,16 +26,17 @@ final class BSDConnection: Connection, @unchecked Sendable {
         let lease: DescriptorLease
         let inbox: ReceiveQueue<[UInt8]>
         let writer: BSDWriter
-        let readGate = ConditionLock()
+        let executor: ReaderExecutor
         let closing = Atomic<Bool>(false)
         let chunkSize: Int
 
-        init(socket: BSDSocket, options: ConnectionOptions) {
+        init(socket: BSDSocket, options: ConnectionOptions) throws(ConnectionError) {
             self.socket = socket
             let lease = DescriptorLease(socket: socket)
             self.lease = lease
-            let gate = readGate
-            let onSpace: @Sendable () -> Void = { gate.withLock { gate.signal() } }
+            let executor = try ReaderExecutor()
+            self.executor = executor
+            let onSpace: @Sendable () -> Void = { executor.wake() }
             self.inbox =
                 socket.transport == .udp
                 ? .datagrams(capacity: options.receiveQueueLimit, onSpaceAvailable: onSpace)
@@ -42,18 +45,27 @@ final class BSDConnection: Connection, @unchecked Sendable {
             self.chunkSize = socket.transport == .udp ? options.maxDatagramSize : options.readChunkSize
         }
 
-        /// The reader thread's loop. Runs until end of stream, error or close.
+        /// The reader thread's loop: runs the jobs of tasks that prefer this connection, waits in poll(2) for the
+        /// socket (for jobs only while the receive queue is full), reads. Runs until end of stream, error or close.
         func readLoop() {
-            defer { lease.release() }
+            defer {
+                executor.stop()
+                lease.release()
+            }
             let datagram = socket.transport == .udp
             let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: chunkSize, alignment: 16)
             defer { buffer.deallocate() }
             while true {
-                readGate.withLock { readGate.wait(until: { inbox.hasSpace || closing.load(ordering: .relaxed) }) }
+                executor.runJobs()
                 if closing.load(ordering: .acquiring) { return }
+                let reading = inbox.hasSpace
                 let count: Int
                 do {
-                    count = try socket.receive(into: buffer)
+                    let ready = try executor.wait(socket: reading ? socket.descriptor : -1, events: Syscall.pollIn)
+                    if closing.load(ordering: .acquiring) { return }
+                    guard reading, ready != 0, case .processed(let received) = try socket.tryReceive(into: buffer)
+                    else { continue }
+                    count = received
                 } catch {
                     if closing.load(ordering: .acquiring) { return }
                     if datagram && (error.kind == .refused || error.kind == .messageTooLarge) {
@@ -79,8 +91,8 @@ final class BSDConnection: Connection, @unchecked Sendable {
             guard !closing.exchange(true, ordering: .acquiringAndReleasing) else { return false }
             inbox.close()
             writer.stop()
-            readGate.withLock { readGate.broadcast() }
             try? socket.shutdown(.both)
+            executor.wake()
             lease.release()  // the owner's use
             return true
         }
@@ -92,7 +104,7 @@ final class BSDConnection: Connection, @unchecked Sendable {
         self.options = options
         self.localEndpoint = try socket.localAddress.endpoint(socket.transport)
         self.remoteEndpoint = try socket.remoteAddress.endpoint(socket.transport)
-        self.core = Core(socket: socket, options: options)
+        self.core = try Core(socket: socket, options: options)
         startReader(onCurrentThread: false)
     }
 
@@ -102,7 +114,7 @@ final class BSDConnection: Connection, @unchecked Sendable {
         self.options = options
         self.localEndpoint = try socket.localAddress.endpoint(socket.transport)
         self.remoteEndpoint = try socket.remoteAddress.endpoint(socket.transport)
-        self.core = Core(socket: socket, options: options)
+        self.core = try Core(socket: socket, options: options)
         startReader(onCurrentThread: true)
     }
 
@@ -120,6 +132,8 @@ final class BSDConnection: Connection, @unchecked Sendable {
     deinit {
         _ = core.beginClose()
     }
+
+    var preferredExecutor: (any TaskExecutor)? { core.executor }
 
     func send(_ message: Message) async throws(ConnectionError) {
         if core.closing.load(ordering: .relaxed) { throw .closed() }

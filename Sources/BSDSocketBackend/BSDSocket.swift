@@ -177,16 +177,28 @@ public final class BSDSocket: @unchecked Sendable {
     /// One recv(2): blocks until data arrives. Returns the count; 0 is the end of the stream on TCP (and an
     /// empty datagram on UDP).
     public func receive(into buffer: UnsafeMutableRawBufferPointer) throws(ConnectionError) -> Int {
-        let result =
-            transport == .udp ? try Syscall.recvDatagram(descriptor, buffer) : try Syscall.recv(descriptor, buffer)
-        switch result {
-        case .processed(let count):
-            if transport == .udp, count > buffer.count {
-                throw ConnectionError(.messageTooLarge, "a \(count)-byte datagram did not fit in \(buffer.count) bytes")
-            }
-            return count
+        switch try receive(into: buffer, dontWait: false) {
+        case .processed(let count): return count
         case .wouldBlock: throw ConnectionError(.timedOut, "receive timed out (SO_RCVTIMEO)")
         }
+    }
+
+    /// One non-blocking recv(2) (MSG_DONTWAIT): `.wouldBlock` when nothing is waiting.
+    public func tryReceive(into buffer: UnsafeMutableRawBufferPointer) throws(ConnectionError) -> IOResult<Int> {
+        try receive(into: buffer, dontWait: true)
+    }
+
+    private func receive(
+        into buffer: UnsafeMutableRawBufferPointer, dontWait: Bool
+    ) throws(ConnectionError) -> IOResult<Int> {
+        let result =
+            transport == .udp
+            ? try Syscall.recvDatagram(descriptor, buffer, dontWait: dontWait)
+            : try Syscall.recv(descriptor, buffer, dontWait: dontWait)
+        if case .processed(let count) = result, transport == .udp, count > buffer.count {
+            throw ConnectionError(.messageTooLarge, "a \(count)-byte datagram did not fit in \(buffer.count) bytes")
+        }
+        return result
     }
 
     /// Receives into a new array: empty means the peer closed (TCP).

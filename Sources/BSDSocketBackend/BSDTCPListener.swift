@@ -48,7 +48,7 @@ final class BSDTCPListener: Listener, @unchecked Sendable {
             do {
                 connection = try BSDConnection(socket: client, options: options)
             } catch {
-                continue  // the client left between accept and getpeername: nothing to serve
+                continue  // the client left before getpeername, or no descriptor was left for its reader: not served
             }
             if !queue.push(connection).accepted {
                 Task { await connection.close() }

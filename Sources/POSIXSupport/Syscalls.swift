@@ -211,6 +211,21 @@ public enum Syscall {
         return count == 0 ? 0 : pfd.revents
     }
 
+    /// poll(2) on two descriptors, waiting until one of them is ready (a negative descriptor is left out, as
+    /// poll does). Returns each one's revents.
+    public static func poll(
+        _ first: Int32, _ firstEvents: Int16, _ second: Int32, _ secondEvents: Int16
+    ) throws(ConnectionError) -> (Int16, Int16) {
+        var fds = (
+            pollfd(fd: first, events: firstEvents, revents: 0), pollfd(fd: second, events: secondEvents, revents: 0)
+        )
+        _ = try withUnsafeMutableBytes(of: &fds) { (raw) throws(ConnectionError) -> Int in
+            let pointer = raw.baseAddress!.assumingMemoryBound(to: pollfd.self)
+            return try retrying("poll", { Int(Glibc.poll(pointer, 2, -1)) })
+        }
+        return (fds.0.revents, fds.1.revents)
+    }
+
     /// POLLIN, POLLOUT, POLLERR and POLLHUP, for ``poll(_:events:timeoutMilliseconds:)``.
     public static let pollIn = Int16(POLLIN)
     public static let pollOut = Int16(POLLOUT)
