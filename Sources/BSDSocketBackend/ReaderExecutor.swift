@@ -13,8 +13,11 @@ import Synchronization
 final class ReaderExecutor: TaskExecutor, @unchecked Sendable {
     private struct State {
         var jobs: [UnownedJob] = []
-        /// The reader is in (or about to enter) poll: an enqueue must signal.
+        /// The reader is in (or about to enter) poll: an enqueue or a wake-up must signal.
         var sleeping = false
+        /// A ``wake()`` came while the reader was not waiting: its next ``wait(socket:events:)`` returns at once,
+        /// so the reader looks again at what the wake-up was for (a close, room in the queue).
+        var wakePending = false
         /// -1 once the reader thread has ended.
         var wakeFD: Int32
     }
@@ -42,9 +45,13 @@ final class ReaderExecutor: TaskExecutor, @unchecked Sendable {
     /// Wakes the reader from any thread (a close, or room in the receive queue).
     func wake() {
         state.withLock { state in
-            guard state.sleeping, state.wakeFD >= 0 else { return }
-            state.sleeping = false
-            Syscall.eventFDSignal(state.wakeFD)
+            guard state.wakeFD >= 0 else { return }
+            if state.sleeping {
+                state.sleeping = false
+                Syscall.eventFDSignal(state.wakeFD)
+            } else {
+                state.wakePending = true
+            }
         }
     }
 
@@ -64,7 +71,10 @@ final class ReaderExecutor: TaskExecutor, @unchecked Sendable {
     /// socket's revents (0 when woken for something else).
     func wait(socket: Int32, events: Int16) throws(ConnectionError) -> Int16 {
         let wakeFD: Int32? = state.withLock { state in
-            guard state.jobs.isEmpty else { return nil }
+            guard state.jobs.isEmpty, !state.wakePending else {
+                state.wakePending = false
+                return nil
+            }
             state.sleeping = true
             return state.wakeFD
         }

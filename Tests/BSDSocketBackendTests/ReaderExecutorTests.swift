@@ -1,0 +1,70 @@
+import ConnectionCore
+import ConnectionTestKit
+import Glibc
+import POSIXSupport
+import Synchronization
+import Testing
+
+@testable import BSDSocketBackend
+
+/// The reader thread as an executor: wake-ups are never lost, jobs run on the reader thread, and once the reader
+/// has ended, jobs still run (elsewhere).
+@Suite("bsd reader executor", .timeLimit(.minutes(10)))
+struct ReaderExecutorTests {
+    final class Flag: Sendable {
+        let value = Atomic<Bool>(false)
+    }
+
+    /// The reader's loop on a thread of its own, until `done`: run jobs, wait. Returns the thread's id.
+    static func startReader(_ executor: ReaderExecutor, until done: Flag) async -> UInt {
+        await withCheckedContinuation { continuation in
+            PosixThread.spawn(name: "reader-test") {
+                continuation.resume(returning: UInt(pthread_self()))
+                while !done.value.load(ordering: .acquiring) {
+                    executor.runJobs()
+                    _ = try? executor.wait(socket: -1, events: 0)
+                }
+                executor.stop()
+            }
+        }
+    }
+
+    @Test("A wake-up that comes before the reader waits is kept: the wait returns at once")
+    func wakeBeforeWait() async throws {
+        try await SocketTest.run(timeLimit: .seconds(20)) {
+            let executor = try ReaderExecutor()
+            executor.wake()
+            let revents = try await withCheckedThrowingContinuation { continuation in
+                PosixThread.spawn(name: "reader-test") {
+                    continuation.resume(
+                        with: Result { () throws(ConnectionError) in
+                            try executor.wait(socket: -1, events: 0)
+                        })
+                }
+            }
+            #expect(revents == 0)
+            executor.stop()
+        }
+    }
+
+    @Test(
+        "A job from another thread wakes the waiting reader and runs on the reader thread; after stop, jobs still run")
+    func jobsRunOnTheReader() async throws {
+        try await SocketTest.run(timeLimit: .seconds(20)) {
+            let executor = try ReaderExecutor()
+            let done = Flag()
+            let reader = await Self.startReader(executor, until: done)
+            for _ in 0..<100 {
+                let ranOn = await withTaskExecutorPreference(executor) {
+                    UInt(pthread_self())
+                }
+                #expect(ranOn == reader)
+            }
+            done.value.store(true, ordering: .releasing)
+            executor.wake()
+            // The reader has stopped (or is stopping): the job goes to the global executor and still runs.
+            let ranAfterStop = await withTaskExecutorPreference(executor) { true }
+            #expect(ranAfterStop)
+        }
+    }
+}
