@@ -15,9 +15,13 @@ struct ReaderExecutorTests {
         let value = Atomic<Bool>(false)
     }
 
-    /// The reader's loop on a thread of its own, until `done`: run jobs, wait. Returns the thread's id.
-    static func startReader(_ executor: ReaderExecutor, until done: Flag) async -> UInt {
-        await withCheckedContinuation { continuation in
+    /// The reader's loop on a thread of its own, until `done`: run jobs, wait; then stop. Returns the thread's id
+    /// and a stream that ends once the reader has stopped.
+    static func startReader(
+        _ executor: ReaderExecutor, until done: Flag
+    ) async -> (thread: UInt, stopped: AsyncStream<Never>) {
+        let (stopped, ended) = AsyncStream.makeStream(of: Never.self)
+        let thread = await withCheckedContinuation { continuation in
             PosixThread.spawn(name: "reader-test") {
                 continuation.resume(returning: UInt(pthread_self()))
                 while !done.value.load(ordering: .acquiring) {
@@ -25,8 +29,10 @@ struct ReaderExecutorTests {
                     _ = try? executor.wait(socket: -1, events: 0)
                 }
                 executor.stop()
+                ended.finish()
             }
         }
+        return (thread, stopped)
     }
 
     @Test("A wake-up that comes before the reader waits is kept: the wait returns at once")
@@ -53,16 +59,15 @@ struct ReaderExecutorTests {
         try await SocketTest.run(timeLimit: .seconds(20)) {
             let executor = try ReaderExecutor()
             let done = Flag()
-            let reader = await Self.startReader(executor, until: done)
+            let (reader, stopped) = await Self.startReader(executor, until: done)
             for _ in 0..<100 {
-                let ranOn = await withTaskExecutorPreference(executor) {
-                    UInt(pthread_self())
-                }
+                let ranOn = await withTaskExecutorPreference(executor) { UInt(pthread_self()) }
                 #expect(ranOn == reader)
             }
             done.value.store(true, ordering: .releasing)
             executor.wake()
-            // The reader has stopped (or is stopping): the job goes to the global executor and still runs.
+            for await _ in stopped {}
+            // The reader has stopped (and closed its eventfd): the job goes to the global executor and still runs.
             let ranAfterStop = await withTaskExecutorPreference(executor) { true }
             #expect(ranAfterStop)
         }

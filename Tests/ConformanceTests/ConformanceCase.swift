@@ -67,6 +67,13 @@ struct ConformanceCase: Sendable, CustomTestStringConvertible {
     func echoServer() async throws(ConnectionError) -> EchoServer {
         try await EchoServer.start(backend, on: anyPort, tls: serverTLS)
     }
+
+    /// An echo server with these WebSocket options.
+    func echoServer(webSocket: WebSocketOptions) async throws(ConnectionError) -> EchoServer {
+        let server = EchoServer(listener: try await listen(webSocket: webSocket))
+        server.begin()
+        return server
+    }
 }
 
 /// Expects `body` to throw a ``ConnectionError`` of `kind`, and returns it.

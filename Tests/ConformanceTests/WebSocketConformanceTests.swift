@@ -100,9 +100,7 @@ struct WebSocketConformanceTests {
             let server = try await test.echoServer()
             var raw = try await RawWebSocketClient.connect(test, to: server.endpoint)
             try await raw.sendFrame(WebSocketFrame(opcode: .text, payload: [0x48, 0xC3, 0x28]))
-            let close = try await raw.nextFrame()
-            #expect(close.opcode == .close)
-            #expect(close.payload.prefix(2) == [0x03, 0xEF])  // 1007
+            try await raw.expectClose(.invalidFramePayloadData)
             await raw.close()
             await server.stop()
         }
@@ -113,10 +111,8 @@ struct WebSocketConformanceTests {
         try await SocketTest.run {
             var small = WebSocketOptions()
             small.maximumMessageSize = 1000
-            let listener = try await test.listen(webSocket: small)
-            let server = EchoServer(listener: listener)
-            server.begin()
-            let client = try #require(try await test.connect(to: listener.localEndpoint) as? WebSocketConnection)
+            let server = try await test.echoServer(webSocket: small)
+            let client = try #require(try await test.connect(to: server.endpoint) as? WebSocketConnection)
             try await client.send(pattern(1001))
             #expect(try await client.receive() == nil)
             #expect(client.peerCloseCode == .messageTooBig)
@@ -191,9 +187,7 @@ struct WebSocketConformanceTests {
             for (name, bytes) in forbidden {
                 var raw = try await RawWebSocketClient.connect(test, to: server.endpoint)
                 try await raw.tcp.send(bytes)
-                let close = try await raw.nextFrame()
-                #expect(close.opcode == .close, "\(name)")
-                #expect(close.payload.prefix(2) == [0x03, 0xEA], "\(name): \(close.payload.prefix(2))")  // 1002
+                try await raw.expectClose(.protocolError, name)
                 await raw.close()
             }
             let client = try await test.connect(to: server.endpoint)
@@ -209,16 +203,12 @@ struct WebSocketConformanceTests {
         try await SocketTest.run {
             var small = WebSocketOptions()
             small.maximumFrameSize = 1000
-            let listener = try await test.listen(webSocket: small)
-            let server = EchoServer(listener: listener)
-            server.begin()
-            var raw = try await RawWebSocketClient.connect(test, to: listener.localEndpoint)
+            let server = try await test.echoServer(webSocket: small)
+            var raw = try await RawWebSocketClient.connect(test, to: server.endpoint)
             try await raw.sendFrame(WebSocketFrame(opcode: .binary, payload: pattern(1000)))
             #expect(try await raw.nextFrame().payload == pattern(1000))
             try await raw.sendFrame(WebSocketFrame(opcode: .binary, payload: pattern(1001)))
-            let close = try await raw.nextFrame()
-            #expect(close.opcode == .close)
-            #expect(close.payload.prefix(2) == [0x03, 0xF1])  // 1009
+            try await raw.expectClose(.messageTooBig)
             await raw.close()
             await server.stop()
         }
@@ -356,6 +346,16 @@ struct RawWebSocketClient {
             guard let chunk = try await tcp.receive() else { throw ConnectionError(.closed) }
             parser.feed(chunk.bytes)
         }
+    }
+
+    /// Expects the next frame to be a close frame with `code`.
+    mutating func expectClose(
+        _ code: WebSocketCloseCode, _ comment: String = "", sourceLocation: SourceLocation = #_sourceLocation
+    ) async throws {
+        let frame = try await nextFrame()
+        #expect(frame.opcode == .close, "\(comment)", sourceLocation: sourceLocation)
+        let received = frame.payload.count >= 2 ? UInt16(frame.payload[0]) << 8 | UInt16(frame.payload[1]) : nil
+        #expect(received == code.rawValue, "\(comment)", sourceLocation: sourceLocation)
     }
 
     func close() async { await tcp.close() }
