@@ -206,24 +206,22 @@ public enum Syscall {
 
     /// poll(2) on one descriptor. Returns the revents, 0 on time-out. `timeoutMilliseconds` < 0 waits forever.
     public static func poll(_ fd: Int32, events: Int16, timeoutMilliseconds: Int32) throws(ConnectionError) -> Int16 {
-        var pfd = pollfd(fd: fd, events: events, revents: 0)
-        let count = try retrying("poll", { Int(Glibc.poll(&pfd, 1, timeoutMilliseconds)) })
-        return count == 0 ? 0 : pfd.revents
+        try poll(fd, events, -1, 0, timeoutMilliseconds: timeoutMilliseconds).0
     }
 
-    /// poll(2) on two descriptors, waiting until one of them is ready (a negative descriptor is left out, as
-    /// poll does). Returns each one's revents.
+    /// poll(2) on two descriptors (a negative descriptor is left out, as poll does). Returns each one's revents,
+    /// both 0 on time-out. `timeoutMilliseconds` < 0 (the default) waits until one of them is ready.
     public static func poll(
-        _ first: Int32, _ firstEvents: Int16, _ second: Int32, _ secondEvents: Int16
+        _ first: Int32, _ firstEvents: Int16, _ second: Int32, _ secondEvents: Int16, timeoutMilliseconds: Int32 = -1
     ) throws(ConnectionError) -> (Int16, Int16) {
         var fds = (
             pollfd(fd: first, events: firstEvents, revents: 0), pollfd(fd: second, events: secondEvents, revents: 0)
         )
-        _ = try withUnsafeMutableBytes(of: &fds) { (raw) throws(ConnectionError) -> Int in
+        let count = try withUnsafeMutableBytes(of: &fds) { (raw) throws(ConnectionError) -> Int in
             let pointer = raw.baseAddress!.assumingMemoryBound(to: pollfd.self)
-            return try retrying("poll", { Int(Glibc.poll(pointer, 2, -1)) })
+            return try retrying("poll", { Int(Glibc.poll(pointer, 2, timeoutMilliseconds)) })
         }
-        return (fds.0.revents, fds.1.revents)
+        return count == 0 ? (0, 0) : (fds.0.revents, fds.1.revents)
     }
 
     /// POLLIN, POLLOUT, POLLERR and POLLHUP, for ``poll(_:events:timeoutMilliseconds:)``.
