@@ -8,7 +8,7 @@ import Synchronization
 /// nobody waits is remembered (`readReady`/`writeReady`), so a task that registers just after the edge does
 /// not miss it. One reader and one writer wait at a time (the socket's gates ensure it).
 final class SocketReadiness: EpollHandler, Sendable {
-    private typealias Waiter = CheckedContinuation<Result<Void, ConnectionError>, Never>
+    private typealias Waiter = UnsafeContinuation<Result<Void, ConnectionError>, Never>
 
     private struct State {
         var readReady = true
@@ -72,7 +72,7 @@ final class SocketReadiness: EpollHandler, Sendable {
         }
         guard let id else { return }
         let result = await withTaskCancellationHandler {
-            await withCheckedContinuation { (continuation: Waiter) in
+            await withUnsafeContinuation { (continuation: Waiter) in
                 let immediate: Result<Void, ConnectionError>? = state.withLock { state in
                     if state.cancelled.remove(id) != nil { return .failure(.cancelled()) }
                     if let closed = state.closed { return .failure(closed) }

@@ -57,13 +57,16 @@ final class ReaderExecutor: TaskExecutor, @unchecked Sendable {
 
     // MARK: On the reader thread
 
+    /// Reader-thread only: the batch being run, swapped with the queue so neither buffer is reallocated.
+    private nonisolated(unsafe) var running: [UnownedJob] = []
+
     /// Runs every queued job, including those the jobs enqueue.
     func runJobs() {
         while true {
-            var jobs: [UnownedJob] = []
-            state.withLock { swap(&jobs, &$0.jobs) }
-            if jobs.isEmpty { return }
-            for job in jobs { job.runSynchronously(on: asUnownedTaskExecutor()) }
+            state.withLock { swap(&running, &$0.jobs) }
+            if running.isEmpty { return }
+            for job in running { job.runSynchronously(on: asUnownedTaskExecutor()) }
+            running.removeAll(keepingCapacity: true)
         }
     }
 

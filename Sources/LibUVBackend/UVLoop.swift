@@ -17,6 +17,15 @@ import Synchronization
 public final class UVLoop: @unchecked Sendable {
     let raw: UnsafeMutablePointer<uv_loop_t>
     private let wakeup: UnsafeMutablePointer<uv_async_t>
+    /// Run jobs enqueued on the loop thread itself, after the callbacks of each poll (`uv_check_t`) and before
+    /// the loop waits (`uv_prepare_t`); unreferenced, so they never keep the loop alive.
+    private let prepare: UnsafeMutablePointer<uv_prepare_t>
+    private let check: UnsafeMutablePointer<uv_check_t>
+    // Loop-confined: jobs enqueued on the loop thread (a continuation resumed by a read callback), and the
+    // batch being run (swapped, so neither buffer is reallocated).
+    private nonisolated(unsafe) var localJobs: [UnownedJob] = []
+    private nonisolated(unsafe) var runningJobs: [UnownedJob] = []
+    private nonisolated(unsafe) var localOpen = true
     private let pending = Mutex(Pending())
 
     private struct Pending {
@@ -41,15 +50,27 @@ public final class UVLoop: @unchecked Sendable {
         self.name = name
         raw = .allocate(capacity: 1)
         wakeup = .allocate(capacity: 1)
+        prepare = .allocate(capacity: 1)
+        check = .allocate(capacity: 1)
         let status = uv_loop_init(raw)
         guard status == 0 else {
             raw.deallocate()
             wakeup.deallocate()
+            prepare.deallocate()
+            check.deallocate()
             throw UVError(status).connectionError("uv_loop_init")
         }
         csuv_reserve_emfile_fd(raw)
         uv_async_init(raw, wakeup, uvLoopWakeup)
         uv_handle_set_data(csuv_handle(wakeup), Unmanaged.passUnretained(self).toOpaque())
+        uv_prepare_init(raw, prepare)
+        uv_check_init(raw, check)
+        uv_handle_set_data(csuv_handle(prepare), Unmanaged.passUnretained(self).toOpaque())
+        uv_handle_set_data(csuv_handle(check), Unmanaged.passUnretained(self).toOpaque())
+        uv_prepare_start(prepare, uvLoopPrepare)
+        uv_check_start(check, uvLoopCheck)
+        uv_unref(csuv_handle(prepare))
+        uv_unref(csuv_handle(check))
         let started = ConditionLock()
         nonisolated(unsafe) var ready = false
         PosixThread.spawn(name: name) { [self] in
@@ -66,6 +87,8 @@ public final class UVLoop: @unchecked Sendable {
     deinit {
         raw.deallocate()
         wakeup.deallocate()
+        prepare.deallocate()
+        check.deallocate()
     }
 
     private static func currentThreadID() -> Int { Int(bitPattern: UInt(pthread_self())) }
@@ -90,7 +113,17 @@ public final class UVLoop: @unchecked Sendable {
         if isOnLoopThread { block() } else { execute(block) }
     }
 
+    /// Runs the jobs enqueued on the loop thread, including those they enqueue.
+    fileprivate func runLocalJobs() {
+        while !localJobs.isEmpty {
+            swap(&localJobs, &runningJobs)
+            for job in runningJobs { job.runSynchronously(on: asUnownedTaskExecutor()) }
+            runningJobs.removeAll(keepingCapacity: true)
+        }
+    }
+
     fileprivate func drain() {
+        runLocalJobs()
         while true {
             let blocks = pending.withLock { pending in
                 defer { pending.blocks.removeAll(keepingCapacity: true) }
@@ -146,7 +179,10 @@ public final class UVLoop: @unchecked Sendable {
                         // as soon as the other handles are closed too.
                         pending.withLock { $0.open = false }
                         drain()
+                        localOpen = false
                         uv_close(csuv_handle(wakeup), nil)
+                        uv_close(csuv_handle(prepare), nil)
+                        uv_close(csuv_handle(check), nil)
                     }
                 }
                 return nil
@@ -167,6 +203,14 @@ public final class UVLoop: @unchecked Sendable {
 private let uvLoopWakeup: @convention(c) (UnsafeMutablePointer<uv_async_t>?) -> Void = { handle in
     let loop = Unmanaged<UVLoop>.fromOpaque(uv_handle_get_data(csuv_handle(handle!))).takeUnretainedValue()
     loop.drain()
+}
+
+private let uvLoopPrepare: @convention(c) (UnsafeMutablePointer<uv_prepare_t>?) -> Void = { handle in
+    Unmanaged<UVLoop>.fromOpaque(uv_handle_get_data(csuv_handle(handle!))).takeUnretainedValue().runLocalJobs()
+}
+
+private let uvLoopCheck: @convention(c) (UnsafeMutablePointer<uv_check_t>?) -> Void = { handle in
+    Unmanaged<UVLoop>.fromOpaque(uv_handle_get_data(csuv_handle(handle!))).takeUnretainedValue().runLocalJobs()
 }
 
 private let uvWalkClose: @convention(c) (UnsafeMutablePointer<uv_handle_t>?, UnsafeMutableRawPointer?) -> Void = {
@@ -203,13 +247,20 @@ extension LibUVBackend {
 
 /// The loop as a `TaskExecutor`: a task that prefers it (`withTaskExecutorPreference(loop)`, or a connection's
 /// ``Connection/preferredExecutor``) runs on the loop thread, so a read callback that resumes it needs no thread
-/// hop and its sends go straight to `uv_try_write`. Jobs go through the same queue as ``execute(_:)``: one
-/// `uv_async_send`, coalesced, even from the loop thread itself (a job never runs inside `enqueue`). Jobs
+/// hop and its sends go straight to `uv_try_write`. A job enqueued from another thread goes through the same
+/// queue as ``execute(_:)`` (one `uv_async_send`, coalesced). A job enqueued on the loop thread itself (the
+/// common case: a read callback resumes a waiting receive) is kept in a loop-local queue that a `uv_check_t`
+/// runs right after the callbacks of the same poll, and a `uv_prepare_t` before the loop next waits: no
+/// `uv_async_send`, no eventfd write, no extra turn of the loop. A job never runs inside `enqueue`. Jobs
 /// enqueued after ``shutdown()`` has closed the wake-up handle are dropped, like blocks: shut a loop down only
 /// once no task uses it.
 extension UVLoop: TaskExecutor {
     public func enqueue(_ job: consuming ExecutorJob) {
         let job = UnownedJob(job)
+        if isOnLoopThread && localOpen {
+            localJobs.append(job)
+            return
+        }
         execute { [self] in job.runSynchronously(on: asUnownedTaskExecutor()) }
     }
 }

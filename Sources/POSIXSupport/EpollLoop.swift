@@ -27,6 +27,7 @@ public final class EpollLoop: TaskExecutor, @unchecked Sendable {
     private var nextTimerID: UInt64 = 0
     private var cancelledTimers: Set<UInt64> = []
     private var local: [Work] = []
+    private var spare: [Work] = []
     /// A name for the thread that runs the loop.
     public let name: String
 
@@ -210,24 +211,35 @@ public final class EpollLoop: TaskExecutor, @unchecked Sendable {
         Syscall.eventFDSignal(wakeFD)
     }
 
+    /// Runs handed-over work until none is left: first what the loop thread itself queued, then what other
+    /// threads did. Each batch is swapped out into a spare buffer that keeps its capacity, so a turn allocates
+    /// nothing; a nested run of the loop (from inside a block) finds no spare and allocates one.
     private func runWork() {
         while true {
-            var batch = incoming.withLock { incoming in
-                defer { incoming.work.removeAll(keepingCapacity: true) }
-                return incoming.work
-            }
-            if !local.isEmpty {
-                batch = local + batch
-                local.removeAll(keepingCapacity: true)
-            }
-            if batch.isEmpty { return }
-            for work in batch {
-                switch work {
-                case .block(let block): block()
-                case .job(let job): job.runSynchronously(on: asUnownedTaskExecutor())
-                }
+            let ranLocal = runBatch(fromLoopThread: true)
+            let ranIncoming = runBatch(fromLoopThread: false)
+            if !ranLocal && !ranIncoming { return }
+        }
+    }
+
+    private func runBatch(fromLoopThread: Bool) -> Bool {
+        var batch: [Work] = []
+        swap(&batch, &spare)
+        if fromLoopThread {
+            swap(&batch, &local)
+        } else {
+            incoming.withLock { swap(&$0.work, &batch) }
+        }
+        let ran = !batch.isEmpty
+        for work in batch {
+            switch work {
+            case .block(let block): block()
+            case .job(let job): job.runSynchronously(on: asUnownedTaskExecutor())
             }
         }
+        batch.removeAll(keepingCapacity: true)
+        spare = batch
+        return ran
     }
 
     private func runDueTimers() {

@@ -207,13 +207,16 @@ final class RunLoopTCPConnection: Connection, SocketStreamDelegate, @unchecked S
         }
     }
 
-    /// Reads while the queue has room and bytes are there (the Darwin pattern).
+    /// Reads while the queue has room and the socket had more than a buffer's worth. A short read means the
+    /// socket is drained for now (a read that finds nothing re-arms `hasBytesAvailable` too), so there is no
+    /// `hasBytesAvailable` query (FIONREAD) per read.
     private func drainInput() {
         guard let input else { return }
-        while inbox.hasSpace && input.hasBytesAvailable {
+        while inbox.hasSpace {
             let count = input.read(into: readBuffer)
             guard count > 0 else { break }
             inbox.push([UInt8](UnsafeRawBufferPointer(rebasing: readBuffer[..<count])))
+            if count < readBuffer.count { break }
         }
     }
 
@@ -253,6 +256,18 @@ final class RunLoopTCPConnection: Connection, SocketStreamDelegate, @unchecked S
     func send(_ message: Message) async throws(ConnectionError) {
         if closing.load(ordering: .relaxed) { throw .closed() }
         let bytes = message.bytes
+        // On the run loop's thread (a task that prefers it) with nothing queued, write at once: only what the
+        // socket does not take waits for hasSpaceAvailable (queued before this task suspends, so no other
+        // send can slip in ahead of the rest).
+        if runLoop.loop.inLoop, writes.isEmpty, shutdownAfterWrites == nil, !outputShut, let output, !bytes.isEmpty {
+            let written = output.write(bytes)
+            if written < 0 { throw output.streamError ?? ConnectionError(.reset, "write failed") }
+            if written == bytes.count { return }
+            let result: Result<Void, ConnectionError> = await withCheckedContinuation { continuation in
+                writes.append((bytes, written, continuation))
+            }
+            return try result.get()
+        }
         let result: Result<Void, ConnectionError> = await withCheckedContinuation { continuation in
             runLoop.perform { [self] in
                 guard !closing.load(ordering: .relaxed), output != nil else {

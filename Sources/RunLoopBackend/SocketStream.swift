@@ -138,9 +138,15 @@ public func getStreamsToHost(
 
 /// The socket shared by an input and an output stream, and the event logic (on the run loop thread only).
 ///
-/// Interest is level-triggered and switched per direction: `hasBytesAvailable` is delivered, then input
-/// interest is off until the client reads; `hasSpaceAvailable` likewise until it writes. That is the Darwin
-/// contract ("re-armed only after the delegate has read/written").
+/// The Darwin contract: `hasBytesAvailable` is delivered, then not again until the client reads;
+/// `hasSpaceAvailable` likewise until it writes ("re-armed only after the delegate has read/written").
+///
+/// Epoll interest is level-triggered and changed only when it must be, so a message costs no `epoll_ctl`:
+/// input interest stays on while the input is open, and is taken off only when a readable event finds the
+/// delegate has not read since the last `hasBytesAvailable` (otherwise epoll would report it every turn);
+/// output interest is on only while a write found the socket full; a due `hasSpaceAvailable` on a socket with
+/// room is delivered on the next turn without epoll. A readable event without a hang-up is delivered as it
+/// is; only a hang-up costs a peek (bytes first, or the end).
 final class StreamPairCore: EpollHandler, @unchecked Sendable {
     let endpoint: Endpoint
     let options: ConnectionOptions
@@ -155,6 +161,13 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
     private var connected = false
     private var inputArmed = true
     private var outputArmed = true
+    /// Input interest taken off epoll: a readable event came while `hasBytesAvailable` was not re-armed (the
+    /// delegate did not read), so level-triggered epoll would report it again on every turn.
+    private var inputSuppressed = false
+    /// The last write took everything: the socket has room, so a due `hasSpaceAvailable` is delivered on the
+    /// next turn without asking epoll (no `EPOLLOUT` interest, no `epoll_ctl` per write).
+    private var outputHasSpace = true
+    private var spaceDeliveryScheduled = false
     private var registered = false
     private var failed = false
     private var endDelivered = false
@@ -275,10 +288,12 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
         if connecting {
             wanted = Syscall.epollOut
         } else {
-            if let input, input.streamStatus == .open, inputArmed, !endDelivered {
+            if let input, input.streamStatus == .open, !inputSuppressed, !endDelivered {
                 wanted |= Syscall.epollIn | Syscall.epollReadHangUp
             }
-            if let output, output.streamStatus == .open, outputArmed { wanted |= Syscall.epollOut }
+            if let output, output.streamStatus == .open, outputArmed {
+                if outputHasSpace { scheduleSpaceDelivery() } else { wanted |= Syscall.epollOut }
+            }
         }
         if !registered {
             try runLoop.loop.register(fd, events: wanted, handler: self)
@@ -301,28 +316,50 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
             if code != 0 { return fail(.errno(code, "socket error")) }
         }
         if events & (Syscall.epollIn | Syscall.epollHangUp | Syscall.epollReadHangUp) != 0, let input,
-            input.streamStatus == .open, inputArmed
+            input.streamStatus == .open
         {
-            do throws(ConnectionError) {
-                switch try Syscall.peekByte(fd) {
-                case .processed(0): deliverEnd(input)
-                case .processed:
-                    inputArmed = false
-                    input.deliver(.hasBytesAvailable)
-                case .wouldBlock: break
+            if !inputArmed {
+                inputSuppressed = true
+            } else if events & (Syscall.epollHangUp | Syscall.epollReadHangUp) == 0 {
+                // Readable and no hang-up: there are bytes (the peek below is needed only to tell the end).
+                inputArmed = false
+                input.deliver(.hasBytesAvailable)
+            } else {
+                do throws(ConnectionError) {
+                    switch try Syscall.peekByte(fd) {
+                    case .processed(0): deliverEnd(input)
+                    case .processed:
+                        inputArmed = false
+                        input.deliver(.hasBytesAvailable)
+                    case .wouldBlock: break
+                    }
+                } catch {
+                    return fail(error)
                 }
-            } catch {
-                return fail(error)
             }
         }
         if events & Syscall.epollOut != 0, let output, output.streamStatus == .open, outputArmed {
             outputArmed = false
+            outputHasSpace = true
             output.deliver(.hasSpaceAvailable)
         }
         do throws(ConnectionError) {
             try updateInterest()
         } catch {
             fail(error)
+        }
+    }
+
+    /// A due `hasSpaceAvailable` while the socket has room: on the next turn of the run loop, as epoll would
+    /// report it, but without an `epoll_ctl` and a wake-up.
+    private func scheduleSpaceDelivery() {
+        guard !spaceDeliveryScheduled, let runLoop else { return }
+        spaceDeliveryScheduled = true
+        runLoop.perform { [self] in
+            spaceDeliveryScheduled = false
+            guard !failed, let output, output.streamStatus == .open, outputArmed, outputHasSpace else { return }
+            outputArmed = false
+            output.deliver(.hasSpaceAvailable)
         }
     }
 
@@ -343,10 +380,12 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
                 return 0
             case .processed(let count):
                 inputArmed = true
+                inputSuppressed = false
                 try updateInterest()
                 return count
             case .wouldBlock:
                 inputArmed = true
+                inputSuppressed = false
                 try updateInterest()
                 return 0
             }
@@ -360,9 +399,11 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
         do throws(ConnectionError) {
             let result = try Syscall.send(fd, bytes, dontWait: true)
             outputArmed = true
+            var count = 0
+            if case .processed(let written) = result { count = written }
+            outputHasSpace = count == bytes.count
             try updateInterest()
-            if case .processed(let count) = result { return count }
-            return 0
+            return count
         } catch {
             fail(error)
             return -1

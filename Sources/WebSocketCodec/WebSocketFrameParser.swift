@@ -26,7 +26,20 @@ public struct WebSocketFrameParser: Sendable {
     }
 
     /// Adds received bytes.
+    public mutating func feed(_ bytes: [UInt8]) {
+        compact()
+        buffer.append(contentsOf: bytes)
+    }
+
+    /// ``feed(_:)-(Array<UInt8>)`` for any collection of bytes. The array form is the hot path: a generic
+    /// called from another module runs unspecialised, a byte at a time.
     public mutating func feed<Bytes: Collection>(_ bytes: Bytes) where Bytes.Element == UInt8 {
+        compact()
+        buffer.append(contentsOf: bytes)
+    }
+
+    /// Drops consumed bytes: all of them once everything was parsed, or the consumed front once it is large.
+    private mutating func compact() {
         if start > 0 && start == buffer.count {
             buffer.removeAll(keepingCapacity: true)
             start = 0
@@ -34,7 +47,6 @@ public struct WebSocketFrameParser: Sendable {
             buffer.removeFirst(start)
             start = 0
         }
-        buffer.append(contentsOf: bytes)
     }
 
     /// Bytes received but not yet part of a returned frame.
