@@ -114,15 +114,26 @@ final class UVTCPConnection: Connection, @unchecked Sendable {
         if closing.load(ordering: .relaxed) { throw .closed() }
         if outputClosed.load(ordering: .relaxed) { throw .closed("the output was closed (half-close)") }
         let bytes = message.bytes
+        // On the loop thread (a task that prefers the loop), the common case costs one uv_try_write and no
+        // suspension: only what the kernel does not take at once waits for uv_write's callback.
+        var written = 0
+        if loop.isOnLoopThread, !tcp.isClosing {
+            do throws(UVError) {
+                written = try tcp.tryWrite(bytes)
+            } catch {
+                throw error.connectionError("write")
+            }
+            if written == bytes.count { return }
+        }
+        let rest = written == 0 ? bytes : Array(bytes[written...])
         let result: Result<Void, ConnectionError> = await withCheckedContinuation { continuation in
             loop.executeHere { [tcp] in
                 guard !tcp.isClosing else { return continuation.resume(returning: .failure(.closed())) }
                 do throws(UVError) {
                     // uv_try_write returns EAGAIN (0 here) while earlier writes are queued, so order is kept.
-                    let written = try tcp.tryWrite(bytes)
-                    if written == bytes.count { return continuation.resume(returning: .success(())) }
-                    let rest = written == 0 ? bytes : Array(bytes[written...])
-                    try tcp.write(rest) { error in
+                    let now = try tcp.tryWrite(rest)
+                    if now == rest.count { return continuation.resume(returning: .success(())) }
+                    try tcp.write(now == 0 ? rest : Array(rest[now...])) { error in
                         continuation.resume(
                             returning: error.map {
                                 .failure($0.isCanceled ? .closed() : $0.connectionError("write"))

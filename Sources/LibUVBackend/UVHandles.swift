@@ -41,8 +41,14 @@ public class UVHandle: @unchecked Sendable {
     fileprivate func didClose() {
         let callback = closeCallback
         closeCallback = nil
+        releaseCallbacks()
         callback?()
     }
+
+    /// Drops the callbacks a subclass keeps once libuv can no longer call them. A callback usually captures its
+    /// handle (a read callback that stops reading), so keeping it would keep the handle, and its read buffer,
+    /// alive forever: a cycle per connection (the libuv backend's memory once grew by ~64 KiB per connection).
+    func releaseCallbacks() {}
 }
 
 private let uvHandleClosed: @convention(c) (UnsafeMutablePointer<uv_handle_t>?) -> Void = { handle in
@@ -80,6 +86,13 @@ public final class UVTCP: UVHandle, @unchecked Sendable {
 
     deinit {
         readBuffer?.deallocate()
+    }
+
+    override func releaseCallbacks() {
+        onRead = nil
+        onConnection = nil
+        readBuffer?.deallocate()
+        readBuffer = nil
     }
 
     /// `uv_tcp_bind`.

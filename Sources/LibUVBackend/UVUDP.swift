@@ -28,6 +28,12 @@ public final class UVUDP: UVHandle, @unchecked Sendable {
 
     deinit { buffer?.deallocate() }
 
+    override func releaseCallbacks() {
+        onReceive = nil
+        buffer?.deallocate()
+        buffer = nil
+    }
+
     /// `uv_udp_bind` (IPv6 sockets are IPv6-only).
     public func bind(_ address: SocketAddress) throws(UVError) {
         let flags = address.family == .ipv6 ? UInt32(UV_UDP_IPV6ONLY.rawValue) : 0
@@ -151,6 +157,8 @@ public final class UVUDP: UVHandle, @unchecked Sendable {
 /// A timer handle (`uv_timer_t`).
 public final class UVTimer: UVHandle, @unchecked Sendable {
     private var onFire: (() -> Void)?
+
+    override func releaseCallbacks() { onFire = nil }
 
     /// `uv_timer_init` (call on the loop thread).
     public init(loop: UVLoop) throws(UVError) {

@@ -62,6 +62,39 @@ final class StreamInboxHandler: ChannelInboundHandler, RemovableChannelHandler {
     }
 }
 
+/// On a server channel: an accept that fails (out of descriptors) turns reading off for a pause, then on again.
+/// SwiftNIO would otherwise retry the accept on every turn of its loop while clients wait in the backlog, one
+/// core at 100% (its own AcceptBackoffHandler did not stop that here).
+final class AcceptPause: ChannelInboundHandler {
+    typealias InboundIn = any Channel
+    let pause: TimeAmount
+    private var paused = false
+
+    init(pause: TimeAmount) { self.pause = pause }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        context.fireChannelRead(data)
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        if !paused, let options = context.channel.syncOptions {
+            paused = true
+            try? options.setOption(.autoRead, value: false)
+            let channel = context.channel
+            context.eventLoop.assumeIsolated().scheduleTask(in: pause) { [self] in
+                paused = false
+                try? channel.syncOptions?.setOption(.autoRead, value: true)
+            }
+        }
+        context.fireErrorCaught(error)
+    }
+}
+
+/// The result of a write future, read on the event loop right after the write (set and read on that thread only).
+private final class CompletedWrite: @unchecked Sendable {
+    var result: Result<Void, any Error>?
+}
+
 /// A TCP connection on a SwiftNIO channel.
 final class NIOStreamConnection: Connection, Sendable {
     let transport = Transport.tcp
@@ -146,8 +179,23 @@ final class NIOStreamConnection: Connection, Sendable {
     private func writeAndFlush<Item: Sendable>(_ item: Item) async throws(ConnectionError) {
         if closed.load(ordering: .relaxed) { throw .closed() }
         if outputClosed.load(ordering: .relaxed) { throw .closed("the output was closed (half-close)") }
+        let promise = channel.eventLoop.makePromise(of: Void.self)
+        channel.writeAndFlush(item, promise: promise)
+        let future = promise.futureResult
+        // On the event loop (a task that prefers it), a write the socket takes at once has completed its promise
+        // before writeAndFlush returns: read the result there instead of suspending on the future.
+        if channel.eventLoop.inEventLoop {
+            let done = CompletedWrite()
+            future.whenComplete { done.result = $0 }
+            switch done.result {
+            case .success?: return
+            case .failure(let error)?:
+                throw closed.load(ordering: .relaxed) ? .closed() : connectionError(error, "write")
+            case nil: break
+            }
+        }
         do {
-            try await channel.writeAndFlush(item).get()
+            try await future.get()
         } catch {
             throw closed.load(ordering: .relaxed) ? .closed() : connectionError(error, "write")
         }
@@ -197,6 +245,12 @@ final class NIOStreamListener: Listener, Sendable {
         let bootstrap = ServerBootstrap(group: group)
             .serverChannelOption(.backlog, value: options.backlog)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: options.reuseAddress ? 1 : 0)
+            .serverChannelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.addHandler(
+                        AcceptPause(pause: .nanoseconds(Int64(options.acceptBackoff.wholeNanoseconds))))
+                }
+            }
             .childChannelInitializer { channel in
                 do {
                     try NIOStreamConnection.configure(channel, options: options)
