@@ -69,7 +69,23 @@ public final class AsyncListener: AsyncSequence, Sendable {
         while true {
             let fd = descriptor.load(ordering: .acquiring)
             guard fd >= 0 else { throw .closed("the listener is closed") }
-            guard let (client, peer) = try Syscall.accept(fd, nonBlocking: true) else {
+            let next: (fd: Int32, peer: SocketAddress)?
+            do throws(ConnectionError) {
+                next = try Syscall.accept(fd, nonBlocking: true)
+            } catch {
+                guard error.kind == .resourceExhausted else { throw error }
+                // Out of descriptors: clients wait in the backlog; try again after a pause instead of at once.
+                // The pause is the reactor's own timer: Task.sleep would need Dispatch to make a descriptor,
+                // and Dispatch traps when it cannot.
+                let loop = reactor.loop
+                let pause = options.acceptBackoff
+                await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                    loop.perform { _ = loop.schedule(after: pause) { continuation.resume() } }
+                }
+                if Task.isCancelled { throw .cancelled() }
+                continue
+            }
+            guard let (client, peer) = next else {
                 try await readiness.waitReadable()
                 continue
             }

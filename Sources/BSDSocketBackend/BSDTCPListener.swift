@@ -37,8 +37,11 @@ final class BSDTCPListener: Listener, @unchecked Sendable {
             } catch {
                 if closing.load(ordering: .acquiring) { return }
                 if error.kind == .resourceExhausted {
-                    // Out of descriptors: report to the next accept() but keep serving once some are freed.
-                    queue.pushFailure(error)
+                    // Out of descriptors: clients wait in the backlog while this thread pauses (trying again at
+                    // once would spin, since the socket stays readable); close() cuts the pause short.
+                    gate.withLock {
+                        _ = gate.wait(until: { closing.load(ordering: .relaxed) }, timeout: options.acceptBackoff)
+                    }
                     continue
                 }
                 queue.finish(.failed(error))

@@ -24,6 +24,17 @@ public struct ConnectionOptions: Sendable, Hashable {
     /// SO_REUSEADDR on TCP listeners (lets a restarted server bind while old connections are in TIME_WAIT).
     /// Never set on UDP sockets, where Linux would let two sockets share a port.
     public var reuseAddress: Bool = true
+    /// How long a TCP listener that is out of descriptors (EMFILE, ENFILE) waits before it tries to accept
+    /// again. Meanwhile new clients wait in the listen backlog and the connections already open go on being
+    /// served; without the pause, a level-triggered listener would retry at once and burn a core.
+    public var acceptBackoff: Duration = .milliseconds(100)
+    /// A UDP listener forgets a peer that sent nothing for this long: the peer's connection then fails its
+    /// receive with `.timedOut`, and a later datagram from that address is a new peer. Without it, every source
+    /// address ever seen would keep its state (a connection, a queue, a server task) for good.
+    public var udpPeerIdleTimeout: Duration = .seconds(60)
+    /// The most peers a UDP listener keeps at once; a datagram from a new address beyond it makes the listener
+    /// forget the peer that has been quiet longest (its receive fails with `.resourceExhausted`).
+    public var maximumUDPPeers: Int = 4096
 
     /// The defaults described on each property.
     public init() {}

@@ -14,6 +14,8 @@ public final class DatagramDemultiplexer<Address: Hashable & Sendable>: Sendable
     private let accepted = ReceiveQueue<any Connection>(capacity: 1024)
     private let peers = Mutex<[Address: DatagramPeer<Address>]>([:])
     private let droppedCount = Atomic<Int>(0)
+    private let evictedCount = Atomic<Int>(0)
+    private let lastSweep = Mutex(ContinuousClock.now)
     let localEndpoint: Endpoint
     let options: ConnectionOptions
     let send: Send
@@ -42,14 +44,66 @@ public final class DatagramDemultiplexer<Address: Hashable & Sendable>: Sendable
     /// Datagrams dropped because a peer's queue or the accept queue was full.
     public var dropped: Int { droppedCount.load(ordering: .relaxed) }
 
+    /// The peer for `address`, made (and the peer list kept within its bounds) when it is new.
+    private func peer(for address: Address) -> (DatagramPeer<Address>, Bool) {
+        let now = ContinuousClock.now
+        let (peer, isNew, forgotten) = peers.withLock {
+            peers -> (DatagramPeer<Address>, Bool, [(DatagramPeer<Address>, ConnectionError)]) in
+            if let peer = peers[address] {
+                peer.lastHeard = now
+                return (peer, false, [])
+            }
+            let forgotten = evict(&peers, now: now)
+            let peer = DatagramPeer(demultiplexer: self, address: address)
+            peer.lastHeard = now
+            peers[address] = peer
+            return (peer, true, forgotten)
+        }
+        for (old, error) in forgotten { old.inbox.close(error) }
+        return (peer, isNew)
+    }
+
+    /// Called with a new peer coming: forgets the peers quiet for longer than the idle timeout (looked for at
+    /// most four times per timeout), then, at the cap, the quietest one.
+    private func evict(
+        _ peers: inout [Address: DatagramPeer<Address>], now: ContinuousClock.Instant
+    ) -> [(DatagramPeer<Address>, ConnectionError)] {
+        var forgotten: [(DatagramPeer<Address>, ConnectionError)] = []
+        let idle = options.udpPeerIdleTimeout
+        if now - lastSweep.withLock({ $0 }) >= idle / 4 || peers.count >= options.maximumUDPPeers {
+            lastSweep.withLock { $0 = now }
+            for (address, peer) in peers where now - peer.lastHeard >= idle {
+                peers[address] = nil
+                forgotten.append(
+                    (peer, ConnectionError(.timedOut, "no datagram from \(peer.remoteEndpoint) for \(idle)")))
+            }
+        }
+        if peers.count >= max(1, options.maximumUDPPeers),
+            let (address, quietest) = peers.min(by: { $0.value.lastHeard < $1.value.lastHeard })
+        {
+            peers[address] = nil
+            forgotten.append(
+                (
+                    quietest,
+                    ConnectionError(
+                        .resourceExhausted,
+                        "the listener keeps at most \(options.maximumUDPPeers) UDP peers; \(quietest.remoteEndpoint) was the quietest"
+                    )
+                ))
+        }
+        evictedCount.add(forgotten.count, ordering: .relaxed)
+        return forgotten
+    }
+
+    /// Peers forgotten for being idle, or quietest at the cap.
+    public var evicted: Int { evictedCount.load(ordering: .relaxed) }
+
+    /// Peers kept now.
+    public var peerCount: Int { peers.withLock { $0.count } }
+
     /// One datagram from `address`.
     public func deliver(_ bytes: [UInt8], from address: Address) {
-        let (peer, isNew) = peers.withLock { peers -> (DatagramPeer<Address>, Bool) in
-            if let peer = peers[address] { return (peer, false) }
-            let peer = DatagramPeer(demultiplexer: self, address: address)
-            peers[address] = peer
-            return (peer, true)
-        }
+        let (peer, isNew) = peer(for: address)
         if peer.inbox.hasSpace {
             peer.inbox.push(bytes)
         } else {
@@ -64,12 +118,7 @@ public final class DatagramDemultiplexer<Address: Hashable & Sendable>: Sendable
     /// A datagram from `address` that could not be delivered (larger than the receive buffer, for example):
     /// that peer's next receive throws `error`.
     public func deliverFailure(_ error: ConnectionError, from address: Address) {
-        let (peer, isNew) = peers.withLock { peers -> (DatagramPeer<Address>, Bool) in
-            if let peer = peers[address] { return (peer, false) }
-            let peer = DatagramPeer(demultiplexer: self, address: address)
-            peers[address] = peer
-            return (peer, true)
-        }
+        let (peer, isNew) = peer(for: address)
         peer.inbox.pushFailure(error)
         if isNew && !accepted.push(peer).accepted { forget(peer) }
     }
@@ -113,6 +162,8 @@ final class DatagramPeer<Address: Hashable & Sendable>: Connection, Sendable {
     let inbox: ReceiveQueue<[UInt8]>
     private let demultiplexer: DatagramDemultiplexer<Address>
     private let closed = Atomic<Bool>(false)
+    /// When the last datagram came (guarded by the demultiplexer's peer lock).
+    nonisolated(unsafe) var lastHeard = ContinuousClock.now
 
     init(demultiplexer: DatagramDemultiplexer<Address>, address: Address) {
         self.demultiplexer = demultiplexer

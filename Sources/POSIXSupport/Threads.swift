@@ -78,6 +78,18 @@ public final class ConditionLock: @unchecked Sendable {
         while !predicate() { pthread_cond_wait(condition, mutex) }
     }
 
+    /// Waits like ``wait(until:)`` but for at most `timeout`; returns whether `predicate` holds.
+    /// Call only from inside ``withLock(_:)``.
+    public func wait(until predicate: () -> Bool, timeout: Duration) -> Bool {
+        let nanoseconds = max(0, timeout.components.seconds * 1_000_000_000 + timeout.components.attoseconds / 1_000_000_000)
+        let deadline = MonotonicClock.nanoseconds() &+ UInt64(nanoseconds)
+        var limit = timespec(tv_sec: Int(deadline / 1_000_000_000), tv_nsec: Int(deadline % 1_000_000_000))
+        while !predicate() {
+            if pthread_cond_timedwait(condition, mutex, &limit) == ETIMEDOUT { return predicate() }
+        }
+        return true
+    }
+
     /// Wakes every waiting thread. Call from inside ``withLock(_:)``.
     public func broadcast() {
         pthread_cond_broadcast(condition)

@@ -49,7 +49,14 @@ public final class SocketListener: EpollHandler, @unchecked Sendable {
 
     public func epollReady(_ events: UInt32) {
         while !isClosed {
-            guard let accepted = try? Syscall.accept(fd, nonBlocking: true) else { return }
+            let accepted: (fd: Int32, peer: SocketAddress)?
+            do throws(ConnectionError) {
+                accepted = try Syscall.accept(fd, nonBlocking: true)
+            } catch {
+                if error.kind == .resourceExhausted { backOff() }
+                return
+            }
+            guard let accepted else { return }
             let (client, peer) = accepted
             try? Syscall.setNoDelay(client, options.tcpNoDelay)
             try? Syscall.setBufferSizes(client, receive: options.receiveBufferSize, send: options.sendBufferSize)
@@ -58,6 +65,16 @@ public final class SocketListener: EpollHandler, @unchecked Sendable {
             input.schedule(in: runLoop)
             output.schedule(in: runLoop)
             onAccept(input, output)
+        }
+    }
+
+    /// Out of descriptors: stop watching the socket for ``ConnectionOptions/acceptBackoff``, then look again
+    /// (the socket stays readable while clients wait, so watching it now would spin).
+    private func backOff() {
+        guard (try? runLoop.loop.modify(fd, events: 0)) != nil else { return }
+        _ = runLoop.loop.schedule(after: options.acceptBackoff) { [weak self] in
+            guard let self, !self.isClosed else { return }
+            try? self.runLoop.loop.modify(self.fd, events: Syscall.epollIn)
         }
     }
 

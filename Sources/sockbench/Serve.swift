@@ -41,6 +41,17 @@ struct Serve: AsyncParsableCommand {
     @Flag(help: "Stop when standard input reaches its end (used by `sockbench compare` for its child servers).")
     var exitOnStdinEOF = false
 
+    @Option(help: "udp: forget a peer that sent nothing for this many seconds (its state is freed).")
+    var udpPeerIdle: Double = 60
+
+    @Option(help: "udp: the most peers kept at once; a new address beyond it makes the server forget the quietest.")
+    var maxUDPPeers: Int = 4096
+
+    func validate() throws {
+        guard udpPeerIdle > 0 else { throw ValidationError("--udp-peer-idle must be above 0") }
+        guard maxUDPPeers >= 1 else { throw ValidationError("--max-udp-peers must be at least 1") }
+    }
+
     func run() async throws {
         let (endpoint, backend) = try parseTarget(url: url, backend: backend)
         if agent {
@@ -57,8 +68,12 @@ struct Serve: AsyncParsableCommand {
         let tlsConfiguration = try tls.configuration(for: endpoint.transport)
         let server: EchoServer
         do throws(ConnectionError) {
+            let options = ConnectionOptions.with {
+                $0.udpPeerIdleTimeout = .milliseconds(Int64(udpPeerIdle * 1000))
+                $0.maximumUDPPeers = maxUDPPeers
+            }
             server = try await EchoServer.start(
-                backend, on: endpoint, tls: tlsConfiguration, mode: sink ? .sink : .echo)
+                backend, on: endpoint, options: options, tls: tlsConfiguration, mode: sink ? .sink : .echo)
         } catch {
             throw fail(error.description)
         }
