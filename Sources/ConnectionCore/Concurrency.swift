@@ -72,3 +72,24 @@ public func runBounded(
         return inTime
     }
 }
+
+/// Runs one step of setting a connection up (a TLS or WebSocket opening handshake) with a deadline: when `limit`
+/// passes first, `connection` is closed, which ends whatever the step waits for, and `.timedOut` is thrown with
+/// `what` in its message. A peer that connects and then says nothing, or too little, is let go in bounded time.
+public func withDeadline<R: Sendable>(
+    _ limit: Duration, closing connection: any Connection, _ what: String,
+    _ operation: @escaping @Sendable () async throws(ConnectionError) -> R
+) async throws(ConnectionError) -> R {
+    let outcome = Mutex<Result<R, ConnectionError>?>(nil)
+    let finished = await runBounded(by: limit, onTimeout: { await connection.close() }) {
+        let result: Result<R, ConnectionError>
+        do throws(ConnectionError) {
+            result = .success(try await operation())
+        } catch {
+            result = .failure(error)
+        }
+        outcome.withLock { $0 = result }
+    }
+    guard finished else { throw ConnectionError(.timedOut, "\(what) took longer than \(limit)") }
+    return try outcome.withLock { $0 ?? .failure(.cancelled()) }.get()
+}

@@ -88,21 +88,9 @@ public final class TLSConnection: Connection, Sendable {
     private static func handshake(
         _ engine: TLSEngine, over tcp: any Connection, timeout: Duration
     ) async throws(ConnectionError) {
-        let outcome = Mutex<Result<Void, ConnectionError>?>(nil)
-        let finished = await runBounded(by: timeout, onTimeout: { await tcp.close() }) {
-            let result: Result<Void, ConnectionError>
-            do throws(ConnectionError) {
-                try await runHandshake(engine, over: tcp)
-                result = .success(())
-            } catch {
-                result = .failure(error)
-            }
-            outcome.withLock { $0 = result }
+        try await withDeadline(timeout, closing: tcp, "the TLS handshake (does the peer speak TLS?)") {
+            () throws(ConnectionError) in try await runHandshake(engine, over: tcp)
         }
-        guard finished else {
-            throw ConnectionError(.timedOut, "the TLS handshake took longer than \(timeout) (does the peer speak TLS?)")
-        }
-        try outcome.withLock { $0 ?? .failure(.cancelled()) }.get()
     }
 
     private static func runHandshake(_ engine: TLSEngine, over tcp: any Connection) async throws(ConnectionError) {

@@ -68,6 +68,53 @@ public enum WebSocketHandshake {
         return nil
     }
 
+    /// The most header lines an opening handshake may carry; more is answered with 431.
+    public static let maximumHeaderCount = 100
+
+    /// Checks the start of an HTTP head while it is still arriving, so that garbage is refused at once instead
+    /// of waiting for a CRLF CRLF that may never come: the start line must begin as a request's (`GET `) or a
+    /// response's (`HTTP/1.1 `); no control byte but CR, LF and tab may appear; every complete header line
+    /// needs a `name:`; lines are CRLF-ended; at most ``maximumHeaderCount`` header lines and `limit` bytes
+    /// (both answered 431). Returns the reason to refuse, or `nil` while the bytes so far could still be a
+    /// valid head.
+    public static func checkPartialHead(_ bytes: [UInt8], request: Bool, limit: Int) -> Rejection? {
+        let expected = Array((request ? "GET " : "HTTP/1.1 ").utf8)
+        for index in 0..<min(expected.count, bytes.count) where bytes[index] != expected[index] {
+            return Rejection(
+                status: 400, reason: request ? "not an HTTP GET request" : "not an HTTP/1.1 response")
+        }
+        let end = headLength(in: bytes) ?? bytes.count
+        if end > limit {
+            return Rejection(status: 431, reason: "the handshake head is larger than \(limit) bytes")
+        }
+        var lineStart = 0
+        var lines = 0
+        for index in 0..<end {
+            let byte = bytes[index]
+            if byte < 0x20 && byte != 9 && byte != 10 && byte != 13 || byte == 0x7F {
+                return Rejection(status: 400, reason: "a control byte (\(byte)) in the handshake head")
+            }
+            guard byte == 10 else { continue }
+            guard index > 0, bytes[index - 1] == 13 else {
+                return Rejection(status: 400, reason: "a handshake line not ended by CRLF")
+            }
+            let line = bytes[lineStart..<(index - 1)]
+            if lines > 0 && !line.isEmpty {
+                guard let colon = line.firstIndex(of: UInt8(ascii: ":")), colon > line.startIndex,
+                    !line[..<colon].contains(where: { $0 == 32 || $0 == 9 })
+                else {
+                    return Rejection(status: 400, reason: "a header line without a name and a colon")
+                }
+            }
+            lines += 1
+            if lines > maximumHeaderCount + 1 {
+                return Rejection(status: 431, reason: "more than \(maximumHeaderCount) header lines")
+            }
+            lineStart = index + 1
+        }
+        return nil
+    }
+
     /// Parses an HTTP head (without the final empty line needed; CRLF line ends).
     public static func parseHead(_ text: String) -> Head? {
         let lines = text.split(separator: "\r\n", omittingEmptySubsequences: true)
@@ -86,13 +133,18 @@ public enum WebSocketHandshake {
 
     /// Why a server rejects a request: the reason and the HTTP status to answer with.
     public struct Rejection: Error, Sendable, Hashable, CustomStringConvertible {
-        /// 400 Bad Request, or 426 Upgrade Required for a wrong version.
+        /// 400 Bad Request, 426 Upgrade Required for a wrong version, 431 for a head too large.
         public var status: Int
         public var reason: String
 
         /// The HTTP response to send before closing.
         public var response: String {
-            let phrase = status == 426 ? "Upgrade Required" : "Bad Request"
+            let phrase =
+                switch status {
+                case 426: "Upgrade Required"
+                case 431: "Request Header Fields Too Large"
+                default: "Bad Request"
+                }
             var lines = [
                 "HTTP/1.1 \(status) \(phrase)", "Content-Type: text/plain", "Content-Length: \(reason.utf8.count + 1)",
                 "Connection: close",

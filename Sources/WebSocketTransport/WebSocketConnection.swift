@@ -17,8 +17,12 @@ public struct WebSocketOptions: Sendable, Hashable {
     public var origin: String? = nil
     /// How long ``WebSocketConnection/close(code:reason:)`` waits for the peer's close frame.
     public var closeTimeout: Duration = .seconds(2)
-    /// Largest opening-handshake head accepted.
+    /// Largest opening-handshake head accepted; a larger one is answered 431 (server) or fails (client).
     public var maximumHandshakeSize = 16 * 1024
+    /// How long the opening handshake may take, from the connection's first byte to the last of the head:
+    /// a client that connects and says nothing (or too little) is let go with `.timedOut` once it passes, and a
+    /// client gives up on a server that does not answer.
+    public var handshakeTimeout: Duration = .seconds(5)
     /// Keep-alive: send a ping this often (`nil`: never). iOS apps typically ping every 10 s.
     public var keepAliveInterval: Duration? = nil
     /// Keep-alive: fail the connection (`.timedOut`, close 1001) when a keep-alive ping gets no pong in time.
@@ -26,6 +30,13 @@ public struct WebSocketOptions: Sendable, Hashable {
     public var pongDeadline: Duration = .seconds(10)
 
     public init() {}
+
+    /// The defaults, changed by `configure`.
+    public static func with(_ configure: (inout WebSocketOptions) -> Void) -> WebSocketOptions {
+        var options = WebSocketOptions()
+        configure(&options)
+        return options
+    }
 }
 
 /// WebSocket (RFC 6455) over any backend's TCP ``Connection``: the same framing code for every connection
@@ -144,8 +155,18 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
             endpoint.port == endpoint.transport.defaultPort ? "\(endpoint.host)" : "\(endpoint.host):\(endpoint.port)"
         let request = WebSocketHandshake.clientRequest(
             host: host, path: endpoint.path, key: key, protocols: options.subprotocols, origin: options.origin)
-        try await tcp.send(Array(request.utf8))
-        let (head, leftover) = try await readHead(tcp, limit: options.maximumHandshakeSize)
+        let (head, leftover) = try await withDeadline(
+            options.handshakeTimeout, closing: tcp, "the WebSocket opening handshake with \(endpoint)"
+        ) { () throws(ConnectionError) in
+            try await tcp.send(Array(request.utf8))
+            switch try await readHead(tcp, request: false, limit: options.maximumHandshakeSize) {
+            case .success(let head): return head
+            case .failure(let rejection):
+                throw ConnectionError(
+                    .protocolViolation, "the server's handshake answer is not HTTP: \(rejection.reason)",
+                    systemCode: .init(domain: "websocket", code: 1002, name: "handshake"))
+            }
+        }
         switch WebSocketHandshake.validateResponse(head, key: key, offeredProtocols: options.subprotocols) {
         case .success(let chosen):
             let link = try await frameLink(over: tcp, role: .client, leftover: leftover, options: options)
@@ -164,8 +185,21 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
     )
         async throws(ConnectionError) -> WebSocketConnection
     {
-        let (head, leftover) = try await readHead(tcp, limit: options.maximumHandshakeSize)
-        switch WebSocketHandshake.acceptRequest(head, supportedProtocols: options.subprotocols) {
+        let read = try await withDeadline(
+            options.handshakeTimeout, closing: tcp, "the WebSocket opening handshake from \(tcp.remoteEndpoint)"
+        ) { () throws(ConnectionError) in
+            try await readHead(tcp, request: true, limit: options.maximumHandshakeSize)
+        }
+        var leftover: [UInt8] = []
+        let verdict: Result<WebSocketHandshake.Accepted, WebSocketHandshake.Rejection>
+        switch read {
+        case .success(let (head, rest)):
+            leftover = rest
+            verdict = WebSocketHandshake.acceptRequest(head, supportedProtocols: options.subprotocols)
+        case .failure(let rejection):
+            verdict = .failure(rejection)
+        }
+        switch verdict {
         case .success(let accepted):
             try await tcp.send(Array(accepted.response.utf8))
             let endpoint = tcp.localEndpoint.with(transport: transport)
@@ -196,15 +230,18 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
             over: tcp, role: role, maximumFrameSize: options.maximumFrameSize, leftover: leftover)
     }
 
-    /// Reads an HTTP head (up to CRLF CRLF); returns it and the bytes read past it.
-    static func readHead(_ tcp: any Connection, limit: Int) async throws(ConnectionError) -> (String, [UInt8]) {
+    /// Reads an HTTP head (up to CRLF CRLF): the head and the bytes read past it, or why the bytes so far can
+    /// never be a valid head (checked as they arrive: garbage is refused without waiting for more).
+    static func readHead(
+        _ tcp: any Connection, request: Bool, limit: Int
+    ) async throws(ConnectionError) -> Result<(String, [UInt8]), WebSocketHandshake.Rejection> {
         var bytes: [UInt8] = []
         while true {
-            if let length = WebSocketHandshake.headLength(in: bytes) {
-                return (String(decoding: bytes[..<length], as: UTF8.self), Array(bytes[length...]))
+            if let rejection = WebSocketHandshake.checkPartialHead(bytes, request: request, limit: limit) {
+                return .failure(rejection)
             }
-            guard bytes.count <= limit else {
-                throw ConnectionError(.protocolViolation, "the handshake exceeds \(limit) bytes")
+            if let length = WebSocketHandshake.headLength(in: bytes) {
+                return .success((String(decoding: bytes[..<length], as: UTF8.self), Array(bytes[length...])))
             }
             guard let message = try await tcp.receive() else {
                 throw ConnectionError(.protocolViolation, "the peer closed during the opening handshake")
@@ -212,8 +249,6 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
             bytes += message.bytes
         }
     }
-
-    // MARK: Sending
 
     public func send(_ message: Message) async throws(ConnectionError) {
         if let failure = state.withLock({ $0.failure }) { throw failure }

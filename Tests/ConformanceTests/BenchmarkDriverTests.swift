@@ -16,6 +16,30 @@ struct BenchmarkDriverTests {
         #expect(name.hasPrefix(scenario.kind))
     }
 
+    @Test(
+        "ping against a peer that accepts and never answers fails with .timedOut after its timeout",
+        arguments: ConformanceCase.all.filter { $0.transport == .tcp || $0.transport == .udp })
+    func pingTimeout(_ test: ConformanceCase) async throws {
+        try await SocketTest.run {
+            // A silent peer: accepts (tcp) or receives (udp), never answers.
+            let listener = try await test.listen()
+            let silent = Task { () -> (any Connection)? in
+                guard let connection = try? await listener.accept() else { return nil }
+                while (try? await connection.receive()) != nil {}
+                return connection
+            }
+            let client = try await test.connect(to: listener.localEndpoint)
+            let started = ContinuousClock.now
+            await expectConnectionError(.timedOut) { () throws(ConnectionError) in
+                try await PingRunner(size: 64, count: 10, warmup: 0, timeout: .milliseconds(400)).run(on: client)
+            }
+            #expect(ContinuousClock.now - started < .seconds(3))
+            await client.close()
+            await listener.close()
+            await silent.value?.close()
+        }
+    }
+
     @Test("Unknown or malformed scenario names are rejected with the reason")
     func badNames() {
         #expect(throws: ScenarioError.self) { try Scenario(name: "teleport") }

@@ -46,6 +46,52 @@ struct ConformanceTests {
         }
     }
 
+    @Test("A UDP listener keeps at most maximumUDPPeers peers and forgets idle ones", arguments: ConformanceCase.udp)
+    func udpPeersBounded(_ test: ConformanceCase) async throws {
+        try await SocketTest.run {
+            let idle = Duration.milliseconds(300)
+            let listener = try await test.listen(
+                options: .with {
+                    $0.maximumUDPPeers = 4
+                    $0.udpPeerIdleTimeout = idle
+                })
+            var clients: [any Connection] = []
+            var peers: [any Connection] = []
+            /// A datagram from a new client socket (a new source port), and the peer the listener makes for it.
+            func newPeer(_ tag: UInt8) async throws {
+                let client = try await test.connect(to: listener.localEndpoint)
+                clients.append(client)
+                for _ in 0..<5 {
+                    try await client.send([tag])
+                    if let peer = try? await withTimeLimit(.milliseconds(500), { try await listener.accept() }) {
+                        #expect(try await peer.receive()?.bytes == [tag])
+                        peers.append(peer)
+                        return
+                    }
+                }
+                throw SocketTest.Failure(description: "no peer for client \(tag)")
+            }
+            for tag in 0..<8 { try await newPeer(UInt8(tag)) }
+            // At the cap, each new address made the listener forget the quietest peer: the first four.
+            for peer in peers[0..<4] {
+                await expectConnectionError(.resourceExhausted) { () throws(ConnectionError) in try await peer.receive()
+                }
+            }
+            // Quiet past the idle timeout (a deadline being tested, not a race), the next new address sweeps the
+            // other four away.
+            try await Task.sleep(for: idle + .milliseconds(100))
+            try await newPeer(8)
+            for peer in peers[4..<8] {
+                await expectConnectionError(.timedOut) { () throws(ConnectionError) in try await peer.receive() }
+            }
+            // The newest peer is served as usual.
+            try await peers[8].send([9])
+            #expect(try await clients[8].receive()?.bytes == [9])
+            for connection in clients + peers { await connection.close() }
+            await listener.close()
+        }
+    }
+
     @Test("A 65,508-byte UDP datagram is too large", arguments: ConformanceCase.udp)
     func udpTooLarge(_ test: ConformanceCase) async throws {
         try await SocketTest.run {

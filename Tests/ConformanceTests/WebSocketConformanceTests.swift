@@ -121,23 +121,78 @@ struct WebSocketConformanceTests {
         }
     }
 
-    @Test("A bad handshake gets 400 and the reason; the server keeps serving", arguments: ConformanceCase.ws)
-    func badHandshake(_ test: ConformanceCase) async throws {
+    @Test(
+        "A bad handshake, garbage, a head that never ends, too many headers: 400, close, 431; others are served",
+        arguments: ConformanceCase.ws)
+    func hostileHandshakes(_ test: ConformanceCase) async throws {
         try await SocketTest.run {
-            let server = try await test.echoServer()
-            let tcp = try await test.connectStream(to: server.endpoint)
-            try await tcp.send(Array("GET / HTTP/1.1\r\nHost: x\r\n\r\n".utf8))
-            var reply: [UInt8] = []
-            while let chunk = try await tcp.receive() { reply += chunk.bytes }
-            let text = String(decoding: reply, as: UTF8.self)
-            #expect(text.hasPrefix("HTTP/1.1 400 Bad Request"))
-            #expect(text.contains("Upgrade"))
-            await tcp.close()
+            let server = try await test.echoServer(webSocket: .with { $0.handshakeTimeout = .milliseconds(500) })
+            /// What the server answers to `bytes` sent where the upgrade request belongs, until it closes.
+            func answer(to bytes: [UInt8]) async throws -> (String, Duration) {
+                let started = ContinuousClock.now
+                let tcp = try await test.connectStream(to: server.endpoint)
+                try await tcp.send(bytes)
+                var reply: [UInt8] = []
+                while let chunk = try? await tcp.receive() { reply += chunk.bytes }
+                await tcp.close()
+                return (String(decoding: reply, as: UTF8.self), ContinuousClock.now - started)
+            }
+            // A GET that is no upgrade: 400 and the reason.
+            let (notUpgrade, _) = try await answer(to: Array("GET / HTTP/1.1\r\nHost: x\r\n\r\n".utf8))
+            #expect(notUpgrade.hasPrefix("HTTP/1.1 400 Bad Request"), "\(notUpgrade)")
+            #expect(notUpgrade.contains("Upgrade"))
+            // 4 KiB of random bytes: refused at once, long before the handshake deadline.
+            var generator = SystemRandomNumberGenerator()
+            var garbage = (0..<4096).map { _ in UInt8.random(in: 0...255, using: &generator) }
+            garbage[0] = 0x16  // as a TLS ClientHello would start: never a G
+            let (refused, refusedAfter) = try await answer(to: garbage)
+            #expect(refused.hasPrefix("HTTP/1.1 400 Bad Request"), "\(refused)")
+            #expect(refusedAfter < .milliseconds(400))
+            // A request line and no end: closed when the handshake deadline passes.
+            let (stalled, stalledAfter) = try await answer(to: Array("GET / HTTP/1.1\r\nHost: x\r\n".utf8))
+            #expect(stalled.isEmpty)
+            #expect(stalledAfter >= .milliseconds(450))
+            // Too many header lines: 431.
+            let many = "GET / HTTP/1.1\r\n" + (0..<150).map { "X-\($0): y\r\n" }.joined()
+            let (tooMany, _) = try await answer(to: Array(many.utf8))
+            #expect(tooMany.hasPrefix("HTTP/1.1 431 Request Header Fields Too Large"), "\(tooMany)")
+            // A header line without a colon: 400 as soon as its line ends.
+            let (noColon, _) = try await answer(to: Array("GET / HTTP/1.1\r\nHost x\r\n".utf8))
+            #expect(noColon.hasPrefix("HTTP/1.1 400 Bad Request"), "\(noColon)")
             let client = try await test.connect(to: server.endpoint)
             try await client.send(.text("still here"))
             #expect(try await client.receive()?.text == "still here")
             await client.close()
             await server.stop()
+        }
+    }
+
+    @Test(
+        "A client gives up on a server that never answers the upgrade (.timedOut) or answers garbage (at once)",
+        arguments: ConformanceCase.ws)
+    func clientHandshakeDeadline(_ test: ConformanceCase) async throws {
+        try await SocketTest.run {
+            for answer in [nil, "SSH-2.0-OpenSSH_9.2\r\n"] {
+                let listener = try await test.listenStream()
+                let peer = Task { () -> (any Connection)? in
+                    guard let connection = try? await listener.accept() else { return nil }
+                    _ = try? await connection.receive()
+                    if let answer { try? await connection.send(Array(answer.utf8)) }
+                    return connection
+                }
+                let started = ContinuousClock.now
+                let error = await expectConnectionError(answer == nil ? .timedOut : .protocolViolation) {
+                    () throws(ConnectionError) in
+                    try await test.connect(
+                        to: listener.localEndpoint.with(transport: test.transport),
+                        webSocket: .with { $0.handshakeTimeout = .milliseconds(400) })
+                }
+                if answer != nil {
+                    #expect(ContinuousClock.now - started < .milliseconds(350), "\(String(describing: error))")
+                }
+                await peer.value?.close()
+                await listener.close()
+            }
         }
     }
 

@@ -324,6 +324,34 @@ struct WebSocketCodecTests {
         #expect(chosen == "superchat")
     }
 
+    @Test("A valid request and response pass the partial-head check at every length; garbage fails at its first byte")
+    func partialHead() throws {
+        let key = "dGhlIHNhbXBsZSBub25jZQ=="
+        let request = Array(
+            WebSocketHandshake.clientRequest(
+                host: "127.0.0.1:9000", path: "/chat", key: key, protocols: ["chat"], origin: "http://example.test"
+            ).utf8)
+        let response = Array(
+            try WebSocketHandshake.acceptRequest(String(decoding: request, as: UTF8.self)).get().response.utf8)
+        for (head, isRequest) in [(request, true), (response, false)] {
+            for length in 0...head.count {
+                #expect(
+                    WebSocketHandshake.checkPartialHead(Array(head[..<length]), request: isRequest, limit: 16_384)
+                        == nil)
+            }
+        }
+        #expect(WebSocketHandshake.checkPartialHead([0x16], request: true, limit: 16_384)?.status == 400)
+        #expect(
+            WebSocketHandshake.checkPartialHead(Array("GET / HTTP/1.1\n".utf8), request: true, limit: 16_384)?.status
+                == 400)
+        #expect(
+            WebSocketHandshake.checkPartialHead(Array("GET /\u{01}".utf8), request: true, limit: 16_384)?.status == 400)
+        #expect(WebSocketHandshake.checkPartialHead(request, request: true, limit: 64)?.status == 431)
+        #expect(
+            WebSocketHandshake.checkPartialHead(Array("HTTP/1.0 200".utf8), request: false, limit: 16_384)?.status
+                == 400)
+    }
+
     @Test(
         "Wrong or missing headers are rejected with a reason and 400 or 426",
         arguments: [
