@@ -164,17 +164,17 @@ public struct FaninRunner: Sendable {
         }
         let runner = PingRunner(size: size, count: count, warmup: warmup)
         let start = MonotonicClock.nanoseconds()
-        let results: [Result<PingRunner.Result, ConnectionError>] = await withTaskGroup(
-            of: Result<PingRunner.Result, ConnectionError>.self
+        let results: [Result<PingRunner.Samples, ConnectionError>] = await withTaskGroup(
+            of: Result<PingRunner.Samples, ConnectionError>.self
         ) { group in
             for client in clients {
                 group.addTask {
-                    do throws(ConnectionError) { return .success(try await runner.run(on: client)) } catch {
+                    do throws(ConnectionError) { return .success(try await runner.measure(on: client)) } catch {
                         return .failure(error)
                     }
                 }
             }
-            var results: [Result<PingRunner.Result, ConnectionError>] = []
+            var results: [Result<PingRunner.Samples, ConnectionError>] = []
             for await result in group { results.append(result) }
             return results
         }

@@ -46,13 +46,34 @@ public struct PingRunner: Sendable {
     public var count: Int
     public var warmup: Int
     public var lossTimeout: Duration
+    /// The longest a round trip may take (`nil`: no limit). When an echo has not come by then (a server that
+    /// accepts and never answers, a UDP peer that is gone), the connection is closed and the run fails with
+    /// `.timedOut`. Checked by a watchdog a few times per limit, so a round trip pays one atomic store.
+    public var timeout: Duration?
 
     /// Creates a runner.
-    public init(size: Int = 64, count: Int = 10_000, warmup: Int = 1_000, lossTimeout: Duration = .milliseconds(200)) {
+    public init(
+        size: Int = 64, count: Int = 10_000, warmup: Int = 1_000, lossTimeout: Duration = .milliseconds(200),
+        timeout: Duration? = nil
+    ) {
+        self.timeout = timeout
         self.size = size
         self.count = count
         self.warmup = warmup
         self.lossTimeout = lossTimeout
+    }
+
+    /// What the timed loop collects: the raw histogram and counters, cheap to hand back. Percentiles are
+    /// computed from it afterwards, off the connection's executor.
+    public struct Samples: Sendable {
+        /// Round-trip latency, nanoseconds.
+        public var histogram: Histogram<UInt64>
+        /// Probes re-sent because no echo came in time (UDP).
+        public var lost: Int
+        /// Late echoes of earlier probes, discarded (UDP).
+        public var stale: Int
+        /// Wall-clock time of the measured part, nanoseconds.
+        public var elapsedNanoseconds: UInt64
     }
 
     /// Runs against an echo peer on `connection`.
@@ -60,22 +81,59 @@ public struct PingRunner: Sendable {
     /// The loop runs on the connection's preferred executor when it has one (an event loop that is a
     /// `TaskExecutor`), as a user of that style would run it.
     public func run(on connection: any Connection) async throws(ConnectionError) -> Result {
-        let outcome: Swift.Result<Result, ConnectionError> = await withTaskExecutorPreference(
+        let samples = try await measure(on: connection)
+        return Result(
+            latency: LatencySummary(samples.histogram), lost: samples.lost, stale: samples.stale,
+            elapsedNanoseconds: samples.elapsedNanoseconds,
+            roundTripsPerSecond: Double(count) / (Double(max(1, samples.elapsedNanoseconds)) / 1e9),
+            histogram: samples.histogram)
+    }
+
+    /// The timed loop alone, on the connection's preferred executor. Nothing slow runs there once the loop is
+    /// done: summarising a histogram (percentiles walk every bucket) takes milliseconds, and on an event loop
+    /// shared with other connections it would stall them all (it once put a 250 ms tail on fan-in runs).
+    public func measure(on connection: any Connection) async throws(ConnectionError) -> Samples {
+        let progress = Progress()
+        let watchdog = timeout.map { limit in
+            Task {
+                let limitNanoseconds = UInt64(limit.wholeNanoseconds)
+                while !Task.isCancelled {
+                    try? await Task.sleep(for: limit / 4)
+                    if MonotonicClock.nanoseconds() - progress.last.load(ordering: .relaxed) > limitNanoseconds {
+                        progress.expired.store(true, ordering: .relaxed)
+                        await connection.close()
+                        return
+                    }
+                }
+            }
+        }
+        defer { watchdog?.cancel() }
+        let outcome: Swift.Result<Samples, ConnectionError> = await withTaskExecutorPreference(
             connection.preferredExecutor
         ) {
             do throws(ConnectionError) {
                 if connection.transport.isByteStream {
-                    return .success(try await runStream(connection))
+                    return .success(try await runStream(connection, progress))
                 }
-                return .success(try await runMessages(connection))
+                return .success(try await runMessages(connection, progress))
             } catch {
                 return .failure(error)
             }
         }
+        if case .failure = outcome, progress.expired.load(ordering: .relaxed), let timeout {
+            throw ConnectionError(.timedOut, "no echo from \(connection.remoteEndpoint) within \(timeout)")
+        }
         return try outcome.get()
     }
 
-    private func runStream(_ connection: any Connection) async throws(ConnectionError) -> Result {
+    /// When the last round trip finished, for the watchdog.
+    private final class Progress: Sendable {
+        let last = Atomic<UInt64>(MonotonicClock.nanoseconds())
+        let expired = Atomic<Bool>(false)
+    }
+
+    private func runStream(_ connection: any Connection, _ progress: Progress) async throws(ConnectionError) -> Samples
+    {
         var histogram = LatencySummary.makeHistogram()
         var payload = [UInt8](repeating: 0x5a, count: size)
         var start: UInt64 = 0
@@ -90,11 +148,10 @@ public struct PingRunner: Sendable {
                 throw ConnectionError(.protocolViolation, "the echo of round trip \(index) differs from what was sent")
             }
             if index >= warmup { _ = histogram.record(max(1, elapsed)) }
+            progress.last.store(sent &+ elapsed, ordering: .relaxed)
         }
         let total = MonotonicClock.nanoseconds() - start
-        return Result(
-            latency: LatencySummary(histogram), lost: 0, stale: 0, elapsedNanoseconds: total,
-            roundTripsPerSecond: Double(count) / (Double(total) / 1e9), histogram: histogram)
+        return Samples(histogram: histogram, lost: 0, stale: 0, elapsedNanoseconds: total)
     }
 
     private final class Probe: Sendable {
@@ -108,7 +165,9 @@ public struct PingRunner: Sendable {
         let state = Mutex(State())
     }
 
-    private func runMessages(_ connection: any Connection) async throws(ConnectionError) -> Result {
+    private func runMessages(
+        _ connection: any Connection, _ progress: Progress
+    ) async throws(ConnectionError) -> Samples {
         var histogram = LatencySummary.makeHistogram()
         let probe = Probe()
         let timeout = lossTimeout
@@ -156,6 +215,7 @@ public struct PingRunner: Sendable {
                         return state.sentAt
                     }
                     if index >= warmup { _ = histogram.record(max(1, end - sentAt)) }
+                    progress.last.store(end, ordering: .relaxed)
                     break
                 }
                 stale += 1
@@ -166,9 +226,7 @@ public struct PingRunner: Sendable {
             state.finished = true
             return state.lost
         }
-        return Result(
-            latency: LatencySummary(histogram), lost: lost, stale: stale, elapsedNanoseconds: total,
-            roundTripsPerSecond: Double(count) / (Double(total) / 1e9), histogram: histogram)
+        return Samples(histogram: histogram, lost: lost, stale: stale, elapsedNanoseconds: total)
     }
 
     /// Writes the sequence number into the first (up to) 8 bytes, so each probe differs from the last.

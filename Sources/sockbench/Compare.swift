@@ -5,6 +5,7 @@ import Foundation
 import Histogram
 import NativeStyles
 import SocketStyles
+import Synchronization
 
 struct Compare: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
@@ -229,13 +230,23 @@ struct Compare: AsyncParsableCommand {
                         }
                     let clientBefore = ResourceUsage.read()
                     let serverBefore = await server.usage()
+                    // Usage at the end of the measured window: taken before the connection closes where the
+                    // scenario allows (a bsd server's reader thread, and its counts, end with the connection).
+                    let windowEnd = Mutex<(client: ResourceUsage?, server: ResourceUsage?)?>(nil)
+                    let endWindow: () async -> Void = {
+                        let client = ResourceUsage.read()
+                        let server = await server.usage()
+                        windowEnd.withLock { $0 = (client, server) }
+                    }
                     do throws(ConnectionError) {
                         var measurement = try await measure(
-                            scenario, target, server: server, plan: plan, tls: clientTLS)
-                        if let after = ResourceUsage.read(), let clientBefore {
+                            scenario, target, server: server, plan: plan, tls: clientTLS, endWindow: endWindow)
+                        if windowEnd.withLock({ $0 }) == nil { await endWindow() }
+                        let (clientAfter, serverAfter) = windowEnd.withLock { $0 }!
+                        if let after = clientAfter, let clientBefore {
                             measurement.client = after.since(clientBefore)
                         }
-                        if let after = await server.usage(), let serverBefore {
+                        if let after = serverAfter, let serverBefore {
                             measurement.server = after.since(serverBefore)
                         }
                         runs[key, default: []].append(measurement)
@@ -283,7 +294,8 @@ struct Compare: AsyncParsableCommand {
     }
 
     func measure(
-        _ scenario: Scenario, _ target: Target, server: any ServerHandle, plan: Plan, tls: TLSConfiguration
+        _ scenario: Scenario, _ target: Target, server: any ServerHandle, plan: Plan, tls: TLSConfiguration,
+        endWindow: () async -> Void
     ) async throws(ConnectionError) -> ScenarioResult {
         let endpoint = server.endpoint
         guard let backend = target.backend else {
@@ -308,6 +320,7 @@ struct Compare: AsyncParsableCommand {
             defer { Task { await connection.close() } }
             let result = try await PingRunner(size: size, count: plan.pingpongCount, warmup: plan.pingpongWarmup).run(
                 on: connection)
+            await endWindow()
             await connection.close()
             return Self.measurement(result, size: size, count: plan.pingpongCount)
         case .native(let size):

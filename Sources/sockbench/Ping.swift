@@ -31,6 +31,12 @@ struct Ping: AsyncParsableCommand {
     @Option(help: "Pin this client to a CPU.")
     var cpu: Int?
 
+    @Option(
+        help:
+            "Seconds the connect, a WebSocket or TLS handshake, and each round trip may take before ping gives up with an error (0: no limit for round trips)."
+    )
+    var timeout: Double = 10
+
     @Flag(inversion: .prefixedNo, help: "TCP_NODELAY (on by default, as for every backend).")
     var nodelay = true
 
@@ -49,6 +55,7 @@ struct Ping: AsyncParsableCommand {
         guard size >= 1, size <= 16 * 1024 * 1024 else { throw ValidationError("--size must be 1 to 16777216") }
         guard count >= 1 else { throw ValidationError("--count must be at least 1") }
         guard warmup >= 0 else { throw ValidationError("--warmup must not be negative") }
+        guard timeout >= 0 else { throw ValidationError("--timeout must not be negative") }
     }
 
     func run() async throws {
@@ -57,7 +64,11 @@ struct Ping: AsyncParsableCommand {
             throw fail("--size \(size) exceeds the largest UDP datagram over IPv4 (65507 bytes)")
         }
         try pin(toCPU: cpu)
-        let options = ConnectionOptions.with { $0.tcpNoDelay = nodelay }
+        let limit: Duration? = timeout > 0 ? .milliseconds(Int64(timeout * 1000)) : nil
+        let options = ConnectionOptions.with {
+            $0.tcpNoDelay = nodelay
+            if let limit { $0.connectTimeout = limit }
+        }
         let result: PingRunner.Result
         do throws(ConnectionError) {
             if native {
@@ -66,9 +77,17 @@ struct Ping: AsyncParsableCommand {
                 }
                 result = try await backend.nativePingPong(to: endpoint, size: size, count: count, warmup: warmup)
             } else {
-                let connection = try await backend.connect(to: endpoint, options: options, tls: tls.configuration)
+                var tlsConfiguration = tls.configuration
+                var webSocket = WebSocketOptions()
+                if let limit {
+                    tlsConfiguration.handshakeTimeout = limit
+                    webSocket.handshakeTimeout = limit
+                }
+                let connection = try await backend.connect(
+                    to: endpoint, options: options, webSocket: webSocket, tls: tlsConfiguration)
                 do throws(ConnectionError) {
-                    result = try await PingRunner(size: size, count: count, warmup: warmup).run(on: connection)
+                    result = try await PingRunner(size: size, count: count, warmup: warmup, timeout: limit).run(
+                        on: connection)
                 } catch {
                     await connection.close()
                     throw error

@@ -263,17 +263,24 @@ struct Report: Codable {
             let header = [
                 "backend", "transport", "p50 us", "x floor", "x nio", "x native", "p50 spread", "p90 us", "p99 us",
                 "p99.9 us",
-                "max us", "rt/s", "lost", "cpu us/rt", "ctx sw/rt", "threads",
+                "max us", "rt/s", "lost", "cpu us/rt", "client", "server", "ctx sw/rt", "client", "server", "threads",
             ]
             let cells = selected.map { row -> [String] in
                 let m = row.median
                 let p50 = Double(m.latency?.p50 ?? 0)
+                // Per round trip on each end, and both together (the client's figures include the load
+                // generator's own bookkeeping, as a user's client would).
+                let perMessage: (ResourceUsage?, (ResourceUsage) -> UInt64, Double, Int) -> String = {
+                    usage, value, scale, digits in
+                    guard let usage, m.messages > 0 else { return "-" }
+                    return fixed(Double(value(usage)) / scale / Double(m.messages), digits)
+                }
+                let switches: (ResourceUsage) -> UInt64 = {
+                    $0.voluntaryContextSwitches + $0.involuntaryContextSwitches
+                }
                 let contextSwitches: String = {
                     guard let client = m.client, let server = m.server, m.messages > 0 else { return "-" }
-                    let total =
-                        client.voluntaryContextSwitches + client.involuntaryContextSwitches
-                        + server.voluntaryContextSwitches + server.involuntaryContextSwitches
-                    return fixed(Double(total) / Double(m.messages), 1)
+                    return fixed(Double(switches(client) + switches(server)) / Double(m.messages), 1)
                 }()
                 return [
                     row.backend, row.transport, microseconds(UInt64(p50)),
@@ -283,7 +290,10 @@ struct Report: Codable {
                     "\(microseconds(UInt64(row.spread[0])))-\(microseconds(UInt64(row.spread[1])))",
                     microseconds(m.latency?.p90 ?? 0), microseconds(m.latency?.p99 ?? 0),
                     microseconds(m.latency?.p999 ?? 0), microseconds(m.latency?.max ?? 0),
-                    "\(Int(m.messagesPerSecond ?? 0))", "\(m.lost ?? 0)", cpuPerMessage(m), contextSwitches,
+                    "\(Int(m.messagesPerSecond ?? 0))", "\(m.lost ?? 0)", cpuPerMessage(m),
+                    perMessage(m.client, { $0.cpuNanoseconds }, 1000, 1),
+                    perMessage(m.server, { $0.cpuNanoseconds }, 1000, 1), contextSwitches,
+                    perMessage(m.client, switches, 1, 1), perMessage(m.server, switches, 1, 1),
                     m.server.map { "\($0.threads)" } ?? "-",
                 ]
             }
