@@ -41,7 +41,7 @@ struct ServerResourceTests {
             try #require(line.hasPrefix("listening on "), "the server said: \(line)")
             let endpoint = try Endpoint(url: String(line.dropFirst(13)))
             let tls = certificates?.client ?? TLSConfiguration()
-            let cycles = secure ? 200 : 1000
+            let cycles = secure ? 100 : 500
             try await run(cycles / 5, against: endpoint, tls: tls)
             let before = try await settled(server.pid)
             try await run(cycles, against: endpoint, tls: tls)
