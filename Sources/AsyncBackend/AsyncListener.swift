@@ -74,6 +74,7 @@ public final class AsyncListener: AsyncSequence, Sendable {
                 next = try Syscall.accept(fd, nonBlocking: true)
             } catch {
                 guard error.kind == .resourceExhausted else { throw error }
+                BoundsLog.note(.descriptorLimit, "accepting paused for \(options.acceptBackoff): \(error)")
                 // Out of descriptors: clients wait in the backlog; try again after a pause instead of at once.
                 // The pause is the reactor's own timer: Task.sleep would need Dispatch to make a descriptor,
                 // and Dispatch traps when it cannot.

@@ -39,6 +39,7 @@ final class BSDTCPListener: Listener, @unchecked Sendable {
                 if error.kind == .resourceExhausted {
                     // Out of descriptors: clients wait in the backlog while this thread pauses (trying again at
                     // once would spin, since the socket stays readable); close() cuts the pause short.
+                    BoundsLog.note(.descriptorLimit, "accepting paused for \(options.acceptBackoff): \(error)")
                     gate.withLock {
                         _ = gate.wait(until: { closing.load(ordering: .relaxed) }, timeout: options.acceptBackoff)
                     }

@@ -35,6 +35,14 @@ public struct ConnectionOptions: Sendable, Hashable {
     /// The most peers a UDP listener keeps at once; a datagram from a new address beyond it makes the listener
     /// forget the peer that has been quiet longest (its receive fails with `.resourceExhausted`).
     public var maximumUDPPeers: Int = 4096
+    /// The most connections a stream listener (tcp, tls, ws, wss) keeps open at once. A client beyond it is
+    /// accepted and closed at once (before any TLS or WebSocket handshake) and the bound is logged
+    /// (``BoundsLog``); the connections already open are not disturbed. UDP listeners use ``maximumUDPPeers``.
+    public var maximumConnections: Int = 16_384
+    /// A connection accepted by a listener that neither sends nor receives for this long is closed; its pending
+    /// receive fails with `.timedOut`. `nil` (the default) never closes an idle connection (`sockbench serve`
+    /// uses 300 s). Clients are not affected: they choose when to give up.
+    public var idleTimeout: Duration? = nil
 
     /// The defaults described on each property.
     public init() {}

@@ -92,6 +92,9 @@ public final class DatagramDemultiplexer<Address: Hashable & Sendable>: Sendable
                 ))
         }
         evictedCount.add(forgotten.count, ordering: .relaxed)
+        if let (_, capped) = forgotten.last, capped.kind == .resourceExhausted {
+            BoundsLog.note(.udpPeerLimit, capped.detail)
+        }
         return forgotten
     }
 

@@ -46,7 +46,12 @@ final class UVTCPListener: Listener, @unchecked Sendable {
                         Task { await connection.close() }
                     }
                 } catch {
-                    if error.kind == .resourceExhausted { queue.pushFailure(error) }
+                    if error.kind == .resourceExhausted {
+                        // libuv closes the clients waiting in the backlog (its reserved-descriptor trick) and
+                        // goes on; accept() reports the error.
+                        BoundsLog.note(.descriptorLimit, "libuv dropped waiting clients: \(error)")
+                        queue.pushFailure(error)
+                    }
                 }
             }
             localEndpoint = try tcp.localAddress.endpoint(.tcp)

@@ -79,6 +79,7 @@ final class AcceptPause: ChannelInboundHandler {
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
         if !paused, let options = context.channel.syncOptions {
             paused = true
+            BoundsLog.note(.descriptorLimit, "accepting paused for \(pause.nanoseconds / 1_000_000) ms: \(error)")
             try? options.setOption(.autoRead, value: false)
             let channel = context.channel
             context.eventLoop.assumeIsolated().scheduleTask(in: pause) { [self] in

@@ -316,6 +316,12 @@ public enum Syscall {
         _ = Glibc.close(fd)
     }
 
+    /// Writes `text` to standard error in one write(2) (a log line from a library, without Foundation).
+    public static func writeStandardError(_ text: String) {
+        var text = text
+        text.withUTF8 { bytes in _ = Glibc.write(2, bytes.baseAddress, bytes.count) }
+    }
+
     // MARK: TCP_INFO
 
     /// Round-trip time and retransmission counters of a TCP socket.

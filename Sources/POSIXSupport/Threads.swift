@@ -1,4 +1,5 @@
 internal import CSocketShims
+import ConnectionCore
 internal import Glibc
 import Synchronization
 
@@ -81,8 +82,7 @@ public final class ConditionLock: @unchecked Sendable {
     /// Waits like ``wait(until:)`` but for at most `timeout`; returns whether `predicate` holds.
     /// Call only from inside ``withLock(_:)``.
     public func wait(until predicate: () -> Bool, timeout: Duration) -> Bool {
-        let nanoseconds = max(0, timeout.components.seconds * 1_000_000_000 + timeout.components.attoseconds / 1_000_000_000)
-        let deadline = MonotonicClock.nanoseconds() &+ UInt64(nanoseconds)
+        let deadline = MonotonicClock.nanoseconds() &+ timeout.wholeNanoseconds
         var limit = timespec(tv_sec: Int(deadline / 1_000_000_000), tv_nsec: Int(deadline % 1_000_000_000))
         while !predicate() {
             if pthread_cond_timedwait(condition, mutex, &limit) == ETIMEDOUT { return predicate() }

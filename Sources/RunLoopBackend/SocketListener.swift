@@ -53,7 +53,10 @@ public final class SocketListener: EpollHandler, @unchecked Sendable {
             do throws(ConnectionError) {
                 accepted = try Syscall.accept(fd, nonBlocking: true)
             } catch {
-                if error.kind == .resourceExhausted { backOff() }
+                if error.kind == .resourceExhausted {
+                    BoundsLog.note(.descriptorLimit, "accepting paused for \(options.acceptBackoff): \(error)")
+                    backOff()
+                }
                 return
             }
             guard let accepted else { return }

@@ -102,8 +102,12 @@ public enum Backend: String, Sendable, Hashable, CaseIterable, CustomStringConve
         webSocket: WebSocketOptions = WebSocketOptions(), tls: TLSConfiguration? = nil
     ) async throws(ConnectionError) -> any Listener {
         let transport = endpoint.transport
-        guard transport.runsOverTCP, transport != .tcp else {
+        BoundsLog.setHandlerIfUnset { _, line in Syscall.writeStandardError("socketstyles: \(line)\n") }
+        guard transport.runsOverTCP else {
             return try await implementation.listen(on: endpoint, options: options)
+        }
+        if transport == .tcp {
+            return BoundedListener(try await implementation.listen(on: endpoint, options: options), options: options)
         }
         var tlsServer: TLSConfiguration?
         if transport.isSecure {
@@ -113,7 +117,8 @@ public enum Backend: String, Sendable, Hashable, CaseIterable, CustomStringConve
             }
             tlsServer = tls
         }
-        var listener = try await implementation.listen(on: endpoint.with(transport: .tcp), options: options)
+        var listener: any Listener = BoundedListener(
+            try await implementation.listen(on: endpoint.with(transport: .tcp), options: options), options: options)
         if let tlsServer {
             do throws(ConnectionError) {
                 listener = try TLSConnection.listener(over: listener, configuration: tlsServer)

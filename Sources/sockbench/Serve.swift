@@ -47,7 +47,15 @@ struct Serve: AsyncParsableCommand {
     @Option(help: "udp: the most peers kept at once; a new address beyond it makes the server forget the quietest.")
     var maxUDPPeers: Int = 4096
 
+    @Option(help: "tcp, tls, ws, wss: the most connections open at once; a client beyond it is closed at once.")
+    var maxConnections: Int = 16_384
+
+    @Option(help: "Close a connection that sends and receives nothing for this many seconds (0: never).")
+    var idleTimeout: Double = 300
+
     func validate() throws {
+        guard maxConnections >= 1 else { throw ValidationError("--max-connections must be at least 1") }
+        guard idleTimeout >= 0 else { throw ValidationError("--idle-timeout must be 0 or more") }
         guard udpPeerIdle > 0 else { throw ValidationError("--udp-peer-idle must be above 0") }
         guard maxUDPPeers >= 1 else { throw ValidationError("--max-udp-peers must be at least 1") }
     }
@@ -71,6 +79,8 @@ struct Serve: AsyncParsableCommand {
             let options = ConnectionOptions.with {
                 $0.udpPeerIdleTimeout = .milliseconds(Int64(udpPeerIdle * 1000))
                 $0.maximumUDPPeers = maxUDPPeers
+                $0.maximumConnections = maxConnections
+                $0.idleTimeout = idleTimeout > 0 ? .milliseconds(Int64(idleTimeout * 1000)) : nil
             }
             server = try await EchoServer.start(
                 backend, on: endpoint, options: options, tls: tlsConfiguration, mode: sink ? .sink : .echo)

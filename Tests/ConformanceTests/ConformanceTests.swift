@@ -92,6 +92,100 @@ struct ConformanceTests {
         }
     }
 
+    static let streamListeners = ConformanceCase.all.filter { $0.transport != .udp }
+
+    @Test(
+        "A stream listener keeps at most maximumConnections; one more is closed at once and the others go on",
+        arguments: streamListeners)
+    func connectionLimit(_ test: ConformanceCase) async throws {
+        try await SocketTest.run {
+            let server = try await EchoServer.start(
+                test.backend, on: test.anyPort, options: .with { $0.maximumConnections = 2 }, tls: test.serverTLS)
+            let first = try await test.connect(to: server.endpoint)
+            let second = try await test.connect(to: server.endpoint)
+            for client in [first, second] { try await expectEcho(client, "in") }
+            // The third is closed before any TLS or WebSocket handshake: its connect fails, or (tcp) the stream
+            // ends. Either way it is never served.
+            do {
+                let third = try await test.connect(to: server.endpoint)
+                let outcome: Message?? = try? await withTimeLimit(.seconds(10)) {
+                    try? await third.send(.text("refused?"))
+                    return try await third.receive()
+                }
+                #expect(outcome.map { $0 == nil } ?? true, "the third client was served")
+                await third.close()
+            } catch {
+                #expect(
+                    (error as? ConnectionError)?.kind != .timedOut,
+                    "the third client waited instead of being refused: \(error)")
+            }
+            for client in [first, second] { try await expectEcho(client, "still") }
+            // Once one leaves, a new client is served (the server frees the slot when it sees the close).
+            await first.close()
+            var served = false
+            for _ in 0..<100 where !served {
+                if let client = try? await test.connect(to: server.endpoint) {
+                    served =
+                        (try? await withTimeLimit(.seconds(5)) { try await self.expectEcho(client, "again") }) != nil
+                    await client.close()
+                }
+                if !served { try await Task.sleep(for: .milliseconds(20)) }
+            }
+            #expect(served, "no client was served after one of the two left")
+            await second.close()
+            await server.stop()
+        }
+    }
+
+    @Test(
+        "A connection idle for idleTimeout is closed by the server; an active one is not", arguments: streamListeners)
+    func idleTimeout(_ test: ConformanceCase) async throws {
+        try await SocketTest.run {
+            let idle = Duration.milliseconds(300)
+            let listener = try await test.listen(options: .with { $0.idleTimeout = idle })
+            let quiet = try await test.connect(to: listener.localEndpoint)
+            let quietServed = try await listener.accept()
+            let active = try await test.connect(to: listener.localEndpoint)
+            let activeServed = try await listener.accept()
+            let clock = ContinuousClock()
+            let start = clock.now
+            async let quietEnd: ConnectionError? = {
+                do {
+                    _ = try await quietServed.receive()
+                    return nil
+                } catch {
+                    return error as? ConnectionError
+                }
+            }()
+            // The active client talks every 100 ms, for twice the idle time.
+            for round in 0..<6 {
+                try await active.send(.text("round \(round)"))
+                let received = try await activeServed.receive()
+                #expect(received?.bytes == Array("round \(round)".utf8))
+                try await activeServed.send(received!)
+                #expect(try await active.receive()?.bytes == Array("round \(round)".utf8))
+                try await Task.sleep(for: .milliseconds(100))
+            }
+            let error = await quietEnd
+            #expect(clock.now - start >= idle)
+            #expect(error != nil, "the idle connection's receive ended without an error")
+            if test.transport == .tcp { #expect(error?.kind == .timedOut, "\(String(describing: error))") }
+            // The quiet client sees its connection end.
+            let seen: Message?? = try? await withTimeLimit(.seconds(10)) { try await quiet.receive() }
+            #expect(seen.map { $0 == nil } ?? true)
+            for connection in [quiet, quietServed, active, activeServed] { await connection.close() }
+            await listener.close()
+        }
+    }
+
+    private func expectEcho(_ client: any Connection, _ text: String) async throws {
+        try await client.send(Array(text.utf8))
+        let bytes =
+            client.transport.isByteStream
+            ? try await client.receive(exactly: text.utf8.count) : try await client.receive()?.bytes
+        #expect(bytes == Array(text.utf8))
+    }
+
     @Test("A 65,508-byte UDP datagram is too large", arguments: ConformanceCase.udp)
     func udpTooLarge(_ test: ConformanceCase) async throws {
         try await SocketTest.run {
