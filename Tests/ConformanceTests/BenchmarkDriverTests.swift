@@ -16,6 +16,68 @@ struct BenchmarkDriverTests {
         #expect(name.hasPrefix(scenario.kind))
     }
 
+    @Test("soak: every byte comes back verified over every backend x transport", arguments: ConformanceCase.all)
+    func soakClean(_ test: ConformanceCase) async throws {
+        try await SocketTest.run {
+            let server = try await test.echoServer()
+            let client = try await test.connect(to: server.endpoint)
+            var configuration = SoakRunner.Configuration(messages: 300)
+            configuration.sizes = 0...4096
+            configuration.window = 8
+            let report = await SoakRunner(configuration).run(on: client)
+            let reliable = test.transport != .udp
+            #expect(report.passed(reliable: reliable), "\(report)")
+            #expect(report.sent == 300)
+            if reliable { #expect(report.verified == 300) }
+            await server.stop()
+        }
+    }
+
+    @Test(
+        "soak: a server that flips a byte, drops or repeats a message is caught",
+        arguments: [Transport.tcp, .udp, .ws])
+    func soakCatchesFaults(_ transport: Transport) async throws {
+        try await SocketTest.run {
+            let test = ConformanceCase(backend: .async, transport: transport)
+            let listener = try await test.listen()
+            // An echo server that corrupts message 10, drops message 20 (message transports) and repeats 30.
+            let faulty = Task {
+                guard let connection = try? await listener.accept() else { return }
+                var index = 0
+                while let message = try? await connection.receive() {
+                    index += 1
+                    var bytes = message.bytes
+                    if index == 10, bytes.count > 20 { bytes[bytes.count - 1] ^= 0xFF }
+                    if index == 20 && !transport.isByteStream { continue }
+                    let reply = Message(kind: message.kind, bytes: bytes)
+                    try? await connection.send(reply)
+                    if index == 30 && !transport.isByteStream { try? await connection.send(reply) }
+                }
+                await connection.close()
+            }
+            let client = try await test.connect(to: listener.localEndpoint)
+            var configuration = SoakRunner.Configuration(messages: 60)
+            configuration.sizes = 100...200
+            configuration.window = 1  // one message per receive on every transport, so the faults hit known messages
+            configuration.lossTimeout = .milliseconds(200)
+            configuration.drainTimeout = .milliseconds(500)
+            let report = await SoakRunner(configuration).run(on: client)
+            #expect(report.corrupted == 1, "\(report)")
+            #expect(!report.passed(reliable: transport != .udp))
+            switch transport {
+            case .udp:
+                #expect(report.lost == 1 && report.duplicated == 1, "\(report)")
+            case .ws:
+                // A reliable transport that loses a message has stalled: the soak says so instead of waiting.
+                #expect(report.lost == 1 && report.error?.contains("no echo of message 19") == true, "\(report)")
+            default:
+                #expect(report.error == nil && report.verified == 59, "\(report)")
+            }
+            await listener.close()
+            await faulty.value
+        }
+    }
+
     @Test(
         "ping against a peer that accepts and never answers fails with .timedOut after its timeout",
         arguments: ConformanceCase.all.filter { $0.transport == .tcp || $0.transport == .udp })
