@@ -89,6 +89,53 @@ extension Connection {
     }
 }
 
+extension Connection {
+    /// Received messages as an `AsyncSequence`, until the peer ends (whole datagrams or WebSocket messages, chunks
+    /// of a byte stream), as `URLSessionWebSocketTask.receive()` in a loop or NWConnection's `receiveMessage`
+    /// would give them:
+    ///
+    /// ```swift
+    /// for try await message in connection.messages { print(message.bytes.count) }
+    /// ```
+    ///
+    /// One iteration at a time (receives are served in call order); an error ends the sequence by being thrown.
+    public var messages: ConnectionMessages { ConnectionMessages(connection: self) }
+}
+
+/// ``Connection/messages``: each element is one ``Connection/receive()``.
+public struct ConnectionMessages: AsyncSequence, Sendable {
+    public typealias Element = Message
+    public typealias Failure = ConnectionError
+
+    let connection: any Connection
+
+    public struct AsyncIterator: AsyncIteratorProtocol {
+        let connection: any Connection
+        var finished = false
+
+        public mutating func next() async throws(ConnectionError) -> Message? {
+            try await next(isolation: nil)
+        }
+
+        public mutating func next(isolation actor: isolated (any Actor)?) async throws(ConnectionError) -> Message? {
+            guard !finished else { return nil }
+            do throws(ConnectionError) {
+                guard let message = try await connection.receive() else {
+                    finished = true
+                    return nil
+                }
+                return message
+            } catch {
+                finished = true
+                throw error
+            }
+        }
+
+    }
+
+    public func makeAsyncIterator() -> AsyncIterator { AsyncIterator(connection: connection) }
+}
+
 /// The server side: a bound socket that yields one ``Connection`` per client.
 ///
 /// For TCP each accepted connection is a TCP connection. For UDP the listener owns one bound socket and yields

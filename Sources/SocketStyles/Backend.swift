@@ -94,6 +94,37 @@ public enum Backend: String, Sendable, Hashable, CaseIterable, CustomStringConve
         }
     }
 
+    /// Connects to a `ws://` or `wss://` endpoint and returns the ``WebSocketConnection`` itself (pings, close codes,
+    /// events), no cast needed.
+    public func connectWebSocket(
+        to endpoint: Endpoint, options: ConnectionOptions = ConnectionOptions(),
+        webSocket: WebSocketOptions = WebSocketOptions(), tls: TLSConfiguration = TLSConfiguration()
+    ) async throws(ConnectionError) -> WebSocketConnection {
+        guard endpoint.transport == .ws || endpoint.transport == .wss else {
+            throw ConnectionError(.unsupported, "connectWebSocket needs a ws:// or wss:// endpoint, not \(endpoint)")
+        }
+        // connect(to:) layers a WebSocketConnection on top for ws and wss.
+        return try await connect(to: endpoint, options: options, webSocket: webSocket, tls: tls) as! WebSocketConnection
+    }
+
+    /// Listens on a `ws://` or `wss://` endpoint and returns the ``WebSocketListener`` itself: its
+    /// ``WebSocketListener/acceptWebSocket()`` gives each connection with its request, and `decide` (optional)
+    /// accepts or refuses each request. The endpoint's path is the one served (`/`: every path; another: that
+    /// path only, others answered 404).
+    public func listenWebSocket(
+        on endpoint: Endpoint, options: ConnectionOptions = ConnectionOptions(),
+        webSocket: WebSocketOptions = WebSocketOptions(), tls: TLSConfiguration? = nil,
+        decide: (@Sendable (WebSocketRequest) async -> WebSocketDecision)? = nil
+    ) async throws(ConnectionError) -> WebSocketListener {
+        guard endpoint.transport == .ws || endpoint.transport == .wss else {
+            throw ConnectionError(.unsupported, "listenWebSocket needs a ws:// or wss:// endpoint, not \(endpoint)")
+        }
+        let stream = try await listen(
+            on: endpoint.with(transport: endpoint.transport == .wss ? .tls : .tcp), options: options, tls: tls)
+        return WebSocketListener(
+            tcp: stream, transport: endpoint.transport, path: endpoint.path, options: webSocket, decide: decide)
+    }
+
     /// Listens with this backend. `tls://` and `wss://` need `tls` with a certificate chain and key
     /// (``TLSConfiguration/server(certificateChainFile:privateKeyFile:)``); `ws://` and `wss://` serve
     /// WebSocket. Handshakes run concurrently; failed ones are closed and the listener keeps serving.
@@ -108,6 +139,9 @@ public enum Backend: String, Sendable, Hashable, CaseIterable, CustomStringConve
         }
         if transport == .tcp {
             return BoundedListener(try await implementation.listen(on: endpoint, options: options), options: options)
+        }
+        if transport == .ws || transport == .wss {
+            return try await listenWebSocket(on: endpoint, options: options, webSocket: webSocket, tls: tls)
         }
         var tlsServer: TLSConfiguration?
         if transport.isSecure {
@@ -126,9 +160,6 @@ public enum Backend: String, Sendable, Hashable, CaseIterable, CustomStringConve
                 await listener.close()
                 throw error
             }
-        }
-        if transport == .ws || transport == .wss {
-            listener = WebSocketListener(tcp: listener, transport: transport, path: endpoint.path, options: webSocket)
         }
         return listener
     }

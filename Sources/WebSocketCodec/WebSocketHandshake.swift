@@ -13,9 +13,10 @@ public enum WebSocketHandshake {
         Base64.encode((0..<16).map { _ in UInt8.random(in: 0...255, using: &generator) })
     }
 
-    /// The client's request.
+    /// The client's request; `headers` are extra header lines (name, value), sent in order after the others.
     public static func clientRequest(
-        host: String, path: String, key: String, protocols: [String] = [], origin: String? = nil
+        host: String, path: String, key: String, protocols: [String] = [], origin: String? = nil,
+        headers: [(name: String, value: String)] = []
     ) -> String {
         var lines = [
             "GET \(path) HTTP/1.1", "Host: \(host)", "Upgrade: websocket", "Connection: Upgrade",
@@ -23,7 +24,28 @@ public enum WebSocketHandshake {
         ]
         if !protocols.isEmpty { lines.append("Sec-WebSocket-Protocol: \(protocols.joined(separator: ", "))") }
         if let origin { lines.append("Origin: \(origin)") }
+        lines += headers.map { "\($0.name): \($0.value)" }
         return lines.joined(separator: "\r\n") + "\r\n\r\n"
+    }
+
+    /// The server's 101 for a request with `key`: the chosen subprotocol, if any, and extra header lines.
+    public static func switchingProtocols(
+        key: String, subprotocol: String? = nil, headers: [(name: String, value: String)] = []
+    ) -> String {
+        var lines = [
+            "HTTP/1.1 101 Switching Protocols", "Upgrade: websocket", "Connection: Upgrade",
+            "Sec-WebSocket-Accept: \(acceptValue(forKey: key))",
+        ]
+        if let subprotocol { lines.append("Sec-WebSocket-Protocol: \(subprotocol)") }
+        lines += headers.map { "\($0.name): \($0.value)" }
+        return lines.joined(separator: "\r\n") + "\r\n\r\n"
+    }
+
+    /// Whether `text` may go in a header line as a name (a token) or a value (no CR, LF or other control byte).
+    public static func isValidHeader(name: String, value: String) -> Bool {
+        let separators = Set("()<>@,;:\\\"/[]?={} \t".utf8)
+        return !name.isEmpty && name.utf8.allSatisfy { $0 > 0x20 && $0 < 0x7F && !separators.contains($0) }
+            && value.utf8.allSatisfy { ($0 >= 0x20 && $0 != 0x7F) || $0 == 9 }
     }
 
     /// A parsed HTTP head (request or response).
@@ -133,7 +155,8 @@ public enum WebSocketHandshake {
 
     /// Why a server rejects a request: the reason and the HTTP status to answer with.
     public struct Rejection: Error, Sendable, Hashable, CustomStringConvertible {
-        /// 400 Bad Request, 426 Upgrade Required for a wrong version, 431 for a head too large.
+        /// 400 Bad Request, 426 Upgrade Required for a wrong version, 431 for a head too large; a server's own
+        /// refusal may use any 4xx or 5xx (404 for a path it does not serve, for example).
         public var status: Int
         public var reason: String
 
@@ -141,9 +164,15 @@ public enum WebSocketHandshake {
         public var response: String {
             let phrase =
                 switch status {
+                case 401: "Unauthorized"
+                case 403: "Forbidden"
+                case 404: "Not Found"
                 case 426: "Upgrade Required"
+                case 429: "Too Many Requests"
                 case 431: "Request Header Fields Too Large"
-                default: "Bad Request"
+                case 500: "Internal Server Error"
+                case 503: "Service Unavailable"
+                default: status >= 500 ? "Server Error" : "Bad Request"
                 }
             var lines = [
                 "HTTP/1.1 \(status) \(phrase)", "Content-Type: text/plain", "Content-Length: \(reason.utf8.count + 1)",
@@ -154,6 +183,12 @@ public enum WebSocketHandshake {
         }
 
         public var description: String { "\(status): \(reason)" }
+
+        /// A refusal with `status` and `reason`.
+        public init(status: Int, reason: String) {
+            self.status = status
+            self.reason = reason
+        }
     }
 
     /// What a server learns from a valid request.
@@ -165,6 +200,10 @@ public enum WebSocketHandshake {
         public var subprotocol: String?
         /// The 101 response to send.
         public var response: String
+        /// The client's Sec-WebSocket-Key.
+        public var key: String
+        /// The whole request head (every header, for the server's own checks).
+        public var head: Head
     }
 
     /// Checks a client's request (RFC 6455 §4.2.1) and builds the 101 response.
@@ -195,15 +234,10 @@ public enum WebSocketHandshake {
         }
         let offered = head.tokens("sec-websocket-protocol")
         let chosen = offered.first { supportedProtocols.map { $0.lowercased() }.contains($0) }
-        var lines = [
-            "HTTP/1.1 101 Switching Protocols", "Upgrade: websocket", "Connection: Upgrade",
-            "Sec-WebSocket-Accept: \(acceptValue(forKey: key))",
-        ]
-        if let chosen { lines.append("Sec-WebSocket-Protocol: \(chosen)") }
         return .success(
             Accepted(
                 path: head.startLine[1], host: host, origin: head.value("origin"), subprotocol: chosen,
-                response: lines.joined(separator: "\r\n") + "\r\n\r\n"))
+                response: switchingProtocols(key: key, subprotocol: chosen), key: key, head: head))
     }
 
     /// Checks a server's response to our request with `key` (RFC 6455 §4.1). Returns the chosen subprotocol.

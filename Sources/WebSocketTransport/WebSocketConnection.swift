@@ -15,6 +15,8 @@ public struct WebSocketOptions: Sendable, Hashable {
     public var subprotocols: [String] = []
     /// Origin sent by a client.
     public var origin: String? = nil
+    /// Extra header lines a client sends with its request (an `Authorization`, a cookie), in order.
+    public var headers: [WebSocketRequest.Header] = []
     /// How long ``WebSocketConnection/close(code:reason:)`` waits for the peer's close frame.
     public var closeTimeout: Duration = .seconds(2)
     /// Largest opening-handshake head accepted; a larger one is answered 431 (server) or fails (client).
@@ -54,6 +56,8 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
     public var preferredExecutor: (any TaskExecutor)? { tcp.preferredExecutor }
     /// The subprotocol the handshake chose, if any.
     public let subprotocol: String?
+    /// Server side: the client's opening handshake (path, query, headers, subprotocols, origin). `nil` on a client.
+    public let request: WebSocketRequest?
     /// The WebSocket options in force.
     public let webSocketOptions: WebSocketOptions
     /// Whose code parses and encodes the frames: "SwiftNIO NIOWebSocket" for the nio backend's ws://, "SocketStyles
@@ -89,9 +93,10 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
 
     init(
         tcp: any Connection, link: any WebSocketFrameLink, role: WebSocketRole, endpoint: Endpoint,
-        subprotocol: String?, options: WebSocketOptions
+        subprotocol: String?, options: WebSocketOptions, request: WebSocketRequest? = nil
     ) {
         self.tcp = tcp
+        self.request = request
         self.link = link
         self.role = role
         self.subprotocol = subprotocol
@@ -153,8 +158,12 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
         let key = WebSocketHandshake.makeKey(using: &generator)
         let host =
             endpoint.port == endpoint.transport.defaultPort ? "\(endpoint.host)" : "\(endpoint.host):\(endpoint.port)"
+        for header in options.headers where !WebSocketHandshake.isValidHeader(name: header.name, value: header.value) {
+            throw ConnectionError(.unsupported, "'\(header.name): \(header.value)' cannot be sent as a header line")
+        }
         let request = WebSocketHandshake.clientRequest(
-            host: host, path: endpoint.path, key: key, protocols: options.subprotocols, origin: options.origin)
+            host: host, path: endpoint.path, key: key, protocols: options.subprotocols, origin: options.origin,
+            headers: options.headers.map { ($0.name, $0.value) })
         let (head, leftover) = try await withDeadline(
             options.handshakeTimeout, closing: tcp, "the WebSocket opening handshake with \(endpoint)"
         ) { () throws(ConnectionError) in
@@ -179,9 +188,12 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
     }
 
     /// Performs the server handshake on an accepted TCP connection. A bad request is answered with 400 or 426
-    /// and the reason, and thrown as `.protocolViolation`; the caller closes the TCP connection.
+    /// and the reason, and thrown as `.protocolViolation`; the caller closes the TCP connection. `decide` sees a
+    /// valid request and accepts it (choosing a subprotocol and extra response headers) or refuses it with a
+    /// status of its choice (also thrown as `.protocolViolation`, its system code the HTTP status).
     public static func server(
-        over tcp: any Connection, transport: Transport = .ws, options: WebSocketOptions = WebSocketOptions()
+        over tcp: any Connection, transport: Transport = .ws, options: WebSocketOptions = WebSocketOptions(),
+        decide: (@Sendable (WebSocketRequest) async -> WebSocketDecision)? = nil
     )
         async throws(ConnectionError) -> WebSocketConnection
     {
@@ -191,13 +203,36 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
             try await readHead(tcp, request: true, limit: options.maximumHandshakeSize)
         }
         var leftover: [UInt8] = []
-        let verdict: Result<WebSocketHandshake.Accepted, WebSocketHandshake.Rejection>
+        var verdict: Result<WebSocketHandshake.Accepted, WebSocketHandshake.Rejection>
         switch read {
         case .success(let (head, rest)):
             leftover = rest
             verdict = WebSocketHandshake.acceptRequest(head, supportedProtocols: options.subprotocols)
         case .failure(let rejection):
             verdict = .failure(rejection)
+        }
+        var request: WebSocketRequest?
+        if case .success(var accepted) = verdict {
+            let seen = WebSocketRequest(accepted, remote: tcp.remoteEndpoint.with(transport: transport))
+            request = seen
+            switch await decide?(seen) ?? .accept {
+            case .refuse(let status, let reason):
+                verdict = .failure(.init(status: (400...599).contains(status) ? status : 500, reason: reason))
+            case .accept(let chosen, let headers):
+                if let chosen, !seen.subprotocols.contains(chosen.lowercased()) {
+                    verdict = .failure(.init(status: 500, reason: "the server chose a subprotocol not offered"))
+                } else if let bad = headers.first(where: {
+                    !WebSocketHandshake.isValidHeader(name: $0.name, value: $0.value)
+                }) {
+                    verdict = .failure(.init(status: 500, reason: "the server's header '\(bad.name)' is not valid"))
+                } else {
+                    if let chosen { accepted.subprotocol = chosen.lowercased() }
+                    accepted.response = WebSocketHandshake.switchingProtocols(
+                        key: accepted.key, subprotocol: accepted.subprotocol,
+                        headers: headers.map { ($0.name, $0.value) })
+                    verdict = .success(accepted)
+                }
+            }
         }
         switch verdict {
         case .success(let accepted):
@@ -206,8 +241,9 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
             let link = try await frameLink(over: tcp, role: .server, leftover: leftover, options: options)
             return WebSocketConnection(
                 tcp: tcp, link: link, role: .server,
-                endpoint: Endpoint(transport: transport, host: endpoint.host, port: endpoint.port, path: accepted.path),
-                subprotocol: accepted.subprotocol, options: options)
+                endpoint: Endpoint(
+                    transport: transport, host: endpoint.host, port: endpoint.port, path: request?.path ?? "/"),
+                subprotocol: accepted.subprotocol, options: options, request: request)
         case .failure(let rejection):
             try? await tcp.send(Array(rejection.response.utf8))
             throw ConnectionError(

@@ -471,3 +471,110 @@ struct WebSocketKeepAliveTests {
         }
     }
 }
+
+@Suite("WebSocket requests, routing and typed entry points", .timeLimit(.minutes(10)))
+struct WebSocketRequestTests {
+    @Test(
+        "The server sees the request (path, query, headers, subprotocols, origin) and picks the subprotocol",
+        arguments: ConformanceCase.ws)
+    func requestSeen(_ test: ConformanceCase) async throws {
+        try await SocketTest.run {
+            let listener = try await test.backend.listenWebSocket(
+                on: try Endpoint(url: "\(test.transport)://127.0.0.1:0/chat"), tls: test.serverTLS
+            ) { request in
+                request.header("x-token") == "abc"
+                    ? .accept(subprotocol: "v2", headers: [.init(name: "X-Served-By", value: "test")])
+                    : .refuse(status: 401, reason: "no token")
+            }
+            let endpoint = try Endpoint(url: "\(test.transport)://127.0.0.1:\(listener.localEndpoint.port)/chat?room=7")
+            let client = try await test.backend.connectWebSocket(
+                to: endpoint,
+                webSocket: .with {
+                    $0.subprotocols = ["v1", "v2"]
+                    $0.origin = "http://example.test"
+                    $0.headers = [.init(name: "X-Token", value: "abc")]
+                }, tls: test.clientTLS)
+            let served = try await listener.acceptWebSocket()
+            let request = try #require(served.request)
+            #expect(request.path == "/chat")
+            #expect(request.query == "room=7")
+            #expect(request.subprotocols == ["v1", "v2"])
+            #expect(request.origin == "http://example.test")
+            #expect(request.header("X-TOKEN") == "abc")
+            #expect(client.subprotocol == "v2" && served.subprotocol == "v2")
+            #expect(client.request == nil)
+            // The connection works as usual, through the typed values and through `messages`.
+            try await client.send(text: "hello")
+            var iterator = served.messages.makeAsyncIterator()
+            #expect(try await iterator.next()?.text == "hello")
+            // The server reads while the client closes, so the close handshake completes at once.
+            async let closed: Void = client.close()
+            #expect(try await iterator.next() == nil)
+            await closed
+            await served.close()
+            await listener.close()
+        }
+    }
+
+    @Test(
+        "A refused handshake gets the status the server chose; a path not served gets 404; others go on",
+        arguments: ConformanceCase.ws)
+    func refusals(_ test: ConformanceCase) async throws {
+        try await SocketTest.run {
+            let listener = try await test.backend.listenWebSocket(
+                on: try Endpoint(url: "\(test.transport)://127.0.0.1:0/chat"), tls: test.serverTLS
+            ) { request in
+                request.query == "banned" ? .refuse(status: 403, reason: "banned") : .accept
+            }
+            let port = listener.localEndpoint.port
+            let serving = Task {
+                while let connection = try? await listener.acceptWebSocket() {
+                    try? await connection.send(text: connection.request?.path ?? "?")
+                    await connection.close()
+                }
+            }
+            for (target, status) in [("/chat?banned", "403"), ("/elsewhere", "404")] {
+                let error = await expectConnectionError(.protocolViolation) { () throws(ConnectionError) in
+                    _ = try await test.backend.connectWebSocket(
+                        to: try Endpoint(url: "\(test.transport)://127.0.0.1:\(port)\(target)"), tls: test.clientTLS)
+                }
+                #expect(error?.detail.contains(status) == true, "\(target): \(String(describing: error))")
+            }
+            let client = try await test.backend.connectWebSocket(
+                to: try Endpoint(url: "\(test.transport)://127.0.0.1:\(port)/chat"), tls: test.clientTLS)
+            #expect(try await client.receive()?.text == "/chat")
+            await client.close()
+            #expect(listener.rejectedHandshakes == 2)
+            await listener.close()
+            await serving.value
+        }
+    }
+
+    @Test("messages: an AsyncSequence of what arrives, ending with the peer", arguments: ConformanceCase.all)
+    func messagesSequence(_ test: ConformanceCase) async throws {
+        try await SocketTest.run {
+            let listener = try await test.listen()
+            let client = try await test.connect(to: listener.localEndpoint)
+            try await client.send(Array("first".utf8))
+            let served = try await listener.accept()
+            var received: [UInt8] = []
+            for try await message in served.messages {
+                received += message.bytes
+                if received.count >= 5 { break }
+            }
+            #expect(received == Array("first".utf8))
+            if test.transport != .udp {
+                // The peer's end ends the sequence (read while the client closes: a WebSocket close is a handshake).
+                async let closed: Void = client.close()
+                var after = 0
+                for try await _ in served.messages { after += 1 }
+                #expect(after == 0)
+                await closed
+            } else {
+                await client.close()
+            }
+            await served.close()
+            await listener.close()
+        }
+    }
+}
