@@ -176,6 +176,11 @@ let package = Package(
             swiftSettings: strictSettings
         ),
         .testTarget(
+            name: "DocSnippetTests",
+            dependencies: ["SocketStyles"],
+            swiftSettings: strictSettings
+        ),
+        .testTarget(
             name: "ConformanceTests",
             dependencies: ["SocketStyles", "ConnectionTestKit", "BenchmarkDriver", "NativeStyles"],
             swiftSettings: strictSettings

@@ -28,7 +28,8 @@ public struct WebSocketOptions: Sendable, Hashable {
     /// Keep-alive: send a ping this often (`nil`: never). iOS apps typically ping every 10 s.
     public var keepAliveInterval: Duration? = nil
     /// Keep-alive: fail the connection (`.timedOut`, close 1001) when a keep-alive ping gets no pong in time.
-    /// Pongs are read by the receive path, so keep a receive going, as with URLSessionWebSocketTask.
+    /// Also the default deadline of ``WebSocketConnection/sendPing(_:timeout:)``. With no receive running, the
+    /// ping reads the connection itself, so keep-alive works (and sees a vanished peer) either way.
     public var pongDeadline: Duration = .seconds(10)
 
     public init() {}
@@ -46,8 +47,8 @@ public struct WebSocketOptions: Sendable, Hashable {
 ///
 /// What `URLSessionWebSocketTask` users know — send text or data, receive one message, ``sendPing()`` with its
 /// pong awaited, close with a code and reason — plus automatic pongs and the peer's close code and reason
-/// (``peerCloseCode``). Control frames are handled inside ``receive(maximumLength:)``: keep receiving (as with
-/// URLSessionWebSocketTask) for pings to be answered and the close handshake to complete.
+/// (``peerCloseCode``). Control frames are handled by whoever reads: a running ``receive(maximumLength:)``, or
+/// ``sendPing(_:timeout:)`` (and keep-alive) when none runs; ``close(code:reason:)`` reads until the peer's close.
 public final class WebSocketConnection: Connection, @unchecked Sendable {
     public let transport: Transport
     public let localEndpoint: Endpoint
@@ -81,8 +82,15 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
         var machine: WebSocketStateMachine
         /// Pings waiting for their pong, oldest first. A waiter is registered before its ping is sent, so a pong
         /// that comes back at once always finds it.
-        var pingWaiters: [(id: UInt64, continuation: CheckedContinuation<Result<Void, ConnectionError>, Never>)] = []
+        var pingWaiters: [UInt64: CheckedContinuation<Result<Void, ConnectionError>, Never>] = [:]
+        /// Pings sent and not yet settled, oldest first: a pong settles the oldest.
+        var pingsInFlight: [UInt64] = []
+        /// Pings settled before their sender started waiting.
+        var pingResults: [UInt64: Result<Void, ConnectionError>] = [:]
         var nextPingID: UInt64 = 0
+        /// Data messages read by a ping while no receive was running, for the next receives.
+        var pending: [Message] = []
+        var pendingBytes = 0
         var tcpClosed = false
         var endReported = false
         var failure: ConnectionError?
@@ -111,7 +119,8 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
         if let interval = options.keepAliveInterval { startKeepAlive(every: interval, deadline: options.pongDeadline) }
     }
 
-    /// Pings every `interval`; a ping without a pong within `deadline` fails the connection (close 1001).
+    /// Pings every `interval`; a ping without a pong within `deadline` fails the connection (close 1001). The ping
+    /// reads the connection itself when no receive is running, so a vanished peer is seen without one.
     private func startKeepAlive(every interval: Duration, deadline: Duration) {
         let task = Task { [weak self] in
             while !Task.isCancelled {
@@ -119,17 +128,17 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
                 guard let self, !Task.isCancelled, state.withLock({ $0.machine.state == .open && !$0.tcpClosed }) else {
                     return
                 }
-                let decided = OnceFlag()
-                let ponged = OnceFlag()
-                await firstOf(
-                    {
-                        if (try? await self.sendPing()) != nil, decided.claim() { _ = ponged.claim() }
-                    },
-                    {
-                        try? await Task.sleep(for: deadline)
-                        _ = decided.claim()
-                    })
-                if ponged.claim() {
+                let outcome: ConnectionError?
+                do throws(ConnectionError) {
+                    try await self.sendPing(timeout: deadline)
+                    outcome = nil
+                } catch {
+                    outcome = error
+                }
+                if let outcome, outcome.kind != .timedOut {
+                    return  // the connection ended or failed: the receive path reports it
+                }
+                if outcome != nil {
                     // No pong before the deadline.
                     fail(
                         ConnectionError(
@@ -256,11 +265,12 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
     private static func frameLink(
         over tcp: any Connection, role: WebSocketRole, leftover: [UInt8], options: WebSocketOptions
     ) async throws(ConnectionError) -> any WebSocketFrameLink {
-        if let framing = tcp as? any WebSocketFramingConnection,
+        let decorator = tcp as? any ConnectionDecorator
+        if let framing = (decorator?.decorated ?? tcp) as? any WebSocketFramingConnection,
             let link = try await framing.webSocketFrameLink(
                 role: role, maximumFrameSize: options.maximumFrameSize, leftover: leftover)
         {
-            return link
+            return decorator.map { ObservedFrameLink(link, observer: $0) } ?? link
         }
         return ByteStreamFrameLink(
             over: tcp, role: role, maximumFrameSize: options.maximumFrameSize, leftover: leftover)
@@ -313,36 +323,91 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
         try await link.send(frames)
     }
 
-    /// Sends a ping and waits for the pong (someone must be receiving, as with URLSessionWebSocketTask).
-    public func sendPing(_ payload: [UInt8] = []) async throws(ConnectionError) {
+    /// Sends a ping and waits for its pong, at most `timeout` (default ``WebSocketOptions/pongDeadline``), then
+    /// fails with `.timedOut`; cancelling the task ends the wait with `.cancelled`. Works whether or not a receive
+    /// is running: with none, the ping reads the connection itself until its pong arrives, answering the peer's
+    /// pings and keeping data messages for the next receive (at most ``ConnectionOptions/receiveQueueLimit``
+    /// bytes of them; beyond that it stops reading, and the peer waits, until the user receives).
+    public func sendPing(_ payload: [UInt8] = [], timeout: Duration? = nil) async throws(ConnectionError) {
         guard payload.count <= 125 else { throw ConnectionError(.messageTooLarge, "a ping carries at most 125 bytes") }
-        let result = await withCheckedContinuation { continuation in
-            let registered: Result<UInt64, ConnectionError> = state.withLock { shared in
-                if let failure = shared.failure { return .failure(failure) }
-                if shared.tcpClosed { return .failure(.closed()) }
-                let id = shared.nextPingID
-                shared.nextPingID += 1
-                shared.pingWaiters.append((id, continuation))
-                return .success(id)
-            }
-            switch registered {
-            case .failure(let error):
-                continuation.resume(returning: .failure(error))
-            case .success(let id):
-                // Sent after the waiter is in place; a failed send takes the waiter back out.
-                Task { [self] in
-                    do throws(ConnectionError) {
-                        try await sendFrames([WebSocketFrame(opcode: .ping, payload: payload)])
-                    } catch {
-                        let waiter = state.withLock { shared in
-                            shared.pingWaiters.firstIndex { $0.id == id }.map { shared.pingWaiters.remove(at: $0) }
-                        }
-                        waiter?.continuation.resume(returning: .failure(error))
+        let limit = timeout ?? webSocketOptions.pongDeadline
+        let id: UInt64 = try state.withLock { (shared) throws(ConnectionError) -> UInt64 in
+            if let failure = shared.failure { throw failure }
+            if shared.tcpClosed { throw .closed() }
+            shared.nextPingID += 1
+            shared.pingResults[shared.nextPingID] = nil
+            shared.pingsInFlight.append(shared.nextPingID)
+            return shared.nextPingID
+        }
+        do throws(ConnectionError) {
+            try await sendFrames([WebSocketFrame(opcode: .ping, payload: payload)])
+        } catch {
+            resolvePing(id, .failure(error))
+        }
+        let result: Result<Void, ConnectionError> = await withTaskCancellationHandler {
+            await withTaskGroup(of: Void.self) { group in
+                group.addTask { [self] in
+                    try? await Task.sleep(for: limit)
+                    resolvePing(id, .failure(ConnectionError(.timedOut, "no pong within \(limit)")))
+                }
+                if receiveLock.tryEnter() {
+                    group.addTask { [self] in
+                        defer { receiveLock.leave() }
+                        await pump(untilPing: id)
                     }
                 }
+                let result = await waitForPing(id)
+                group.cancelAll()
+                return result
             }
+        } onCancel: {
+            resolvePing(id, .failure(.cancelled()))
         }
         try result.get()
+    }
+
+    /// Settles ping `id` once (a pong, a deadline, a cancellation or a failure, whichever comes first).
+    private func resolvePing(_ id: UInt64, _ result: Result<Void, ConnectionError>) {
+        let waiter: CheckedContinuation<Result<Void, ConnectionError>, Never>? = state.withLock { shared in
+            guard let index = shared.pingsInFlight.firstIndex(of: id) else { return nil }
+            shared.pingsInFlight.remove(at: index)
+            if let waiter = shared.pingWaiters.removeValue(forKey: id) { return waiter }
+            shared.pingResults[id] = result
+            return nil
+        }
+        waiter?.resume(returning: result)
+    }
+
+    private func waitForPing(_ id: UInt64) async -> Result<Void, ConnectionError> {
+        await withCheckedContinuation { continuation in
+            let settled: Result<Void, ConnectionError>? = state.withLock { shared in
+                if let result = shared.pingResults.removeValue(forKey: id) { return result }
+                shared.pingWaiters[id] = continuation
+                return nil
+            }
+            if let settled { continuation.resume(returning: settled) }
+        }
+    }
+
+    /// With the receive lock held and no receive running: reads frames until ping `id` is settled, the buffered
+    /// data reaches the receive limit, or the connection ends.
+    private func pump(untilPing id: UInt64) async {
+        while state.withLock({ $0.pingsInFlight.contains(id) && !$0.tcpClosed && $0.failure == nil }) {
+            if state.withLock({ $0.pendingBytes }) >= tcp.options.receiveQueueLimit { return }
+            do throws(ConnectionError) {
+                switch try await readOne(duringClose: false) {
+                case .message(let message):
+                    state.withLock { shared in
+                        shared.pending.append(message)
+                        shared.pendingBytes += message.bytes.count
+                    }
+                case .nothing: continue
+                case .end: return
+                }
+            } catch {
+                return
+            }
+        }
     }
 
     // MARK: Receiving
@@ -355,37 +420,66 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
         await receiveLock.enter()
         defer { receiveLock.leave() }
         while true {
-            if let failure = state.withLock({ $0.failure }) { throw failure }
-            if state.withLock({ $0.tcpClosed }) {
-                return try endOfStream(duringClose: duringClose)
+            let buffered: Message? = state.withLock { shared in
+                guard !shared.pending.isEmpty else { return nil }
+                let message = shared.pending.removeFirst()
+                shared.pendingBytes -= message.bytes.count
+                return message
             }
-            let received: WebSocketLinkInput?
-            do throws(ConnectionError) {
-                received = try await link.receive()
-            } catch {
-                // The connection may have been failed meanwhile (a keep-alive timeout closes TCP): say why.
-                throw state.withLock { $0.failure } ?? error
+            if let buffered { return buffered }
+            switch try await readOne(duringClose: duringClose) {
+            case .message(let message): return message
+            case .nothing: continue
+            case .end: return nil
             }
-            switch received {
-            case .frame(let frame):
-                if let message = try await handle(state.withLock { $0.machine.receive(frame) }) { return message }
-            case .invalid(let error):
-                try await handle(state.withLock { $0.machine.failFromParser(error) })
-            case nil:
-                // TCP ended: cleanly after a close handshake, abnormally otherwise (1006, never sent).
-                let handshakeDone = state.withLock { shared in
-                    shared.tcpClosed = true
-                    defer { shared.machine.connectionLost() }
-                    return shared.machine.peerClose != nil
-                }
-                await tcp.close()
-                if !handshakeDone {
-                    fail(
-                        ConnectionError(
-                            .reset, "the peer closed TCP without a close frame (1006)",
-                            systemCode: .init(domain: "websocket", code: 1006, name: "abnormal closure")))
-                }
+        }
+    }
+
+    private enum ReadOutcome {
+        case message(Message)
+        /// A frame that completed no message (a control frame, a fragment), or the end just seen.
+        case nothing
+        /// The end of the stream, reported (once; after it, receives throw).
+        case end
+    }
+
+    /// Reads and handles one frame (holding the receive lock).
+    private func readOne(duringClose: Bool) async throws(ConnectionError) -> ReadOutcome {
+        if let failure = state.withLock({ $0.failure }) { throw failure }
+        if state.withLock({ $0.tcpClosed }) {
+            _ = try endOfStream(duringClose: duringClose)
+            return .end
+        }
+        let received: WebSocketLinkInput?
+        do throws(ConnectionError) {
+            received = try await link.receive()
+        } catch {
+            // The connection may have been failed meanwhile (a keep-alive timeout closes TCP): say why.
+            throw state.withLock { $0.failure } ?? error
+        }
+        switch received {
+        case .frame(let frame):
+            return try await handle(state.withLock { $0.machine.receive(frame) }).map(ReadOutcome.message) ?? .nothing
+        case .invalid(let error):
+            try await handle(state.withLock { $0.machine.failFromParser(error) })
+            return .nothing
+        case nil:
+            // TCP ended: cleanly after a close handshake, abnormally otherwise (1006, never sent).
+            let handshakeDone = state.withLock { shared in
+                shared.tcpClosed = true
+                defer { shared.machine.connectionLost() }
+                return shared.machine.peerClose != nil
             }
+            await tcp.close()
+            if !handshakeDone {
+                fail(
+                    ConnectionError(
+                        .reset, "the peer closed TCP without a close frame (1006)",
+                        systemCode: .init(domain: "websocket", code: 1006, name: "abnormal closure")))
+            }
+            settlePings(.closed("the connection ended before the pong"))
+            emitClosed(code: peerCloseCode, reason: peerCloseReason ?? "")
+            return .nothing
         }
     }
 
@@ -410,8 +504,7 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
             case .send(let frame):
                 try? await sendFrames([frame])
             case .pongReceived:
-                let waiter = state.withLock { $0.pingWaiters.isEmpty ? nil : $0.pingWaiters.removeFirst() }
-                waiter?.continuation.resume(returning: .success(()))
+                if let oldest = state.withLock({ $0.pingsInFlight.first }) { resolvePing(oldest, .success(())) }
             case .closeReceived:
                 break
             case .failed(let error):
@@ -426,6 +519,7 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
                 state.withLock { $0.tcpClosed = true }
                 keepAlive.withLock { $0 }?.cancel()
                 await tcp.close()
+                settlePings(.closed("the connection closed before the pong"))
                 emitClosed(code: peerCloseCode, reason: peerCloseReason ?? "")
             }
         }
@@ -433,12 +527,15 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
     }
 
     private func fail(_ error: ConnectionError) {
-        let waiters = state.withLock { shared in
+        state.withLock { shared in
             if shared.failure == nil { shared.failure = error }
-            defer { shared.pingWaiters.removeAll() }
-            return shared.pingWaiters
         }
-        for waiter in waiters { waiter.continuation.resume(returning: .failure(error)) }
+        settlePings(error)
+    }
+
+    /// Fails every ping still waiting for its pong (the connection failed or ended).
+    private func settlePings(_ error: ConnectionError) {
+        for id in state.withLock({ $0.pingsInFlight }) { resolvePing(id, .failure(error)) }
     }
 
     // MARK: Closing

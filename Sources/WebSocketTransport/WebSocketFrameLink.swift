@@ -70,3 +70,28 @@ package final class ByteStreamFrameLink: WebSocketFrameLink {
         }
     }
 }
+
+/// A backend's own frame link under a ``ConnectionDecorator``: the frames bypass the decorator, so each one is
+/// reported to it (a listener's idle timeout must see WebSocket traffic as activity).
+package struct ObservedFrameLink: WebSocketFrameLink {
+    private let link: any WebSocketFrameLink
+    private let observer: any ConnectionDecorator
+
+    package init(_ link: any WebSocketFrameLink, observer: any ConnectionDecorator) {
+        self.link = link
+        self.observer = observer
+    }
+
+    package var framing: String { link.framing }
+
+    package func send(_ frames: [WebSocketFrame]) async throws(ConnectionError) {
+        try await link.send(frames)
+        observer.noteActivity()
+    }
+
+    package func receive() async throws(ConnectionError) -> WebSocketLinkInput? {
+        let input = try await link.receive()
+        observer.noteActivity()
+        return input
+    }
+}

@@ -578,3 +578,96 @@ struct WebSocketRequestTests {
         }
     }
 }
+
+@Suite("WebSocket pings and peers without a receive running", .timeLimit(.minutes(10)))
+struct WebSocketPingTests {
+    /// A server that completes the opening handshake over `test`'s stream (TCP or TLS), then calls `then`.
+    private func rawServer(
+        _ test: ConformanceCase, then: @escaping @Sendable (any Connection) async -> Void
+    ) async throws -> (Endpoint, any Listener, Task<Void, Never>) {
+        let listener = try await test.listenStream()
+        let task = Task {
+            guard let stream = try? await listener.accept() else { return }
+            var request: [UInt8] = []
+            while WebSocketHandshake.headLength(in: request) == nil, let chunk = try? await stream.receive() {
+                request += chunk.bytes
+            }
+            let accepted = try? WebSocketHandshake.acceptRequest(String(decoding: request, as: UTF8.self)).get()
+            try? await stream.send(Array((accepted?.response ?? "").utf8))
+            await then(stream)
+        }
+        return (listener.localEndpoint.with(transport: test.transport), listener, task)
+    }
+
+    @Test(
+        "sendPing gets its pong with no receive running; data read meanwhile waits for the next receive",
+        arguments: ConformanceCase.ws)
+    func pingWithoutReceive(_ test: ConformanceCase) async throws {
+        try await SocketTest.run {
+            let server = try await test.echoServer()
+            let client = try await test.backend.connectWebSocket(to: server.endpoint, tls: test.clientTLS)
+            try await client.send(text: "before the ping")
+            try await client.sendPing([1, 2, 3], timeout: .seconds(10))
+            #expect(try await client.receive()?.text == "before the ping")
+            try await client.sendPing()
+            async let closed: Void = client.close()
+            await closed
+            await server.stop()
+        }
+    }
+
+    @Test(
+        "sendPing to a peer that never answers fails with .timedOut at its deadline; cancelling it ends it",
+        arguments: ConformanceCase.ws)
+    func pingDeadlineAndCancellation(_ test: ConformanceCase) async throws {
+        try await SocketTest.run {
+            let (endpoint, listener, server) = try await rawServer(test) { stream in
+                while (try? await stream.receive()) != nil {}  // reads, never answers
+                await stream.close()
+            }
+            let client = try await test.backend.connectWebSocket(
+                to: endpoint, webSocket: .with { $0.closeTimeout = .milliseconds(100) }, tls: test.clientTLS)
+            let started = ContinuousClock.now
+            await expectConnectionError(.timedOut) { () throws(ConnectionError) in
+                try await client.sendPing(timeout: .milliseconds(200))
+            }
+            #expect(ContinuousClock.now - started >= .milliseconds(200))
+            let waiting = Task { () -> ConnectionError? in
+                do throws(ConnectionError) {
+                    try await client.sendPing(timeout: .seconds(60))
+                    return nil
+                } catch {
+                    return error
+                }
+            }
+            waiting.cancel()
+            let error = try await withTimeLimit(.seconds(10)) { await waiting.value }
+            #expect(error?.kind == .cancelled)
+            // The connection is still usable after both.
+            try await client.send(text: "still open")
+            await client.close(code: .goingAway, reason: "done")
+            await listener.close()
+            await server.value
+        }
+    }
+
+    @Test(
+        "A peer that drops TCP without a close frame is seen within 1 s by keep-alive, no receive running",
+        arguments: ConformanceCase.ws)
+    func vanishedPeer(_ test: ConformanceCase) async throws {
+        try await SocketTest.run {
+            let (endpoint, listener, server) = try await rawServer(test) { stream in await stream.close() }
+            let client = try await test.backend.connectWebSocket(
+                to: endpoint, webSocket: .with { $0.keepAliveInterval = .milliseconds(50) }, tls: test.clientTLS)
+            await server.value  // the server has dropped the connection
+            let closed = try await withTimeLimit(.seconds(1)) { () -> WebSocketEvent? in
+                for await event in client.events { if case .closed = event { return event } }
+                return nil
+            }
+            #expect(closed == .closed(code: nil, reason: ""))
+            await expectConnectionError(.reset) { () throws(ConnectionError) in _ = try await client.receive() }
+            await client.close()
+            await listener.close()
+        }
+    }
+}

@@ -1,0 +1,163 @@
+// swift-format-ignore-file
+// The Swift code samples of README.md and docs/, compiled: each lies between `// snippet` markers inside a
+// function, and DocSnippetTests checks that every ```swift block of the docs is one of them (imports, blank lines
+// and indentation aside). A sample that stops compiling fails the build; one changed in the docs alone fails
+// the test. The functions are never called: their endpoints (port 9000) are the docs' examples.
+
+import SocketStyles
+
+enum DocSnippets {
+    // snippet: README.md
+    static func README_1() async throws {
+        let connection = try await Backend.bsd.connect(to: Endpoint(url: "tcp://127.0.0.1:9000"))
+        try await connection.send(Array("hello".utf8))
+        let reply = try await connection.receive(exactly: 5)   // TCP is a byte stream: read a known size
+        print(String(decoding: reply, as: UTF8.self))
+        await connection.close()
+    }
+    // end snippet
+
+    // snippet: docs/styles.md
+    static func docs_styles_2() async throws {
+        let socket = try BSDSocket.connect(to: Endpoint(url: "tcp://127.0.0.1:9000"))
+        defer { socket.close() }
+        try socket.sendAll(Array("hello".utf8))
+        var reply: [UInt8] = []
+        while reply.count < 5 {
+            let bytes = try socket.receive(maximumLength: 5 - reply.count)
+            if bytes.isEmpty { break }          // the server closed
+            reply += bytes                      // TCP may deliver the 5 bytes in pieces
+        }
+    }
+    // end snippet
+
+    // snippet: docs/styles.md
+    static func docs_styles_3() async throws {
+        let loop = try UVLoop()
+        loop.execute {
+            let client = try! UVTCP(loop: loop)
+            try! client.connect(to: .loopbackIPv4(port: 9000)) { error in
+                if let error { print("connect failed: \(error)"); return client.close() }
+                try? client.write(Array("hello".utf8)) { _ in }     // bytes kept alive until this callback
+                var reply: [UInt8] = []
+                try? client.readStart { result in
+                    switch result {
+                    case .data(let bytes): reply += bytes          // valid only inside the callback: copy
+                    case .endOfStream, .failure: client.close()
+                    }
+                    if reply.count == 5 { client.close() }
+                }
+            }
+        }
+    }
+    // end snippet
+
+    // snippet: docs/styles.md
+    static func docs_styles_4() async throws {
+        final class EchoClient: SocketStreamDelegate {
+            let input: SocketInputStream, output: SocketOutputStream
+            var unsent = Array("hello".utf8)                      // what is left to write
+            var reply: [UInt8] = []
+
+            init(_ endpoint: Endpoint, on runLoop: SocketRunLoop) {
+                (input, output) = getStreamsToHost(endpoint)
+                for stream in [input, output] as [SocketStream] {
+                    stream.delegate = self
+                    stream.schedule(in: runLoop)
+                    stream.open()
+                }
+            }
+
+            func stream(_ stream: SocketStream, handle event: StreamEvent) {
+                switch event {
+                case .hasSpaceAvailable where stream === output && !unsent.isEmpty:
+                    let written = output.write(unsent)              // may be partial: returns the count (-1: error)
+                    if written > 0 { unsent.removeFirst(written) }  // write each byte once, then ignore the event
+                case .hasBytesAvailable:
+                    while input.hasBytesAvailable { reply += input.read(maxLength: 5) }
+                    if reply.count == 5 { input.close(); output.close() }
+                case .endEncountered, .errorOccurred:
+                    input.close(); output.close()
+                default: break
+                }
+            }
+        }
+
+        let runLoop = SocketRunLoop.current
+        let client = EchoClient(try Endpoint(url: "tcp://127.0.0.1:9000"), on: runLoop)
+        withExtendedLifetime(client) { runLoop.run(for: .seconds(1)) }   // the delegate is held weakly
+    }
+    // end snippet
+
+    // snippet: docs/styles.md
+    static func docs_styles_5() async throws {
+        let socket = AsyncSocket(to: try Endpoint(url: "tcp://127.0.0.1:9000"))
+        try await socket.start()                              // setup -> preparing -> ready
+        try await socket.send(Array("hello".utf8))
+        var reply: [UInt8] = []
+        for try await chunk in socket.messages {              // an AsyncSequence of what arrives
+            reply += chunk
+            if reply.count == 5 { break }
+        }
+        await socket.close()
+    }
+    // end snippet
+
+    // snippet: docs/styles.md
+    static func docs_styles_6() async throws {
+        // Any backend, the same code: .bsd, .uv, .runloop, .async or .nio.
+        let connection = try await Backend.uv.connect(to: Endpoint(url: "tcp://127.0.0.1:9000"))
+        try await connection.send(Array("hello".utf8))
+        let reply = try await connection.receive(exactly: 5)
+        print(String(decoding: reply, as: UTF8.self))
+        await connection.close()
+    }
+    // end snippet
+
+    // snippet: docs/tls.md
+    static func docs_tls_7() async throws {
+        // Client: verify against the system store (the default), or a private CA.
+        var tls = TLSConfiguration()
+        tls.trustRoots = .file("ca.pem")
+        let connection = try await Backend.async.connect(to: Endpoint(url: "tls://localhost:8443"), tls: tls)
+        if let secure = connection as? TLSConnection { print(secure.negotiatedVersion, secure.cipherSuite) }
+
+        // Server: a certificate chain and its key.
+        let server = TLSConfiguration.server(certificateChainFile: "cert.pem", privateKeyFile: "key.pem")
+        let listener = try await Backend.uv.listen(on: Endpoint(url: "wss://127.0.0.1:0/"), tls: server)
+        print("serving", listener.localEndpoint)
+    }
+    // end snippet
+
+    // snippet: docs/websocket.md
+    static func docs_websocket_8() async throws {
+        let ws = try await Backend.async.connectWebSocket(     // a WebSocketConnection, no cast
+            to: Endpoint(url: "ws://127.0.0.1:9000/chat"),
+            webSocket: .with { $0.headers = [.init(name: "Authorization", value: "Bearer token")] })
+        try await ws.send(text: "hello")                       // or send(Message(bytes)) for binary
+        let message = try await ws.receive()                   // a whole message; .kind is .text or .binary
+        print(message?.text ?? "the server closed")
+        try await ws.sendPing(timeout: .seconds(5))            // its pong, a receive running or not; .timedOut after 5 s
+        await ws.close(code: .goingAway, reason: "bye")        // the close handshake, bounded by closeTimeout
+        print(ws.peerCloseCode as Any, ws.peerCloseReason as Any)
+    }
+    // end snippet
+
+    // snippet: docs/websocket.md
+    static func docs_websocket_9() async throws {
+        let listener = try await Backend.nio.listenWebSocket(on: Endpoint(url: "ws://127.0.0.1:0/chat")) { request in
+            // request.path, .query, .headers, .subprotocols, .origin
+            request.header("Authorization") == nil
+                ? .refuse(status: 401, reason: "log in first")
+                : .accept(subprotocol: request.subprotocols.first)
+        }
+        while let client = try? await listener.acceptWebSocket() {
+            Task {
+                print("joined:", client.request?.query ?? "", client.subprotocol ?? "no subprotocol")
+                for try await message in client.messages { try await client.send(message) }  // echo until the end
+            }
+        }
+    }
+    // end snippet
+
+}
