@@ -347,7 +347,8 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
         let result: Result<Void, ConnectionError> = await withTaskCancellationHandler {
             await withTaskGroup(of: Void.self) { group in
                 group.addTask { [self] in
-                    try? await Task.sleep(for: limit)
+                    // Cut short by cancellation: the cancellation handler settles the ping, not this timer.
+                    guard (try? await Task.sleep(for: limit)) != nil else { return }
                     resolvePing(id, .failure(ConnectionError(.timedOut, "no pong within \(limit)")))
                 }
                 if receiveLock.tryEnter() {

@@ -1,5 +1,6 @@
 import ConnectionTestKit
 import SocketStyles
+import Synchronization
 import Testing
 
 /// The conformance suite: each scenario written once, run for every backend x transport.
@@ -500,5 +501,69 @@ struct ConformanceTests {
             await client.close()
             await server.stop()
         }
+    }
+}
+
+@Suite("Reconnection", .timeLimit(.minutes(10)))
+struct ReconnectionTests {
+    static let cases = ConformanceCase.all.filter { $0.transport == .tcp || $0.transport == .ws }
+
+    @Test(
+        "ReconnectingConnection shows waiting while the server is down, queues sends, and carries on once it is back",
+        arguments: cases)
+    func serverRestart(_ test: ConformanceCase) async throws {
+        try await SocketTest.run {
+            let first = try await test.echoServer()
+            let endpoint = first.endpoint
+            let client = ReconnectingConnection(
+                backend: test.backend, endpoint: endpoint, tls: test.clientTLS,
+                policy: .with {
+                    $0.initialDelay = .milliseconds(20)
+                    $0.maximumDelay = .milliseconds(100)
+                })
+            let seen = Mutex<[ConnectionState]>([])
+            let watcher = Task { for await state in client.states { seen.withLock { $0.append(state) } } }
+            try await expectEcho(client, "one")
+            #expect(client.state == .ready)
+            // A receive runs across the outage: it sees the loss, and gets what comes after the reconnection.
+            let receiver = Task { try await self.receiveText(client, until: "three") }
+            await first.stop()
+            let lost = try await withTimeLimit(.seconds(10)) { () -> Bool in
+                while true {
+                    if case .waiting = client.state { return true }
+                    try await Task.sleep(for: .milliseconds(10))
+                }
+            }
+            #expect(lost)
+            // Sent while down: queued, delivered after the reconnection.
+            try await client.send(Array("three".utf8))
+            let second = try await EchoServer.start(test.backend, on: endpoint, tls: test.serverTLS)
+            let echoed = try await withTimeLimit(.seconds(20)) { try await receiver.value }
+            #expect(echoed.hasSuffix("three"))
+            #expect(client.state == .ready)
+            await client.close()
+            #expect(client.state == .cancelled)
+            await watcher.value
+            let states = seen.withLock { $0 }
+            #expect(states.first == .setup)
+            #expect(states.contains { if case .waiting = $0 { true } else { false } })
+            #expect(states.last == .cancelled)
+            await second.stop()
+        }
+    }
+
+    private func expectEcho(_ client: any Connection, _ text: String) async throws {
+        try await client.send(Array(text.utf8))
+        #expect(try await receiveText(client, until: text) == text)
+    }
+
+    /// Receives until the text so far ends with `suffix` (a byte stream may split or join).
+    private func receiveText(_ client: any Connection, until suffix: String) async throws -> String {
+        var text = ""
+        while !text.hasSuffix(suffix) {
+            guard let message = try await client.receive() else { break }
+            text += String(decoding: message.bytes, as: UTF8.self)
+        }
+        return text
     }
 }

@@ -1,0 +1,303 @@
+import Synchronization
+
+/// Connection states as Network.framework's `NWConnection` reports them.
+public enum ConnectionState: Sendable, Hashable {
+    /// Created, not started.
+    case setup
+    /// Connecting (resolving, TCP, TLS and WebSocket handshakes).
+    case preparing
+    /// Connected: data flows.
+    case ready
+    /// Not connected, trying again after a pause: the error that ended the last attempt or connection.
+    case waiting(ConnectionError)
+    /// Gave up (``ReconnectPolicy/maximumAttempts`` reached): the last error.
+    case failed(ConnectionError)
+    /// Closed by the user.
+    case cancelled
+}
+
+/// How a ``ReconnectingConnection`` tries again.
+public struct ReconnectPolicy: Sendable, Hashable {
+    /// The pause before the first retry; each later pause is `multiplier` times the previous, up to
+    /// `maximumDelay`, and each is shortened by up to `jitter` of itself at random, so that many clients cut off
+    /// together do not come back together.
+    public var initialDelay: Duration = .milliseconds(100)
+    public var maximumDelay: Duration = .seconds(10)
+    public var multiplier: Double = 2
+    /// 0 to 1.
+    public var jitter: Double = 0.3
+    /// Attempts in a row before giving up with `.failed` (`nil`: never give up).
+    public var maximumAttempts: Int? = nil
+    /// What `send` does while disconnected.
+    public var whileDisconnected: WhileDisconnected = .queue(maximumMessages: 64)
+
+    public enum WhileDisconnected: Sendable, Hashable {
+        /// Keep up to this many messages and send them, in order, once connected again; beyond it, `send` throws
+        /// `.resourceExhausted`.
+        case queue(maximumMessages: Int)
+        /// `send` throws `.closed` at once.
+        case refuse
+    }
+
+    public init() {}
+
+    /// The defaults, changed by `configure`.
+    public static func with(_ configure: (inout ReconnectPolicy) -> Void) -> ReconnectPolicy {
+        var policy = ReconnectPolicy()
+        configure(&policy)
+        return policy
+    }
+
+    /// The pause before retry number `attempt` (1-based), jitter applied.
+    func delay(before attempt: Int) -> Duration {
+        let base = min(
+            Double(initialDelay.wholeNanoseconds) * pow(multiplier, Double(max(0, attempt - 1))),
+            Double(maximumDelay.wholeNanoseconds))
+        let shortened = base * (1 - Double.random(in: 0...max(0, min(1, jitter))))
+        return .nanoseconds(Int64(shortened))
+    }
+
+    private func pow(_ base: Double, _ exponent: Double) -> Double {
+        var result = 1.0
+        for _ in 0..<Int(min(exponent, 64)) { result *= base }
+        return result
+    }
+}
+
+/// A client connection that connects again when it is lost, as the seed apps do by hand: the states show
+/// `.waiting(error)` between attempts (backoff with jitter, a cap, an optional limit on attempts), sends while
+/// disconnected are queued (bounded) or refused, and `receive` waits across reconnections. Messages in flight
+/// when a connection is lost are lost with it: the application protocol decides what to resend.
+///
+/// ```swift
+/// let chat = ReconnectingConnection(backend: .async, endpoint: try Endpoint(url: "ws://127.0.0.1:9000/chat"))
+/// Task { for await state in chat.states { print("state:", state) } }
+/// try await chat.send(.text("hello"))          // queued until connected
+/// let reply = try await chat.receive()
+/// await chat.close()
+/// ```
+public final class ReconnectingConnection: Connection, Sendable {
+    public let transport: Transport
+    public let options: ConnectionOptions
+    /// Where it connects.
+    public let endpoint: Endpoint
+    public let policy: ReconnectPolicy
+    /// State changes, in order, starting with `.setup` (one consumer; the newest 32 are kept).
+    public let states: AsyncStream<ConnectionState>
+
+    private let stateSink: AsyncStream<ConnectionState>.Continuation
+    private let open: @Sendable () async throws(ConnectionError) -> any Connection
+    private let shared = Mutex(Shared())
+
+    private struct Shared {
+        var state = ConnectionState.setup
+        var current: (any Connection)?
+        var generation = 0
+        var queue: [Message] = []
+        var waiters: [CheckedContinuation<(any Connection)?, Never>] = []
+        var connector: Task<Void, Never>?
+    }
+
+    /// Connects (in the background, at once) with `backend` to `endpoint`, and again whenever the connection is
+    /// lost, following `policy`.
+    public init(
+        backend: Backend, endpoint: Endpoint, options: ConnectionOptions = ConnectionOptions(),
+        webSocket: WebSocketOptions = WebSocketOptions(), tls: TLSConfiguration = TLSConfiguration(),
+        policy: ReconnectPolicy = ReconnectPolicy()
+    ) {
+        self.transport = endpoint.transport
+        self.options = options
+        self.endpoint = endpoint
+        self.policy = policy
+        (states, stateSink) = AsyncStream.makeStream(of: ConnectionState.self, bufferingPolicy: .bufferingNewest(32))
+        open = { () throws(ConnectionError) in
+            try await backend.connect(to: endpoint, options: options, webSocket: webSocket, tls: tls)
+        }
+        stateSink.yield(.setup)
+        startConnecting(after: nil)
+    }
+
+    /// The current state.
+    public var state: ConnectionState { shared.withLock { $0.state } }
+
+    public var localEndpoint: Endpoint { shared.withLock { $0.current?.localEndpoint } ?? endpoint }
+    public var remoteEndpoint: Endpoint { shared.withLock { $0.current?.remoteEndpoint } ?? endpoint }
+
+    private func set(_ state: ConnectionState, _ shared: inout Shared) {
+        shared.state = state
+        stateSink.yield(state)
+    }
+
+    /// Starts the connect loop unless one runs or the connection is closed; `error` is what ended the last one.
+    private func startConnecting(after error: ConnectionError?) {
+        shared.withLock { shared in
+            guard shared.connector == nil, shared.current == nil else { return }
+            switch shared.state {
+            case .cancelled, .failed: return
+            default: break
+            }
+            if let error { set(.waiting(error), &shared) }
+            shared.generation += 1
+            let generation = shared.generation
+            shared.connector = Task { [weak self] in await self?.connectLoop(generation, first: error == nil) }
+        }
+    }
+
+    private func connectLoop(_ generation: Int, first: Bool) async {
+        var attempt = first ? 0 : 1
+        while !Task.isCancelled {
+            if attempt > 0 { try? await Task.sleep(for: policy.delay(before: attempt)) }
+            if Task.isCancelled { return }
+            shared.withLock { shared in
+                if shared.generation == generation && shared.state != .cancelled { set(.preparing, &shared) }
+            }
+            do throws(ConnectionError) {
+                let connection = try await open()
+                // Queued messages go first, in order, before anyone else can send on the new connection.
+                let queued = shared.withLock { shared in
+                    defer { shared.queue.removeAll() }
+                    return shared.queue
+                }
+                for message in queued { try await connection.send(message) }
+                let adopted: [CheckedContinuation<(any Connection)?, Never>]? = shared.withLock { shared in
+                    guard shared.generation == generation, shared.state != .cancelled else { return nil }
+                    shared.current = connection
+                    shared.connector = nil
+                    set(.ready, &shared)
+                    defer { shared.waiters.removeAll() }
+                    return shared.waiters
+                }
+                guard let adopted else {
+                    await connection.close()
+                    return
+                }
+                for waiter in adopted { waiter.resume(returning: connection) }
+                return
+            } catch {
+                attempt += 1
+                let gaveUp: [CheckedContinuation<(any Connection)?, Never>] = shared.withLock { shared in
+                    guard shared.generation == generation, shared.state != .cancelled else { return [] }
+                    if let limit = policy.maximumAttempts, attempt >= limit {
+                        set(.failed(error), &shared)
+                        shared.connector = nil
+                        defer { shared.waiters.removeAll() }
+                        return shared.waiters
+                    }
+                    set(.waiting(error), &shared)
+                    return []
+                }
+                if case .failed = state {
+                    for waiter in gaveUp { waiter.resume(returning: nil) }
+                    return
+                }
+            }
+        }
+    }
+
+    /// The connection when ready, waiting through reconnection; `nil` once closed or failed.
+    private func connection() async -> (any Connection)? {
+        await withCheckedContinuation { continuation in
+            let now: (any Connection)?? = shared.withLock { shared in
+                if let current = shared.current { return .some(current) }
+                switch shared.state {
+                case .cancelled, .failed: return .some(nil)
+                default:
+                    shared.waiters.append(continuation)
+                    return nil
+                }
+            }
+            if let now { continuation.resume(returning: now) }
+        }
+    }
+
+    /// `connection` was lost (its receive or send failed, or the peer ended it): reconnect.
+    private func lost(_ connection: any Connection, _ error: ConnectionError) async {
+        let mine = shared.withLock { shared in
+            guard let current = shared.current, current === connection else { return false }
+            shared.current = nil
+            return true
+        }
+        guard mine else { return }
+        await connection.close()
+        startConnecting(after: error)
+    }
+
+    private var endError: ConnectionError {
+        if case .failed(let error) = state { return error }
+        return .closed()
+    }
+
+    /// Sends on the current connection; while disconnected, queues or refuses as ``ReconnectPolicy`` says. A send
+    /// that fails because the connection was lost starts a reconnection and throws.
+    public func send(_ message: Message) async throws(ConnectionError) {
+        let current: (any Connection)? = try shared.withLock { (shared) throws(ConnectionError) in
+            if let current = shared.current { return current }
+            switch shared.state {
+            case .cancelled, .failed: throw endError
+            default: break
+            }
+            switch policy.whileDisconnected {
+            case .refuse:
+                throw ConnectionError(.closed, "disconnected from \(endpoint); reconnecting")
+            case .queue(let limit):
+                guard shared.queue.count < limit else {
+                    throw ConnectionError(.resourceExhausted, "\(limit) messages already wait for the connection")
+                }
+                shared.queue.append(message)
+                return nil
+            }
+        }
+        guard let current else { return }
+        do throws(ConnectionError) {
+            try await current.send(message)
+        } catch {
+            if error.kind != .cancelled { await lost(current, error) }
+            throw error
+        }
+    }
+
+    /// The next message from whichever connection is current, waiting through reconnections; `nil` only once
+    /// closed (or failed for good).
+    public func receive(maximumLength: Int) async throws(ConnectionError) -> Message? {
+        while true {
+            guard let current = await connection() else {
+                if case .failed(let error) = state { throw error }
+                return nil
+            }
+            do throws(ConnectionError) {
+                if let message = try await current.receive(maximumLength: maximumLength) { return message }
+                await lost(current, ConnectionError(.closed, "the server ended the connection"))
+            } catch {
+                if error.kind == .cancelled || state == .cancelled { throw error }
+                await lost(current, error)
+            }
+        }
+    }
+
+    public func closeOutput() async throws(ConnectionError) {
+        guard let current = shared.withLock({ $0.current }) else { throw ConnectionError(.closed, "not connected") }
+        try await current.closeOutput()
+    }
+
+    /// Stops reconnecting and closes the current connection; waiting receives return `nil`.
+    public func close() async {
+        let (current, connector, waiters) = shared.withLock { shared in
+            defer {
+                shared.current = nil
+                shared.connector = nil
+                shared.waiters.removeAll()
+                shared.queue.removeAll()
+            }
+            if shared.state != .cancelled { set(.cancelled, &shared) }
+            return (shared.current, shared.connector, shared.waiters)
+        }
+        connector?.cancel()
+        for waiter in waiters { waiter.resume(returning: nil) }
+        await current?.close()
+        stateSink.finish()
+    }
+
+    deinit {
+        shared.withLock { $0.connector }?.cancel()
+    }
+}
