@@ -47,7 +47,7 @@ struct ServerResourceTests {
             try await run(cycles, against: endpoint, tls: tls)
             let after = try await settled(server.pid, descriptorsAtMost: before.descriptors)
             let grown = after.residentKiB - before.residentKiB
-            let allowedKiB = 1024 + cycles / 4
+            let allowedKiB = (1024 + cycles / 4) * SocketTest.residentMemoryAllowance
             #expect(
                 after.descriptors <= before.descriptors,
                 "\(backend) x \(transport): \(after.descriptors - before.descriptors) descriptor(s) not given back")
