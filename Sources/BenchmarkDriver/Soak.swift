@@ -106,7 +106,7 @@ public struct SoakRunner: Sendable {
         clock: ContinuousClock
     ) async {
         let configuration = state.configuration
-        var generator = SplitMix(seed: configuration.seed)
+        var generator = SplitMix64(seed: configuration.seed)
         var iterator = credits.makeAsyncIterator()
         var sequence: UInt64 = 0
         while state.error == nil {
@@ -181,26 +181,13 @@ public struct SoakRunner: Sendable {
     }
 
     static func appendPayload(to bytes: inout [UInt8], sequence: UInt64, size: Int, seed: UInt64) {
-        var generator = SplitMix(seed: seed ^ (sequence &* 0x9E37_79B9_7F4A_7C15))
+        var generator = SplitMix64(seed: seed ^ (sequence &* 0x9E37_79B9_7F4A_7C15))
         var remaining = size
         while remaining > 0 {
             let word = generator.next()
             for index in 0..<min(8, remaining) { bytes.append(UInt8(truncatingIfNeeded: word >> (index * 8))) }
             remaining -= 8
         }
-    }
-}
-
-/// SplitMix64: a small, fast, seedable generator (sizes and payloads must be reproducible from the seed).
-struct SplitMix: RandomNumberGenerator {
-    var state: UInt64
-    init(seed: UInt64) { state = seed }
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
     }
 }
 

@@ -13,7 +13,8 @@ struct Sockbench: AsyncParsableCommand {
             Start with `sockbench compare`: it starts echo servers in separate processes and prints a side-by-side table.
             """,
         subcommands: [
-            Compare.self, Serve.self, Ping.self, Soak.self, LessonCommand.self, Backends.self, Microbench.self,
+            Compare.self, Serve.self, Ping.self, Soak.self, Proxy.self, LessonCommand.self, Backends.self,
+            Microbench.self,
             FloorServe.self,
             LessonProbeCommand.self, AutobahnClient.self, RenderReport.self,
         ],

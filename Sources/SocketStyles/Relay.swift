@@ -1,0 +1,393 @@
+import Synchronization
+
+/// Faults a ``Relay`` injects in one direction, in user space (no root, no netem): every figure is applied to
+/// what the relay forwards, drawn from a seeded generator so that a run can be repeated.
+public struct FaultPlan: Sendable, Hashable {
+    /// Added to every message's (or chunk's) trip.
+    public var delay: Duration = .zero
+    /// A random extra delay from 0 to this, per message.
+    public var jitter: Duration = .zero
+    /// With jitter: let a message overtake an earlier one (udp, ws). A byte stream (tcp, tls) never reorders.
+    public var reorder = false
+    /// Probability (0-1) that a message is dropped: udp datagrams and ws messages. A byte stream cannot lose
+    /// bytes without breaking, so for tcp and tls it must stay 0 (use ``blackHoleAfterBytes`` for a stall).
+    public var loss = 0.0
+    /// Probability (0-1) that a udp datagram is sent twice.
+    public var duplication = 0.0
+    /// Bytes per second at most (`nil`: no cap).
+    public var bandwidth: Int? = nil
+    /// After this many bytes, cut the client's connection and the upstream one at once (`nil`: never).
+    public var cutAfterBytes: Int? = nil
+    /// After this many bytes, stop forwarding but keep both connections open: the peer sees silence, as behind
+    /// a dead router (`nil`: never). What keep-alive is for.
+    public var blackHoleAfterBytes: Int? = nil
+
+    public init() {}
+
+    /// The defaults, changed by `configure`.
+    public static func with(_ configure: (inout FaultPlan) -> Void) -> FaultPlan {
+        var plan = FaultPlan()
+        configure(&plan)
+        return plan
+    }
+
+    /// Whether nothing is injected.
+    public var isNone: Bool { self == FaultPlan() }
+
+    /// Faults that `transport` cannot carry, as an error.
+    func check(for transport: Transport) throws(ConnectionError) {
+        guard (0...1).contains(loss), (0...1).contains(duplication) else {
+            throw ConnectionError(.unsupported, "loss and duplication are probabilities from 0 to 1")
+        }
+        if transport.isByteStream && loss > 0 {
+            throw ConnectionError(
+                .unsupported,
+                "a \(transport) byte stream cannot lose bytes without breaking; use a black hole (a stall) instead")
+        }
+        if transport != .udp && duplication > 0 {
+            throw ConnectionError(.unsupported, "duplication applies to udp datagrams only")
+        }
+        if transport.isByteStream && reorder {
+            throw ConnectionError(.unsupported, "a \(transport) byte stream never reorders")
+        }
+    }
+}
+
+/// A proxy in the style of the seeds' CFSocket proxy server: it accepts clients on one endpoint and relays each
+/// to an upstream endpoint over a connection of its own, through ``Connection`` on any backend, injecting the
+/// faults of a ``FaultPlan`` in each direction.
+///
+/// - tcp -> tcp: bytes, with half-close carried (a FIN one way keeps the other way open);
+/// - udp -> udp: one upstream association per client address, forgotten after the listener's UDP idle timeout;
+/// - tls -> tcp and tcp -> tls (terminating or originating TLS; the upstream certificate is verified unless
+///   the configuration says otherwise), ws -> ws (whole messages; close codes carried; each hop answers pings).
+///
+/// Backpressure holds end to end: each direction forwards through a bounded queue, so a slow reader at either
+/// end slows the other end's sender. A client whose upstream cannot be reached is closed (a clean end).
+public final class Relay: Sendable {
+    /// Where clients connect (the real port when port 0 was asked for).
+    public let endpoint: Endpoint
+    /// Where each client is relayed to.
+    public let upstream: Endpoint
+    private let listener: any Listener
+    private let acceptor = Mutex<Task<Void, Never>?>(nil)
+    private let pairs = Mutex<[UInt64: (any Connection, (any Connection)?)]>([:])
+    let counters = Counters()
+
+    /// What the relay has done so far.
+    public struct Statistics: Sendable, Hashable, Codable {
+        public var clients = 0
+        public var upstreamFailures = 0
+        public var bytesToUpstream = 0
+        public var bytesToClients = 0
+        public var dropped = 0
+        public var duplicated = 0
+    }
+
+    final class Counters: Sendable {
+        let statistics = Mutex(Statistics())
+        func update(_ change: (inout Statistics) -> Void) { statistics.withLock { change(&$0) } }
+    }
+
+    /// What the relay has done so far.
+    public var statistics: Statistics { counters.statistics.withLock { $0 } }
+
+    /// Starts relaying `listen` to `upstream` with `backend` on both sides.
+    public static func start(
+        listen: Endpoint, upstream: Endpoint, backend: Backend, options: ConnectionOptions = ConnectionOptions(),
+        serverTLS: TLSConfiguration? = nil, upstreamTLS: TLSConfiguration = TLSConfiguration(),
+        toUpstream: FaultPlan = FaultPlan(), toClient: FaultPlan = FaultPlan(), seed: UInt64 = 1
+    ) async throws(ConnectionError) -> Relay {
+        guard listen.transport.isByteStream == upstream.transport.isByteStream,
+            (listen.transport == .udp) == (upstream.transport == .udp)
+        else {
+            throw ConnectionError(
+                .unsupported,
+                "relaying \(listen.transport) to \(upstream.transport) would change the kind of transport (byte stream, datagrams, messages)"
+            )
+        }
+        try toUpstream.check(for: listen.transport)
+        try toClient.check(for: listen.transport)
+        let listener = try await backend.listen(on: listen, options: options, tls: serverTLS)
+        let relay = Relay(listener: listener, upstream: upstream)
+        let task = Task {
+            await withDiscardingTaskGroup { group in
+                var nextID: UInt64 = 0
+                while let client = try? await listener.accept() {
+                    nextID += 1
+                    let id = nextID
+                    relay.pairs.withLock { $0[id] = (client, nil) }
+                    relay.counters.update { $0.clients += 1 }
+                    group.addTask {
+                        await relay.serve(
+                            client, id: id, backend: backend, options: options, tls: upstreamTLS,
+                            plans: (toUpstream, toClient), seed: seed &+ id)
+                    }
+                }
+            }
+        }
+        relay.acceptor.withLock { $0 = task }
+        return relay
+    }
+
+    private init(listener: any Listener, upstream: Endpoint) {
+        self.listener = listener
+        self.endpoint = listener.localEndpoint
+        self.upstream = upstream
+    }
+
+    private func serve(
+        _ client: any Connection, id: UInt64, backend: Backend, options: ConnectionOptions, tls: TLSConfiguration,
+        plans: (toUpstream: FaultPlan, toClient: FaultPlan), seed: UInt64
+    ) async {
+        defer { pairs.withLock { _ = $0.removeValue(forKey: id) } }
+        let server: any Connection
+        do throws(ConnectionError) {
+            server = try await backend.connect(to: upstream, options: options, tls: tls)
+        } catch {
+            counters.update { $0.upstreamFailures += 1 }
+            await client.close()
+            return
+        }
+        let known = pairs.withLock { pairs in
+            guard pairs[id] != nil else { return false }
+            pairs[id] = (client, server)
+            return true
+        }
+        guard known else {  // stopped meanwhile
+            await server.close()
+            await client.close()
+            return
+        }
+        let cut = OnceFlag()
+        let cutBoth: @Sendable () async -> Void = {
+            guard cut.claim() else { return }
+            await client.close()
+            await server.close()
+        }
+        await withDiscardingTaskGroup { group in
+            group.addTask {
+                await Self.forward(
+                    from: client, to: server, plan: plans.toUpstream, seed: seed, counters: self.counters,
+                    upstreamBound: true, cut: cutBoth)
+            }
+            group.addTask {
+                await Self.forward(
+                    from: server, to: client, plan: plans.toClient, seed: seed &* 31, counters: self.counters,
+                    upstreamBound: false, cut: cutBoth)
+            }
+        }
+        await client.close()
+        await server.close()
+    }
+
+    /// One direction: receive, apply the plan, send, through a bounded queue so that a delay does not stop the
+    /// flow (messages in flight overlap) and a slow reader slows the sender.
+    private static func forward(
+        from source: any Connection, to sink: any Connection, plan: FaultPlan, seed: UInt64, counters: Counters,
+        upstreamBound: Bool, cut: @escaping @Sendable () async -> Void
+    ) async {
+        let line = FaultLine(plan: plan, seed: seed, capacity: 256)
+        await withDiscardingTaskGroup { group in
+            group.addTask {
+                var forwarded = 0
+                while true {
+                    guard let item = await line.next() else { break }
+                    guard case .message(let message) = item else {
+                        // The source ended: carry the end across.
+                        if source.transport.isByteStream {
+                            try? await sink.closeOutput()
+                        } else if let webSocket = source as? WebSocketConnection,
+                            let target = sink as? WebSocketConnection,
+                            let code = webSocket.peerCloseCode
+                        {
+                            await target.close(code: code, reason: webSocket.peerCloseReason ?? "")
+                        } else {
+                            await sink.close()
+                        }
+                        return
+                    }
+                    if let limit = plan.blackHoleAfterBytes, forwarded >= limit { continue }
+                    do throws(ConnectionError) {
+                        try await sink.send(message)
+                    } catch {
+                        await cut()
+                        return
+                    }
+                    forwarded += message.bytes.count
+                    counters.update {
+                        if upstreamBound {
+                            $0.bytesToUpstream += message.bytes.count
+                        } else {
+                            $0.bytesToClients += message.bytes.count
+                        }
+                    }
+                    if let limit = plan.cutAfterBytes, forwarded >= limit {
+                        await cut()
+                        return
+                    }
+                    if let bandwidth = plan.bandwidth, bandwidth > 0 {
+                        try? await Task.sleep(
+                            for: .nanoseconds(Int64(message.bytes.count) * 1_000_000_000 / Int64(bandwidth)))
+                    }
+                }
+            }
+            while true {
+                let message: Message?
+                do throws(ConnectionError) {
+                    message = try await source.receive()
+                } catch {
+                    await line.finish()
+                    if error.kind != .closed { await cut() }
+                    return
+                }
+                guard let message else {
+                    await line.finish()
+                    return
+                }
+                switch line.admit(message) {
+                case .dropped: counters.update { $0.dropped += 1 }
+                case .duplicated: counters.update { $0.duplicated += 1 }
+                case .queued: break
+                }
+                await line.waitForSpace()
+            }
+        }
+    }
+
+    /// Stops accepting and closes every relayed pair.
+    public func stop() async {
+        await listener.close()
+        let open = pairs.withLock { pairs in
+            defer { pairs.removeAll() }
+            return Array(pairs.values)
+        }
+        for (client, server) in open {
+            await client.close()
+            await server?.close()
+        }
+        await acceptor.withLock { $0 }?.value
+    }
+}
+
+/// One direction's queue of a ``Relay``: messages with the time each may leave (delay plus jitter), dropped or
+/// duplicated as the plan says, in order unless the plan lets them reorder; bounded, so the receiving side waits
+/// when it is full.
+final class FaultLine: Sendable {
+    enum Item: Sendable {
+        case message(Message)
+        case end
+    }
+
+    enum Admission { case queued, dropped, duplicated }
+
+    private struct Entry {
+        var due: ContinuousClock.Instant
+        var order: UInt64
+        var item: Item
+    }
+
+    private struct State {
+        var entries: [Entry] = []
+        var order: UInt64 = 0
+        var lastDue: ContinuousClock.Instant?
+        var ended = false
+        var random: SplitMix64
+        var reader: CheckedContinuation<Void, Never>?
+        var writer: CheckedContinuation<Void, Never>?
+    }
+
+    private let plan: FaultPlan
+    private let capacity: Int
+    private let state: Mutex<State>
+
+    init(plan: FaultPlan, seed: UInt64, capacity: Int) {
+        self.plan = plan
+        self.capacity = capacity
+        state = Mutex(State(random: SplitMix64(seed: seed)))
+    }
+
+    /// Queues a received message (or not: loss), at its due time.
+    func admit(_ message: Message) -> Admission {
+        let (admission, reader) = state.withLock { state -> (Admission, CheckedContinuation<Void, Never>?) in
+            if plan.loss > 0, state.random.unit() < plan.loss { return (.dropped, nil) }
+            let copies = plan.duplication > 0 && state.random.unit() < plan.duplication ? 2 : 1
+            for _ in 0..<copies { enqueue(.message(message), &state) }
+            defer { state.reader = nil }
+            return (copies == 2 ? .duplicated : .queued, state.reader)
+        }
+        reader?.resume()
+        return admission
+    }
+
+    private func enqueue(_ item: Item, _ state: inout State) {
+        var due = ContinuousClock.now + plan.delay
+        if plan.jitter > .zero {
+            due += .nanoseconds(Int64(state.random.unit() * Double(plan.jitter.wholeNanoseconds)))
+        }
+        if !plan.reorder, let last = state.lastDue, due < last { due = last }
+        state.lastDue = due
+        state.order += 1
+        state.entries.append(Entry(due: due, order: state.order, item: item))
+    }
+
+    /// The source ended: after everything queued, ``next()`` returns `.end`.
+    func finish() async {
+        let reader = state.withLock { state -> CheckedContinuation<Void, Never>? in
+            enqueue(.end, &state)
+            state.ended = true
+            defer { state.reader = nil }
+            return state.reader
+        }
+        reader?.resume()
+    }
+
+    /// Waits while the queue is full.
+    func waitForSpace() async {
+        await withCheckedContinuation { continuation in
+            let now = state.withLock { state -> Bool in
+                if state.entries.count < capacity { return true }
+                state.writer = continuation
+                return false
+            }
+            if now { continuation.resume() }
+        }
+    }
+
+    /// The next item once due (the earliest due first), or `nil` after the end.
+    func next() async -> Item? {
+        while true {
+            let (ready, wait, writer) = state.withLock {
+                state -> (Item?, Duration?, CheckedContinuation<Void, Never>?) in
+                guard
+                    let index = state.entries.indices.min(by: {
+                        (state.entries[$0].due, state.entries[$0].order) < (
+                            state.entries[$1].due, state.entries[$1].order
+                        )
+                    })
+                else { return (nil, nil, nil) }
+                let entry = state.entries[index]
+                let now = ContinuousClock.now
+                if entry.due > now { return (nil, entry.due - now, nil) }
+                state.entries.remove(at: index)
+                defer { state.writer = nil }
+                return (entry.item, nil, state.writer)
+            }
+            writer?.resume()
+            if let ready { return ready }
+            if let wait {
+                try? await Task.sleep(for: wait)
+                continue
+            }
+            // Empty: wait for an item.
+            await withCheckedContinuation { continuation in
+                let now = state.withLock { state -> Bool in
+                    if !state.entries.isEmpty { return true }
+                    state.reader = continuation
+                    return false
+                }
+                if now { continuation.resume() }
+            }
+        }
+    }
+}

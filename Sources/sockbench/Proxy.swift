@@ -1,0 +1,98 @@
+import ArgumentParser
+import Foundation
+import SocketStyles
+
+struct Proxy: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Relay clients to an upstream server, injecting delay, jitter, loss and more (no root needed).",
+        discussion: """
+            Accepts clients on LISTEN_URL and relays each over its own connection to UPSTREAM_URL, through \
+            Connection on the chosen backend: tcp to tcp (half-close carried), udp to udp (one association per \
+            client), tls to tcp or tcp to tls (TLS ended or started here), ws to ws (whole messages, close codes \
+            carried). Faults apply in the --direction chosen, from a --seed: --delay and --jitter (ms), \
+            --reorder (udp, ws), --loss (udp datagrams, ws messages: a tcp stream cannot lose bytes without \
+            breaking), --duplicate (udp), --bandwidth (bytes/s), --cut-after (bytes, then both connections are \
+            closed), --black-hole-after (bytes, then nothing is forwarded but the connections stay open). \
+            Prints `listening on URL`; stops on SIGINT or SIGTERM. docs/proxy.md shows uses.
+            """
+    )
+
+    @Argument(help: "Where clients connect, e.g. tcp://127.0.0.1:0 (port 0: any free port).")
+    var listen: String
+
+    @Argument(help: "Where each client is relayed, e.g. tcp://127.0.0.1:9000.")
+    var upstream: String
+
+    @Option(help: "The connection style: \(Backend.allCases.map(\.rawValue).joined(separator: ", ")).")
+    var backend: String = "async"
+
+    @Option(help: "Which way faults apply: both, up (client to upstream) or down (upstream to client).")
+    var direction: String = "both"
+
+    @Option(help: "Milliseconds added to every message or chunk.") var delay: Double = 0
+    @Option(help: "Up to this many milliseconds more, at random.") var jitter: Double = 0
+    @Flag(help: "With jitter, let messages overtake each other (udp, ws).") var reorder = false
+    @Option(help: "Probability (0-1) of dropping a udp datagram or ws message.") var loss: Double = 0
+    @Option(help: "Probability (0-1) of sending a udp datagram twice.") var duplicate: Double = 0
+    @Option(help: "Bytes per second at most.") var bandwidth: Int?
+    @Option(help: "Close both connections after this many bytes.") var cutAfter: Int?
+    @Option(help: "Stop forwarding (connections stay open) after this many bytes.") var blackHoleAfter: Int?
+    @Option(help: "Seed of the random faults.") var seed: UInt64 = 1
+
+    @Option(help: "Close a client pair idle for this many seconds (0: never).") var idleTimeout: Double = 300
+    @Option(help: "The most clients relayed at once.") var maxConnections: Int = 16_384
+
+    @OptionGroup var serverTLS: TLSServerOptions
+    @OptionGroup var upstreamTLS: TLSClientOptions
+
+    func validate() throws {
+        guard ["both", "up", "down"].contains(direction) else {
+            throw ValidationError("--direction must be both, up or down")
+        }
+        guard delay >= 0, jitter >= 0 else { throw ValidationError("--delay and --jitter must not be negative") }
+    }
+
+    func run() async throws {
+        let (listenEndpoint, backend) = try parseTarget(url: listen, backend: backend)
+        let upstreamEndpoint: Endpoint
+        do throws(ConnectionError) {
+            upstreamEndpoint = try Endpoint(url: upstream)
+        } catch {
+            throw fail(error.description)
+        }
+        let plan = FaultPlan.with {
+            $0.delay = .microseconds(Int64(delay * 1000))
+            $0.jitter = .microseconds(Int64(jitter * 1000))
+            $0.reorder = reorder
+            $0.loss = loss
+            $0.duplication = duplicate
+            $0.bandwidth = bandwidth
+            $0.cutAfterBytes = cutAfter
+            $0.blackHoleAfterBytes = blackHoleAfter
+        }
+        let options = ConnectionOptions.with {
+            $0.idleTimeout = idleTimeout > 0 ? .milliseconds(Int64(idleTimeout * 1000)) : nil
+            $0.maximumConnections = maxConnections
+        }
+        let terminating = try serverTLS.configuration(for: listenEndpoint.transport)
+        let relay: Relay
+        do throws(ConnectionError) {
+            relay = try await Relay.start(
+                listen: listenEndpoint, upstream: upstreamEndpoint, backend: backend, options: options,
+                serverTLS: terminating,
+                upstreamTLS: upstreamTLS.configuration,
+                toUpstream: direction == "down" ? FaultPlan() : plan, toClient: direction == "up" ? FaultPlan() : plan,
+                seed: seed)
+        } catch {
+            throw fail(error.description)
+        }
+        Console.line("listening on \(relay.endpoint)")
+        let reason = await StopSignal.wait(stdinEOF: false)
+        await relay.stop()
+        let statistics = relay.statistics
+        Console.error(
+            "sockbench proxy: \(reason); \(statistics.clients) client(s), \(statistics.bytesToUpstream) bytes up, "
+                + "\(statistics.bytesToClients) down, \(statistics.dropped) dropped, \(statistics.duplicated) duplicated, "
+                + "\(statistics.upstreamFailures) upstream failure(s)")
+    }
+}

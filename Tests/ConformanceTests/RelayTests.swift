@@ -1,0 +1,172 @@
+import BenchmarkDriver
+import ConnectionTestKit
+import SocketStyles
+import Testing
+
+/// The relay (`sockbench proxy`) on every backend x transport: what goes in comes out, ends are carried, an
+/// unreachable upstream ends the client cleanly, and injected faults are there in the numbers.
+@Suite("Relay", .timeLimit(.minutes(10)))
+struct RelayTests {
+    private func relay(
+        _ test: ConformanceCase, to upstream: Endpoint, toUpstream: FaultPlan = FaultPlan(),
+        toClient: FaultPlan = FaultPlan()
+    ) async throws -> Relay {
+        try await Relay.start(
+            listen: test.anyPort, upstream: upstream, backend: test.backend, serverTLS: test.serverTLS,
+            upstreamTLS: test.clientTLS, toUpstream: toUpstream, toClient: toClient)
+    }
+
+    @Test("Every byte and message comes back verified through the relay", arguments: ConformanceCase.all)
+    func relaysExactly(_ test: ConformanceCase) async throws {
+        try await SocketTest.run {
+            let server = try await test.echoServer()
+            let proxy = try await relay(test, to: server.endpoint)
+            let client = try await test.connect(to: proxy.endpoint)
+            var configuration = SoakRunner.Configuration(messages: 300)
+            configuration.sizes = 0...8192
+            configuration.window = 8
+            let report = await SoakRunner(configuration).run(on: client)
+            #expect(report.passed(reliable: test.transport != .udp), "\(report)")
+            if test.transport != .udp { #expect(report.verified == 300) }
+            await proxy.stop()
+            await server.stop()
+        }
+    }
+
+    @Test(
+        "A half-close is carried both ways: the upstream sees the end, and its end comes back",
+        arguments: ConformanceCase.all.filter { $0.transport == .tcp })
+    func halfClose(_ test: ConformanceCase) async throws {
+        try await SocketTest.run {
+            let server = try await test.echoServer()
+            let proxy = try await relay(test, to: server.endpoint)
+            let client = try await test.connect(to: proxy.endpoint)
+            let payload = pattern(200_000, seed: 4)
+            try await client.send(payload)
+            try await client.closeOutput()  // FIN: the echo server answers everything, then ends
+            var echoed: [UInt8] = []
+            while let message = try await client.receive() { echoed += message.bytes }
+            #expect(echoed == payload)
+            await client.close()
+            await proxy.stop()
+            await server.stop()
+        }
+    }
+
+    @Test(
+        "An upstream that refuses gives the client a clean end, not a hang",
+        arguments: ConformanceCase.all.filter { $0.transport == .tcp || $0.transport == .ws })
+    func upstreamRefused(_ test: ConformanceCase) async throws {
+        try await SocketTest.run {
+            // A port nothing listens on: bound and closed again.
+            let closed = try await test.listen()
+            let nowhere = closed.localEndpoint
+            await closed.close()
+            let proxy = try await relay(test, to: nowhere)
+            do {
+                let client = try await test.connect(to: proxy.endpoint)
+                let outcome: Message?? = try? await withTimeLimit(.seconds(10)) { try await client.receive() }
+                #expect(outcome.map { $0 == nil } ?? true, "the client got data from nowhere")
+                await client.close()
+            } catch {
+                // ws: the relay closes before answering the upgrade, so the handshake fails: also a clean end.
+                #expect(test.transport == .ws, "\(error)")
+            }
+            #expect(proxy.statistics.upstreamFailures == 1)
+            await proxy.stop()
+        }
+    }
+
+    @Test("Injected delay is in every round trip; injected loss is near its rate (2,000 datagrams)")
+    func faultsMeasured() async throws {
+        try await SocketTest.run {
+            // Delay: 15 ms each way, so no round trip can take under 30 ms.
+            let tcp = ConformanceCase(backend: .async, transport: .tcp)
+            let server = try await tcp.echoServer()
+            let delayed = try await relay(
+                tcp, to: server.endpoint, toUpstream: .with { $0.delay = .milliseconds(15) },
+                toClient: .with { $0.delay = .milliseconds(15) })
+            let client = try await tcp.connect(to: delayed.endpoint)
+            let result = try await PingRunner(size: 64, count: 40, warmup: 2).run(on: client)
+            #expect(result.latency.min >= 30_000_000, "fastest round trip \(result.latency.min) ns")
+            await client.close()
+            await delayed.stop()
+            await server.stop()
+
+            // Loss: 25% of datagrams toward the server, none back. Over 2,000 the share lost is 25% +- 4 points
+            // (more than 4 standard deviations), plus whatever loopback itself drops (none at this pace).
+            let udp = ConformanceCase(backend: .async, transport: .udp)
+            let udpServer = try await udp.echoServer()
+            let lossy = try await relay(udp, to: udpServer.endpoint, toUpstream: .with { $0.loss = 0.25 })
+            let udpClient = try await udp.connect(to: lossy.endpoint)
+            var configuration = SoakRunner.Configuration(messages: 2000)
+            configuration.sizes = 16...64
+            configuration.window = 64
+            configuration.lossTimeout = .milliseconds(300)
+            let report = await SoakRunner(configuration).run(on: udpClient)
+            let share = Double(report.lost) / Double(report.sent)
+            #expect(abs(share - 0.25) < 0.04, "\(report.lost) of \(report.sent) lost (\(share))")
+            #expect(lossy.statistics.dropped == report.lost || report.lost > lossy.statistics.dropped)
+            await lossy.stop()
+            await udpServer.stop()
+        }
+    }
+
+    @Test(
+        "Keep-alive sees a peer gone silent behind a black hole (connection kept, nothing forwarded) in bounded time",
+        arguments: ConformanceCase.ws.filter { $0.transport == .ws })
+    func keepAliveThroughBlackHole(_ test: ConformanceCase) async throws {
+        try await SocketTest.run {
+            let server = try await test.echoServer()
+            // A byte relay under the WebSocket (handshake, frames, pings and pongs all pass through it) that goes
+            // silent toward the client after the 101 response and one echo.
+            let tcp = ConformanceCase(backend: test.backend, transport: .tcp)
+            let proxy = try await relay(
+                tcp, to: server.endpoint.with(transport: .tcp), toClient: .with { $0.blackHoleAfterBytes = 140 })
+            let client = try await test.backend.connectWebSocket(
+                to: proxy.endpoint.with(transport: .ws),
+                webSocket: .with {
+                    $0.keepAliveInterval = .milliseconds(100)
+                    $0.pongDeadline = .milliseconds(300)
+                })
+            try await client.send(text: "hello")
+            #expect(try await client.receive()?.text == "hello")
+            let started = ContinuousClock.now
+            let error = await expectConnectionError(.timedOut) { () throws(ConnectionError) in
+                while true { _ = try await client.receive() }
+            }
+            #expect(error?.systemCode?.code == 1001)
+            #expect(ContinuousClock.now - started < .seconds(5), "noticed only after \(ContinuousClock.now - started)")
+            await client.close()
+            await proxy.stop()
+            await server.stop()
+        }
+    }
+
+    @Test("200 clients at once through one relay, each verified")
+    func manyClients() async throws {
+        try await SocketTest.run(timeLimit: .seconds(120)) {
+            let test = ConformanceCase(backend: .async, transport: .tcp)
+            let server = try await test.echoServer()
+            let proxy = try await relay(test, to: server.endpoint)
+            let clients = try await withThrowingTaskGroup(of: (any Connection).self) { group in
+                for _ in 0..<200 { group.addTask { try await test.connect(to: proxy.endpoint) } }
+                return try await group.reduce(into: []) { $0.append($1) }
+            }
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                for (index, client) in clients.enumerated() {
+                    group.addTask {
+                        let payload = pattern(4096, seed: UInt8(truncatingIfNeeded: index))
+                        try await client.send(payload)
+                        #expect(try await client.receive(exactly: payload.count) == payload)
+                    }
+                }
+                try await group.waitForAll()
+            }
+            #expect(proxy.statistics.clients == 200)
+            for client in clients { await client.close() }
+            await proxy.stop()
+            await server.stop()
+        }
+    }
+}
