@@ -1,5 +1,6 @@
 internal import COpenSSL
 import ConnectionCore
+internal import Glibc
 import Synchronization
 
 /// The TLS library in use, for reports ("OpenSSL 3.0.19 27 Jan 2026").
@@ -61,6 +62,7 @@ final class TLSContext: @unchecked Sendable {
                         throw TLSErrors.failure("loading the system trust store")
                     }
                 case .file(let path):
+                    try TLSErrors.checkReadable(path, "the CA file")
                     guard SSL_CTX_load_verify_locations(context, path, nil) == 1 else {
                         throw TLSErrors.failure("loading trusted certificates from \(path)")
                     }
@@ -71,6 +73,8 @@ final class TLSContext: @unchecked Sendable {
         }
         switch (configuration.certificateChainFile, configuration.privateKeyFile) {
         case (let chain?, let key?):
+            try TLSErrors.checkReadable(chain, "the certificate chain")
+            try TLSErrors.checkReadable(key, "the private key")
             guard SSL_CTX_use_certificate_chain_file(context, chain) == 1 else {
                 throw TLSErrors.failure("loading the certificate chain from \(chain)")
             }
@@ -95,6 +99,15 @@ final class TLSContext: @unchecked Sendable {
 
 /// OpenSSL's thread-local error queue, read into ``ConnectionError``s.
 enum TLSErrors {
+    /// A file OpenSSL is about to read must be readable: otherwise OpenSSL's own report is a bare system-library
+    /// code ("error 2147483650; system lib"), where the user needs the path and the reason.
+    static func checkReadable(_ path: String, _ what: String) throws(ConnectionError) {
+        guard access(path, R_OK) == 0 else {
+            let reason = String(cString: strerror(errno))
+            throw ConnectionError(.tls, "cannot read \(what) \(path): \(reason)")
+        }
+    }
+
     /// The oldest error in the queue (the cause), with every message joined; the queue is emptied.
     static func drain() -> (code: UInt, reasons: [String]) {
         var first: UInt = 0

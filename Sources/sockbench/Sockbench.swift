@@ -7,11 +7,13 @@ struct Sockbench: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "sockbench",
         abstract:
-            "Compare connection styles (blocking sockets, libuv, run loop, async/await, SwiftNIO) over TCP and UDP.",
+            "Compare connection styles (blocking sockets, libuv, run loop, async/await, SwiftNIO) over TCP, UDP, TLS and WebSocket.",
         discussion: """
-            Backends: \(Backend.allCases.map(\.rawValue).joined(separator: ", ")). URLs: tcp://host:port, udp://host:port.
+            Backends: \(Backend.allCases.map(\.rawValue).joined(separator: ", ")). URLs: tcp://host:port, udp://host:port, \
+            tls://host:port, ws://host:port/path, wss://host:port/path.
             Start with `sockbench compare`: it starts echo servers in separate processes and prints a side-by-side table.
             """,
+        version: SocketStylesVersion.current,
         subcommands: [
             Compare.self, Serve.self, Ping.self, Soak.self, Proxy.self, LessonCommand.self, Backends.self,
             Microbench.self,
@@ -75,9 +77,15 @@ struct Backends: ParsableCommand {
     func run() {
         for backend in Backend.allCases {
             let transports = backend.transports.map(\.rawValue).sorted().joined(separator: ",")
+            let width = Backend.allCases.map { $0.transports.map(\.rawValue).joined(separator: ",").count }.max() ?? 0
             Console.line(
-                "\(backend.rawValue.padding(toLength: 8, withPad: " ", startingAt: 0)) \(transports.padding(toLength: 10, withPad: " ", startingAt: 0)) \(backend.summary)"
+                "\(backend.rawValue.padding(toLength: 8, withPad: " ", startingAt: 0)) \(transports.padding(toLength: width, withPad: " ", startingAt: 0))  \(backend.summary)"
             )
         }
     }
+}
+
+/// The version `sockbench --version` prints.
+enum SocketStylesVersion {
+    static let current = "0.3.0 (2026-11-23)"
 }

@@ -49,6 +49,28 @@ struct TLSTests {
         #expect(try await client.receive(exactly: 5) == Array("hello".utf8))
     }
 
+    @Test("A missing certificate, key or CA file is named in the error, with the reason")
+    func missingFiles() async throws {
+        try await SocketTest.run {
+            let endpoint = try Endpoint(url: "tls://127.0.0.1:0")
+            let server = TLSConfiguration.server(
+                certificateChainFile: "/nonexistent/cert.pem", privateKeyFile: "/nonexistent/key.pem")
+            let error = await expectConnectionError(.tls) { () throws(ConnectionError) in
+                _ = try await Backend.bsd.listen(on: endpoint, tls: server)
+            }
+            #expect(
+                error?.detail == "cannot read the certificate chain /nonexistent/cert.pem: No such file or directory")
+            let listener = try await Backend.bsd.listen(on: ConformanceCase(backend: .bsd, transport: .tcp).anyPort)
+            var client = TLSConfiguration()
+            client.trustRoots = .file("/nonexistent/ca.pem")
+            let caError = await expectConnectionError(.tls) { () throws(ConnectionError) in
+                _ = try await Backend.bsd.connect(to: listener.localEndpoint.with(transport: .tls), tls: client)
+            }
+            #expect(caError?.detail.contains("cannot read the CA file /nonexistent/ca.pem") == true)
+            await listener.close()
+        }
+    }
+
     @Test("Verified by default: the system trust store does not know the test CA", arguments: ConformanceCase.tls)
     func secureByDefault(_ test: ConformanceCase) async throws {
         try await SocketTest.run {

@@ -160,4 +160,27 @@ enum DocSnippets {
     }
     // end snippet
 
+    // snippet: docs/proxy.md
+    static func docs_proxy_1() async throws {
+        let relay = try await Relay.start(
+            listen: Endpoint(url: "udp://127.0.0.1:0"), upstream: Endpoint(url: "udp://127.0.0.1:9000"), backend: .uv,
+            toUpstream: .with { $0.loss = 0.1; $0.jitter = .milliseconds(20); $0.reorder = true })
+        print("relaying on", relay.endpoint)
+        await relay.stop()
+        print(relay.statistics.dropped, "dropped")
+    }
+    // end snippet
+
+    // snippet: docs/websocket.md
+    static func docs_websocket_reconnect() async throws {
+        let chat = ReconnectingConnection(
+            backend: .async, endpoint: try Endpoint(url: "ws://127.0.0.1:9000/chat"),
+            policy: .with { $0.maximumDelay = .seconds(5); $0.whileDisconnected = .queue(maximumMessages: 100) })
+        Task { for await state in chat.states { print("state:", state) } }   // .waiting(error) while the server is away
+        try await chat.send(.text("hello"))
+        for try await message in chat.messages { print(message.text ?? "binary") }
+        await chat.close()
+    }
+    // end snippet
+
 }
