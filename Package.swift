@@ -177,7 +177,10 @@ let package = Package(
         ),
         .testTarget(
             name: "DocSnippetTests",
-            dependencies: ["SocketStyles"],
+            dependencies: [
+                "SocketStyles", .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+            ],
             swiftSettings: strictSettings
         ),
         .testTarget(

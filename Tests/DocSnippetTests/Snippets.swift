@@ -4,6 +4,8 @@
 // and indentation aside). A sample that stops compiling fails the build; one changed in the docs alone fails
 // the test. The functions are never called: their endpoints (port 9000) are the docs' examples.
 
+import NIOCore
+import NIOPosix
 import SocketStyles
 
 enum DocSnippets {
@@ -180,6 +182,47 @@ enum DocSnippets {
         try await chat.send(.text("hello"))
         for try await message in chat.messages { print(message.text ?? "binary") }
         await chat.close()
+    }
+    // end snippet
+
+    // snippet: docs/styles.md (SwiftNIO)
+    static func docs_styles_nio() async throws {
+        final class EchoClientHandler: ChannelInboundHandler {
+            typealias InboundIn = ByteBuffer
+            typealias OutboundOut = ByteBuffer
+            private var reply = ByteBuffer()
+            private let done: EventLoopPromise<String>
+
+            init(done: EventLoopPromise<String>) { self.done = done }
+
+            func channelActive(context: ChannelHandlerContext) {
+                let hello = context.channel.allocator.buffer(string: "hello")
+                context.writeAndFlush(Self.wrapOutboundOut(hello), promise: nil)
+            }
+
+            func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+                var bytes = Self.unwrapInboundIn(data)
+                reply.writeBuffer(&bytes)                         // TCP may deliver the 5 bytes in pieces
+                if reply.readableBytes >= 5 {
+                    done.succeed(reply.readString(length: 5) ?? "")
+                    context.close(promise: nil)
+                }
+            }
+        }
+
+        let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+        let done = group.next().makePromise(of: String.self)
+        let channel = try await ClientBootstrap(group: done.futureResult.eventLoop)
+            .channelOption(.socketOption(.tcp_nodelay), value: 1)
+            .channelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.addHandler(EchoClientHandler(done: done))
+                }
+            }
+            .connect(host: "127.0.0.1", port: 9000).get()
+        print(try await done.futureResult.get())
+        try await channel.closeFuture.get()
+        try await group.shutdownGracefully()
     }
     // end snippet
 
