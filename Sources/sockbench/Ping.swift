@@ -102,9 +102,7 @@ struct Ping: AsyncParsableCommand {
             warmup: warmup, tcpNoDelay: nodelay, cpu: cpu, latency: result.latency, lost: result.lost,
             roundTripsPerSecond: result.roundTripsPerSecond)
         if json {
-            let encoder = JSONEncoder()
-            encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
-            Console.line(String(decoding: try encoder.encode(report), as: UTF8.self))
+            try Console.json(report)
         } else {
             Console.line(report.text)
         }

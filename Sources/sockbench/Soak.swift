@@ -90,12 +90,10 @@ struct Soak: AsyncParsableCommand {
         let reliable = endpoint.transport != .udp
         let passed = report.passed(reliable: reliable)
         if json {
-            let encoder = JSONEncoder()
-            encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
-            let output = SoakOutput(
-                backend: backend.rawValue, url: endpoint.description, transport: endpoint.transport.rawValue,
-                passed: passed, report: report)
-            Console.line(String(decoding: try encoder.encode(output), as: UTF8.self))
+            try Console.json(
+                SoakOutput(
+                    backend: backend.rawValue, url: endpoint.description, transport: endpoint.transport.rawValue,
+                    passed: passed, report: report))
         } else {
             let rate = report.seconds > 0 ? Double(report.verified) / report.seconds : 0
             Console.line(

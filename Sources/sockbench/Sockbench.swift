@@ -39,6 +39,13 @@ enum Console {
     static func error(_ text: String) {
         FileHandle.standardError.write(Data((text + "\n").utf8))
     }
+
+    /// `value` as pretty-printed JSON with sorted keys, the one form every `--json` prints.
+    static func json<T: Encodable>(_ value: T) throws {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
+        line(String(decoding: try encoder.encode(value), as: UTF8.self))
+    }
 }
 
 /// Parses what the user typed into an endpoint and a backend, or fails with one line.
