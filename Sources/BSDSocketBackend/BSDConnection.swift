@@ -30,11 +30,16 @@ final class BSDConnection: Connection, @unchecked Sendable {
         let closing = Atomic<Bool>(false)
         let chunkSize: Int
 
-        init(socket: BSDSocket, options: ConnectionOptions) throws(ConnectionError) {
+        init(socket: BSDSocket, options: ConnectionOptions, executor premade: ReaderExecutor?) throws(ConnectionError) {
             self.socket = socket
             let lease = DescriptorLease(socket: socket)
             self.lease = lease
-            let executor = try ReaderExecutor()
+            let executor: ReaderExecutor
+            if let given = premade {
+                executor = given
+            } else {
+                executor = try ReaderExecutor()
+            }
             self.executor = executor
             let onSpace: @Sendable () -> Void = { executor.wake() }
             self.inbox =
@@ -98,13 +103,14 @@ final class BSDConnection: Connection, @unchecked Sendable {
         }
     }
 
-    /// Wraps a connected socket and starts its reader thread.
-    init(socket: BSDSocket, options: ConnectionOptions) throws(ConnectionError) {
+    /// Wraps a connected socket and starts its reader thread, on `executor` when one was made ahead (a listener
+    /// makes it before accepting, so that a client it accepts never lacks the descriptor its reader needs).
+    init(socket: BSDSocket, options: ConnectionOptions, executor: ReaderExecutor? = nil) throws(ConnectionError) {
         self.transport = socket.transport
         self.options = options
         self.localEndpoint = try socket.localAddress.endpoint(socket.transport)
         self.remoteEndpoint = try socket.remoteAddress.endpoint(socket.transport)
-        self.core = try Core(socket: socket, options: options)
+        self.core = try Core(socket: socket, options: options, executor: executor)
         startReader(onCurrentThread: false)
     }
 
@@ -114,7 +120,7 @@ final class BSDConnection: Connection, @unchecked Sendable {
         self.options = options
         self.localEndpoint = try socket.localAddress.endpoint(socket.transport)
         self.remoteEndpoint = try socket.remoteAddress.endpoint(socket.transport)
-        self.core = try Core(socket: socket, options: options)
+        self.core = try Core(socket: socket, options: options, executor: nil)
         startReader(onCurrentThread: true)
     }
 

@@ -28,11 +28,15 @@ final class BSDTCPListener: Listener, @unchecked Sendable {
 
     private func acceptLoop() {
         defer { lease.release() }
+        var executor: ReaderExecutor?
         while true {
             gate.withLock { gate.wait(until: { queue.hasSpace || closing.load(ordering: .relaxed) }) }
             if closing.load(ordering: .acquiring) { return }
             let client: BSDSocket
-            do {
+            do throws(ConnectionError) {
+                // The next connection's reader executor (an eventfd) first: a client accepted when no
+                // descriptor is left for its reader would have to be dropped.
+                if executor == nil { executor = try ReaderExecutor() }
                 client = try socket.accept(options: options)
             } catch {
                 if closing.load(ordering: .acquiring) { return }
@@ -50,9 +54,10 @@ final class BSDTCPListener: Listener, @unchecked Sendable {
             }
             let connection: BSDConnection
             do {
-                connection = try BSDConnection(socket: client, options: options)
+                connection = try BSDConnection(socket: client, options: options, executor: executor)
+                executor = nil
             } catch {
-                continue  // the client left before getpeername, or no descriptor was left for its reader: not served
+                continue  // the client left before getpeername: not served
             }
             if !queue.push(connection).accepted {
                 Task { await connection.close() }

@@ -28,6 +28,13 @@ final class ReaderExecutor: TaskExecutor, @unchecked Sendable {
         state = Mutex(State(wakeFD: try Syscall.eventFD()))
     }
 
+    /// An executor whose reader never started (made ahead for a connection that did not come) still closes its
+    /// eventfd.
+    deinit {
+        let fd = state.withLock { $0.wakeFD }
+        if fd >= 0 { Syscall.close(fd) }
+    }
+
     func enqueue(_ job: consuming ExecutorJob) {
         let job = UnownedJob(job)
         let taken = state.withLock { state in
