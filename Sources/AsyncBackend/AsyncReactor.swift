@@ -20,6 +20,8 @@ public final class AsyncReactor: TaskExecutor, Sendable {
     /// Starts a reactor thread.
     public init(name: String) throws(ConnectionError) {
         loop = try EpollLoop(name: name)
+        // Jobs run as the reactor, the executor tasks name in their preference (see `EpollLoop.runJobs(as:)`).
+        loop.runJobs(as: asUnownedTaskExecutor())
         loop.startThread()
     }
 

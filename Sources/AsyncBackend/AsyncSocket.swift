@@ -229,7 +229,7 @@ public final class AsyncSocket: Sendable {
     /// Receives what is available (TCP: at most `maximumLength` bytes; UDP: one datagram), waiting for it
     /// without blocking a thread. Returns `nil` once when the peer finished sending (TCP).
     public func receive(maximumLength: Int = .max) async throws(ConnectionError) -> [UInt8]? {
-        await readGate.enter()
+        if !readGate.tryEnter() { await readGate.enter() }
         defer { readGate.leave() }
         let fd = try usableDescriptor()
         if life.withLock({ $0.endReported }) { throw .closed("the end of the stream was already reported") }
@@ -259,7 +259,7 @@ public final class AsyncSocket: Sendable {
 
     /// Sends all of `bytes` (UDP: one datagram), waiting for room without blocking a thread.
     public func send(_ bytes: [UInt8]) async throws(ConnectionError) {
-        await writeGate.enter()
+        if !writeGate.tryEnter() { await writeGate.enter() }
         defer { writeGate.leave() }
         let fd = try usableDescriptor()
         if life.withLock({ $0.outputClosed }) { throw .closed("the output was closed") }
@@ -291,7 +291,7 @@ public final class AsyncSocket: Sendable {
     /// Half-close (TCP): FIN after everything sent so far.
     public func closeOutput() async throws(ConnectionError) {
         guard transport == .tcp else { throw ConnectionError(.unsupported, "half-close needs a TCP connection") }
-        await writeGate.enter()
+        if !writeGate.tryEnter() { await writeGate.enter() }
         defer { writeGate.leave() }
         let fd = try usableDescriptor()
         life.withLock { $0.outputClosed = true }
@@ -311,7 +311,7 @@ public final class AsyncSocket: Sendable {
 
     /// recvfrom on an unconnected UDP socket: one datagram and its sender.
     func receiveFrom() async throws(ConnectionError) -> (bytes: [UInt8], from: SocketAddress) {
-        await readGate.enter()
+        if !readGate.tryEnter() { await readGate.enter() }
         defer { readGate.leave() }
         let fd = try usableDescriptor()
         while true {
@@ -331,7 +331,7 @@ public final class AsyncSocket: Sendable {
 
     /// sendto on an unconnected UDP socket.
     func send(_ bytes: [UInt8], to address: SocketAddress) async throws(ConnectionError) {
-        await writeGate.enter()
+        if !writeGate.tryEnter() { await writeGate.enter() }
         defer { writeGate.leave() }
         let fd = try usableDescriptor()
         while true {

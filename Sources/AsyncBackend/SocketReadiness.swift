@@ -51,9 +51,11 @@ final class SocketReadiness: EpollHandler, Sendable {
     }
 
     /// Waits until the socket may be readable again (or fails with `.closed` / `.cancelled`).
+    @inline(__always)
     func waitReadable() async throws(ConnectionError) { try await wait(reading: true) }
 
     /// Waits until the socket may be writable again (or fails with `.closed` / `.cancelled`).
+    @inline(__always)
     func waitWritable() async throws(ConnectionError) { try await wait(reading: false) }
 
     private func wait(reading: Bool) async throws(ConnectionError) {

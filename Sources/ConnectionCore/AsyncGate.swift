@@ -13,13 +13,12 @@ public final class AsyncGate: Sendable {
     public init() {}
 
     /// Waits until the gate is free, then holds it.
+    ///
+    /// On a hot path write `if !gate.tryEnter() { await gate.enter() }`: a call to an `async` function costs
+    /// an executor check in the runtime at entry and after it returns, even when it does not suspend (measured
+    /// on the async backend: two of its eight per round trip); `tryEnter()` is a plain call.
     public func enter() async {
-        let entered = state.withLock { state in
-            if state.busy { return false }
-            state.busy = true
-            return true
-        }
-        if entered { return }
+        if tryEnter() { return }
         await withCheckedContinuation { continuation in
             let now: Bool = state.withLock { state in
                 if !state.busy {

@@ -28,6 +28,8 @@ public final class EpollLoop: TaskExecutor, @unchecked Sendable {
     private var cancelledTimers: Set<UInt64> = []
     private var local: [Work] = []
     private var spare: [Work] = []
+    // Set before the loop runs; read on the loop thread only.
+    private var jobExecutor: UnownedTaskExecutor?
     /// A name for the thread that runs the loop.
     public let name: String
 
@@ -103,6 +105,15 @@ public final class EpollLoop: TaskExecutor, @unchecked Sendable {
     /// TaskExecutor: a job of a task that prefers this loop runs on the loop thread.
     public func enqueue(_ job: consuming ExecutorJob) {
         hand(.job(UnownedJob(job)))
+    }
+
+    /// Runs every job as `executor` instead of as the loop itself: for an executor that wraps this loop and
+    /// forwards its jobs here (``AsyncReactor``-like). A task that prefers the wrapper must find that same
+    /// executor current when its jobs run, or the runtime re-enqueues the task at every `await` (measured: a
+    /// quarter of a round trip's CPU). Call before the loop runs; `executor` must outlive it.
+    public func runJobs(as executor: UnownedTaskExecutor) {
+        precondition(loopThread.load(ordering: .acquiring) == 0, "runJobs(as:) after the loop started")
+        jobExecutor = executor
     }
 
     // MARK: Descriptors (from any thread)
@@ -231,10 +242,11 @@ public final class EpollLoop: TaskExecutor, @unchecked Sendable {
             incoming.withLock { swap(&$0.work, &batch) }
         }
         let ran = !batch.isEmpty
+        let executor = jobExecutor ?? asUnownedTaskExecutor()
         for work in batch {
             switch work {
             case .block(let block): block()
-            case .job(let job): job.runSynchronously(on: asUnownedTaskExecutor())
+            case .job(let job): job.runSynchronously(on: executor)
             }
         }
         batch.removeAll(keepingCapacity: true)
