@@ -140,6 +140,13 @@ let package = Package(
             ],
             swiftSettings: strictSettings
         ),
+        // Examples a user can copy: built with the package, run by scripts/examples (and CI).
+        .executableTarget(
+            name: "ChatClient", dependencies: ["SocketStyles"], path: "Examples/ChatClient",
+            swiftSettings: strictSettings),
+        .executableTarget(
+            name: "RoutingServer", dependencies: ["SocketStyles"], path: "Examples/RoutingServer",
+            swiftSettings: strictSettings),
         .testTarget(
             name: "ConnectionCoreTests",
             dependencies: ["ConnectionCore"],

@@ -20,7 +20,8 @@ public func fuzzFrames(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
                 guard case .send(var reply) = action else { continue }
                 // What we send goes to the other role's parser, masked if we are the client.
                 if role == .client { reply.maskingKey = 0x1234_5678 }
-                let sent = parse(WebSocketFrameEncoder.encode(reply), role: role == .server ? .client : .server, splitAt: 0)
+                let sent = parse(
+                    WebSocketFrameEncoder.encode(reply), role: role == .server ? .client : .server, splitAt: 0)
                 precondition(sent.error == nil && sent.frames.count == 1, "the state machine sent an invalid frame")
             }
         }
@@ -28,7 +29,9 @@ public func fuzzFrames(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
     return 0
 }
 
-private func parse(_ bytes: [UInt8], role: WebSocketRole, splitAt cut: Int) -> (frames: [WebSocketFrame], error: String?) {
+private func parse(
+    _ bytes: [UInt8], role: WebSocketRole, splitAt cut: Int
+) -> (frames: [WebSocketFrame], error: String?) {
     var parser = WebSocketFrameParser(role: role, maximumFrameSize: 2048)
     var frames: [WebSocketFrame] = []
     for piece in [bytes[..<cut], bytes[cut...]] {

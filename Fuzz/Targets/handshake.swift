@@ -27,7 +27,8 @@ public func fuzzHandshake(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
                 let check = WebSocketHandshake.validateResponse(accepted.response, key: key, offeredProtocols: offered)
                 guard case .success = check else { preconditionFailure("our 101 failed our own validation: \(check)") }
                 precondition(
-                    WebSocketHandshake.checkPartialHead(Array(accepted.response.utf8), request: false, limit: 8192) == nil,
+                    WebSocketHandshake.checkPartialHead(Array(accepted.response.utf8), request: false, limit: 8192)
+                        == nil,
                     "our 101 failed the incremental check")
             }
         } else {

@@ -77,7 +77,13 @@ extension Connection {
         guard transport.isByteStream else {
             throw ConnectionError(.unsupported, "receive(exactly:) needs a byte stream, not \(transport)")
         }
-        var bytes: [UInt8] = []
+        if count <= 0 { return [] }
+        guard let first = try await receive(maximumLength: count) else {
+            throw ConnectionError(.closed, "stream ended after 0 of \(count) bytes")
+        }
+        // The common case (the bytes came in one piece) returns the received array itself: no copy.
+        if first.bytes.count == count { return first.bytes }
+        var bytes = first.bytes
         bytes.reserveCapacity(count)
         while bytes.count < count {
             guard let message = try await receive(maximumLength: count - bytes.count) else {

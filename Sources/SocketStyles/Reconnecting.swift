@@ -281,6 +281,22 @@ public final class ReconnectingConnection: Connection, Sendable {
 
     /// Stops reconnecting and closes the current connection; waiting receives return `nil`.
     public func close() async {
+        await close { await $0.close() }
+    }
+
+    /// Stops reconnecting and closes the current WebSocket with `code` and `reason`, as
+    /// `URLSessionWebSocketTask.cancel(with:reason:)` does (other transports close as ``close()`` does).
+    public func close(code: WebSocketCloseCode, reason: String = "") async {
+        await close { connection in
+            if let webSocket = connection as? WebSocketConnection {
+                await webSocket.close(code: code, reason: reason)
+            } else {
+                await connection.close()
+            }
+        }
+    }
+
+    private func close(_ closing: (any Connection) async -> Void) async {
         let (current, connector, waiters) = shared.withLock { shared in
             defer {
                 shared.current = nil
@@ -293,7 +309,7 @@ public final class ReconnectingConnection: Connection, Sendable {
         }
         connector?.cancel()
         for waiter in waiters { waiter.resume(returning: nil) }
-        await current?.close()
+        if let current { await closing(current) }
         stateSink.finish()
     }
 
