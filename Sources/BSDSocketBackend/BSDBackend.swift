@@ -26,20 +26,18 @@ public struct BSDBackend: ConnectionBackend {
         try check(endpoint)
         let attempt = ConnectAttempt()
         let result: Result<BSDConnection, ConnectionError> = await withTaskCancellationHandler {
-            await withCheckedContinuation { continuation in
-                PosixThread.spawn(name: "bsd-connect") {
-                    let connection: BSDConnection
-                    do throws(ConnectionError) {
-                        let socket = try BSDSocket.connect(to: endpoint, options: options, attempt: attempt)
-                        connection = try BSDConnection(socket: socket, options: options, readerOnCallingThread: ())
-                    } catch {
-                        continuation.resume(returning: .failure(error))
-                        return
-                    }
-                    continuation.resume(returning: .success(connection))
-                    // This thread becomes the connection's reader.
-                    connection.runReaderHere()
+            await PosixThread.spawnAndAwait(name: "bsd-connect") { deliver in
+                let connection: BSDConnection
+                do throws(ConnectionError) {
+                    let socket = try BSDSocket.connect(to: endpoint, options: options, attempt: attempt)
+                    connection = try BSDConnection(socket: socket, options: options, readerOnCallingThread: ())
+                } catch {
+                    deliver(.failure(error))
+                    return
                 }
+                deliver(.success(connection))
+                // This thread becomes the connection's reader.
+                connection.runReaderHere()
             }
         } onCancel: {
             attempt.cancel()
@@ -54,18 +52,17 @@ public struct BSDBackend: ConnectionBackend {
     {
         try check(endpoint)
         // Name resolution may block: do it on a thread of ours.
-        let result: Result<any Listener, ConnectionError> = await withCheckedContinuation { continuation in
-            PosixThread.spawn(name: "bsd-listen") {
-                do throws(ConnectionError) {
-                    let socket = try BSDSocket.listen(on: endpoint, options: options)
-                    let listener: any Listener =
-                        endpoint.transport == .udp
-                        ? try BSDUDPListener(socket: socket, options: options)
-                        : try BSDTCPListener(socket: socket, options: options)
-                    continuation.resume(returning: .success(listener))
-                } catch {
-                    continuation.resume(returning: .failure(error))
-                }
+        let result: Result<any Listener, ConnectionError> = await PosixThread.spawnAndAwait(name: "bsd-listen") {
+            deliver in
+            do throws(ConnectionError) {
+                let socket = try BSDSocket.listen(on: endpoint, options: options)
+                let listener: any Listener =
+                    endpoint.transport == .udp
+                    ? try BSDUDPListener(socket: socket, options: options)
+                    : try BSDTCPListener(socket: socket, options: options)
+                deliver(.success(listener))
+            } catch {
+                deliver(.failure(error))
             }
         }
         return try result.get()

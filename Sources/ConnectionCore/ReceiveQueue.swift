@@ -1,4 +1,8 @@
+#if SOCKETSTYLES_TSAN
+import Synchronization  // Mutex is SanitizerMutex then; nothing public needs the module
+#else
 public import Synchronization
+#endif
 
 /// The bounded hand-off between a backend's producer (a reader thread, an I/O callback, an event loop) and the
 /// async tasks that call ``Connection/receive(maximumLength:)`` or ``Listener/accept()``. For backend authors.

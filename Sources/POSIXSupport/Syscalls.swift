@@ -556,13 +556,9 @@ extension Syscall {
         -> [SocketAddress]
     {
         if case .name = endpoint.host {
-            let result: Result<[SocketAddress], ConnectionError> = await withCheckedContinuation { continuation in
-                PosixThread.spawn(name: "resolve") {
-                    continuation.resume(
-                        returning: Result { () throws(ConnectionError) in
-                            try resolve(endpoint, passive: passive)
-                        })
-                }
+            let result: Result<[SocketAddress], ConnectionError> = await PosixThread.spawnAndAwait(name: "resolve") {
+                deliver in
+                deliver(Result { () throws(ConnectionError) in try resolve(endpoint, passive: passive) })
             }
             return try result.get()
         }

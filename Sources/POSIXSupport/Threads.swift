@@ -29,6 +29,31 @@ public enum PosixThread {
         precondition(result == 0, "pthread_create failed: \(result)")
     }
 
+    /// Starts a thread running `body` and waits, without blocking, until `body` calls `deliver` (once) with the
+    /// result; the thread may go on working after it (a blocking connect's thread becomes the reader).
+    ///
+    /// The value passes through a lock besides the continuation: when the thread resumes before the task has
+    /// suspended, the concurrency runtime orders the two with atomics ThreadSanitizer cannot see (its runtime
+    /// is not instrumented), so without the lock every object the thread built would be reported as a race.
+    public static func spawnAndAwait<Value: Sendable>(
+        name: String, _ body: @escaping @Sendable (_ deliver: @Sendable (Value) -> Void) -> Void
+    ) async -> Value {
+        let slot = HandOff<Value>()
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            spawn(name: name) {
+                body { value in
+                    slot.value.withLock { $0 = value }
+                    continuation.resume()
+                }
+            }
+        }
+        return slot.value.withLock { $0! }
+    }
+
+    private final class HandOff<Value: Sendable>: Sendable {
+        let value = Mutex<Value?>(nil)
+    }
+
     fileprivate static func run(_ raw: UnsafeMutableRawPointer) {
         let start = Unmanaged<Start>.fromOpaque(raw).takeRetainedValue()
         csock_set_thread_name(start.name)
