@@ -13,6 +13,7 @@ let package = Package(
     name: "SocketStyles",
     products: [
         .library(name: "SocketStyles", targets: ["SocketStyles"]),
+        .library(name: "SocketStylesCombine", targets: ["SocketStylesCombine"]),
         .library(name: "ConnectionTestKit", targets: ["ConnectionTestKit"]),
         .executable(name: "sockbench", targets: ["sockbench"]),
     ],
@@ -20,6 +21,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
         .package(url: "https://github.com/HdrHistogram/hdrhistogram-swift", from: "0.2.0"),
         .package(url: "https://github.com/apple/swift-nio", from: "2.101.2"),
+        .package(url: "https://github.com/OpenCombine/OpenCombine", from: "0.14.0"),
     ],
     targets: [
         // The contract: protocols, endpoints, errors, options. No I/O, no C.
@@ -140,6 +142,11 @@ let package = Package(
             ],
             swiftSettings: strictSettings
         ),
+        // OpenCombine publishers (messages, states, events, send results) for code ported from Combine.
+        .target(
+            name: "SocketStylesCombine",
+            dependencies: ["SocketStyles", .product(name: "OpenCombine", package: "OpenCombine")],
+            swiftSettings: strictSettings),
         // Examples a user can copy: built with the package, run by scripts/examples (and CI).
         .executableTarget(
             name: "ChatClient", dependencies: ["SocketStyles"], path: "Examples/ChatClient",
@@ -147,6 +154,14 @@ let package = Package(
         .executableTarget(
             name: "RoutingServer", dependencies: ["SocketStyles"], path: "Examples/RoutingServer",
             swiftSettings: strictSettings),
+        .testTarget(
+            name: "SocketStylesCombineTests",
+            dependencies: [
+                "SocketStylesCombine", "SocketStyles", "ConnectionTestKit",
+                .product(name: "OpenCombine", package: "OpenCombine"),
+            ],
+            swiftSettings: strictSettings
+        ),
         .testTarget(
             name: "ConnectionCoreTests",
             dependencies: ["ConnectionCore"],
@@ -185,7 +200,8 @@ let package = Package(
         .testTarget(
             name: "DocSnippetTests",
             dependencies: [
-                "SocketStyles", .product(name: "NIOCore", package: "swift-nio"),
+                "SocketStyles", "SocketStylesCombine", .product(name: "OpenCombine", package: "OpenCombine"),
+                .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
             ],
             swiftSettings: strictSettings

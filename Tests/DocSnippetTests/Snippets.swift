@@ -6,7 +6,9 @@
 
 import NIOCore
 import NIOPosix
+import OpenCombine
 import SocketStyles
+import SocketStylesCombine
 
 enum DocSnippets {
     // snippet: README.md
@@ -226,4 +228,17 @@ enum DocSnippets {
     }
     // end snippet
 
+
+    // snippet: docs/websocket.md
+    static func docs_websocket_combine() async throws {
+        let chat = ReconnectingConnection(backend: .nio, endpoint: try Endpoint(url: "ws://127.0.0.1:9000/chat"))
+        var bag = Set<AnyCancellable>()
+        chat.statePublisher.sink { state in print("state:", state) }.store(in: &bag)
+        chat.messagePublisher
+            .compactMap(\.text)
+            .sink(receiveCompletion: { print("ended:", $0) }, receiveValue: { print("received:", $0) })
+            .store(in: &bag)
+        chat.sendPublisher(.text("hello")).sink(receiveCompletion: { print("sent:", $0) }, receiveValue: {}).store(in: &bag)
+    }
+    // end snippet
 }
