@@ -8,6 +8,8 @@ public struct WebSocketStateMachine: Sendable {
         case deliver(text: Bool, payload: [UInt8])
         /// Send this frame (a pong, a close reply, a close that fails the connection).
         case send(WebSocketFrame)
+        /// A ping arrived (its payload); the pong that answers it follows as a ``send(_:)``.
+        case pingReceived([UInt8])
         /// A pong arrived (its payload), for a ping we sent.
         case pongReceived([UInt8])
         /// The peer's close frame: its code (1005 when it sent none) and reason.
@@ -48,7 +50,7 @@ public struct WebSocketStateMachine: Sendable {
         switch frame.opcode {
         case .ping:
             guard state == .open else { return [] }
-            return [.send(WebSocketFrame(opcode: .pong, payload: frame.payload))]
+            return [.pingReceived(frame.payload), .send(WebSocketFrame(opcode: .pong, payload: frame.payload))]
         case .pong:
             return [.pongReceived(frame.payload)]
         case .close:

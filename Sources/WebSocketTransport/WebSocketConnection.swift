@@ -31,6 +31,10 @@ public struct WebSocketOptions: Sendable, Hashable {
     /// Also the default deadline of ``WebSocketConnection/sendPing(_:timeout:)``. With no receive running, the
     /// ping reads the connection itself, so keep-alive works (and sees a vanished peer) either way.
     public var pongDeadline: Duration = .seconds(10)
+    /// Report each ping and pong the peer sends in ``WebSocketConnection/events`` (`.ping`, `.pong`), as
+    /// NWProtocolWebSocket's per-message metadata shows their opcodes. Off by default: pings are answered either
+    /// way, and an application that does not read ``WebSocketConnection/events`` loses nothing.
+    public var reportsControlFrames = false
 
     public init() {}
 
@@ -70,7 +74,9 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
     private let link: any WebSocketFrameLink
     private let role: WebSocketRole
     private let state: Mutex<Shared>
-    /// Open and close events, in order: `.opened` first, then `.closed` once (one consumer).
+    /// Open and close events, in order: `.opened` first, then `.closed` once (one consumer); with
+    /// ``WebSocketOptions/reportsControlFrames``, also each ping and pong the peer sends. The newest 8 are kept
+    /// for a consumer that falls behind, so `.closed` is never lost.
     public let events: AsyncStream<WebSocketEvent>
     private let eventSink: AsyncStream<WebSocketEvent>.Continuation
     private let keepAlive = Mutex<Task<Void, Never>?>(nil)
@@ -504,7 +510,10 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
                 delivered = Message(kind: text ? .text : .binary, bytes: payload)
             case .send(let frame):
                 try? await sendFrames([frame])
-            case .pongReceived:
+            case .pingReceived(let payload):
+                if webSocketOptions.reportsControlFrames { eventSink.yield(.ping(payload)) }
+            case .pongReceived(let payload):
+                if webSocketOptions.reportsControlFrames { eventSink.yield(.pong(payload)) }
                 if let oldest = state.withLock({ $0.pingsInFlight.first }) { resolvePing(oldest, .success(())) }
             case .closeReceived:
                 break
@@ -603,4 +612,10 @@ public enum WebSocketEvent: Sendable, Hashable {
     case opened(subprotocol: String?)
     /// The connection ended: the peer's close code and reason when it sent a close frame (`nil` code otherwise).
     case closed(code: WebSocketCloseCode?, reason: String)
+    /// The peer sent a ping with this payload (already answered). Only with
+    /// ``WebSocketOptions/reportsControlFrames``.
+    case ping([UInt8])
+    /// The peer sent a pong with this payload (an answer to one of our pings, or unsolicited). Only with
+    /// ``WebSocketOptions/reportsControlFrames``.
+    case pong([UInt8])
 }

@@ -59,6 +59,41 @@ struct WebSocketConformanceTests {
     }
 
     @Test(
+        "With reportsControlFrames, events show the peer's pings and pongs with their payloads; without, neither",
+        arguments: ConformanceCase.ws)
+    func controlFrameEvents(_ test: ConformanceCase) async throws {
+        try await SocketTest.run {
+            let listener = try await test.listen()
+            let reporting = WebSocketOptions.with { $0.reportsControlFrames = true }
+            let client = try #require(
+                try await test.connect(to: listener.localEndpoint, webSocket: reporting) as? WebSocketConnection)
+            let server = try #require(try await listener.accept() as? WebSocketConnection)
+            var events = client.events.makeAsyncIterator()
+            #expect(await events.next() == .opened(subprotocol: nil))
+            // The server pings (its ping reads the connection itself); the client answers while it receives.
+            let clientReceives = Task { try await client.receive() }
+            try await server.sendPing([7, 7])
+            #expect(await events.next() == .ping([7, 7]))
+            // The client pings: the server's pong is reported too (the client's receive reads it; a receive on the
+            // server reads the ping).
+            let serverReceives = Task { try await server.receive() }
+            try await client.sendPing([1, 2, 3])
+            #expect(await events.next() == .pong([1, 2, 3]))
+            // The server does not report: its events hold only .opened until the close.
+            try await server.send(.text("done"))
+            #expect(try await clientReceives.value?.text == "done")
+            await client.close()
+            #expect(try await serverReceives.value == nil)
+            var serverEvents: [WebSocketEvent] = []
+            for await event in server.events { serverEvents.append(event) }
+            #expect(serverEvents.count == 2)
+            #expect(serverEvents.first == .opened(subprotocol: nil))
+            await server.close()
+            await listener.close()
+        }
+    }
+
+    @Test(
         "Close started by the client: the server sees a clean end; codes and reasons are readable",
         arguments: ConformanceCase.ws)
     func clientCloses(_ test: ConformanceCase) async throws {

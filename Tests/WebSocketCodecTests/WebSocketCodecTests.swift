@@ -49,7 +49,10 @@ struct WebSocketCodecTests {
         parser.feed(ping)
         var machine = WebSocketStateMachine(role: .client)
         let actions = machine.receive(try #require(try parser.nextFrame()))
-        #expect(actions == [.send(WebSocketFrame(opcode: .pong, payload: Array("Hello".utf8)))])
+        #expect(
+            actions == [
+                .pingReceived(Array("Hello".utf8)), .send(WebSocketFrame(opcode: .pong, payload: Array("Hello".utf8))),
+            ])
     }
 
     @Test(
