@@ -5,7 +5,8 @@ import SocketStyles
 /// One 64-byte TCP echo round trip through `Connection` per iteration, for each backend, against an echo
 /// server of the same backend in this process (so allocations and context switches of both ends are counted).
 /// Allocations and context switches per round trip are gated by the committed thresholds, with a tolerance
-/// (the concurrency runtime's allocations vary a little); time is reported, not gated.
+/// (the concurrency runtime's allocations vary a little: uv's p90 was 13 in one run and 15 in the next, so an
+/// allocation count may move by 2 either way, no more); time is reported, not gated.
 nonisolated(unsafe) var server: EchoServer?
 nonisolated(unsafe) var connection: (any Connection)?
 
@@ -16,7 +17,7 @@ let benchmarks: @Sendable () -> Void = {
         maxDuration: .seconds(1),
         maxIterations: 20_000,
         thresholds: [
-            .mallocCountTotal: BenchmarkThresholds(relative: [.p90: 10], absolute: [.p90: 4]),
+            .mallocCountTotal: BenchmarkThresholds(absolute: [.p90: 2]),
             .contextSwitches: BenchmarkThresholds(relative: [.p90: 50], absolute: [.p90: 4]),
             .wallClock: .none,
             .throughput: .none,
