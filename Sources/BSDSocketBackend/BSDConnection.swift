@@ -8,7 +8,9 @@ import Synchronization
 ///   chunk (or datagram) to a bounded ``ReceiveQueue``; when the queue is full it stops reading until `receive`
 ///   makes room, so a slow consumer slows the peer through TCP flow control instead of growing memory;
 /// - the reader thread is also the connection's ``preferredExecutor`` (``ReaderExecutor``): a task that prefers
-///   it runs between reads on that thread, so a message the reader queues is taken without a thread hop;
+///   it runs between reads on that thread, so a message the reader queues is taken without a thread hop, and a
+///   TCP receive there with nothing queued first tries one non-blocking recv(2) itself (no suspension, no poll,
+///   when the reply is already in the kernel);
 /// - sends go through ``BSDWriter`` (a non-blocking attempt first, then a writer thread);
 /// - `close()` shuts the socket down (which wakes both threads), waits until they have finished, and only
 ///   then closes the descriptor.
@@ -29,6 +31,8 @@ final class BSDConnection: Connection, @unchecked Sendable {
         let executor: ReaderExecutor
         let closing = Atomic<Bool>(false)
         let chunkSize: Int
+        /// The reader thread's read buffer; also used by a receive running on that thread (``readNow(_:)``).
+        let scratch: UnsafeMutableRawBufferPointer
 
         init(socket: BSDSocket, options: ConnectionOptions, executor premade: ReaderExecutor?) throws(ConnectionError) {
             self.socket = socket
@@ -48,6 +52,26 @@ final class BSDConnection: Connection, @unchecked Sendable {
                 : .byteStream(capacity: options.receiveQueueLimit, onSpaceAvailable: onSpace)
             self.writer = BSDWriter(socket: socket, lease: lease, name: "bsd-write-\(socket.descriptor)")
             self.chunkSize = socket.transport == .udp ? options.maxDatagramSize : options.readChunkSize
+            self.scratch = .allocate(byteCount: chunkSize, alignment: 16)
+        }
+
+        deinit { scratch.deallocate() }
+
+        /// A receive on the reader thread (TCP, empty queue) reads the socket itself: one non-blocking recv(2),
+        /// so a reply that is already in the kernel is taken without suspending or polling.
+        func readNow(_ maximumLength: Int) -> ReceiveQueue<[UInt8]>.DirectRead {
+            if closing.load(ordering: .relaxed) { return .nothing }
+            let limit = min(maximumLength, chunkSize)
+            do {
+                switch try socket.tryReceive(into: UnsafeMutableRawBufferPointer(rebasing: scratch[..<limit])) {
+                case .wouldBlock: return .nothing
+                case .processed(0): return .end(.finished)
+                case .processed(let count):
+                    return .element([UInt8](UnsafeRawBufferPointer(rebasing: scratch[..<count])))
+                }
+            } catch {
+                return .end(.failed(error))
+            }
         }
 
         /// The reader thread's loop: runs the jobs of tasks that prefer this connection, waits in poll(2) for the
@@ -57,9 +81,9 @@ final class BSDConnection: Connection, @unchecked Sendable {
                 executor.stop()
                 lease.release()
             }
+            executor.bindReaderThread()
             let datagram = socket.transport == .udp
-            let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: chunkSize, alignment: 16)
-            defer { buffer.deallocate() }
+            let buffer = scratch
             while true {
                 executor.runJobs()
                 if closing.load(ordering: .acquiring) { return }
@@ -147,7 +171,14 @@ final class BSDConnection: Connection, @unchecked Sendable {
     }
 
     func receive(maximumLength: Int) async throws(ConnectionError) -> Message? {
-        guard let bytes = try await core.inbox.next(maximumLength: maximumLength) else { return nil }
+        let core = core
+        let bytes: [UInt8]?
+        if transport == .tcp, core.executor.isCurrent {
+            bytes = try await core.inbox.next(maximumLength: maximumLength) { core.readNow($0) }
+        } else {
+            bytes = try await core.inbox.next(maximumLength: maximumLength)
+        }
+        guard let bytes else { return nil }
         return Message(bytes)
     }
 

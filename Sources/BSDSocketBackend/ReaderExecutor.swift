@@ -23,6 +23,8 @@ final class ReaderExecutor: TaskExecutor, @unchecked Sendable {
     }
 
     private let state: Mutex<State>
+    /// The reader thread's ``PosixThread/currentID`` while it runs (0 before and after).
+    private let readerThread = Atomic<UInt>(0)
 
     init() throws(ConnectionError) {
         state = Mutex(State(wakeFD: try Syscall.eventFD()))
@@ -62,7 +64,14 @@ final class ReaderExecutor: TaskExecutor, @unchecked Sendable {
         }
     }
 
+    /// `true` on the reader thread: a task running here may read the socket itself, since the reader is not in
+    /// the middle of a read (it is running this task's job).
+    var isCurrent: Bool { readerThread.load(ordering: .relaxed) == PosixThread.currentID }
+
     // MARK: On the reader thread
+
+    /// Records the calling thread as the reader (at the start of its loop).
+    func bindReaderThread() { readerThread.store(PosixThread.currentID, ordering: .relaxed) }
 
     /// Reader-thread only: the batch being run, swapped with the queue so neither buffer is reallocated.
     private nonisolated(unsafe) var running: [UnownedJob] = []
@@ -97,6 +106,7 @@ final class ReaderExecutor: TaskExecutor, @unchecked Sendable {
 
     /// The reader thread ends: queued and later jobs go to Swift's global executor.
     func stop() {
+        readerThread.store(0, ordering: .relaxed)
         let (jobs, fd): ([UnownedJob], Int32) = state.withLock { state in
             defer {
                 state.jobs = []

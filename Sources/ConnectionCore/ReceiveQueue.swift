@@ -253,6 +253,37 @@ public final class ReceiveQueue<Element: Sendable>: Sendable {
         return try result.get()
     }
 
+    /// What a read on the producer's own thread found (see ``next(maximumLength:readingNow:)``).
+    public enum DirectRead: Sendable {
+        /// Data, returned to the caller without queueing it.
+        case element(Element)
+        /// Nothing to read now: the caller waits for the producer as usual.
+        case nothing
+        /// The stream ended (or failed) under the read: recorded as ``finish(_:)`` would.
+        case end(End)
+    }
+
+    /// ``next(maximumLength:)`` for a caller that runs on the producer's own thread (a reader thread or an event
+    /// loop that is also the connection's executor): when nothing is queued, nobody is waiting and the stream has
+    /// not ended, it first calls `read` (for example one non-blocking recv(2)), so bytes that are already in the
+    /// kernel are returned without a suspension, a continuation, a cancellation record or a trip through the
+    /// producer's wait. Only that thread pushes, so nothing can be queued between the check and the read: order is
+    /// kept. `read` gets the receive's maximum length.
+    @inlinable
+    public func next(
+        maximumLength: Int, readingNow read: (Int) -> DirectRead
+    ) async throws(ConnectionError) -> Element? {
+        let maximumLength = max(1, maximumLength)
+        if state.withLock({ $0.isEmpty && $0.waiters.isEmpty && $0.end == nil }) {
+            switch read(maximumLength) {
+            case .element(let element): return element
+            case .nothing: break
+            case .end(let end): finish(end)
+            }
+        }
+        return try await next(maximumLength: maximumLength)
+    }
+
     // MARK: Internals
 
     @inlinable

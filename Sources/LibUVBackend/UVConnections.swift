@@ -148,7 +148,25 @@ final class UVTCPConnection: Connection, @unchecked Sendable {
     }
 
     func receive(maximumLength: Int) async throws(ConnectionError) -> Message? {
-        guard let bytes = try await inbox.next(maximumLength: maximumLength) else { return nil }
+        let bytes: [UInt8]?
+        if loop.isOnLoopThread {
+            // On the loop (a task that prefers it): bytes already in the kernel are read here, without waiting
+            // for the loop's next epoll and read callback.
+            bytes = try await inbox.next(maximumLength: maximumLength) { [tcp] limit in
+                do throws(ConnectionError) {
+                    switch try tcp.readNow(maximumLength: limit) {
+                    case .wouldBlock: return .nothing
+                    case .processed(let bytes?): return .element(bytes)
+                    case .processed(nil): return .end(.finished)
+                    }
+                } catch {
+                    return .end(.failed(error))
+                }
+            }
+        } else {
+            bytes = try await inbox.next(maximumLength: maximumLength)
+        }
+        guard let bytes else { return nil }
         return Message(bytes)
     }
 

@@ -161,6 +161,21 @@ public final class UVTCP: UVHandle, @unchecked Sendable {
         // count == 0 is "nothing read this time" (EAGAIN), not the end of the stream.
     }
 
+    /// On the loop thread, while reading: one non-blocking recv(2) on the handle's socket into its read buffer,
+    /// for a receive that runs on the loop (libuv fills that buffer only inside its own read, which cannot be
+    /// running now). `.processed(nil)` is the end of the stream.
+    func readNow(maximumLength: Int) throws(ConnectionError) -> IOResult<[UInt8]?> {
+        guard !isClosing, let readBuffer else { return .wouldBlock }
+        var fd: uv_os_fd_t = -1
+        guard uv_fileno(csuv_handle(handle), &fd) == 0 else { return .wouldBlock }
+        let limit = min(maximumLength, readBuffer.count)
+        switch try Syscall.recv(fd, UnsafeMutableRawBufferPointer(rebasing: readBuffer[..<limit]), dontWait: true) {
+        case .wouldBlock: return .wouldBlock
+        case .processed(0): return .processed(nil)
+        case .processed(let count): return .processed([UInt8](UnsafeRawBufferPointer(rebasing: readBuffer[..<count])))
+        }
+    }
+
     /// `uv_try_write`: writes what the kernel takes at once, without queueing. Returns the count written
     /// (0 when it would block).
     public func tryWrite(_ bytes: UnsafeRawBufferPointer) throws(UVError) -> Int {

@@ -34,7 +34,7 @@ public final class UVLoop: @unchecked Sendable {
         /// since `uv_async_send` on a closing handle is not allowed.
         var open = true
     }
-    private let threadID = Atomic<Int>(0)
+    private let threadID = Atomic<UInt>(0)
     private let state = Mutex(LoopState())
     /// The thread's name, for `top -H` and debuggers.
     public let name: String
@@ -75,7 +75,7 @@ public final class UVLoop: @unchecked Sendable {
         nonisolated(unsafe) var ready = false
         PosixThread.spawn(name: name) { [self] in
             started.withLock {
-                threadID.store(Self.currentThreadID(), ordering: .releasing)
+                threadID.store(PosixThread.currentID, ordering: .releasing)
                 ready = true
                 started.broadcast()
             }
@@ -91,10 +91,8 @@ public final class UVLoop: @unchecked Sendable {
         check.deallocate()
     }
 
-    private static func currentThreadID() -> Int { Int(bitPattern: UInt(pthread_self())) }
-
     /// `true` when called on this loop's thread.
-    public var isOnLoopThread: Bool { threadID.load(ordering: .acquiring) == Self.currentThreadID() }
+    public var isOnLoopThread: Bool { threadID.load(ordering: .acquiring) == PosixThread.currentID }
 
     /// Runs `block` on the loop thread, soon (from any thread: `uv_async_send`). Once ``shutdown()`` has
     /// closed the wake-up handle, blocks are dropped.

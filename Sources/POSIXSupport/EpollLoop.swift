@@ -67,7 +67,7 @@ public final class EpollLoop: TaskExecutor, @unchecked Sendable {
         let started = ConditionLock()
         nonisolated(unsafe) var ready = false
         PosixThread.spawn(name: name) { [self] in
-            loopThread.store(Self.currentThread, ordering: .releasing)
+            loopThread.store(PosixThread.currentID, ordering: .releasing)
             started.withLock {
                 ready = true
                 started.broadcast()
@@ -77,10 +77,8 @@ public final class EpollLoop: TaskExecutor, @unchecked Sendable {
         started.withLock { started.wait(until: { ready }) }
     }
 
-    private static var currentThread: UInt { UInt(bitPattern: Int(bitPattern: pthreadSelf())) }
-
     /// `true` on the thread running the loop.
-    public var inLoop: Bool { loopThread.load(ordering: .acquiring) == Self.currentThread }
+    public var inLoop: Bool { loopThread.load(ordering: .acquiring) == PosixThread.currentID }
 
     // MARK: Handing work over
 
@@ -166,7 +164,7 @@ public final class EpollLoop: TaskExecutor, @unchecked Sendable {
     /// Runs the loop on the calling thread until ``stop()`` is called or `deadline` (monotonic nanoseconds)
     /// passes. Each turn: due timers, handed-over work, then `epoll_wait` until the next timer.
     public func run(until deadline: UInt64?) {
-        loopThread.store(Self.currentThread, ordering: .releasing)
+        loopThread.store(PosixThread.currentID, ordering: .releasing)
         stopRequested.store(false, ordering: .relaxed)
         let capacity: Int32 = 64
         let events = UnsafeMutablePointer<UInt32>.allocate(capacity: Int(capacity))

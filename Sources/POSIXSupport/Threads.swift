@@ -137,9 +137,11 @@ public enum MonotonicClock {
     }
 }
 
-/// `pthread_self()` as a raw pointer-sized value, for comparing threads.
-func pthreadSelf() -> UnsafeMutableRawPointer? {
-    UnsafeMutableRawPointer(bitPattern: UInt(pthread_self()))
+extension PosixThread {
+    /// The calling thread's identity (`pthread_self()`), never 0: for a loop or reader thread to record itself and
+    /// for code to ask "am I on it?" with one atomic load.
+    @inline(__always)
+    public static var currentID: UInt { UInt(pthread_self()) }
 }
 
 /// Runs `handler` (on a thread of its own, not inside a signal handler) when SIGINT or SIGTERM arrives. The

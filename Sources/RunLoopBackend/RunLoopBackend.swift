@@ -285,7 +285,17 @@ final class RunLoopTCPConnection: Connection, SocketStreamDelegate, @unchecked S
     }
 
     func receive(maximumLength: Int) async throws(ConnectionError) -> Message? {
-        try await inbox.next(maximumLength: maximumLength).map(Message.init)
+        guard runLoop.isCurrent else { return try await inbox.next(maximumLength: maximumLength).map(Message.init) }
+        // On the run loop (a task that prefers it): read the stream here, as a delegate would, instead of waiting
+        // for the loop's next hasBytesAvailable. An end or error found by the read reaches the queue through the
+        // delegate before this returns.
+        return try await inbox.next(maximumLength: maximumLength) { [self] limit in
+            guard let input else { return .nothing }
+            let count = input.read(
+                into: UnsafeMutableRawBufferPointer(rebasing: readBuffer[..<min(limit, readBuffer.count)]))
+            guard count > 0 else { return .nothing }
+            return .element([UInt8](UnsafeRawBufferPointer(rebasing: readBuffer[..<count])))
+        }.map(Message.init)
     }
 
     func closeOutput() async throws(ConnectionError) {
