@@ -72,3 +72,64 @@ final class AsyncNativeEchoServer: NativeEchoServer, Sendable {
         await acceptor.withLock { $0 }?.value
     }
 }
+
+/// A relay as async/await code: an `AsyncListener`, and per client an upstream `AsyncSocket` and a task per
+/// direction that receives and sends on. A send that waits for room keeps that direction from receiving, so
+/// a slow reader slows the other end through TCP flow control.
+final class AsyncNativeRelay: NativeRelay, Sendable {
+    let localEndpoint: Endpoint
+    private let listener: AsyncListener
+    private let acceptor: Mutex<Task<Void, Never>?> = Mutex(nil)
+    private let sockets = Mutex<[ObjectIdentifier: AsyncSocket]>([:])
+    private let accepted = ClientCounter()
+
+    var clients: Int { accepted.value }
+
+    init(listen: Endpoint, upstream: Endpoint) throws(ConnectionError) {
+        listener = try AsyncListener(on: listen)
+        localEndpoint = listener.localEndpoint
+        let task = Task(executorPreference: listener.reactor) { [self] in
+            await withDiscardingTaskGroup { group in
+                while let client = try? await listener.accept() {
+                    accepted.increment()
+                    group.addTask { await self.relay(client, to: upstream) }
+                }
+            }
+        }
+        acceptor.withLock { $0 = task }
+    }
+
+    private func relay(_ client: AsyncSocket, to upstream: Endpoint) async {
+        let server = AsyncSocket(to: upstream, reactor: listener.reactor)
+        let both = [client, server]
+        sockets.withLock { for socket in both { $0[ObjectIdentifier(socket)] = socket } }
+        defer { sockets.withLock { for socket in both { $0[ObjectIdentifier(socket)] = nil } } }
+        do throws(ConnectionError) {
+            try await server.start()
+            await withDiscardingTaskGroup { group in
+                group.addTask { await Self.pump(from: client, to: server) }
+                group.addTask { await Self.pump(from: server, to: client) }
+            }
+        } catch {}
+        for socket in both { await socket.close() }
+    }
+
+    /// One direction: what `source` sends goes to `sink`; its FIN becomes `sink`'s FIN. An error ends both.
+    private static func pump(from source: AsyncSocket, to sink: AsyncSocket) async {
+        do throws(ConnectionError) {
+            while let bytes = try await source.receive(maximumLength: 64 * 1024) {
+                try await sink.send(bytes)
+            }
+            try await sink.closeOutput()
+        } catch {
+            await source.close()
+            await sink.close()
+        }
+    }
+
+    func stop() async {
+        await listener.close()
+        for socket in sockets.withLock({ Array($0.values) }) { await socket.close() }
+        await acceptor.withLock { $0 }?.value
+    }
+}

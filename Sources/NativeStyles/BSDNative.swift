@@ -111,3 +111,139 @@ final class BSDNativeEchoServer: NativeEchoServer, @unchecked Sendable {
         listener.close()
     }
 }
+
+/// A relay in blocking calls: an accept thread, and per client a blocking connect upstream and two threads,
+/// each a recv -> send loop for one direction. A send that blocks stops that thread from reading, so a slow
+/// reader slows the other end through TCP flow control; recv returning 0 becomes shutdown(SHUT_WR).
+final class BSDNativeRelay: NativeRelay, @unchecked Sendable {
+    let localEndpoint: Endpoint
+    private let listener: BSDSocket
+    private let upstream: Endpoint
+    private let accepted = ClientCounter()
+    private let done = ConditionLock()
+    // Guarded by `done`.
+    private var open: [Int32: BSDSocket] = [:]
+    private var threads = 1
+    private var stopping = false
+
+    var clients: Int { accepted.value }
+
+    private init(listener: BSDSocket, local: Endpoint, upstream: Endpoint) {
+        self.listener = listener
+        self.localEndpoint = local
+        self.upstream = upstream
+    }
+
+    static func start(listen: Endpoint, upstream: Endpoint) async throws(ConnectionError) -> BSDNativeRelay {
+        let listener = try BSDSocket.listen(on: listen)
+        let local: Endpoint
+        do throws(ConnectionError) {
+            local = try listener.localAddress.endpoint(.tcp)
+        } catch {
+            listener.close()
+            throw error
+        }
+        let relay = BSDNativeRelay(listener: listener, local: local, upstream: upstream)
+        PosixThread.spawn(name: "bsd-relay-accept") { relay.acceptLoop() }
+        return relay
+    }
+
+    /// Registers a socket (and a thread that will end) unless stopping.
+    private func admit(_ socket: BSDSocket, threads more: Int) -> Bool {
+        done.withLock {
+            guard !stopping else { return false }
+            open[socket.descriptor] = socket
+            threads += more
+            return true
+        }
+    }
+
+    private func acceptLoop() {
+        defer { threadEnded() }
+        while let client = try? listener.accept() {
+            accepted.increment()
+            guard admit(client, threads: 1) else {
+                client.close()
+                return
+            }
+            PosixThread.spawn(name: "bsd-relay-up") { [self] in connectAndRelay(client) }
+        }
+    }
+
+    private func connectAndRelay(_ client: BSDSocket) {
+        defer { threadEnded() }
+        guard let server = try? BSDSocket.connect(to: upstream) else {
+            forget(client)
+            return
+        }
+        guard admit(server, threads: 1) else {
+            server.close()
+            forget(client)
+            return
+        }
+        let pair = PairEnd()
+        PosixThread.spawn(name: "bsd-relay-down") { [self] in
+            pump(from: server, to: client)
+            if pair.finishOne() { forget(client, server) }
+            threadEnded()
+        }
+        pump(from: client, to: server)
+        if pair.finishOne() { forget(client, server) }
+    }
+
+    /// Both directions must end before the descriptors are closed.
+    private final class PairEnd: Sendable {
+        private let remaining = Atomic<Int>(2)
+        func finishOne() -> Bool { remaining.subtract(1, ordering: .acquiringAndReleasing).newValue == 0 }
+    }
+
+    /// One direction until its end of stream (carried as a FIN) or an error (which ends both directions).
+    private func pump(from source: BSDSocket, to sink: BSDSocket) {
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 64 * 1024, alignment: 16)
+        defer { buffer.deallocate() }
+        do throws(ConnectionError) {
+            while true {
+                let count = try source.receive(into: buffer)
+                if count == 0 {
+                    try sink.shutdown(.write)
+                    return
+                }
+                var offset = 0
+                while offset < count {
+                    offset += try sink.send(UnsafeRawBufferPointer(rebasing: buffer[offset..<count]))
+                }
+            }
+        } catch {
+            try? source.shutdown(.both)
+            try? sink.shutdown(.both)
+        }
+    }
+
+    private func forget(_ sockets: BSDSocket...) {
+        done.withLock { for socket in sockets { open[socket.descriptor] = nil } }
+        for socket in sockets { socket.close() }
+    }
+
+    private func threadEnded() {
+        done.withLock {
+            threads -= 1
+            done.broadcast()
+        }
+    }
+
+    func stop() async {
+        done.withLock {
+            stopping = true
+            // Under the lock: a socket still in `open` is not closed yet, so its descriptor is not reused.
+            for socket in open.values { try? socket.shutdown(.both) }
+        }
+        try? listener.shutdown(.both)
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            PosixThread.spawn(name: "bsd-relay-stop") { [self] in
+                done.withLock { done.wait(until: { threads == 0 }) }
+                continuation.resume()
+            }
+        }
+        listener.close()
+    }
+}

@@ -206,3 +206,129 @@ final class NIONativeEchoServer: NativeEchoServer, Sendable {
         }
     }
 }
+
+/// A relay as SwiftNIO channel handlers: each accepted channel connects a client channel upstream on the same
+/// event loop, and a pair of ``Glue`` handlers joins the two pipelines: what one reads the other writes, a read
+/// is only asked for while the partner is writable (so a slow reader at either end stops reading at the other,
+/// within NIO's write-buffer watermarks), and half-closure is allowed on both, so an input closed on one side
+/// becomes `close(mode: .output)` (a FIN) on the other.
+final class NIONativeRelay: NativeRelay, Sendable {
+    /// One end of the glue; the pair is made together and each lives in its own channel's pipeline, on the same
+    /// event loop.
+    final class Glue: ChannelDuplexHandler {
+        typealias InboundIn = NIOAny
+        typealias OutboundIn = NIOAny
+        typealias OutboundOut = NIOAny
+
+        private var partner: Glue?
+        private var context: ChannelHandlerContext?
+        private var readWanted = false
+
+        static func pair() -> (Glue, Glue) {
+            let (first, second) = (Glue(), Glue())
+            first.partner = second
+            second.partner = first
+            return (first, second)
+        }
+
+        func handlerAdded(context: ChannelHandlerContext) { self.context = context }
+
+        func handlerRemoved(context: ChannelHandlerContext) {
+            self.context = nil
+            partner = nil
+        }
+
+        // What the partner asks of this end.
+        private var isWritable: Bool { context?.channel.isWritable ?? false }
+        private func write(_ data: NIOAny) { context?.write(data, promise: nil) }
+        private func flush() { context?.flush() }
+        private func closeOutput() { context?.close(mode: .output, promise: nil) }
+        private func close() { context?.close(promise: nil) }
+        private func partnerBecameWritable() {
+            guard readWanted, let context else { return }
+            readWanted = false
+            context.read()
+        }
+
+        func channelRead(context: ChannelHandlerContext, data: NIOAny) { partner?.write(data) }
+        func channelReadComplete(context: ChannelHandlerContext) { partner?.flush() }
+        func channelInactive(context: ChannelHandlerContext) { partner?.close() }
+        func errorCaught(context: ChannelHandlerContext, error: any Error) { context.close(promise: nil) }
+
+        func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+            if case .some(ChannelEvent.inputClosed) = event as? ChannelEvent {
+                partner?.closeOutput()
+            }
+            context.fireUserInboundEventTriggered(event)
+        }
+
+        func channelWritabilityChanged(context: ChannelHandlerContext) {
+            if context.channel.isWritable { partner?.partnerBecameWritable() }
+        }
+
+        func read(context: ChannelHandlerContext) {
+            if partner?.isWritable ?? false {
+                context.read()
+            } else {
+                readWanted = true
+            }
+        }
+    }
+
+    let localEndpoint: Endpoint
+    private let serverChannel: any Channel
+    private let children: NIONativeEchoServer.ChannelGroup
+    private let accepted: ClientCounter
+
+    var clients: Int { accepted.value }
+
+    private init(
+        serverChannel: any Channel, children: NIONativeEchoServer.ChannelGroup, accepted: ClientCounter
+    ) {
+        self.serverChannel = serverChannel
+        self.children = children
+        self.accepted = accepted
+        localEndpoint = endpoint(serverChannel.localAddress, .tcp)
+    }
+
+    static func start(listen: Endpoint, upstream: Endpoint) async throws(ConnectionError) -> NIONativeRelay {
+        let address = try nioAddress(
+            try await Syscall.resolveAsync(listen, passive: true)[0], doing: "listen on \(listen)")
+        let upstreamAddress = try nioAddress(
+            try await Syscall.resolveAsync(upstream)[0], doing: "resolve \(upstream)")
+        let children = NIONativeEchoServer.ChannelGroup()
+        let accepted = ClientCounter()
+        let bootstrap = ServerBootstrap(group: NIOBackend.sharedGroup)
+            .serverChannelOption(.backlog, value: 511)
+            .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
+            .childChannelOption(.socketOption(.tcp_nodelay), value: 1)
+            .childChannelOption(.allowRemoteHalfClosure, value: true)
+            .childChannelInitializer { client in
+                accepted.increment()
+                children.add(client)
+                return ClientBootstrap(group: client.eventLoop)
+                    .channelOption(.socketOption(.tcp_nodelay), value: 1)
+                    .channelOption(.allowRemoteHalfClosure, value: true)
+                    .connect(to: upstreamAddress)
+                    .flatMapThrowing { server in
+                        children.add(server)
+                        let (clientSide, serverSide) = Glue.pair()
+                        try client.pipeline.syncOperations.addHandler(clientSide)
+                        try server.pipeline.syncOperations.addHandler(serverSide)
+                    }
+            }
+        do {
+            let channel = try await bootstrap.bind(to: address).get()
+            return NIONativeRelay(serverChannel: channel, children: children, accepted: accepted)
+        } catch {
+            throw connectionError(error, "listen on \(listen)")
+        }
+    }
+
+    func stop() async {
+        try? await serverChannel.close().get()
+        for channel in children.all {
+            try? await channel.close().get()
+        }
+    }
+}

@@ -167,3 +167,176 @@ final class UVNativeEchoServer: NativeEchoServer, @unchecked Sendable {
         try? await loop.shutdown()
     }
 }
+
+/// A relay in libuv callbacks, all on one loop thread: each client's connection callback connects upstream; each
+/// read callback writes the bytes to the other handle and, when more than ``nativeRelayWindow`` bytes wait to be
+/// written there, stops reading (`uv_read_stop`) until the write callbacks have drained half of it. End of stream
+/// becomes `uv_shutdown` on the other handle.
+final class UVNativeRelay: NativeRelay, @unchecked Sendable {
+    private let loop: UVLoop
+    private let accepted = ClientCounter()
+    // Loop thread only.
+    private var listener: UVTCP?
+    private var pairs: [ObjectIdentifier: Pair] = [:]
+    private(set) var localEndpoint = Endpoint(transport: .tcp, host: .ipv4("0.0.0.0"), port: 0)
+
+    var clients: Int { accepted.value }
+
+    private init(loop: UVLoop) { self.loop = loop }
+
+    static func start(listen: Endpoint, upstream: Endpoint) async throws(ConnectionError) -> UVNativeRelay {
+        let address = try await Syscall.resolveAsync(listen, passive: true)[0]
+        let upstreamAddress = try await Syscall.resolveAsync(upstream)[0]
+        let relay = UVNativeRelay(loop: try UVLoop(name: "uv-native-relay"))
+        let started = await withCheckedContinuation {
+            (continuation: CheckedContinuation<Result<Void, ConnectionError>, Never>) in
+            relay.loop.execute { continuation.resume(returning: relay.listen(address, upstream: upstreamAddress)) }
+        }
+        do throws(ConnectionError) {
+            try started.get()
+        } catch {
+            await relay.stop()
+            throw error
+        }
+        return relay
+    }
+
+    private func listen(_ address: SocketAddress, upstream: SocketAddress) -> Result<Void, ConnectionError> {
+        do throws(UVError) {
+            let listener = try UVTCP(loop: loop)
+            self.listener = listener
+            try listener.bind(address)
+            try listener.listen(backlog: 511) { [self] error in
+                guard error == nil, let client = try? listener.accept() else { return }
+                accepted.increment()
+                let pair = Pair(client: client, relay: self)
+                pairs[ObjectIdentifier(pair)] = pair
+                pair.connect(to: upstream)
+            }
+            localEndpoint = try listener.localAddress.endpoint(.tcp)
+            return .success(())
+        } catch {
+            return .failure(error.connectionError("listen on \(address)"))
+        }
+    }
+
+    /// One client and its upstream connection (loop thread only).
+    private final class Pair {
+        let client: UVTCP
+        var server: UVTCP?
+        let loop: UVLoop
+        weak var relay: UVNativeRelay?
+        var ended = 0
+        var closed = false
+
+        init(client: UVTCP, relay: UVNativeRelay) {
+            self.client = client
+            self.loop = relay.loop
+            self.relay = relay
+        }
+
+        func connect(to address: SocketAddress) {
+            do throws(UVError) {
+                let server = try UVTCP(loop: loop)
+                self.server = server
+                try server.connect(to: address) { [self] error in
+                    guard error == nil, !closed else { return close() }
+                    do throws(UVError) {
+                        try client.setNoDelay(true)
+                        try server.setNoDelay(true)
+                        try Direction(from: client, to: server, pair: self).start()
+                        try Direction(from: server, to: client, pair: self).start()
+                    } catch {
+                        close()
+                    }
+                }
+            } catch {
+                close()
+            }
+        }
+
+        func directionEnded() {
+            ended += 1
+            if ended == 2 { close() }
+        }
+
+        func close() {
+            guard !closed else { return }
+            closed = true
+            client.close()
+            server?.close()
+            relay?.pairs[ObjectIdentifier(self)] = nil
+        }
+    }
+
+    /// One way through a pair: reads `source`, writes `sink`, pauses reading while too much waits in `sink`.
+    private final class Direction {
+        let source: UVTCP
+        let sink: UVTCP
+        let pair: Pair
+        var waiting = 0
+        var paused = false
+
+        init(from source: UVTCP, to sink: UVTCP, pair: Pair) {
+            self.source = source
+            self.sink = sink
+            self.pair = pair
+        }
+
+        /// The read callback keeps this object alive for as long as the handle reads.
+        func start() throws(UVError) {
+            try source.readStart { [self] result in read(result) }
+        }
+
+        func read(_ result: UVReadResult) {
+            guard !pair.closed else { return }
+            switch result {
+            case .data(let bytes):
+                let count = bytes.count
+                waiting += count
+                do throws(UVError) {
+                    try sink.write([UInt8](bytes)) { [self] error in written(count, error) }
+                } catch {
+                    return pair.close()
+                }
+                if waiting >= nativeRelayWindow {
+                    paused = true
+                    source.readStop()
+                }
+            case .endOfStream:
+                source.readStop()
+                do throws(UVError) {
+                    try sink.shutdown { [self] error in
+                        if error != nil { return pair.close() }
+                        pair.directionEnded()
+                    }
+                } catch {
+                    pair.close()
+                }
+            case .failure:
+                pair.close()
+            }
+        }
+
+        func written(_ count: Int, _ error: UVError?) {
+            waiting -= count
+            guard error == nil else { return pair.close() }
+            if paused, waiting <= nativeRelayWindow / 2, !pair.closed {
+                paused = false
+                do throws(UVError) { try start() } catch { pair.close() }
+            }
+        }
+    }
+
+    func stop() async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            loop.execute { [self] in
+                for pair in Array(pairs.values) { pair.close() }
+                guard let listener else { return continuation.resume() }
+                self.listener = nil
+                listener.close { continuation.resume() }
+            }
+        }
+        try? await loop.shutdown()
+    }
+}

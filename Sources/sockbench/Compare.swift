@@ -106,7 +106,7 @@ struct Compare: AsyncParsableCommand {
         }
         let defaultScenarios =
             full
-            ? "pingpong-64,native-64,pingpong-1k,pingpong-64k,rate-10k,rate-50k,pump-1400,pump-64k,connect,fanin-1,fanin-10,fanin-100,fanin-1000"
+            ? "pingpong-64,native-64,proxy-64,pingpong-1k,pingpong-64k,rate-10k,rate-50k,pump-1400,pump-64k,connect,fanin-1,fanin-10,fanin-100,fanin-1000"
             : "pingpong-64,native-64,rate-5000,pump-64k,pump-1400,connect,fanin-16"
         var chosenScenarios: [Scenario] = []
         for name in (scenarios ?? defaultScenarios).split(separator: ",") {
@@ -142,6 +142,8 @@ struct Compare: AsyncParsableCommand {
         var sink: (any ServerHandle)?
         /// The backend's own-style echo server (tcp, for native-SIZE).
         var native: (any ServerHandle)?
+        /// The backend's own-style relay in front of the C echo server (tcp, for proxy-SIZE).
+        var proxy: (any ServerHandle)?
         var name: String { "\(backend?.rawValue ?? Report.floorName)/\(transport)" }
     }
 
@@ -175,6 +177,12 @@ struct Compare: AsyncParsableCommand {
         }
         let needsSink = plan.scenarios.contains { $0.kind == "pump" }
         let needsNative = plan.scenarios.contains { $0.kind == "native" }
+        let needsProxy =
+            plan.scenarios.contains { $0.kind == "proxy" } && agent == nil && chosenTransports.contains(.tcp)
+        // proxy-SIZE: every style's relay forwards to one C echo server, so only the hop differs.
+        let proxyUpstream =
+            needsProxy ? try ChildServer.start(backend: nil, url: "tcp://127.0.0.1:0", cpu: plan.serverCPU) : nil
+        defer { proxyUpstream?.stop() }
 
         var targets: [Target] = []
         defer {
@@ -182,6 +190,7 @@ struct Compare: AsyncParsableCommand {
                 target.echo.stop()
                 target.sink?.stop()
                 target.native?.stop()
+                target.proxy?.stop()
             }
         }
         var combos: [(Backend?, Transport)] = []
@@ -206,7 +215,16 @@ struct Compare: AsyncParsableCommand {
             let native =
                 needsNative && backend?.nativeTransports.contains(transport) == true
                 ? try await start(backend, transport, "native") : nil
-            targets.append(Target(backend: backend, transport: transport, echo: echo, sink: sink, native: native))
+            let proxy: (any ServerHandle)? =
+                if let proxyUpstream, let backend, transport == .tcp {
+                    try ChildServer.start(
+                        command: [
+                            "proxy", "tcp://127.0.0.1:0", "\(proxyUpstream.endpoint)", "--backend", backend.rawValue,
+                            "--native",
+                        ], cpu: plan.serverCPU, label: "the \(backend.rawValue) relay")
+                } else { nil }
+            targets.append(
+                Target(backend: backend, transport: transport, echo: echo, sink: sink, native: native, proxy: proxy))
         }
 
         var runs: [String: [ScenarioResult]] = [:]
@@ -226,6 +244,7 @@ struct Compare: AsyncParsableCommand {
                         switch scenario.kind {
                         case "pump": target.sink!
                         case "native": target.native!
+                        case "proxy": target.proxy ?? target.echo
                         default: target.echo
                         }
                     let clientBefore = ResourceUsage.read()
@@ -284,8 +303,13 @@ struct Compare: AsyncParsableCommand {
         if case .pump(let size) = scenario, target.transport == .udp, size > 65_507 {
             return "a UDP datagram carries at most 65,507 bytes"
         }
+        if scenario.kind == "proxy", target.transport != .tcp || server != nil {
+            return server != nil
+                ? "proxy runs on this host only (not with --server)" : "the native relays are tcp -> tcp"
+        }
         guard target.backend != nil else {
-            return ["pingpong", "pump"].contains(scenario.kind) ? nil : "the C floor runs pingpong and pump only"
+            return ["pingpong", "pump", "proxy"].contains(scenario.kind)
+                ? nil : "the C floor runs pingpong, pump and proxy (the direct path) only"
         }
         if scenario.kind == "native", target.native == nil {
             return "native styles: every backend over tcp, and nio over ws (NIOWebSocket)"
@@ -300,7 +324,7 @@ struct Compare: AsyncParsableCommand {
         let endpoint = server.endpoint
         guard let backend = target.backend else {
             switch scenario {
-            case .pingpong(let size):
+            case .pingpong(let size), .proxy(let size):
                 let result = try await runFloorPing(
                     endpoint: endpoint, size: size, count: plan.pingpongCount, warmup: plan.pingpongWarmup)
                 return Self.measurement(result, size: size, count: plan.pingpongCount)
@@ -308,7 +332,7 @@ struct Compare: AsyncParsableCommand {
                 _ = try await runFloorPump(endpoint: endpoint, size: size, totalBytes: plan.pumpBytes / 8)
                 return try await runFloorPump(endpoint: endpoint, size: size, totalBytes: plan.pumpBytes)
             default:
-                throw ConnectionError(.unsupported, "the C floor runs pingpong and pump only")
+                throw ConnectionError(.unsupported, "the C floor runs pingpong, pump and proxy only")
             }
         }
         let connect: @Sendable () async throws(ConnectionError) -> any Connection = {
@@ -322,6 +346,11 @@ struct Compare: AsyncParsableCommand {
                 on: connection)
             await endWindow()
             await connection.close()
+            return Self.measurement(result, size: size, count: plan.pingpongCount)
+        case .proxy(let size):
+            // The C client, through the backend's relay, to the C echo server.
+            let result = try await runFloorPing(
+                endpoint: endpoint, size: size, count: plan.pingpongCount, warmup: plan.pingpongWarmup)
             return Self.measurement(result, size: size, count: plan.pingpongCount)
         case .native(let size):
             let result = try await backend.nativePingPong(
@@ -451,9 +480,17 @@ final class ChildServer: ServerHandle {
     func usage() async -> ResourceUsage? { ResourceUsage.read(pid: pid) }
 
     static func start(backend: Backend?, url: String, cpu: Int?, extraArguments: [String] = []) throws -> ChildServer {
+        try start(
+            command: backend.map { ["serve", url, "--backend", $0.rawValue] } ?? ["floor-serve", url], cpu: cpu,
+            extraArguments: extraArguments, label: "the \(backend?.rawValue ?? "C floor") server for \(url)")
+    }
+
+    /// Starts `sockbench COMMAND...` that prints `listening on URL` first and stops at the end of its input.
+    static func start(
+        command: [String], cpu: Int?, extraArguments: [String] = [], label: String
+    ) throws -> ChildServer {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: executablePath())
-        let command = backend.map { ["serve", url, "--backend", $0.rawValue] } ?? ["floor-serve", url]
         process.arguments =
             command + ["--exit-on-stdin-eof"] + (cpu.map { ["--cpu", "\($0)"] } ?? []) + extraArguments
         let input = Pipe()
@@ -473,7 +510,7 @@ final class ChildServer: ServerHandle {
             let endpoint = try? Endpoint(url: String(text.dropFirst("listening on ".count)))
         else {
             process.terminate()
-            throw fail("the \(backend?.rawValue ?? "C floor") server for \(url) did not start (it said: '\(text)')")
+            throw fail("\(label) did not start (it said: '\(text)')")
         }
         return ChildServer(process: process, stdin: input, endpoint: endpoint)
     }

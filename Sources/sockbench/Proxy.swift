@@ -1,5 +1,6 @@
 import ArgumentParser
 import Foundation
+import NativeStyles
 import SocketStyles
 
 struct Proxy: AsyncParsableCommand {
@@ -13,7 +14,9 @@ struct Proxy: AsyncParsableCommand {
             --reorder (udp, ws), --loss (udp datagrams, ws messages: a tcp stream cannot lose bytes without \
             breaking), --duplicate (udp), --bandwidth (bytes/s), --cut-after (bytes, then both connections are \
             closed), --black-hole-after (bytes, then nothing is forwarded but the connections stay open). \
-            Prints `listening on URL`; stops on SIGINT or SIGTERM. docs/proxy.md shows uses.
+            With --native, the relay is written in the backend's own style instead (tcp to tcp, no faults): the \
+            relay of compare's `proxy` scenario. Prints `listening on URL`; stops on SIGINT or SIGTERM. \
+            docs/proxy.md shows uses.
             """
     )
 
@@ -25,6 +28,12 @@ struct Proxy: AsyncParsableCommand {
 
     @Option(help: "The connection style: \(Backend.allCases.map(\.rawValue).joined(separator: ", ")).")
     var backend: String = "async"
+
+    @Flag(
+        help:
+            "Relay in the backend's own style (tcp -> tcp, no faults) instead of through Connection: the relay of compare's proxy scenario."
+    )
+    var native = false
 
     @Option(help: "Which way faults apply: both, up (client to upstream) or down (upstream to client).")
     var direction: String = "both"
@@ -42,6 +51,12 @@ struct Proxy: AsyncParsableCommand {
     @Option(help: "Close a client pair idle for this many seconds (0: never).") var idleTimeout: Double = 300
     @Option(help: "The most clients relayed at once.") var maxConnections: Int = 16_384
 
+    @Option(help: "Pin the proxy to this CPU.")
+    var cpu: Int?
+
+    @Flag(help: "Stop when standard input reaches its end (used by `sockbench compare` for its proxies).")
+    var exitOnStdinEOF = false
+
     @OptionGroup var serverTLS: TLSServerOptions
     @OptionGroup var upstreamTLS: TLSClientOptions
 
@@ -53,6 +68,7 @@ struct Proxy: AsyncParsableCommand {
     }
 
     func run() async throws {
+        try pin(toCPU: cpu)
         let (listenEndpoint, backend) = try parseTarget(url: listen, backend: backend)
         let upstreamEndpoint: Endpoint
         do throws(ConnectionError) {
@@ -60,6 +76,7 @@ struct Proxy: AsyncParsableCommand {
         } catch {
             throw fail(error.description)
         }
+        if native { return try await relayNatively(listenEndpoint, upstreamEndpoint, backend) }
         let plan = FaultPlan.with {
             $0.delay = .microseconds(Int64(delay * 1000))
             $0.jitter = .microseconds(Int64(jitter * 1000))
@@ -87,12 +104,30 @@ struct Proxy: AsyncParsableCommand {
             throw fail(error.description)
         }
         Console.line("listening on \(relay.endpoint)")
-        let reason = await StopSignal.wait(stdinEOF: false)
+        let reason = await StopSignal.wait(stdinEOF: exitOnStdinEOF)
         await relay.stop()
         let statistics = relay.statistics
         Console.error(
             "sockbench proxy: \(reason); \(statistics.clients) client(s), \(statistics.bytesToUpstream) bytes up, "
                 + "\(statistics.bytesToClients) down, \(statistics.dropped) dropped, \(statistics.duplicated) duplicated, "
                 + "\(statistics.upstreamFailures) upstream failure(s)")
+    }
+
+    private func relayNatively(_ listen: Endpoint, _ upstream: Endpoint, _ backend: Backend) async throws {
+        let faults = delay > 0 || jitter > 0 || reorder || loss > 0 || duplicate > 0 || bandwidth != nil
+        guard !faults, cutAfter == nil, blackHoleAfter == nil else {
+            throw fail(
+                "--native relays without faults; faults are injected by the relay through Connection (drop --native)")
+        }
+        let relay: any NativeRelay
+        do throws(ConnectionError) {
+            relay = try await backend.nativeRelay(listen: listen, upstream: upstream)
+        } catch {
+            throw fail(error.description)
+        }
+        Console.line("listening on \(relay.localEndpoint)")
+        let reason = await StopSignal.wait(stdinEOF: exitOnStdinEOF)
+        await relay.stop()
+        Console.error("sockbench proxy --native: \(reason); \(relay.clients) client(s)")
     }
 }

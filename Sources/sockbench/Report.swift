@@ -83,7 +83,7 @@ struct Report: Codable {
         }
         self.rows = rows
         notes = [
-            "Every backend is measured through the unified Connection on both ends (client here, server in its own process), except native-SIZE: the same tcp ping-pong written in the backend's own style on both ends (x native = the price of the unified API).",
+            "Every backend is measured through the unified Connection on both ends (client here, server in its own process), except native-SIZE: the same tcp ping-pong written in the backend's own style on both ends (x native = the price of the unified API), and proxy-SIZE: the C client and C echo server with one relay between them written in the backend's own style (sockbench proxy --native, in its own process on the server's CPU); the C floor's proxy row is the direct path. Its CPU figures are the client's and the relay's (the C echo server is not counted).",
             "SwiftNIO (nio) runs with TCP_NODELAY and a 64 KiB UDP buffer like every other backend (its defaults differ); its tls/wss use the same OpenSSL layer as the others, so TLS numbers compare connection styles, not TLS libraries. Its ws frames are SwiftNIO's (NIOWebSocket's WebSocketFrameDecoder and WebSocketFrameEncoder in the pipeline) under the opening handshake, state machine and close handshake every backend shares; its wss frames go through the shared codec, since the TLS layer under them is ours.",
             "iperf3 and sockperf rows (when installed) are those tools measured in the same run with the same pinning: iperf3's single TCP stream and UDP sender, sockperf's ping-pong (its --full-rtt round trips).",
             "CPU time per side is read from each process's CPU-time clock (clock_getcpuclockid: every thread, nanoseconds); cost per message is (client + server CPU) / messages over the window. Context switches: the client from getrusage (every thread), the server summed over its live threads in /proc/PID/task (a server thread that ended in the window is not counted); peak memory from /proc/PID/status. All figures per repetition, medians across repetitions.",
@@ -168,7 +168,7 @@ struct Report: Codable {
     func floor(for row: ReportRow) -> Double? {
         let size: Int
         switch row.scenario {
-        case .pingpong(let value), .native(let value): size = value
+        case .pingpong(let value), .native(let value), .proxy(let value): size = value
         default: return nil
         }
         let transport = row.transport == "udp" ? "udp" : "tcp"
@@ -371,6 +371,16 @@ struct Report: Codable {
                         + floors.map { "\($0.0) \(fixed($0.1))x" }.joined(separator: ", ")
                         + ".")
             }
+        }
+        for case .proxy(let size) in plan.scenarios {
+            guard let direct = p50(Self.floorName, "tcp", .proxy(size: size)) else { continue }
+            let hops = rows.filter { $0.scenario == .proxy(size: size) && $0.backend != Self.floorName }
+                .compactMap { row in row.median.latency.map { (row.backend, (Double($0.p50) - direct) / 1000) } }
+                .sorted { $0.1 < $1.1 }
+            guard !hops.isEmpty else { continue }
+            lines.append(
+                "- One tcp relay hop in each style's own code (proxy-\(size): C client -> relay -> C echo server, against the direct \(microseconds(UInt64(direct))) us), added p50, least first: "
+                    + hops.map { "\($0.0) +\(fixed($0.1, 1))" }.joined(separator: ", ") + " us.")
         }
         if let pump = plan.scenarios.first(where: { $0.kind == "pump" }) {
             let candidates = rows.filter { $0.scenario == pump && $0.transport == "tcp" }

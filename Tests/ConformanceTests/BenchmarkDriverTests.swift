@@ -9,7 +9,9 @@ import Testing
 struct BenchmarkDriverTests {
     @Test(
         "Scenario names carry their parameters and parse back",
-        arguments: ["pingpong-64", "pingpong-1k", "rate-10k", "pump-64k", "pump-1400", "connect", "fanin-100"])
+        arguments: [
+            "pingpong-64", "pingpong-1k", "proxy-64", "rate-10k", "pump-64k", "pump-1400", "connect", "fanin-100",
+        ])
     func names(_ name: String) throws {
         let scenario = try Scenario(name: name)
         #expect(try Scenario(name: scenario.description) == scenario)
