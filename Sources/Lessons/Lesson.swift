@@ -27,11 +27,38 @@ public struct Lesson: Sendable {
 
     /// Every lesson, in the order they are best read.
     public static let all: [Lesson] = [
-        .boundaries, .handshake, .nagle, .mtu, .flow, .loss, .ordering, .multicast,
+        .boundaries, .handshake, .nagle, .mtu, .flow, .loss, .ordering, .deadPeer, .multicast,
     ]
 
     /// The lesson named `name`.
     public static func named(_ name: String) -> Lesson? { all.first { $0.name == name } }
+
+    /// Where the loss and ordering lessons get their faults.
+    public enum Faults: String, Sendable, CaseIterable {
+        /// Network namespaces when this process may create them (root, iproute2, iptables), else the relay.
+        case automatic
+        /// Kernel packet loss between two network namespaces (root): TCP's own retransmissions show.
+        case namespaces
+        /// A user-space relay (``Relay``, `sockbench proxy`) that drops or delays messages: no root needed.
+        case relay
+    }
+
+    /// The fault source for lessons run in this task (`sockbench lesson --faults`).
+    @TaskLocal public static var faults: Faults = .automatic
+
+    /// The relay version runs (with why, when it was not asked for) or the namespace version does.
+    enum FaultSource {
+        case namespaces
+        case relay(because: String?)
+    }
+
+    static var faultSource: FaultSource {
+        switch faults {
+        case .relay: .relay(because: nil)
+        case .namespaces: .namespaces
+        case .automatic: NetworkLab.unavailableReason().map { FaultSource.relay(because: $0) } ?? .namespaces
+        }
+    }
 }
 
 /// Collects lines and figures while printing each line as it comes.

@@ -1,4 +1,5 @@
 import BenchmarkDriver
+import ConnectionTestKit
 import Foundation
 import POSIXSupport
 import SocketStyles
@@ -7,9 +8,11 @@ extension Lesson {
     /// Real kernel packet loss between two namespaces.
     static let loss = Lesson(
         name: "loss",
-        summary: "real packet loss (1%, 5%, 20%) between two network namespaces: UDP loses that share, TCP retransmits"
+        summary:
+            "packet loss at 1%, 5%, 20%: UDP loses that share; TCP retransmits (kernel loss between namespaces as root, else a relay and UDP only)"
     ) { backend, print in
         let out = LessonOutput("loss", print)
+        if case .relay(let reason) = faultSource { return try await lossThroughRelay(backend, out, reason) }
         if let reason = NetworkLab.unavailableReason() {
             out.say("This lesson needs two network namespaces with iptables packet loss, and \(reason).")
             out.say(
@@ -69,9 +72,11 @@ extension Lesson {
     /// Head-of-line blocking.
     static let ordering = Lesson(
         name: "ordering",
-        summary: "head-of-line blocking under 5% loss: one lost TCP segment delays every message behind it"
+        summary:
+            "head-of-line blocking: one lost or late TCP segment delays every message behind it; UDP datagrams overtake (5% loss as root, else relay delays)"
     ) { backend, print in
         let out = LessonOutput("ordering", print)
+        if case .relay(let reason) = faultSource { return try await orderingThroughRelay(backend, out, reason) }
         if let reason = NetworkLab.unavailableReason() {
             out.say("This lesson needs two network namespaces with iptables packet loss, and \(reason).")
             out.say("Run it as root on Linux with iproute2 and iptables.")
@@ -116,17 +121,149 @@ extension Lesson {
             out.figure("\(transport).sent", Double(result.sent))
             out.figure("\(transport).outOfOrder", Double(result.outOfOrder))
             out.figure("\(transport).delayedOver10ms", Double(result.delayedOver10ms))
+            out.figure("\(transport).maxus", result.maxus)
         }
         out.say()
+        let tcpMax = (out.report.figures["tcp.maxus"] ?? 0) / 1000
         out.say("Why: TCP delivers bytes in order. When one segment is lost, the ones after it arrive but wait in the")
         out.say("receiver's buffer until the lost one is retransmitted: every message behind the hole is delayed")
-        out.say("together (head-of-line blocking), a run of slow messages. Here the path is so short that Linux")
-        out.say("notices the hole within a millisecond or two (duplicate ACKs, RACK) and the runs are short; on a")
+        out.say("together (head-of-line blocking), a run of slow messages.")
+        if tcpMax >= 100 {
+            out.say(
+                "Here a retransmission timeout fired (TCP's slowest round trip: \(fixed(tcpMax, 1)) ms; Linux waits at least 200 ms)"
+            )
+            out.say("and every message sent meanwhile queued behind the hole: one lost segment, a long run.")
+        } else {
+            out.say(
+                "Here Linux noticed each hole within a few milliseconds (duplicate ACKs, RACK; TCP's slowest round trip:"
+            )
+            out.say(
+                "\(fixed(tcpMax, 1)) ms), so the runs are short; on a real network each lasts at least a round trip, or"
+            )
+            out.say("200 ms and more when the retransmission timeout has to fire.")
+        }
         out.say(
-            "real network each run lasts at least a round trip, or 200 ms when the timeout has to fire. UDP hands each datagram over as it"
+            "UDP hands each datagram over as it arrives: a lost one is a gap, and the others are not delayed by it.")
+        out.say(
+            "Protocols that need both reliability and independence (QUIC, SCTP) retransmit per stream or per message.")
+        return out.report
+    }
+
+    /// Says which version runs and why.
+    private static func sayRelay(_ out: LessonOutput, _ reason: String?) {
+        out.say(
+            "Faults from a user-space relay (Relay, as `sockbench proxy`) between client and echo server, no root needed"
+                + (reason.map { "; the network-namespace version needs more: \($0)." } ?? " (--faults relay)."))
+        out.figure("relay", 1)
+    }
+
+    /// The loss lesson without root: the relay drops datagrams on their way to the server.
+    static func lossThroughRelay(
+        _ backend: Backend, _ out: LessonOutput, _ reason: String?
+    ) async throws
+        -> LessonReport
+    {
+        sayRelay(out, reason)
+        out.say("Client, relay and echo server on loopback, \(backend) backend; the relay drops each datagram going to")
+        out.say("the server with probability P (seeded, so a run can be repeated).")
+        out.say()
+        let server = try await EchoServer.start(backend, on: loopback(.udp))
+        defer { Task { await server.stop() } }
+        for probability in [0.01, 0.05, 0.20] {
+            let relay = try await Relay.start(
+                listen: loopback(.udp), upstream: server.endpoint, backend: backend,
+                toUpstream: .with { $0.loss = probability }, seed: 7)
+            let result = try await LessonProbe.udpLoss(backend, relay.endpoint)
+            await relay.stop()
+            let percent = Int(probability * 100)
+            let lost = result.sent - result.delivered
+            out.say(
+                "UDP at \(percent)% loss: \(result.sent) datagrams, \(result.delivered) came back, \(lost) lost (\(fixed(Double(lost) * 100 / Double(max(1, result.sent)), 1))%); the relay dropped \(relay.statistics.dropped)."
+            )
+            out.figure("udp.\(percent).sent", Double(result.sent))
+            out.figure("udp.\(percent).delivered", Double(result.delivered))
+            out.figure("udp.\(percent).dropped", Double(relay.statistics.dropped))
+        }
+        await server.stop()
+        out.say()
+        out.say(
+            "Why: UDP does not retransmit: a dropped datagram is gone, and about P of them are (the relay's count and")
+        out.say("the client's agree). TCP is not shown here: a relay in user space reads bytes the kernel has already")
+        out.say("delivered reliably, so it cannot lose a segment, only stall or corrupt the stream (`sockbench proxy`")
+        out.say(
+            "refuses --loss for tcp). To see TCP retransmit under loss, run this lesson as root (--faults namespaces):")
+        out.say("the kernel then drops real packets between two network namespaces.")
+        return out.report
+    }
+
+    /// The ordering lesson without root: the relay delays every message by a random 0-8 ms, in order for TCP (a
+    /// byte stream cannot overtake itself), each on its own for UDP.
+    static func orderingThroughRelay(
+        _ backend: Backend, _ out: LessonOutput, _ reason: String?
+    ) async throws
+        -> LessonReport
+    {
+        sayRelay(out, reason)
+        out.say(
+            "300 numbered messages, in bursts of 10 a millisecond apart, to an echo server through a relay that holds")
+        out.say(
+            "each chunk or datagram for a random 0-8 ms on its way to the server (\(backend) backend). Each message's")
+        out.say("round trip is timed.")
+        out.say()
+        for transport in [Transport.tcp, .udp] {
+            let server = try await EchoServer.start(backend, on: loopback(transport))
+            let relay = try await Relay.start(
+                listen: loopback(transport), upstream: server.endpoint, backend: backend,
+                toUpstream: .with {
+                    $0.jitter = .milliseconds(8)
+                    $0.reorder = transport == .udp
+                }, seed: 7)
+            let result = try await LessonProbe.ordering(backend, relay.endpoint)
+            await relay.stop()
+            await server.stop()
+            let name = transport.rawValue.uppercased()
+            let values = result.perMessageMicroseconds.filter { $0 >= 0 }.sorted()
+            let median = values.isEmpty ? 0 : values[values.count / 2]
+            out.say(
+                "\(name): \(result.delivered)/\(result.sent) delivered, \(result.outOfOrder) out of order; round trip p50 \(fixed(median / 1000, 1)) ms, max \(fixed(result.maxus / 1000, 1)) ms."
+            )
+            out.say(
+                "     messages 0-29, round trip in ms: "
+                    + result.perMessageMicroseconds.prefix(30).map { $0 < 0 ? "-" : fixed($0 / 1000, 1) }.joined(
+                        separator: " "))
+            out.figure("\(transport).delivered", Double(result.delivered))
+            out.figure("\(transport).sent", Double(result.sent))
+            out.figure("\(transport).outOfOrder", Double(result.outOfOrder))
+            out.figure("\(transport).p50us", median)
+        }
+        out.say()
+        let tcpOut = Int(out.report.figures["tcp.outOfOrder"] ?? 0)
+        let udpOut = Int(out.report.figures["udp.outOfOrder"] ?? 0)
+        let tcpMedian = (out.report.figures["tcp.p50us"] ?? 0) / 1000
+        let udpMedian = (out.report.figures["udp.p50us"] ?? 0) / 1000
+        out.say(
+            "Measured: TCP kept order (\(tcpOut) of 300 out of order), UDP did not (\(udpOut) of 300 overtaken or overtaking); median round trip TCP \(fixed(tcpMedian, 1)) ms, UDP \(fixed(udpMedian, 1)) ms."
         )
-        out.say("arrives: a lost one is a gap, and the others are not delayed by it. Protocols that need both")
-        out.say("reliability and independence (QUIC, SCTP) retransmit per stream or per message.")
+        out.say()
+        out.say(
+            "Why: TCP delivers bytes in order, so a chunk the relay holds holds back every byte behind it, even bytes")
+        out.say(
+            "that were ready sooner: round trips come in runs (the messages of a burst travel in one chunk and share")
+        out.say("its wait, and a chunk cannot leave before the one ahead of it). That is head-of-line blocking. UDP")
+        out.say("datagrams are independent: one held longer is overtaken, and the others arrive after their own delay.")
+        if tcpMedian > udpMedian * 1.1 {
+            out.say("Here, waiting in order cost TCP \(fixed(tcpMedian - udpMedian, 1)) ms at the median over UDP.")
+        } else if udpMedian > tcpMedian * 1.1 {
+            out.say(
+                "Here UDP's median came out higher: the relay handles each datagram on its own, while a TCP burst moves"
+            )
+            out.say("as one chunk, so this run does not show the cost of order at the median; the runs above show it.")
+        } else {
+            out.say(
+                "Here the medians are close: with delays this even, waiting for the chunk ahead rarely costs more than")
+            out.say(
+                "a chunk's own delay. Over a lossy path (--faults namespaces, as root) a hole costs a retransmission.")
+        }
         return out.report
     }
 }

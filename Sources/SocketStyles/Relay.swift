@@ -354,6 +354,29 @@ final class FaultLine: Sendable {
         }
     }
 
+    /// Waits `duration`, or less when ``admit(_:)`` or ``finish()`` queues something meanwhile (with reordering, a
+    /// new item can be due before the one waited for; a plain sleep held it back until then). A wake-up for an
+    /// item that is not due yet only makes ``next()`` look again.
+    private func sleep(for duration: Duration) async {
+        let deadline = ContinuousClock.now + duration
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            let parked = state.withLock { state -> Bool in
+                // Something may have come between the look and here.
+                if state.entries.contains(where: { $0.due < deadline }) { return false }
+                state.reader = continuation
+                return true
+            }
+            guard parked else { return continuation.resume() }
+            Task { [self] in
+                try? await Task.sleep(until: deadline)
+                state.withLock { state -> CheckedContinuation<Void, Never>? in
+                    defer { state.reader = nil }
+                    return state.reader
+                }?.resume()
+            }
+        }
+    }
+
     /// The next item once due (the earliest due first), or `nil` after the end.
     func next() async -> Item? {
         while true {
@@ -376,7 +399,7 @@ final class FaultLine: Sendable {
             writer?.resume()
             if let ready { return ready }
             if let wait {
-                try? await Task.sleep(for: wait)
+                await sleep(for: wait)
                 continue
             }
             // Empty: wait for an item.

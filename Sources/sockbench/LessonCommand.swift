@@ -19,6 +19,12 @@ struct LessonCommand: AsyncParsableCommand {
     @Flag(help: "Print the key figures as JSON after the lesson.")
     var json = false
 
+    @Option(
+        help:
+            "Where loss and ordering get their faults: automatic (namespaces when root, else the relay), namespaces (root: kernel packet loss, TCP retransmits), relay (a user-space relay, no root)."
+    )
+    var faults: String = Lesson.Faults.automatic.rawValue
+
     func run() async throws {
         guard let name else {
             Console.line("Lessons (sockbench lesson NAME [--backend B]):")
@@ -39,7 +45,10 @@ struct LessonCommand: AsyncParsableCommand {
         Console.line("== lesson: \(lesson.name) - \(lesson.summary)")
         let report: LessonReport
         do {
-            report = try await lesson.run(backend) { Console.line($0) }
+            guard let faults = Lesson.Faults(rawValue: faults) else {
+                throw fail("--faults must be \(Lesson.Faults.allCases.map(\.rawValue).joined(separator: ", "))")
+            }
+            report = try await Lesson.$faults.withValue(faults) { try await lesson.run(backend) { Console.line($0) } }
         } catch {
             throw fail("the lesson failed: \(error)")
         }

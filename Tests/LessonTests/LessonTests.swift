@@ -90,6 +90,37 @@ struct LessonTests {
         #expect(udp > 0 && udp <= 300)
     }
 
+    @Test("loss without root: the relay's drops are the datagrams the client misses")
+    func lossThroughRelay() async throws {
+        let report = try await Lesson.$faults.withValue(.relay) { try await run("loss", .uv) }
+        #expect(report.figures["relay"] == 1)
+        for percent in [1, 5, 20] {
+            let sent = report.figures["udp.\(percent).sent"] ?? 0
+            let delivered = report.figures["udp.\(percent).delivered"] ?? -1
+            let dropped = report.figures["udp.\(percent).dropped"] ?? -1
+            #expect(sent == 1000)
+            #expect(delivered + dropped == sent, "loopback itself lost datagrams at \(percent)%")
+        }
+        #expect((report.figures["udp.20.dropped"] ?? 0) > 0)
+    }
+
+    @Test("ordering without root: relay delays keep TCP in order and let UDP datagrams overtake")
+    func orderingThroughRelay() async throws {
+        let report = try await Lesson.$faults.withValue(.relay) { try await run("ordering", .async) }
+        #expect(report.figures["relay"] == 1)
+        #expect(report.figures["tcp.delivered"] == 300)
+        #expect(report.figures["tcp.outOfOrder"] == 0)
+        #expect(report.figures["udp.delivered"] == 300)
+        #expect((report.figures["udp.outOfOrder"] ?? 0) > 0)
+    }
+
+    @Test("deadpeer: TCP alone reports nothing through a black hole; WebSocket keep-alive fails the receive")
+    func deadPeer() async throws {
+        let report = try await run("deadpeer", .runloop)
+        #expect(report.figures["tcp.noticed"] == 0)
+        #expect((report.figures["ws.noticedSeconds"] ?? 99) < 10, "keep-alive never noticed")
+    }
+
     @Test("multicast: every joined receiver gets every datagram; a socket that did not join gets none (root only)")
     func multicast() async throws {
         let report = try await run("multicast")
