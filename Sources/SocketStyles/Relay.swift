@@ -190,6 +190,8 @@ public final class Relay: Sendable {
         let line = FaultLine(plan: plan, seed: seed, capacity: 256)
         await withDiscardingTaskGroup { group in
             group.addTask {
+                // However this side ends, the receiving side must not wait for room that nobody will make.
+                defer { line.abandon() }
                 var forwarded = 0
                 while true {
                     guard let item = await line.next() else { break }
@@ -292,6 +294,7 @@ final class FaultLine: Sendable {
         var order: UInt64 = 0
         var lastDue: ContinuousClock.Instant?
         var ended = false
+        var abandoned = false
         var random: SplitMix64
         var reader: CheckedContinuation<Void, Never>?
         var writer: CheckedContinuation<Void, Never>?
@@ -342,11 +345,22 @@ final class FaultLine: Sendable {
         reader?.resume()
     }
 
-    /// Waits while the queue is full.
+    /// The sending side stopped (the sink failed, was cut or the end was carried): nothing will be taken any more,
+    /// so a receiving side waiting for room goes on (and finds its source closed).
+    func abandon() {
+        let writer = state.withLock { state -> CheckedContinuation<Void, Never>? in
+            state.abandoned = true
+            defer { state.writer = nil }
+            return state.writer
+        }
+        writer?.resume()
+    }
+
+    /// Waits while the queue is full (not once the sending side has stopped).
     func waitForSpace() async {
         await withCheckedContinuation { continuation in
             let now = state.withLock { state -> Bool in
-                if state.entries.count < capacity { return true }
+                if state.entries.count < capacity || state.abandoned { return true }
                 state.writer = continuation
                 return false
             }

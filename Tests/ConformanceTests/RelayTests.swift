@@ -77,6 +77,66 @@ struct RelayTests {
         }
     }
 
+    @Test(
+        "A reader that stops holds the sender back: a bounded amount goes in, then sends wait",
+        arguments: ConformanceCase.all.filter { $0.transport == .tcp })
+    func backpressure(_ test: ConformanceCase) async throws {
+        try await SocketTest.run(timeLimit: .seconds(120)) {
+            // Upstream: accepts and never reads.
+            let listener = try await test.listen()
+            let held = Task { try await listener.accept() }
+            let proxy = try await relay(test, to: listener.localEndpoint)
+            let client = try await test.connect(to: proxy.endpoint)
+            let chunk = [UInt8](repeating: 7, count: 64 * 1024)
+            let limit = 512 << 20  // what a relay without backpressure would take in well under a minute here
+            var sent = 0
+            var stalled = false
+            while sent < limit {
+                // A send that has not finished after 2 s is waiting for room: the back pressure reached us.
+                do {
+                    try await withTimeLimit(.seconds(2)) { try await client.send(chunk) }
+                } catch is SocketTest.Failure {
+                    stalled = true
+                    break
+                }
+                sent += chunk.count
+            }
+            #expect(stalled, "the relay took \(sent) bytes for a reader that never reads")
+            // The relay's queue (256 chunks) plus four kernel buffers on loopback: tens of MiB at most.
+            #expect(sent < 128 << 20, "\(sent) bytes went in before the sender was held back")
+            await client.close()
+            await proxy.stop()
+            if let upstream = try? await held.value { await upstream.close() }
+            await listener.close()
+        }
+    }
+
+    @Test(
+        "An upstream that goes away mid-connection ends the client, not a hang",
+        arguments: ConformanceCase.all.filter { $0.transport == .tcp || $0.transport == .ws })
+    func upstreamVanishes(_ test: ConformanceCase) async throws {
+        try await SocketTest.run {
+            let server = try await test.echoServer()
+            let proxy = try await relay(test, to: server.endpoint)
+            let client = try await test.connect(to: proxy.endpoint)
+            try await client.send(Array("before".utf8))
+            if test.transport.isByteStream {
+                #expect(try await client.receive(exactly: 6) == Array("before".utf8))
+            } else {
+                #expect(try await client.receive()?.bytes == Array("before".utf8))
+            }
+            await server.stop()  // closes every connection it served
+            // The end or an error, within the limit (a hang fails with the time limit's error).
+            try await withTimeLimit(.seconds(10)) {
+                do {
+                    while try await client.receive() != nil {}
+                } catch {}
+            }
+            await client.close()
+            await proxy.stop()
+        }
+    }
+
     @Test("Injected delay is in every round trip; injected loss is near its rate (2,000 datagrams)")
     func faultsMeasured() async throws {
         try await SocketTest.run {
