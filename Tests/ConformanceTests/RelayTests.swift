@@ -137,11 +137,13 @@ struct RelayTests {
         }
     }
 
-    @Test("Injected delay is in every round trip; injected loss is near its rate (2,000 datagrams)")
-    func faultsMeasured() async throws {
+    @Test(
+        "Injected delay is in every round trip; injected loss is near its rate (2,000 datagrams)",
+        arguments: Backend.allCases)
+    func faultsMeasured(_ backend: Backend) async throws {
         try await SocketTest.run {
             // Delay: 15 ms each way, so no round trip can take under 30 ms.
-            let tcp = ConformanceCase(backend: .async, transport: .tcp)
+            let tcp = ConformanceCase(backend: backend, transport: .tcp)
             let server = try await tcp.echoServer()
             let delayed = try await relay(
                 tcp, to: server.endpoint, toUpstream: .with { $0.delay = .milliseconds(15) },
@@ -155,7 +157,7 @@ struct RelayTests {
 
             // Loss: 25% of datagrams toward the server, none back. Over 2,000 the share lost is 25% +- 4 points
             // (more than 4 standard deviations), plus whatever loopback itself drops (none at this pace).
-            let udp = ConformanceCase(backend: .async, transport: .udp)
+            let udp = ConformanceCase(backend: backend, transport: .udp)
             let udpServer = try await udp.echoServer()
             let lossy = try await relay(udp, to: udpServer.endpoint, toUpstream: .with { $0.loss = 0.25 })
             let udpClient = try await udp.connect(to: lossy.endpoint)
@@ -203,10 +205,10 @@ struct RelayTests {
         }
     }
 
-    @Test("200 clients at once through one relay, each verified")
-    func manyClients() async throws {
+    @Test("200 clients at once through one relay, each verified", arguments: Backend.allCases)
+    func manyClients(_ backend: Backend) async throws {
         try await SocketTest.run(timeLimit: .seconds(120)) {
-            let test = ConformanceCase(backend: .async, transport: .tcp)
+            let test = ConformanceCase(backend: backend, transport: .tcp)
             let server = try await test.echoServer()
             let proxy = try await relay(test, to: server.endpoint)
             let clients = try await withThrowingTaskGroup(of: (any Connection).self) { group in
