@@ -99,7 +99,10 @@ struct LessonTests {
             let delivered = report.figures["udp.\(percent).delivered"] ?? -1
             let dropped = report.figures["udp.\(percent).dropped"] ?? -1
             #expect(sent == 1000)
-            #expect(delivered + dropped == sent, "loopback itself lost datagrams at \(percent)%")
+            // A datagram the relay dropped never comes back. The probe also gives up on an echo after 30 ms, which
+            // a loaded machine can miss now and then: a few more may count as lost, never fewer.
+            #expect(delivered + dropped <= sent, "more came back than the relay let through at \(percent)%")
+            #expect(delivered + dropped >= sent * 0.97, "far more lost than the relay dropped at \(percent)%")
         }
         #expect((report.figures["udp.20.dropped"] ?? 0) > 0)
     }
