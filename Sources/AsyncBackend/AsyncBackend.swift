@@ -84,6 +84,9 @@ final class AsyncConnection: Connection, Sendable {
     func close() async {
         await socket.close()
     }
+    func abort() async {
+        await socket.abort()
+    }
 }
 
 final class AsyncTCPListener: Listener, Sendable {

@@ -345,6 +345,17 @@ public final class AsyncSocket: Sendable {
 
     // MARK: Closing
 
+    /// Closes with a reset: a connected TCP peer gets `.reset` instead of an end of stream, and what is still
+    /// unsent is discarded. Otherwise as ``close()``.
+    public func abort() async {
+        life.withLock { life in
+            // Under the lock, no close has started, so the descriptor is still ours.
+            let fd = descriptor.load(ordering: .acquiring)
+            if !life.closing, transport == .tcp, fd >= 0 { Syscall.resetConnection(fd) }
+        }
+        await close()
+    }
+
     /// Closes the socket: waiting operations fail with `.closed`, the descriptor is closed once no operation is
     /// inside a system call, and the state becomes `.cancelled`. A second call does nothing.
     public func close() async {

@@ -192,4 +192,13 @@ final class BSDConnection: Connection, @unchecked Sendable {
         _ = core.beginClose()
         await core.lease.closed()
     }
+
+    func abort() async {
+        // The lease keeps the descriptor number ours while the reset is sent.
+        if transport == .tcp, !core.closing.load(ordering: .relaxed), core.lease.retain() {
+            Syscall.resetConnection(core.socket.descriptor)
+            core.lease.release()
+        }
+        await close()
+    }
 }

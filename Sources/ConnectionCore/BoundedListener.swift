@@ -208,6 +208,11 @@ final class BoundedConnection: ConnectionDecorator, Sendable {
         await inner.close()
     }
 
+    func abort() async {
+        release()
+        await inner.abort()
+    }
+
     @inline(__always)
     private func touch() {
         if tracksIdleness { active.store(true, ordering: .relaxed) }

@@ -20,6 +20,8 @@
 /// 8. **Errors are ``ConnectionError``s**, with the raw system code kept.
 /// 9. **One receiver at a time.** Concurrent receives are served in call order; concurrent sends are written
 ///    in call order, each whole.
+/// 10. **`abort()` resets.** On tcp, tls, ws and wss the peer, once it has read what was delivered before,
+///    gets `.reset` instead of an end of stream; everything is released as by `close()`.
 public protocol Connection: AnyObject, Sendable {
     /// The transport this connection speaks.
     var transport: Transport { get }
@@ -49,6 +51,12 @@ public protocol Connection: AnyObject, Sendable {
     /// Closes the connection and releases everything it holds. Calling it again does nothing.
     func close() async
 
+    /// Closes at once, without the orderly end: what is still queued to send is discarded and a TCP peer (tcp,
+    /// tls, ws, wss) sees a reset (`.reset`) where ``close()`` would give it an end of stream (no TLS
+    /// close_notify, no WebSocket close frame). What a relay does to carry a reset across, and what "RST after N
+    /// bytes" fault injection needs. On UDP it is ``close()``. Releases everything as ``close()`` does.
+    func abort() async
+
     /// The executor on which this connection completes its operations, when it has one (an event loop that
     /// is also a `TaskExecutor`). A task that runs there (`withTaskExecutorPreference`) is resumed by I/O
     /// without hopping threads. `nil` (the default) when any executor serves equally well.
@@ -58,6 +66,9 @@ public protocol Connection: AnyObject, Sendable {
 extension Connection {
     /// No preference by default.
     public var preferredExecutor: (any TaskExecutor)? { nil }
+
+    /// A connection with nothing to reset (UDP) closes.
+    public func abort() async { await close() }
 
     /// Sends a binary message.
     public func send(_ bytes: [UInt8]) async throws(ConnectionError) {

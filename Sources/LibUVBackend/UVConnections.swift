@@ -202,6 +202,11 @@ final class UVTCPConnection: Connection, @unchecked Sendable {
             }
         }
     }
+
+    func abort() async {
+        if !closing.load(ordering: .relaxed) { loop.execute { [tcp] in tcp.resetConnection() } }
+        await close()
+    }
 }
 
 /// A connected UDP socket on a libuv loop: one datagram per receive callback, into a bounded queue (a datagram

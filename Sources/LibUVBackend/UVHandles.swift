@@ -176,6 +176,14 @@ public final class UVTCP: UVHandle, @unchecked Sendable {
         }
     }
 
+    /// On the loop thread: resets the connection (see `Syscall.resetConnection`), for an abort; the close that
+    /// follows then sends nothing more.
+    func resetConnection() {
+        guard !isClosing else { return }
+        var fd: uv_os_fd_t = -1
+        if uv_fileno(csuv_handle(handle), &fd) == 0 { Syscall.resetConnection(fd) }
+    }
+
     /// `uv_try_write`: writes what the kernel takes at once, without queueing. Returns the count written
     /// (0 when it would block).
     public func tryWrite(_ bytes: UnsafeRawBufferPointer) throws(UVError) -> Int {

@@ -223,6 +223,14 @@ final class NIOStreamConnection: Connection, Sendable {
         try? await channel.close().get()
         try? await channel.closeFuture.get()
     }
+
+    /// SO_LINGER 0: SwiftNIO closes the descriptor without a shutdown first, so the close sends a reset.
+    func abort() async {
+        if !closed.load(ordering: .relaxed), let provider = channel as? any SocketOptionProvider {
+            try? await provider.setSoLinger(linger(l_onoff: 1, l_linger: 0)).get()
+        }
+        await close()
+    }
 }
 
 /// The TCP server side: accepted channels become connections, handed out by ``accept()``.

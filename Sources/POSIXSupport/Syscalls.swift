@@ -311,6 +311,16 @@ public enum Syscall {
         }
     }
 
+    /// Resets a connected TCP socket: connect(2) with `AF_UNSPEC` makes Linux send a RST at once, discard what is
+    /// still queued to send, wake every thread blocked on the socket and leave it unconnected, so that the
+    /// shutdown and close that follow send nothing more (SO_LINGER 0 would only reset at close(2), and only if no
+    /// shutdown sent a FIN first). Not a TCP socket, or not connected: nothing happens.
+    public static func resetConnection(_ fd: Int32) {
+        var address = sockaddr()
+        address.sa_family = sa_family_t(AF_UNSPEC)
+        _ = Glibc.connect(fd, &address, socklen_t(MemoryLayout<sockaddr>.size))
+    }
+
     /// close(2), never retried (on Linux the descriptor is gone even when EINTR is returned).
     public static func close(_ fd: Int32) {
         _ = Glibc.close(fd)

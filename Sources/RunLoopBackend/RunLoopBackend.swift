@@ -326,6 +326,18 @@ final class RunLoopTCPConnection: Connection, SocketStreamDelegate, @unchecked S
             }
         }
     }
+
+    func abort() async {
+        if !closing.load(ordering: .relaxed) {
+            await withCheckedContinuation { continuation in
+                runLoop.perform { [self] in
+                    output?.core.resetConnection()
+                    continuation.resume()
+                }
+            }
+        }
+        await close()
+    }
 }
 
 /// A TCP listener: a ``SocketListener`` whose accept callback wraps each pair as a connection.

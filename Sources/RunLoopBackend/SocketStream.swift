@@ -429,6 +429,12 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
         }
     }
 
+    /// Resets the connection (see `Syscall.resetConnection`), for an abort: closing the streams afterwards sends
+    /// nothing more.
+    func resetConnection() {
+        if fd >= 0, connected, !failed { Syscall.resetConnection(fd) }
+    }
+
     func closed(_ stream: SocketStream) {
         if stream.isInput {
             keepInput = nil

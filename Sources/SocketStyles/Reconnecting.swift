@@ -284,6 +284,11 @@ public final class ReconnectingConnection: Connection, Sendable {
         await close { await $0.close() }
     }
 
+    /// Stops reconnecting and resets the current connection (see ``Connection/abort()``).
+    public func abort() async {
+        await close { await $0.abort() }
+    }
+
     /// Stops reconnecting and closes the current WebSocket with `code` and `reason`, as
     /// `URLSessionWebSocketTask.cancel(with:reason:)` does (other transports close as ``close()`` does).
     public func close(code: WebSocketCloseCode, reason: String = "") async {

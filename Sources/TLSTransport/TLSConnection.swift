@@ -211,4 +211,10 @@ public final class TLSConnection: Connection, Sendable {
         }
         await tcp.close()
     }
+
+    /// No close_notify: the TCP connection is reset (see ``Connection/abort()``).
+    public func abort() async {
+        flags.withLock { $0.closed = true }
+        await tcp.abort()
+    }
 }

@@ -597,6 +597,17 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
     public func close() async {
         await close(code: .normalClosure)
     }
+
+    /// No close frame: the TCP connection is reset (see ``Connection/abort()``), and ``events`` reports a close
+    /// without a code.
+    public func abort() async {
+        state.withLock { $0.locallyClosed = true }
+        fail(.closed())
+        state.withLock { $0.tcpClosed = true }
+        keepAlive.withLock { $0 }?.cancel()
+        await tcp.abort()
+        emitClosed(code: nil, reason: "")
+    }
 }
 
 extension WebSocketStateMachine {

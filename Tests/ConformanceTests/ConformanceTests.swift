@@ -363,6 +363,34 @@ struct ConformanceTests {
         }
     }
 
+    @Test(
+        "abort() resets: the peer reads what came before, then gets reset; the aborted side is closed",
+        arguments: ConformanceCase.all.filter { $0.transport != .udp })
+    func abortResets(_ test: ConformanceCase) async throws {
+        try await SocketTest.run {
+            let listener = try await test.listen()
+            for serverAborts in [true, false] {
+                let client = try await test.connect(to: listener.localEndpoint)
+                let server = try await listener.accept()
+                let (aborting, peer) = serverAborts ? (server, client) : (client, server)
+                try await aborting.send([1, 2, 3])
+                if test.transport.isByteStream {
+                    #expect(try await peer.receive(exactly: 3) == [1, 2, 3])
+                } else {
+                    #expect(try await peer.receive()?.bytes == [1, 2, 3])
+                }
+                await aborting.abort()
+                await expectConnectionError(.reset) { () throws(ConnectionError) in
+                    while try await peer.receive() != nil {}
+                }
+                await expectConnectionError(.closed) { () throws(ConnectionError) in try await aborting.send([4]) }
+                await aborting.close()
+                await peer.close()
+            }
+            await listener.close()
+        }
+    }
+
     @Test("close() twice is a no-op; send and receive after close throw closed", arguments: ConformanceCase.all)
     func closeTwiceAndUseAfterClose(_ test: ConformanceCase) async throws {
         try await SocketTest.run {
