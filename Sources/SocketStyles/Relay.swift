@@ -16,7 +16,8 @@ public struct FaultPlan: Sendable, Hashable {
     public var duplication = 0.0
     /// Bytes per second at most (`nil`: no cap).
     public var bandwidth: Int? = nil
-    /// After this many bytes, cut the client's connection and the upstream one at once (`nil`: never).
+    /// After this many bytes, reset both the client's connection and the upstream one (a TCP RST each way, see
+    /// ``Connection/abort()``; `nil`: never).
     public var cutAfterBytes: Int? = nil
     /// After this many bytes, stop forwarding but keep both connections open: the peer sees silence, as behind
     /// a dead router (`nil`: never). What keep-alive is for.
@@ -63,7 +64,8 @@ public struct FaultPlan: Sendable, Hashable {
 ///   the configuration says otherwise), ws -> ws (whole messages; close codes carried; each hop answers pings).
 ///
 /// Backpressure holds end to end: each direction forwards through a bounded queue, so a slow reader at either
-/// end slows the other end's sender. A client whose upstream cannot be reached is closed (a clean end).
+/// end slows the other end's sender. A client whose upstream cannot be reached is closed (a clean end); a reset
+/// on either side (or a failed send) resets the other, so a reset is carried as a reset.
 public final class Relay: Sendable {
     /// Where clients connect (the real port when port 0 was asked for).
     public let endpoint: Endpoint
@@ -159,11 +161,14 @@ public final class Relay: Sendable {
             await client.close()
             return
         }
+        // A reset on either side, a failed send or an injected cut: both sides are reset, as a TCP proxy that
+        // loses one side must tell the other that bytes may have been lost (an end of stream would claim that
+        // everything arrived).
         let cut = OnceFlag()
         let cutBoth: @Sendable () async -> Void = {
             guard cut.claim() else { return }
-            await client.close()
-            await server.close()
+            await client.abort()
+            await server.abort()
         }
         await withDiscardingTaskGroup { group in
             group.addTask {
@@ -239,8 +244,9 @@ public final class Relay: Sendable {
                 do throws(ConnectionError) {
                     message = try await source.receive()
                 } catch {
-                    await line.finish()
+                    // A reset (or any failure) is carried as a reset before the line can carry a clean end.
                     if error.kind != .closed { await cut() }
+                    await line.finish()
                     return
                 }
                 guard let message else {

@@ -13,7 +13,7 @@ struct Proxy: AsyncParsableCommand {
             carried). Faults apply in the --direction chosen, from a --seed: --delay and --jitter (ms), \
             --reorder (udp, ws), --loss (udp datagrams, ws messages: a tcp stream cannot lose bytes without \
             breaking), --duplicate (udp), --bandwidth (bytes/s), --cut-after (bytes, then both connections are \
-            closed), --black-hole-after (bytes, then nothing is forwarded but the connections stay open). \
+            reset), --black-hole-after (bytes, then nothing is forwarded but the connections stay open). \
             With --native, the relay is written in the backend's own style instead (tcp to tcp, no faults): the \
             relay of compare's `proxy` scenario. Prints `listening on URL`; stops on SIGINT or SIGTERM. \
             docs/proxy.md shows uses.
@@ -44,7 +44,7 @@ struct Proxy: AsyncParsableCommand {
     @Option(help: "Probability (0-1) of dropping a udp datagram or ws message.") var loss: Double = 0
     @Option(help: "Probability (0-1) of sending a udp datagram twice.") var duplicate: Double = 0
     @Option(help: "Bytes per second at most.") var bandwidth: Int?
-    @Option(help: "Close both connections after this many bytes.") var cutAfter: Int?
+    @Option(help: "Reset both connections (TCP RST) after this many bytes.") var cutAfter: Int?
     @Option(help: "Stop forwarding (connections stay open) after this many bytes.") var blackHoleAfter: Int?
     @Option(help: "Seed of the random faults.") var seed: UInt64 = 1
 

@@ -112,6 +112,49 @@ struct RelayTests {
     }
 
     @Test(
+        "A reset is carried as a reset, both ways, and an injected cut resets both sides",
+        arguments: ConformanceCase.all.filter { $0.transport != .udp })
+    func resetCarried(_ test: ConformanceCase) async throws {
+        try await SocketTest.run {
+            let upstream = try await test.listen()
+            let proxy = try await relay(test, to: upstream.localEndpoint)
+            for upstreamResets in [true, false] {
+                let client = try await test.connect(to: proxy.endpoint)
+                let server = try await upstream.accept()
+                let (resetting, other) = upstreamResets ? (server, client) : (client, server)
+                try await resetting.send([7, 7])
+                if test.transport.isByteStream {
+                    #expect(try await other.receive(exactly: 2) == [7, 7])
+                } else {
+                    #expect(try await other.receive()?.bytes == [7, 7])
+                }
+                await resetting.abort()
+                await expectConnectionError(.reset) { () throws(ConnectionError) in
+                    while try await other.receive() != nil {}
+                }
+                await other.close()
+            }
+            await proxy.stop()
+            // --cut-after: the relay resets the client and the upstream once 4 bytes went toward the upstream.
+            let cutting = try await relay(
+                test, to: upstream.localEndpoint, toUpstream: .with { $0.cutAfterBytes = 4 })
+            let client = try await test.connect(to: cutting.endpoint)
+            let server = try await upstream.accept()
+            try await client.send([1, 2, 3, 4])
+            await expectConnectionError(.reset) { () throws(ConnectionError) in
+                while try await server.receive() != nil {}
+            }
+            await expectConnectionError(.reset) { () throws(ConnectionError) in
+                while try await client.receive() != nil {}
+            }
+            await client.close()
+            await server.close()
+            await cutting.stop()
+            await upstream.close()
+        }
+    }
+
+    @Test(
         "An upstream that goes away mid-connection ends the client, not a hang",
         arguments: ConformanceCase.all.filter { $0.transport == .tcp || $0.transport == .ws })
     func upstreamVanishes(_ test: ConformanceCase) async throws {
