@@ -6,6 +6,7 @@
 /// | `pingpong-SIZE` | closed-loop round trips of SIZE bytes: send, wait for the whole echo, repeat |
 /// | `native-SIZE` | the same round trips over TCP, written in each backend's own style on both ends (blocking loop, libuv callbacks, stream delegates, async socket calls, NIO handlers) instead of through `Connection` |
 /// | `proxy-SIZE` | the `pingpong-SIZE` round trips of the C client to the C echo server through one tcp relay hop written in the backend's own style; the C floor's row is the direct path |
+/// | `proxypump-SIZE` | the `pump-SIZE` bulk transfer of the C client to the C sink through the same relay hop; the C floor's row is the direct path |
 /// | `rate-PERSECOND` | open loop: 64-byte messages sent on a fixed schedule; latency from the intended send time (coordinated omission corrected) and from the actual one |
 /// | `pump-SIZE` | one-way bulk in SIZE-byte writes to a sink; for UDP, datagrams sent and received, loss, reordering, kernel drops |
 /// | `connect` | connections opened one after another: handshake time (TCP, + TLS, + WebSocket upgrade) and connections per second |
@@ -16,6 +17,9 @@ public enum Scenario: Sendable, Hashable, Codable, CustomStringConvertible {
     /// The tcp ping-pong through one relay hop written in the backend's own style (`sockbench proxy --native`),
     /// from the C client to the C echo server; the C floor's row is the same path without the hop.
     case proxy(size: Int)
+    /// The tcp pump (C client to C sink) through one relay hop written in the backend's own style; the C floor's
+    /// row is the same path without the hop.
+    case proxyPump(size: Int)
     case rate(perSecond: Int)
     case pump(size: Int)
     case connect
@@ -46,6 +50,7 @@ public enum Scenario: Sendable, Hashable, Codable, CustomStringConvertible {
         case "pingpong": self = .pingpong(size: try number(parts.count > 1 ? parts[1] : "64", kilo: 1024))
         case "native": self = .native(size: try number(parts.count > 1 ? parts[1] : "64", kilo: 1024))
         case "proxy": self = .proxy(size: try number(parts.count > 1 ? parts[1] : "64", kilo: 1024))
+        case "proxypump": self = .proxyPump(size: try number(parts.count > 1 ? parts[1] : "64k", kilo: 1024))
         case "rate": self = .rate(perSecond: try number(parts.count > 1 ? parts[1] : nil, kilo: 1000))
         case "pump": self = .pump(size: try number(parts.count > 1 ? parts[1] : "64k", kilo: 1024))
         case "connect": self = .connect
@@ -53,7 +58,7 @@ public enum Scenario: Sendable, Hashable, Codable, CustomStringConvertible {
         default:
             throw ScenarioError(
                 message:
-                    "unknown scenario '\(name)' (pingpong-SIZE, native-SIZE, proxy-SIZE, rate-PERSECOND, pump-SIZE, connect, fanin-N)"
+                    "unknown scenario '\(name)' (pingpong-SIZE, native-SIZE, proxy-SIZE, proxypump-SIZE, rate-PERSECOND, pump-SIZE, connect, fanin-N)"
             )
         }
     }
@@ -63,6 +68,7 @@ public enum Scenario: Sendable, Hashable, Codable, CustomStringConvertible {
         case .pingpong(let size): "pingpong-\(size)"
         case .native(let size): "native-\(size)"
         case .proxy(let size): "proxy-\(size)"
+        case .proxyPump(let size): "proxypump-\(size)"
         case .rate(let perSecond): "rate-\(perSecond)"
         case .pump(let size): "pump-\(size)"
         case .connect: "connect"
@@ -70,7 +76,7 @@ public enum Scenario: Sendable, Hashable, Codable, CustomStringConvertible {
         }
     }
 
-    /// The kind without parameters: `pingpong`, `native`, `proxy`, `rate`, `pump`, `connect`, `fanin`.
+    /// The kind without parameters: `pingpong`, `native`, `proxy`, `proxypump`, `rate`, `pump`, `connect`, `fanin`.
     public var kind: String { String(description.prefix(while: { $0 != "-" })) }
 
     public init(from decoder: any Decoder) throws {

@@ -106,7 +106,7 @@ struct Compare: AsyncParsableCommand {
         }
         let defaultScenarios =
             full
-            ? "pingpong-64,native-64,proxy-64,pingpong-1k,pingpong-64k,rate-10k,rate-50k,pump-1400,pump-64k,connect,fanin-1,fanin-10,fanin-100,fanin-1000"
+            ? "pingpong-64,native-64,proxy-64,proxypump-64k,pingpong-1k,pingpong-64k,rate-10k,rate-50k,pump-1400,pump-64k,connect,fanin-1,fanin-10,fanin-100,fanin-1000"
             : "pingpong-64,native-64,rate-5000,pump-64k,pump-1400,connect,fanin-16"
         var chosenScenarios: [Scenario] = []
         for name in (scenarios ?? defaultScenarios).split(separator: ",") {
@@ -144,6 +144,8 @@ struct Compare: AsyncParsableCommand {
         var native: (any ServerHandle)?
         /// The backend's own-style relay in front of the C echo server (tcp, for proxy-SIZE).
         var proxy: (any ServerHandle)?
+        /// The backend's own-style relay in front of the C sink (tcp, for proxypump-SIZE).
+        var proxyPump: (any ServerHandle)?
         var name: String { "\(backend?.rawValue ?? Report.floorName)/\(transport)" }
     }
 
@@ -177,12 +179,19 @@ struct Compare: AsyncParsableCommand {
         }
         let needsSink = plan.scenarios.contains { $0.kind == "pump" }
         let needsNative = plan.scenarios.contains { $0.kind == "native" }
-        let needsProxy =
-            plan.scenarios.contains { $0.kind == "proxy" } && agent == nil && chosenTransports.contains(.tcp)
-        // proxy-SIZE: every style's relay forwards to one C echo server, so only the hop differs.
+        let relaysHere = agent == nil && chosenTransports.contains(.tcp)
+        let needsProxy = plan.scenarios.contains { $0.kind == "proxy" } && relaysHere
+        let needsProxyPump = plan.scenarios.contains { $0.kind == "proxypump" } && relaysHere
+        // proxy-SIZE: every style's relay forwards to one C echo server, so only the hop differs; proxypump-SIZE:
+        // to one C sink, which is also the direct path of the C floor's row.
         let proxyUpstream =
             needsProxy ? try ChildServer.start(backend: nil, url: "tcp://127.0.0.1:0", cpu: plan.serverCPU) : nil
         defer { proxyUpstream?.stop() }
+        let proxySink =
+            needsProxyPump
+            ? try ChildServer.start(
+                backend: nil, url: "tcp://127.0.0.1:0", cpu: plan.serverCPU, extraArguments: ["--sink"]) : nil
+        defer { proxySink?.stop() }
 
         var targets: [Target] = []
         defer {
@@ -191,6 +200,7 @@ struct Compare: AsyncParsableCommand {
                 target.sink?.stop()
                 target.native?.stop()
                 target.proxy?.stop()
+                target.proxyPump?.stop()
             }
         }
         var combos: [(Backend?, Transport)] = []
@@ -215,16 +225,17 @@ struct Compare: AsyncParsableCommand {
             let native =
                 needsNative && backend?.nativeTransports.contains(transport) == true
                 ? try await start(backend, transport, "native") : nil
-            let proxy: (any ServerHandle)? =
-                if let proxyUpstream, let backend, transport == .tcp {
-                    try ChildServer.start(
-                        command: [
-                            "proxy", "tcp://127.0.0.1:0", "\(proxyUpstream.endpoint)", "--backend", backend.rawValue,
-                            "--native",
-                        ], cpu: plan.serverCPU, label: "the \(backend.rawValue) relay")
-                } else { nil }
+            func relay(to upstream: (any ServerHandle)?) throws -> (any ServerHandle)? {
+                guard let upstream, let backend, transport == .tcp else { return nil }
+                return try ChildServer.start(
+                    command: [
+                        "proxy", "tcp://127.0.0.1:0", "\(upstream.endpoint)", "--backend", backend.rawValue, "--native",
+                    ], cpu: plan.serverCPU, label: "the \(backend.rawValue) relay")
+            }
             targets.append(
-                Target(backend: backend, transport: transport, echo: echo, sink: sink, native: native, proxy: proxy))
+                Target(
+                    backend: backend, transport: transport, echo: echo, sink: sink, native: native,
+                    proxy: try relay(to: proxyUpstream), proxyPump: try relay(to: proxySink)))
         }
 
         var runs: [String: [ScenarioResult]] = [:]
@@ -245,6 +256,7 @@ struct Compare: AsyncParsableCommand {
                         case "pump": target.sink!
                         case "native": target.native!
                         case "proxy": target.proxy ?? target.echo
+                        case "proxypump": target.proxyPump ?? proxySink!
                         default: target.echo
                         }
                     let clientBefore = ResourceUsage.read()
@@ -303,13 +315,13 @@ struct Compare: AsyncParsableCommand {
         if case .pump(let size) = scenario, target.transport == .udp, size > 65_507 {
             return "a UDP datagram carries at most 65,507 bytes"
         }
-        if scenario.kind == "proxy", target.transport != .tcp || server != nil {
+        if scenario.kind == "proxy" || scenario.kind == "proxypump", target.transport != .tcp || server != nil {
             return server != nil
                 ? "proxy runs on this host only (not with --server)" : "the native relays are tcp -> tcp"
         }
         guard target.backend != nil else {
-            return ["pingpong", "pump", "proxy"].contains(scenario.kind)
-                ? nil : "the C floor runs pingpong, pump and proxy (the direct path) only"
+            return ["pingpong", "pump", "proxy", "proxypump"].contains(scenario.kind)
+                ? nil : "the C floor runs pingpong, pump, proxy and proxypump (the direct paths) only"
         }
         if scenario.kind == "native", target.native == nil {
             return "native styles: every backend over tcp, and nio over ws (NIOWebSocket)"
@@ -328,7 +340,7 @@ struct Compare: AsyncParsableCommand {
                 let result = try await runFloorPing(
                     endpoint: endpoint, size: size, count: plan.pingpongCount, warmup: plan.pingpongWarmup)
                 return Self.measurement(result, size: size, count: plan.pingpongCount)
-            case .pump(let size):
+            case .pump(let size), .proxyPump(let size):
                 _ = try await runFloorPump(endpoint: endpoint, size: size, totalBytes: plan.pumpBytes / 8)
                 return try await runFloorPump(endpoint: endpoint, size: size, totalBytes: plan.pumpBytes)
             default:
@@ -352,6 +364,10 @@ struct Compare: AsyncParsableCommand {
             let result = try await runFloorPing(
                 endpoint: endpoint, size: size, count: plan.pingpongCount, warmup: plan.pingpongWarmup)
             return Self.measurement(result, size: size, count: plan.pingpongCount)
+        case .proxyPump(let size):
+            // The C pump, through the backend's relay, to the C sink; a short one first as the warm-up.
+            _ = try await runFloorPump(endpoint: endpoint, size: size, totalBytes: plan.pumpBytes / 8)
+            return try await runFloorPump(endpoint: endpoint, size: size, totalBytes: plan.pumpBytes)
         case .native(let size):
             let result = try await backend.nativePingPong(
                 to: endpoint, size: size, count: plan.pingpongCount, warmup: plan.pingpongWarmup)

@@ -94,7 +94,7 @@ struct Report: Codable {
     /// connections/s for connect.
     static func mainFigure(_ scenario: Scenario, _ measurement: ScenarioResult) -> Double {
         switch scenario.kind {
-        case "pump": measurement.bytesPerSecond ?? 0
+        case "pump", "proxypump": measurement.bytesPerSecond ?? 0
         case "connect": Double(measurement.latency?.p50 ?? 0)
         default: Double(measurement.latency?.p50 ?? 0)
         }
@@ -147,7 +147,7 @@ struct Report: Codable {
     /// One line for the live progress.
     static func brief(_ scenario: Scenario, _ m: ScenarioResult) -> String {
         switch scenario.kind {
-        case "pump":
+        case "pump", "proxypump":
             var text = "\(fixed((m.bytesPerSecond ?? 0) / 1e6, 1)) MB/s, \(Int(m.messagesPerSecond ?? 0)) msg/s"
             if let lost = m.lost, m.received != nil { text += ", lost \(lost)" }
             return text
@@ -192,7 +192,8 @@ struct Report: Codable {
     /// A pump row against the C floor's pump of the same size: MB/s delivered for tcp, datagrams sent per
     /// second for udp (the sender's rate: what the UDP target compares).
     func pumpFloorRatio(for row: ReportRow) -> Double? {
-        guard row.scenario.kind == "pump", row.transport == "tcp" || row.transport == "udp",
+        guard row.scenario.kind == "pump" || row.scenario.kind == "proxypump",
+            row.transport == "tcp" || row.transport == "udp",
             let floor = rows.first(where: {
                 $0.backend == Self.floorName && $0.transport == row.transport && $0.scenario == row.scenario
             })?.median
@@ -215,7 +216,7 @@ struct Report: Codable {
     func table(for scenario: Scenario) -> (header: [String], cells: [[String]]) {
         let selected = rows.filter { $0.scenario == scenario }
         switch scenario.kind {
-        case "pump":
+        case "pump", "proxypump":
             let header = [
                 "backend", "transport", "MB/s", "msg/s", "x floor", "spread MB/s", "sent", "received", "lost",
                 "reordered",
@@ -381,6 +382,21 @@ struct Report: Codable {
             lines.append(
                 "- One tcp relay hop in each style's own code (proxy-\(size): C client -> relay -> C echo server, against the direct \(microseconds(UInt64(direct))) us), added p50, least first: "
                     + hops.map { "\($0.0) +\(fixed($0.1, 1))" }.joined(separator: ", ") + " us.")
+        }
+        for case .proxyPump(let size) in plan.scenarios {
+            let scenario = Scenario.proxyPump(size: size)
+            guard
+                let direct = rows.first(where: { $0.backend == Self.floorName && $0.scenario == scenario })?
+                    .median.bytesPerSecond, direct > 0
+            else { continue }
+            let hops = rows.filter { $0.scenario == scenario && $0.backend != Self.floorName }
+                .compactMap { row in row.median.bytesPerSecond.map { (row.backend, $0) } }
+                .sorted { $0.1 > $1.1 }
+            guard !hops.isEmpty else { continue }
+            lines.append(
+                "- The same hop under bulk (proxypump-\(size): C pump -> relay -> C sink, against the direct \(fixed(direct / 1e6, 0)) MB/s), MB/s and share of the direct path, highest first: "
+                    + hops.map { "\($0.0) \(fixed($0.1 / 1e6, 0)) (\(fixed($0.1 / direct))x)" }.joined(separator: ", ")
+                    + ".")
         }
         if let pump = plan.scenarios.first(where: { $0.kind == "pump" }) {
             let candidates = rows.filter { $0.scenario == pump && $0.transport == "tcp" }

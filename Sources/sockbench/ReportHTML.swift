@@ -58,7 +58,7 @@ struct ReportHTML {
     func chart(for scenario: Scenario) -> String {
         let rows = report.rows.filter { $0.scenario == scenario }
         switch scenario.kind {
-        case "pump":
+        case "pump", "proxypump":
             return bars(
                 rows.map { ("\($0.backend) \($0.transport)", [($0.median.bytesPerSecond ?? 0) / 1e6]) },
                 series: ["MB/s delivered"], unit: "MB/s")
