@@ -73,7 +73,7 @@ extension Lesson {
     static let ordering = Lesson(
         name: "ordering",
         summary:
-            "head-of-line blocking: one lost or late TCP segment delays every message behind it; UDP datagrams overtake (5% loss as root, else relay delays)"
+            "head-of-line blocking: one lost or late TCP segment delays every message behind it, WebSocket's too; UDP datagrams overtake (5% loss as root, else relay delays)"
     ) { backend, print in
         let out = LessonOutput("ordering", print)
         if case .relay(let reason) = faultSource { return try await orderingThroughRelay(backend, out, reason) }
@@ -91,7 +91,7 @@ extension Lesson {
         out.say("the packets arriving at B dropped (\(backend) backend). Each message's round trip is timed.")
         out.say()
         try lab.setLoss(0.05)
-        for transport in [Transport.tcp, .udp] {
+        for transport in [Transport.tcp, .ws, .udp] {
             let child = try lab.start(
                 in: lab.serverNamespace,
                 [
@@ -103,14 +103,14 @@ extension Lesson {
             let json = try lab.runToEnd(
                 in: lab.clientNamespace, ["lesson-probe", "ordering-\(transport)", url, "--backend", backend.rawValue])
             let result = try JSONDecoder().decode(LessonProbe.Result.self, from: Data(json.utf8))
-            let name = transport.rawValue.uppercased()
+            let name = transport == .ws ? "WebSocket" : transport.rawValue.uppercased()
             out.say(
-                "\(name): \(result.delivered)/\(result.sent) delivered, \(result.outOfOrder) out of order; round trip p50 \(fixed(result.p50us, 0)) us, max \(fixed(result.maxus / 1000, 1)) ms; \(result.delayedOver10ms) message(s) took over 1 ms."
+                "\(name): \(result.delivered)/\(result.sent) delivered, \(result.outOfOrder) out of order; round trip p50 \(roundTrip(result.p50us)), max \(fixed(result.maxus / 1000, 1)) ms; \(result.delayedOver10ms) message(s) took over 1 ms."
             )
-            // Show the stretch around the worst delay (TCP) or the first loss (UDP).
+            // Show the stretch around the worst delay (TCP, WebSocket) or the first loss (UDP).
             let values = result.perMessageMicroseconds
             let worst = values.indices.max { values[$0] < values[$1] } ?? 0
-            let trouble = transport == .tcp ? worst : (values.firstIndex { $0 < 0 } ?? 0)
+            let trouble = transport != .udp ? worst : (values.firstIndex { $0 < 0 } ?? 0)
             let from = max(0, min(trouble - 5, values.count - 30))
             out.say(
                 "     messages \(from)-\(from + 29), round trip in ms (- = lost): "
@@ -125,21 +125,20 @@ extension Lesson {
         }
         out.say()
         let tcpMax = (out.report.figures["tcp.maxus"] ?? 0) / 1000
+        let wsMax = (out.report.figures["ws.maxus"] ?? 0) / 1000
+        let slowest = "TCP \(fixed(tcpMax, 1)) ms, WebSocket \(fixed(wsMax, 1)) ms"
         out.say("Why: TCP delivers bytes in order. When one segment is lost, the ones after it arrive but wait in the")
         out.say("receiver's buffer until the lost one is retransmitted: every message behind the hole is delayed")
-        out.say("together (head-of-line blocking), a run of slow messages.")
-        if tcpMax >= 100 {
+        out.say("together (head-of-line blocking), a run of slow messages. A WebSocket is framed on one TCP")
+        out.say("connection: its messages wait behind the same holes, message boundaries or not.")
+        if max(tcpMax, wsMax) >= 100 {
             out.say(
-                "Here a retransmission timeout fired (TCP's slowest round trip: \(fixed(tcpMax, 1)) ms; Linux waits at least 200 ms)"
-            )
+                "Here a retransmission timeout fired (slowest round trips: \(slowest); Linux waits at least 200 ms)")
             out.say("and every message sent meanwhile queued behind the hole: one lost segment, a long run.")
         } else {
             out.say(
-                "Here Linux noticed each hole within a few milliseconds (duplicate ACKs, RACK; TCP's slowest round trip:"
-            )
-            out.say(
-                "\(fixed(tcpMax, 1)) ms), so the runs are short; on a real network each lasts at least a round trip, or"
-            )
+                "Here Linux noticed each hole within a few milliseconds (duplicate ACKs, RACK; slowest round trips:")
+            out.say("\(slowest)), so the runs are short; on a real network each lasts at least a round trip, or")
             out.say("200 ms and more when the retransmission timeout has to fire.")
         }
         out.say(
@@ -147,6 +146,11 @@ extension Lesson {
         out.say(
             "Protocols that need both reliability and independence (QUIC, SCTP) retransmit per stream or per message.")
         return out.report
+    }
+
+    /// A round trip in microseconds, in us below a millisecond and in ms above.
+    private static func roundTrip(_ microseconds: Double) -> String {
+        microseconds < 1000 ? "\(fixed(microseconds, 0)) us" : "\(fixed(microseconds / 1000, 1)) ms"
     }
 
     /// Says which version runs and why.
@@ -207,10 +211,11 @@ extension Lesson {
         out.say(
             "300 numbered messages, in bursts of 10 a millisecond apart, to an echo server through a relay that holds")
         out.say(
-            "each chunk or datagram for a random 0-8 ms on its way to the server (\(backend) backend). Each message's")
-        out.say("round trip is timed.")
+            "each chunk, WebSocket message or datagram for a random 0-8 ms on its way to the server (\(backend) backend)."
+        )
+        out.say("Each message's round trip is timed.")
         out.say()
-        for transport in [Transport.tcp, .udp] {
+        for transport in [Transport.tcp, .ws, .udp] {
             let server = try await EchoServer.start(backend, on: loopback(transport))
             let relay = try await Relay.start(
                 listen: loopback(transport), upstream: server.endpoint, backend: backend,
@@ -221,7 +226,7 @@ extension Lesson {
             let result = try await LessonProbe.ordering(backend, relay.endpoint)
             await relay.stop()
             await server.stop()
-            let name = transport.rawValue.uppercased()
+            let name = transport == .ws ? "WebSocket" : transport.rawValue.uppercased()
             let values = result.perMessageMicroseconds.filter { $0 >= 0 }.sorted()
             let median = values.isEmpty ? 0 : values[values.count / 2]
             out.say(
@@ -238,19 +243,23 @@ extension Lesson {
         }
         out.say()
         let tcpOut = Int(out.report.figures["tcp.outOfOrder"] ?? 0)
+        let wsOut = Int(out.report.figures["ws.outOfOrder"] ?? 0)
         let udpOut = Int(out.report.figures["udp.outOfOrder"] ?? 0)
         let tcpMedian = (out.report.figures["tcp.p50us"] ?? 0) / 1000
+        let wsMedian = (out.report.figures["ws.p50us"] ?? 0) / 1000
         let udpMedian = (out.report.figures["udp.p50us"] ?? 0) / 1000
         out.say(
-            "Measured: TCP kept order (\(tcpOut) of 300 out of order), UDP did not (\(udpOut) of 300 overtaken or overtaking); median round trip TCP \(fixed(tcpMedian, 1)) ms, UDP \(fixed(udpMedian, 1)) ms."
+            "Measured: TCP kept order (\(tcpOut) of 300 out of order), WebSocket too (\(wsOut)), UDP did not (\(udpOut) of 300 overtaken or overtaking); median round trip TCP \(fixed(tcpMedian, 1)) ms, WebSocket \(fixed(wsMedian, 1)) ms, UDP \(fixed(udpMedian, 1)) ms."
         )
         out.say()
         out.say(
             "Why: TCP delivers bytes in order, so a chunk the relay holds holds back every byte behind it, even bytes")
         out.say(
             "that were ready sooner: round trips come in runs (the messages of a burst travel in one chunk and share")
-        out.say("its wait, and a chunk cannot leave before the one ahead of it). That is head-of-line blocking. UDP")
-        out.say("datagrams are independent: one held longer is overtaken, and the others arrive after their own delay.")
+        out.say("its wait, and a chunk cannot leave before the one ahead of it). That is head-of-line blocking. A")
+        out.say("WebSocket carries whole messages, but in order on one TCP connection, so each message waits for the")
+        out.say("one ahead of it just the same. UDP datagrams are independent: one held longer is overtaken, and the")
+        out.say("others arrive after their own delay.")
         if tcpMedian > udpMedian * 1.1 {
             out.say("Here, waiting in order cost TCP \(fixed(tcpMedian - udpMedian, 1)) ms at the median over UDP.")
         } else if udpMedian > tcpMedian * 1.1 {

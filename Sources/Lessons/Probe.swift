@@ -20,7 +20,7 @@ public enum LessonProbe {
         public var perMessageMicroseconds: [Double] = []
     }
 
-    /// `mode`: `udp-loss`, `tcp-rtt`, `ordering-tcp` or `ordering-udp`.
+    /// `mode`: `udp-loss`, `tcp-rtt`, `ordering-tcp`, `ordering-ws` or `ordering-udp`.
     public static func run(mode: String, backend: Backend, url: String) async throws -> Result {
         let endpoint = try Endpoint(url: url)
         let retransBefore = tcpCounter("RetransSegs")
@@ -28,7 +28,7 @@ public enum LessonProbe {
         switch mode {
         case "udp-loss": result = try await udpLoss(backend, endpoint)
         case "tcp-rtt": result = try await tcpRoundTrips(backend, endpoint)
-        case "ordering-tcp", "ordering-udp": result = try await ordering(backend, endpoint)
+        case "ordering-tcp", "ordering-ws", "ordering-udp": result = try await ordering(backend, endpoint)
         default: throw ConnectionError(.unsupported, "unknown probe mode \(mode)")
         }
         result.retransmittedSegments = tcpCounter("RetransSegs") - retransBefore
@@ -85,12 +85,17 @@ public enum LessonProbe {
         let size = 16
         let arrivals = Mutex<[(sequence: Int, rtt: UInt64)]>([])
         let stream = endpoint.transport == .tcp
+        // tcp and ws deliver everything, however late; a udp datagram may never come.
+        let reliable = endpoint.transport != .udp
         let reader = Task {
             while true {
                 let bytes: [UInt8]
                 if stream {
                     guard let record = try? await connection.receive(exactly: size) else { return }
                     bytes = record
+                } else if reliable {
+                    guard let message = try? await connection.receive() else { return }
+                    bytes = message.bytes
                 } else {
                     guard let message = try? await withDeadline(.milliseconds(800), { try await connection.receive() }),
                         let message
@@ -121,7 +126,7 @@ public enum LessonProbe {
         // TCP delivers everything eventually; give retransmissions time (bounded).
         let deadline = MonotonicClock.nanoseconds() + 10_000_000_000
         while arrivals.withLock({ $0.count }) < count && MonotonicClock.nanoseconds() < deadline {
-            if !stream && arrivals.withLock({ $0.count }) > 0 {
+            if !reliable && arrivals.withLock({ $0.count }) > 0 {
                 _ = await reader.value
                 break
             }

@@ -80,12 +80,14 @@ struct LessonTests {
         #expect((report.figures["tcp.20.retransmits"] ?? 0) > 0)
     }
 
-    @Test("ordering: TCP delivers all 300 in order; UDP delivers each independently (root only)")
+    @Test("ordering: TCP and WebSocket deliver all 300 in order; UDP delivers each independently (root only)")
     func ordering() async throws {
         let report = try await run("ordering")
         if report.figures["skipped"] == 1 { return }
-        #expect(report.figures["tcp.delivered"] == 300)
-        #expect(report.figures["tcp.outOfOrder"] == 0)
+        for transport in ["tcp", "ws"] {
+            #expect(report.figures["\(transport).delivered"] == 300)
+            #expect(report.figures["\(transport).outOfOrder"] == 0)
+        }
         let udp = report.figures["udp.delivered"] ?? -1
         #expect(udp > 0 && udp <= 300)
     }
@@ -107,12 +109,14 @@ struct LessonTests {
         #expect((report.figures["udp.20.dropped"] ?? 0) > 0)
     }
 
-    @Test("ordering without root: relay delays keep TCP in order and let UDP datagrams overtake")
+    @Test("ordering without root: relay delays keep TCP and WebSocket in order and let UDP datagrams overtake")
     func orderingThroughRelay() async throws {
         let report = try await Lesson.$faults.withValue(.relay) { try await run("ordering", .async) }
         #expect(report.figures["relay"] == 1)
-        #expect(report.figures["tcp.delivered"] == 300)
-        #expect(report.figures["tcp.outOfOrder"] == 0)
+        for transport in ["tcp", "ws"] {
+            #expect(report.figures["\(transport).delivered"] == 300)
+            #expect(report.figures["\(transport).outOfOrder"] == 0)
+        }
         #expect(report.figures["udp.delivered"] == 300)
         #expect((report.figures["udp.outOfOrder"] ?? 0) > 0)
     }
