@@ -50,7 +50,8 @@ struct ServerResourceTests {
             let allowedKiB = (1024 + cycles / 4) * SocketTest.residentMemoryAllowance
             #expect(
                 after.descriptors <= before.descriptors,
-                "\(backend) x \(transport): \(after.descriptors - before.descriptors) descriptor(s) not given back")
+                "\(backend) x \(transport): \(after.descriptors - before.descriptors) descriptor(s) not given back after \(after.waited) ms; before: \(before.kinds), after: \(after.kinds)"
+            )
             #expect(
                 grown <= allowedKiB,
                 "\(backend) x \(transport): resident memory grew \(grown) KiB over \(cycles) connections (\(grown * 1024 / cycles) bytes each; at most \(allowedKiB) KiB allowed)"
@@ -135,16 +136,22 @@ struct ServerResourceTests {
     private struct Usage {
         var residentKiB: Int
         var descriptors: Int
+        /// What the descriptors are, by kind (socket, eventfd, pipe...), for a failure message.
+        var kinds: [String: Int]
+        var waited = 0
     }
 
-    /// The server's usage once its last client is gone: waits (bounded) until its descriptors are back to
-    /// `descriptorsAtMost`, as closing the last connection may still be under way in the server.
+    /// The server's usage once its last client is gone: polls (for at most 10 s, as a loaded machine can be slow to
+    /// run the server's last close) until its descriptors are back to `descriptorsAtMost`.
     private func settled(_ pid: Int32, descriptorsAtMost limit: Int = .max) async throws -> Usage {
         var usage = try Self.usage(pid)
-        for _ in 0..<100 where usage.descriptors > limit {
+        var waited = 0
+        while usage.descriptors > limit && waited < 10_000 {
             try await Task.sleep(for: .milliseconds(20))
+            waited += 20
             usage = try Self.usage(pid)
         }
+        usage.waited = waited
         return usage
     }
 
@@ -152,7 +159,14 @@ struct ServerResourceTests {
         let status = try String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8)
         let rss = status.split(separator: "\n").first { $0.hasPrefix("VmRSS:") }
             .flatMap { Int($0.split(separator: " ", omittingEmptySubsequences: true)[1]) }
-        let descriptors = try FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/fd").count
-        return Usage(residentKiB: rss ?? 0, descriptors: descriptors)
+        let names = try FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/fd")
+        var kinds: [String: Int] = [:]
+        for name in names {
+            let target = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(pid)/fd/\(name)")) ?? "?"
+            // "socket:[123]" -> "socket", "anon_inode:[eventfd]" -> "anon_inode:[eventfd]", paths as they are.
+            let kind = target.hasPrefix("socket:") ? "socket" : target.hasPrefix("pipe:") ? "pipe" : target
+            kinds[kind, default: 0] += 1
+        }
+        return Usage(residentKiB: rss ?? 0, descriptors: names.count, kinds: kinds)
     }
 }
