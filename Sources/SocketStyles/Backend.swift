@@ -94,6 +94,21 @@ public enum Backend: String, Sendable, Hashable, CaseIterable, CustomStringConve
         }
     }
 
+    /// NWConnection's model on this backend, any transport: a connection object that starts connecting at once
+    /// and reports its ``ConnectionState``s in ``ReconnectingConnection/states`` (`setup`, `preparing`, `ready`,
+    /// then the peer's `closed` with a WebSocket's code and reason, `failed(error)` or, after `close()`,
+    /// `cancelled`). Sends before `ready` wait in a bounded queue. With `policy` other than
+    /// ``ReconnectPolicy/never`` it also connects again when the connection is lost (`waiting(error)` between
+    /// attempts).
+    public func connection(
+        to endpoint: Endpoint, options: ConnectionOptions = ConnectionOptions(),
+        webSocket: WebSocketOptions = WebSocketOptions(), tls: TLSConfiguration = TLSConfiguration(),
+        policy: ReconnectPolicy = .never
+    ) -> ReconnectingConnection {
+        ReconnectingConnection(
+            backend: self, endpoint: endpoint, options: options, webSocket: webSocket, tls: tls, policy: policy)
+    }
+
     /// Connects to a `ws://` or `wss://` endpoint and returns the ``WebSocketConnection`` itself (pings, close codes,
     /// events), no cast needed.
     public func connectWebSocket(

@@ -10,7 +10,12 @@ public enum ConnectionState: Sendable, Hashable {
     case ready
     /// Not connected, trying again after a pause: the error that ended the last attempt or connection.
     case waiting(ConnectionError)
-    /// Gave up (``ReconnectPolicy/maximumAttempts`` reached): the last error.
+    /// The peer ended the connection cleanly: for WebSocket, the code and reason of its close frame (`nil` code:
+    /// none came, or another transport's end of stream). With reconnection, `waiting` follows; with
+    /// ``ReconnectPolicy/never`` it is the last state but `cancelled`.
+    case closed(code: WebSocketCloseCode?, reason: String)
+    /// Gave up (``ReconnectPolicy/maximumAttempts`` reached, or the connection failed under
+    /// ``ReconnectPolicy/never``): the last error.
     case failed(ConnectionError)
     /// Closed by the user.
     case cancelled
@@ -30,6 +35,15 @@ public struct ReconnectPolicy: Sendable, Hashable {
     public var maximumAttempts: Int? = nil
     /// What `send` does while disconnected.
     public var whileDisconnected: WhileDisconnected = .queue(maximumMessages: 64)
+    /// Whether a connection that was lost is replaced (`false`: ``never``).
+    public var reconnects = true
+
+    /// NWConnection's model: one attempt, one connection, its states (`setup`, `preparing`, `ready`, then
+    /// `closed`, `failed` or `cancelled`), no retry; sends before `ready` are queued.
+    public static let never = ReconnectPolicy.with {
+        $0.reconnects = false
+        $0.maximumAttempts = 1
+    }
 
     public enum WhileDisconnected: Sendable, Hashable {
         /// Keep up to this many messages and send them, in order, once connected again; beyond it, `send` throws
@@ -96,6 +110,8 @@ public final class ReconnectingConnection: Connection, Sendable {
         var queue: [Message] = []
         var waiters: [CheckedContinuation<(any Connection)?, Never>] = []
         var connector: Task<Void, Never>?
+        /// Under ``ReconnectPolicy/never``: the peer's end was returned by a receive (a later one throws).
+        var endReported = false
     }
 
     /// Connects (in the background, at once) with `backend` to `endpoint`, and again whenever the connection is
@@ -201,6 +217,7 @@ public final class ReconnectingConnection: Connection, Sendable {
                 if let current = shared.current { return .some(current) }
                 switch shared.state {
                 case .cancelled, .failed: return .some(nil)
+                case .closed where !policy.reconnects: return .some(nil)
                 default:
                     shared.waiters.append(continuation)
                     return nil
@@ -210,19 +227,33 @@ public final class ReconnectingConnection: Connection, Sendable {
         }
     }
 
-    /// `connection` was lost (its receive or send failed, or the peer ended it): reconnect.
-    private func lost(_ connection: any Connection, _ error: ConnectionError) async {
-        let mine = shared.withLock { shared in
-            guard let current = shared.current, current === connection else { return false }
+    /// `connection` was lost (its receive or send failed with `error`, or the peer ended it: `error` is `nil`):
+    /// reconnect, unless the policy says ``ReconnectPolicy/never``.
+    private func lost(_ connection: any Connection, _ error: ConnectionError?) async {
+        let webSocket = connection as? WebSocketConnection
+        let waiters: [CheckedContinuation<(any Connection)?, Never>]? = shared.withLock { shared in
+            guard let current = shared.current, current === connection else { return nil }
             shared.current = nil
-            return true
+            if error == nil {
+                set(.closed(code: webSocket?.peerCloseCode, reason: webSocket?.peerCloseReason ?? ""), &shared)
+            }
+            guard !policy.reconnects else { return [] }
+            if let error { set(.failed(error), &shared) }
+            defer { shared.waiters.removeAll() }
+            return shared.waiters
         }
-        guard mine else { return }
+        guard let waiters else { return }
         await connection.close()
-        startConnecting(after: error)
+        if policy.reconnects {
+            startConnecting(after: error ?? ConnectionError(.closed, "the server ended the connection"))
+        } else {
+            for waiter in waiters { waiter.resume(returning: nil) }
+        }
     }
 
-    private var endError: ConnectionError {
+    /// What a send or receive throws once the connection has ended for good (from inside the lock: it must not
+    /// read ``state``, which takes it).
+    private static func endError(_ state: ConnectionState) -> ConnectionError {
         if case .failed(let error) = state { return error }
         return .closed()
     }
@@ -233,7 +264,8 @@ public final class ReconnectingConnection: Connection, Sendable {
         let current: (any Connection)? = try shared.withLock { (shared) throws(ConnectionError) in
             if let current = shared.current { return current }
             switch shared.state {
-            case .cancelled, .failed: throw endError
+            case .cancelled, .failed: throw Self.endError(shared.state)
+            case .closed where !policy.reconnects: throw Self.endError(shared.state)
             default: break
             }
             switch policy.whileDisconnected {
@@ -262,11 +294,17 @@ public final class ReconnectingConnection: Connection, Sendable {
         while true {
             guard let current = await connection() else {
                 if case .failed(let error) = state { throw error }
+                let again = shared.withLock { shared in
+                    defer { shared.endReported = true }
+                    guard case .closed = shared.state else { return false }
+                    return shared.endReported
+                }
+                if again { throw ConnectionError(.closed, "the end of the stream was already reported") }
                 return nil
             }
             do throws(ConnectionError) {
                 if let message = try await current.receive(maximumLength: maximumLength) { return message }
-                await lost(current, ConnectionError(.closed, "the server ended the connection"))
+                await lost(current, nil)
             } catch {
                 if error.kind == .cancelled || state == .cancelled { throw error }
                 await lost(current, error)

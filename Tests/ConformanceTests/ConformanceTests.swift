@@ -179,6 +179,84 @@ struct ConformanceTests {
         }
     }
 
+    @Test(
+        "Backend.connection gives NWConnection's states: setup, preparing, ready, the peer's close (with a WebSocket's code and reason), cancelled",
+        arguments: ConformanceCase.all)
+    func statesWithoutReconnection(_ test: ConformanceCase) async throws {
+        try await SocketTest.run {
+            let listener = try await test.listen()
+            let client = test.backend.connection(to: listener.localEndpoint, tls: test.clientTLS)
+            let seen = Mutex<[ConnectionState]>([])
+            let watcher = Task { for await state in client.states { seen.withLock { $0.append(state) } } }
+            try await client.send(Array("hi".utf8))  // queued until ready (udp: sent at once once connected)
+            let server = try await listener.accept()
+            let message = try await server.receive()
+            #expect(message.map { String(decoding: $0.bytes, as: UTF8.self) } == "hi")
+            // Queued sends go out just before the state turns ready: the server may read them first.
+            try await withTimeLimit(.seconds(5)) {
+                while client.state != .ready { try await Task.sleep(for: .milliseconds(5)) }
+            }
+            let expectedEnd: ConnectionState?
+            switch test.transport {
+            case .udp:
+                expectedEnd = nil  // a udp peer cannot end the association
+                await server.close()
+            case .ws, .wss:
+                expectedEnd = .closed(code: .goingAway, reason: "bye")
+                let webSocket = try #require(server as? WebSocketConnection)
+                let closing = Task { await webSocket.close(code: .goingAway, reason: "bye") }
+                #expect(try await client.receive() == nil)
+                await closing.value
+            default:
+                expectedEnd = .closed(code: nil, reason: "")
+                await server.close()
+                #expect(try await client.receive() == nil)
+            }
+            if let expectedEnd {
+                #expect(client.state == expectedEnd)
+                // The end is reported once; the connection is not replaced.
+                await expectConnectionError(.closed) { () throws(ConnectionError) in try await client.receive() }
+                await expectConnectionError(.closed) { () throws(ConnectionError) in
+                    try await client.send(Array("late".utf8))
+                }
+            }
+            await client.close()
+            await watcher.value
+            var expected: [ConnectionState] = [.setup, .preparing, .ready]
+            if let expectedEnd { expected.append(expectedEnd) }
+            expected.append(.cancelled)
+            #expect(seen.withLock { $0 } == expected)
+            await listener.close()
+        }
+    }
+
+    @Test(
+        "ReconnectPolicy.never: a refused connect is preparing, then failed(refused), and sends fail with it",
+        arguments: ConformanceCase.all.filter { $0.transport != .udp })
+    func refusedWithoutReconnection(_ test: ConformanceCase) async throws {
+        try await SocketTest.run {
+            let listener = try await test.listen()
+            let endpoint = listener.localEndpoint
+            await listener.close()
+            let client = ReconnectingConnection(
+                backend: test.backend, endpoint: endpoint, tls: test.clientTLS, policy: .never)
+            let seen = Mutex<[ConnectionState]>([])
+            let watcher = Task { for await state in client.states { seen.withLock { $0.append(state) } } }
+            await expectConnectionError(.refused) { () throws(ConnectionError) in try await client.receive() }
+            await expectConnectionError(.refused) { () throws(ConnectionError) in try await client.send([1]) }
+            await client.close()
+            await watcher.value
+            let states = seen.withLock { $0 }
+            #expect(states.prefix(2) == [.setup, .preparing])
+            #expect(states.count == 4 && states.last == .cancelled)
+            if states.count == 4, case .failed(let error) = states[2] {
+                #expect(error.kind == .refused)
+            } else {
+                Issue.record("no failed state: \(states)")
+            }
+        }
+    }
+
     private func expectEcho(_ client: any Connection, _ text: String) async throws {
         try await client.send(Array(text.utf8))
         let bytes =
@@ -534,7 +612,7 @@ struct ConformanceTests {
 
 @Suite("Reconnection", .timeLimit(.minutes(10)))
 struct ReconnectionTests {
-    static let cases = ConformanceCase.all.filter { $0.transport == .tcp || $0.transport == .ws }
+    static let cases = ConformanceCase.all.filter { $0.transport != .udp }
 
     @Test(
         "ReconnectingConnection shows waiting while the server is down, queues sends, and carries on once it is back",

@@ -176,6 +176,25 @@ enum DocSnippets {
     // end snippet
 
     // snippet: docs/websocket.md
+    static func docs_websocket_states() async throws {
+        let connection = Backend.uv.connection(to: try Endpoint(url: "wss://127.0.0.1:9000/feed"))
+        Task {
+            for await state in connection.states {
+                switch state {
+                case .ready: print("ready")
+                case .closed(let code, let reason): print("closed by the server:", code.map(String.init(describing:)) ?? "-", reason)
+                case .failed(let error): print("failed:", error)
+                default: break
+                }
+            }
+        }
+        try await connection.send(.text("subscribe"))    // waits in the queue until ready
+        for try await message in connection.messages { print(message.text ?? "binary") }
+        await connection.close()
+    }
+    // end snippet
+
+    // snippet: docs/websocket.md
     static func docs_websocket_reconnect() async throws {
         let chat = ReconnectingConnection(
             backend: .async, endpoint: try Endpoint(url: "ws://127.0.0.1:9000/chat"),
