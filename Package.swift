@@ -200,7 +200,8 @@ let package = Package(
         .testTarget(
             name: "DocSnippetTests",
             dependencies: [
-                "SocketStyles", "SocketStylesCombine", .product(name: "OpenCombine", package: "OpenCombine"),
+                "SocketStyles", "SocketStylesCombine", "ConnectionTestKit", "POSIXSupport",
+                .product(name: "OpenCombine", package: "OpenCombine"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
             ],

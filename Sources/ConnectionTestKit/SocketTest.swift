@@ -139,3 +139,11 @@ final class AsyncLock: Sendable {
         return try await body()
     }
 }
+
+/// Runs blocking work (a child process's output, its exit) on a thread of its own, off Swift's cooperative pool.
+public func blocking<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
+    let result = await withCheckedContinuation { (continuation: CheckedContinuation<Result<T, any Error>, Never>) in
+        PosixThread.spawn(name: "test-blocking") { continuation.resume(returning: Result { try body() }) }
+    }
+    return try result.get()
+}

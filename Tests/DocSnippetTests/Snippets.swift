@@ -2,7 +2,8 @@
 // The Swift code samples of README.md and docs/, compiled: each lies between `// snippet` markers inside a
 // function, and DocSnippetTests checks that every ```swift block of the docs is one of them (imports, blank lines
 // and indentation aside). A sample that stops compiling fails the build; one changed in the docs alone fails
-// the test. The functions are never called: their endpoints (port 9000) are the docs' examples.
+// the test. DocSnippetRunTests runs the client ones against echo servers on port 9000 (the docs' examples) in a
+// network namespace of its own; the others are never called.
 
 import NIOCore
 import NIOPosix

@@ -239,11 +239,3 @@ struct AgentProtocolTests {
         }
     }
 }
-
-/// Runs blocking work (child processes) on a thread of its own, off Swift's cooperative pool.
-func blocking<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
-    let result = await withCheckedContinuation { (continuation: CheckedContinuation<Result<T, any Error>, Never>) in
-        PosixThread.spawn(name: "test-blocking") { continuation.resume(returning: Result { try body() }) }
-    }
-    return try result.get()
-}
