@@ -569,9 +569,17 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
                 if case .send(let frame) = $0 { return frame } else { return nil }
             }
         }
-        if !frames.isEmpty, (try? await sendFrames(frames)) != nil {
+        let timeout = webSocketOptions.closeTimeout
+        // The close frame queues behind sends the peer is not taking (it stopped reading): that wait is bounded by
+        // closeTimeout as well, and past it the TCP connection is closed under the stuck sends.
+        let closeFrameSent = OnceFlag()
+        if !frames.isEmpty {
+            _ = await runBounded(by: timeout, onTimeout: { [tcp] in await tcp.close() }) { [self] in
+                if (try? await sendFrames(frames)) != nil { _ = closeFrameSent.claim() }
+            }
+        }
+        if closeFrameSent.isClaimed {
             // Read (discarding data) until the peer's close frame or the time limit, whichever comes first.
-            let timeout = webSocketOptions.closeTimeout
             await firstOf(
                 { [self] in
                     while !state.withLock({ $0.tcpClosed }) {

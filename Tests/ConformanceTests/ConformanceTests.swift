@@ -469,6 +469,37 @@ struct ConformanceTests {
         }
     }
 
+    @Test(
+        "A peer that never reads holds the sender back: a bounded amount goes in, then a send waits",
+        arguments: ConformanceCase.all.filter { $0.transport != .udp })
+    func sendIsBounded(_ test: ConformanceCase) async throws {
+        try await SocketTest.run(timeLimit: .seconds(120)) {
+            let listener = try await test.listen()
+            let client = try await test.connect(to: listener.localEndpoint)
+            let server = try await listener.accept()  // held, never read
+            let chunk = [UInt8](repeating: 7, count: 64 * 1024)
+            let limit = 256 << 20  // what a sender that buffers without bound would take in seconds
+            var sent = 0
+            var stalled = false
+            while sent < limit {
+                // A send still waiting after 1 s is waiting for room: the back pressure reached the sender.
+                do {
+                    try await withTimeLimit(.seconds(1)) { try await client.send(chunk) }
+                } catch is SocketTest.Failure {
+                    stalled = true
+                    break
+                }
+                sent += chunk.count
+            }
+            #expect(stalled, "\(sent) bytes went in and no send waited")
+            // The kernel's buffers on loopback (a few MiB each way) and a backend's bounded queues: far below this.
+            #expect(sent < 32 << 20, "\(sent) bytes went in before a send waited")
+            await client.close()
+            await server.close()
+            await listener.close()
+        }
+    }
+
     @Test("close() twice is a no-op; send and receive after close throw closed", arguments: ConformanceCase.all)
     func closeTwiceAndUseAfterClose(_ test: ConformanceCase) async throws {
         try await SocketTest.run {
