@@ -215,12 +215,8 @@ public final class Relay: Sendable {
                         return
                     }
                     if let limit = plan.blackHoleAfterBytes, forwarded >= limit { continue }
-                    do throws(ConnectionError) {
-                        try await sink.send(message)
-                    } catch {
-                        await cut()
-                        return
-                    }
+                    // Counted before the send, so that whoever receives these bytes finds them in the statistics
+                    // (the deadpeer lesson sizes its black hole from them); a failed send ends the pair anyway.
                     forwarded += message.bytes.count
                     counters.update {
                         if upstreamBound {
@@ -228,6 +224,12 @@ public final class Relay: Sendable {
                         } else {
                             $0.bytesToClients += message.bytes.count
                         }
+                    }
+                    do throws(ConnectionError) {
+                        try await sink.send(message)
+                    } catch {
+                        await cut()
+                        return
                     }
                     if let limit = plan.cutAfterBytes, forwarded >= limit {
                         await cut()
