@@ -27,11 +27,13 @@ public struct PingRunner: Sendable {
         public var roundTripsPerSecond: Double
         /// The full histogram, for merging runs.
         public var histogram: Histogram<UInt64>
+        /// Every measured round trip in order, nanoseconds (only with ``PingRunner/keepsSamples``).
+        public var samples: [UInt64]?
 
         /// Creates a result (for runners other than ``PingRunner``, such as the C floor).
         public init(
             latency: LatencySummary, lost: Int, stale: Int, elapsedNanoseconds: UInt64, roundTripsPerSecond: Double,
-            histogram: Histogram<UInt64>
+            histogram: Histogram<UInt64>, samples: [UInt64]? = nil
         ) {
             self.latency = latency
             self.lost = lost
@@ -39,7 +41,27 @@ public struct PingRunner: Sendable {
             self.elapsedNanoseconds = elapsedNanoseconds
             self.roundTripsPerSecond = roundTripsPerSecond
             self.histogram = histogram
+            self.samples = samples
         }
+    }
+
+    /// Ends a run early, between two round trips, with what it measured so far (Ctrl-C, a `--time` limit):
+    /// ``request()`` from any thread. The loop pays one relaxed load per round trip when a run has one.
+    public final class Stop: Sendable {
+        private let flag = Atomic<Bool>(false)
+        public init() {}
+        public func request() { flag.store(true, ordering: .relaxed) }
+        public var isRequested: Bool { flag.load(ordering: .relaxed) }
+    }
+
+    /// The round trips of one reporting interval (``PingRunner/reportEvery``), handed over as they are: summarise
+    /// it off the connection's executor.
+    public struct Interval: Sendable {
+        /// When the interval began and ended, since the measured part began.
+        public var from: Duration
+        public var to: Duration
+        /// Its round trips, nanoseconds.
+        public var histogram: Histogram<UInt64>
     }
 
     public var size: Int
@@ -50,6 +72,14 @@ public struct PingRunner: Sendable {
     /// accepts and never answers, a UDP peer that is gone), the connection is closed and the run fails with
     /// `.timedOut`. Checked by a watchdog a few times per limit, so a round trip pays one atomic store.
     public var timeout: Duration?
+    /// Checked between round trips: once requested, the run ends with what it measured (`nil`: runs `count`).
+    public var stop: Stop?
+    /// How often ``onInterval`` gets the round trips of the interval just ended (`nil`: never). Called on the
+    /// loop's executor: it should only hand the interval over.
+    public var reportEvery: Duration?
+    public var onInterval: (@Sendable (Interval) -> Void)?
+    /// Keep every measured round trip in ``Result/samples`` (8 bytes each).
+    public var keepsSamples = false
 
     /// Creates a runner.
     public init(
@@ -68,6 +98,8 @@ public struct PingRunner: Sendable {
     public struct Samples: Sendable {
         /// Round-trip latency, nanoseconds.
         public var histogram: Histogram<UInt64>
+        /// Every measured round trip, in order (with ``PingRunner/keepsSamples``).
+        public var raw: [UInt64]?
         /// Probes re-sent because no echo came in time (UDP).
         public var lost: Int
         /// Late echoes of earlier probes, discarded (UDP).
@@ -85,8 +117,9 @@ public struct PingRunner: Sendable {
         return Result(
             latency: LatencySummary(samples.histogram), lost: samples.lost, stale: samples.stale,
             elapsedNanoseconds: samples.elapsedNanoseconds,
-            roundTripsPerSecond: Double(count) / (Double(max(1, samples.elapsedNanoseconds)) / 1e9),
-            histogram: samples.histogram)
+            roundTripsPerSecond: Double(samples.histogram.totalCount)
+                / (Double(max(1, samples.elapsedNanoseconds)) / 1e9),
+            histogram: samples.histogram, samples: samples.raw)
     }
 
     /// The timed loop alone, on the connection's preferred executor. Nothing slow runs there once the loop is
@@ -134,11 +167,15 @@ public struct PingRunner: Sendable {
 
     private func runStream(_ connection: any Connection, _ progress: Progress) async throws(ConnectionError) -> Samples
     {
-        var histogram = LatencySummary.makeHistogram()
+        var recorder = Recorder(self)
         var payload = [UInt8](repeating: 0x5a, count: size)
         var start: UInt64 = 0
         for index in 0..<(warmup + count) {
-            if index == warmup { start = MonotonicClock.nanoseconds() }
+            if let stop, stop.isRequested { break }
+            if index == warmup {
+                start = MonotonicClock.nanoseconds()
+                recorder.begin(at: start)
+            }
             Self.stamp(&payload, UInt64(index))
             let sent = MonotonicClock.nanoseconds()
             try await connection.send(payload)
@@ -147,11 +184,14 @@ public struct PingRunner: Sendable {
             guard echoed == payload else {
                 throw ConnectionError(.protocolViolation, "the echo of round trip \(index) differs from what was sent")
             }
-            if index >= warmup { _ = histogram.record(max(1, elapsed)) }
+            if index >= warmup { recorder.record(max(1, elapsed), endingAt: sent &+ elapsed) }
             progress.last.store(sent &+ elapsed, ordering: .relaxed)
         }
-        let total = MonotonicClock.nanoseconds() - start
-        return Samples(histogram: histogram, lost: 0, stale: 0, elapsedNanoseconds: total)
+        let end = MonotonicClock.nanoseconds()
+        recorder.finish(at: end)
+        return Samples(
+            histogram: recorder.histogram, raw: recorder.raw, lost: 0, stale: 0,
+            elapsedNanoseconds: start == 0 ? 0 : end - start)
     }
 
     private final class Probe: Sendable {
@@ -168,7 +208,7 @@ public struct PingRunner: Sendable {
     private func runMessages(
         _ connection: any Connection, _ progress: Progress
     ) async throws(ConnectionError) -> Samples {
-        var histogram = LatencySummary.makeHistogram()
+        var recorder = Recorder(self)
         let probe = Probe()
         let timeout = lossTimeout
         let timeoutNanoseconds = timeout.wholeNanoseconds
@@ -192,8 +232,10 @@ public struct PingRunner: Sendable {
         var payload = [UInt8](repeating: 0x5a, count: size)
         var start: UInt64 = 0
         for index in 0..<(warmup + count) {
+            if let stop, stop.isRequested { break }
             if index == warmup {
                 start = MonotonicClock.nanoseconds()
+                recorder.begin(at: start)
                 probe.state.withLock { $0.lost = 0 }
             }
             Self.stamp(&payload, UInt64(index))
@@ -214,19 +256,71 @@ public struct PingRunner: Sendable {
                         defer { state.sentAt = 0 }
                         return state.sentAt
                     }
-                    if index >= warmup { _ = histogram.record(max(1, end - sentAt)) }
+                    if index >= warmup { recorder.record(max(1, end - sentAt), endingAt: end) }
                     progress.last.store(end, ordering: .relaxed)
                     break
                 }
                 stale += 1
             }
         }
-        let total = MonotonicClock.nanoseconds() - start
+        let end = MonotonicClock.nanoseconds()
+        recorder.finish(at: end)
         let lost = probe.state.withLock { state in
             state.finished = true
             return state.lost
         }
-        return Samples(histogram: histogram, lost: lost, stale: stale, elapsedNanoseconds: total)
+        return Samples(
+            histogram: recorder.histogram, raw: recorder.raw, lost: lost, stale: stale,
+            elapsedNanoseconds: start == 0 ? 0 : end - start)
+    }
+
+    /// Where both loops put a measured round trip: the run's histogram and, when asked, the raw samples and the
+    /// current interval's histogram (handed to ``onInterval`` when the interval is over).
+    struct Recorder {
+        var histogram = LatencySummary.makeHistogram()
+        var raw: [UInt64]?
+        var interval: Histogram<UInt64>?
+        let every: UInt64
+        let onInterval: (@Sendable (Interval) -> Void)?
+        var measuringSince: UInt64 = 0
+        var intervalSince: UInt64 = 0
+
+        init(_ runner: PingRunner) {
+            raw = runner.keepsSamples ? [] : nil
+            raw?.reserveCapacity(min(runner.count, 1 << 24))
+            onInterval = runner.onInterval
+            every = runner.reportEvery.map { UInt64(max(1, $0.wholeNanoseconds)) } ?? .max
+            interval = onInterval != nil && runner.reportEvery != nil ? LatencySummary.makeHistogram() : nil
+        }
+
+        mutating func begin(at now: UInt64) {
+            measuringSince = now
+            intervalSince = now
+        }
+
+        @inline(__always)
+        mutating func record(_ elapsed: UInt64, endingAt end: UInt64) {
+            _ = histogram.record(elapsed)
+            raw?.append(elapsed)
+            guard interval != nil else { return }
+            _ = interval!.record(elapsed)
+            if end &- intervalSince >= every { flush(at: end) }
+        }
+
+        /// The last, partial interval.
+        mutating func finish(at end: UInt64) {
+            if interval != nil { flush(at: max(end, intervalSince)) }
+        }
+
+        private mutating func flush(at end: UInt64) {
+            guard let current = interval, current.totalCount > 0, let onInterval else { return }
+            onInterval(
+                Interval(
+                    from: .nanoseconds(Int64(intervalSince &- measuringSince)),
+                    to: .nanoseconds(Int64(end &- measuringSince)), histogram: current))
+            interval!.reset()
+            intervalSince = end
+        }
     }
 
     /// Writes the sequence number into the first (up to) 8 bytes, so each probe differs from the last.

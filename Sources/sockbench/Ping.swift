@@ -1,15 +1,19 @@
 import ArgumentParser
 import BenchmarkDriver
 import Foundation
+import Histogram
 import NativeStyles
 import SocketStyles
+import Synchronization
 
 struct Ping: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Measure round-trip latency against an echo server (closed loop, HdrHistogram).",
         discussion: """
-            Sends --size bytes, waits for the whole echo, repeats --count times after --warmup round trips. \
-            Prints count, min, p50, p90, p99, p99.9, max in microseconds.
+            Sends --size bytes, waits for the whole echo, repeats --count times (or for --time seconds) after \
+            --warmup round trips. Prints count, min, p50, p90, p99, p99.9, max in microseconds; --interval adds \
+            a line per interval, as iperf3's -i does. SIGINT or SIGTERM ends the run early with the summary of \
+            what was measured. --hgrm and --samples write the distribution and every round trip to files.
             """
     )
 
@@ -22,8 +26,20 @@ struct Ping: AsyncParsableCommand {
     @Option(help: "Bytes per message.")
     var size: Int = 64
 
-    @Option(help: "Measured round trips.")
-    var count: Int = 10_000
+    @Option(help: "Measured round trips (default 10000; not with --time).")
+    var count: Int?
+
+    @Option(help: "Run for this many seconds instead of a --count (the warm-up included).")
+    var time: Double?
+
+    @Option(help: "Print a line every this many seconds: the round trips and percentiles of that interval.")
+    var interval: Double?
+
+    @Option(help: "Write the percentile distribution to this file, HdrHistogram's .hgrm format (microseconds).")
+    var hgrm: String?
+
+    @Option(help: "Write every measured round trip to this file, one per line: index,nanoseconds.")
+    var samples: String?
 
     @Option(help: "Round trips before measuring (not recorded).")
     var warmup: Int = 1_000
@@ -53,7 +69,13 @@ struct Ping: AsyncParsableCommand {
 
     func validate() throws {
         guard size >= 1, size <= 16 * 1024 * 1024 else { throw ValidationError("--size must be 1 to 16777216") }
-        guard count >= 1 else { throw ValidationError("--count must be at least 1") }
+        if let count, count < 1 { throw ValidationError("--count must be at least 1") }
+        if count != nil && time != nil { throw ValidationError("give --count or --time, not both") }
+        if let time, time <= 0 { throw ValidationError("--time must be more than 0 seconds") }
+        if let interval, interval <= 0 { throw ValidationError("--interval must be more than 0 seconds") }
+        if native && (time != nil || interval != nil || hgrm != nil || samples != nil) {
+            throw ValidationError("--native runs a plain --count: no --time, --interval, --hgrm or --samples")
+        }
         guard warmup >= 0 else { throw ValidationError("--warmup must not be negative") }
         guard timeout >= 0 else { throw ValidationError("--timeout must not be negative") }
     }
@@ -70,12 +92,39 @@ struct Ping: AsyncParsableCommand {
             if let limit { $0.connectTimeout = limit }
         }
         let result: PingRunner.Result
+        let stop = PingRunner.Stop()
+        let stoppedBy = Mutex<String?>(nil)
+        // SIGINT or SIGTERM (or the end of --time) ends the loop between two round trips; the summary follows.
+        let signals = Task {
+            let reason = await StopSignal.wait(stdinEOF: false)
+            if Task.isCancelled { return }
+            stoppedBy.withLock { $0 = reason }
+            stop.request()
+        }
+        defer { signals.cancel() }
+        let timer = time.map { seconds in
+            Task {
+                try? await Task.sleep(for: .milliseconds(Int64(seconds * 1000)))
+                if !Task.isCancelled { stop.request() }
+            }
+        }
+        defer { timer?.cancel() }
+        // Interval lines are summarised and printed off the connection's executor, in order.
+        let (intervals, intervalSink) = AsyncStream.makeStream(of: PingRunner.Interval.self)
+        let json = json
+        let printer = Task {
+            for await interval in intervals {
+                let line = Self.intervalLine(interval)
+                if json { Console.error(line) } else { Console.line(line) }
+            }
+        }
         do throws(ConnectionError) {
             if native {
                 guard nodelay, tls.configuration == TLSConfiguration() else {
                     throw ConnectionError(.unsupported, "--native pings plain tcp (nio: also ws) with TCP_NODELAY")
                 }
-                result = try await backend.nativePingPong(to: endpoint, size: size, count: count, warmup: warmup)
+                result = try await backend.nativePingPong(
+                    to: endpoint, size: size, count: count ?? 10_000, warmup: warmup)
             } else {
                 var tlsConfiguration = tls.configuration
                 var webSocket = WebSocketOptions()
@@ -85,9 +134,16 @@ struct Ping: AsyncParsableCommand {
                 }
                 let connection = try await backend.connect(
                     to: endpoint, options: options, webSocket: webSocket, tls: tlsConfiguration)
+                var runner = PingRunner(
+                    size: size, count: count ?? (time != nil ? Int.max / 2 : 10_000), warmup: warmup, timeout: limit)
+                runner.stop = stop
+                runner.keepsSamples = samples != nil
+                if let interval {
+                    runner.reportEvery = .milliseconds(Int64(interval * 1000))
+                    runner.onInterval = { intervalSink.yield($0) }
+                }
                 do throws(ConnectionError) {
-                    result = try await PingRunner(size: size, count: count, warmup: warmup, timeout: limit).run(
-                        on: connection)
+                    result = try await runner.run(on: connection)
                 } catch {
                     await connection.close()
                     throw error
@@ -97,19 +153,52 @@ struct Ping: AsyncParsableCommand {
         } catch {
             throw fail(error.description)
         }
+        intervalSink.finish()
+        await printer.value
+        if result.latency.count == 0 {
+            throw fail("no round trip was measured (stopped during the \(warmup) warm-up round trips)")
+        }
+        if let hgrm {
+            var text = ""
+            result.histogram.outputPercentileDistribution(to: &text, outputValueUnitScalingRatio: 1000)
+            try write(text, to: hgrm, what: "--hgrm")
+        }
+        if let samples, let raw = result.samples {
+            var text = ""
+            text.reserveCapacity(raw.count * 12)
+            for (index, value) in raw.enumerated() { text += "\(index),\(value)\n" }
+            try write(text, to: samples, what: "--samples")
+        }
         let report = PingReport(
             backend: backend.rawValue, url: endpoint.description, transport: endpoint.transport.rawValue, size: size,
             warmup: warmup, tcpNoDelay: nodelay, cpu: cpu, latency: result.latency, lost: result.lost,
-            roundTripsPerSecond: result.roundTripsPerSecond)
+            roundTripsPerSecond: result.roundTripsPerSecond, stoppedBy: stoppedBy.withLock { $0 })
         if json {
             try Console.json(report)
         } else {
             Console.line(report.text)
         }
     }
+
+    private func write(_ text: String, to path: String, what: String) throws {
+        do {
+            try text.write(toFile: path, atomically: true, encoding: .utf8)
+        } catch {
+            throw fail("\(what) \(path): \(error.localizedDescription)")
+        }
+    }
+
+    /// One `--interval` line, iperf3-like: the interval, its round trips, its percentiles in microseconds.
+    static func intervalLine(_ interval: PingRunner.Interval) -> String {
+        let latency = LatencySummary(interval.histogram)
+        let from = Double(interval.from.wholeNanoseconds) / 1e9
+        let to = Double(interval.to.wholeNanoseconds) / 1e9
+        return String(format: "[%6.2f-%6.2f s] ", from, to)
+            + "\(latency.count) round trips  p50 \(microseconds(latency.p50))  p99 \(microseconds(latency.p99))  max \(microseconds(latency.max)) us"
+    }
 }
 
-/// What `sockbench ping --json` prints. Latencies in nanoseconds.
+/// What `sockbench ping --json` prints. Latencies in nanoseconds (`latencyUnit`).
 struct PingReport: Codable {
     var backend: String
     var url: String
@@ -121,6 +210,9 @@ struct PingReport: Codable {
     var latency: LatencySummary
     var lost: Int
     var roundTripsPerSecond: Double
+    /// Why the run ended before its count ("stopped by SIGINT"), if it did.
+    var stoppedBy: String?
+    var latencyUnit = "ns"
 
     var text: String {
         var lines = [
@@ -131,6 +223,7 @@ struct PingReport: Codable {
             "mean \(microseconds(UInt64(latency.mean))) us, stddev \(microseconds(UInt64(latency.stddev))) us, \(Int(roundTripsPerSecond)) round trips/s"
                 + (lost > 0 ? ", \(lost) datagram(s) lost and re-sent" : ""),
         ]
+        if let stoppedBy { lines.append("\(stoppedBy) after \(latency.count) measured round trips") }
         if !latency.isMeaningful(percentile: 99.9) {
             lines.append("note: \(latency.count) samples are too few for p99.9 to mean much (1,000 needed)")
         }

@@ -1,0 +1,76 @@
+import ConnectionTestKit
+import Foundation
+import Lessons
+import POSIXSupport
+import SocketStyles
+import Testing
+
+/// `sockbench ping` as a user runs it, against a `sockbench serve` child on loopback: a timed run with interval
+/// lines and both exports, and a run ended by a signal that still prints its summary.
+@Suite("sockbench ping", .serialized, .timeLimit(.minutes(5)))
+struct PingCommandTests {
+    private func withServer(_ body: @escaping @Sendable (String) async throws -> Void) async throws {
+        try await SocketTest.run(timeLimit: .seconds(120)) {
+            let server = try ChildProcess(
+                [NetworkLab.selfPath(), "serve", "tcp://127.0.0.1:0", "--backend", "async", "--exit-on-stdin-eof"],
+                mergeErrors: false)
+            defer { NetworkLab.stop(server) }
+            let line = try await blocking { server.readLine() }
+            try #require(line.hasPrefix("listening on "), "the server said: \(line)")
+            try await body(String(line.dropFirst(13)))
+        }
+    }
+
+    @Test("--time with --interval, --hgrm and --samples: JSON alone on stdout, a line per interval, both files")
+    func timedRun() async throws {
+        try await withServer { url in
+            let directory = FileManager.default.temporaryDirectory.appendingPathComponent("ping-\(getpid())")
+            try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+            defer { try? FileManager.default.removeItem(at: directory) }
+            let hgrm = directory.appendingPathComponent("ping.hgrm").path
+            let samples = directory.appendingPathComponent("ping.csv").path
+            let ping = try ChildProcess(
+                [
+                    NetworkLab.selfPath(), "ping", url, "--time", "1.2", "--interval", "0.25", "--warmup", "100",
+                    "--hgrm", hgrm, "--samples", samples, "--json",
+                ], mergeErrors: false)
+            let output = try await blocking { ping.readToEnd() }
+            let status = try await blocking { try ping.wait() }
+            #expect(status == 0, "\(output)")
+            // stdout is the JSON report alone.
+            let report = try JSONSerialization.jsonObject(with: Data(output.utf8)) as? [String: Any]
+            let latency = try #require(report?["latency"] as? [String: Any], "\(output)")
+            let count = try #require(latency["count"] as? Int)
+            #expect(count > 100)
+            #expect(report?["latencyUnit"] as? String == "ns")
+            // Every measured round trip is in the samples file, in order.
+            let lines = try String(contentsOfFile: samples, encoding: .utf8).split(separator: "\n")
+            #expect(lines.count == count)
+            #expect(lines.first?.hasPrefix("0,") == true)
+            // The .hgrm file: HdrHistogram's header and its percentile rows up to 100%.
+            let distribution = try String(contentsOfFile: hgrm, encoding: .utf8)
+            #expect(distribution.contains("Percentile"))
+            #expect(distribution.contains("1.000000000000"))
+        }
+    }
+
+    @Test("--interval lines come as the run goes; SIGTERM ends it with the summary of what was measured")
+    func stoppedBySignal() async throws {
+        try await withServer { url in
+            let ping = try ChildProcess(
+                [NetworkLab.selfPath(), "ping", url, "--count", "100000000", "--interval", "0.2", "--warmup", "10"],
+                mergeErrors: false)
+            // Two interval lines, then the signal.
+            for _ in 0..<2 {
+                let line = try await blocking { ping.readLine() }
+                #expect(line.hasPrefix("[") && line.contains("round trips"), "\(line)")
+            }
+            kill(ping.pid, SIGTERM)
+            let rest = try await blocking { ping.readToEnd() }
+            let status = try await blocking { try ping.wait() }
+            #expect(status == 0, "\(rest)")
+            #expect(rest.contains("stopped by SIGTERM after"), "\(rest)")
+            #expect(rest.contains("round trip (us): min"), "\(rest)")
+        }
+    }
+}
