@@ -508,7 +508,7 @@ final class ChildServer: ServerHandle {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: executablePath())
         process.arguments =
-            command + ["--exit-on-stdin-eof"] + (cpu.map { ["--cpu", "\($0)"] } ?? []) + extraArguments
+            command + ["--exit-on-stdin-eof", "--quiet"] + (cpu.map { ["--cpu", "\($0)"] } ?? []) + extraArguments
         let input = Pipe()
         let output = Pipe()
         process.standardInput = input

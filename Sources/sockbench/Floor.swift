@@ -24,6 +24,9 @@ struct FloorServe: AsyncParsableCommand {
     @Flag(help: "Stop when standard input reaches its end.")
     var exitOnStdinEOF = false
 
+    @Flag(help: "Print no line when stopping (compare's child servers: compare reports for them).")
+    var quiet = false
+
     func run() async throws {
         let socket: BSDSocket
         do throws(ConnectionError) {
@@ -54,6 +57,7 @@ struct FloorServe: AsyncParsableCommand {
         close(stopRead)
         close(stopWrite)
         socket.close()
+        guard !quiet else { return }
         Console.error("sockbench floor-serve: \(reason)")
     }
 }

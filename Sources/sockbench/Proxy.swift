@@ -57,6 +57,9 @@ struct Proxy: AsyncParsableCommand {
     @Flag(help: "Stop when standard input reaches its end (used by `sockbench compare` for its proxies).")
     var exitOnStdinEOF = false
 
+    @Flag(help: "Print no line when stopping (compare's child servers: compare reports for them).")
+    var quiet = false
+
     @OptionGroup var serverTLS: TLSServerOptions
     @OptionGroup var upstreamTLS: TLSClientOptions
 
@@ -107,6 +110,7 @@ struct Proxy: AsyncParsableCommand {
         let reason = await StopSignal.wait(stdinEOF: exitOnStdinEOF)
         await relay.stop()
         let statistics = relay.statistics
+        guard !quiet else { return }
         Console.error(
             "sockbench proxy: \(reason); \(statistics.clients) client(s), \(statistics.bytesToUpstream) bytes up, "
                 + "\(statistics.bytesToClients) down, \(statistics.dropped) dropped, \(statistics.duplicated) duplicated, "
@@ -128,6 +132,7 @@ struct Proxy: AsyncParsableCommand {
         Console.line("listening on \(relay.localEndpoint)")
         let reason = await StopSignal.wait(stdinEOF: exitOnStdinEOF)
         await relay.stop()
+        guard !quiet else { return }
         Console.error("sockbench proxy --native: \(reason); \(relay.clients) client(s)")
     }
 }

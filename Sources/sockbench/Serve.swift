@@ -41,6 +41,9 @@ struct Serve: AsyncParsableCommand {
     @Flag(help: "Stop when standard input reaches its end (used by `sockbench compare` for its child servers).")
     var exitOnStdinEOF = false
 
+    @Flag(help: "Print no line when stopping (compare's child servers: compare reports for them).")
+    var quiet = false
+
     @Option(help: "udp: forget a peer that sent nothing for this many seconds (its state is freed).")
     var udpPeerIdle: Double = 60
 
@@ -90,6 +93,7 @@ struct Serve: AsyncParsableCommand {
         Console.line("listening on \(server.endpoint)")
         let reason = await StopSignal.wait(stdinEOF: exitOnStdinEOF)
         await server.stop()
+        guard !quiet else { return }
         Console.error("sockbench serve: \(reason); served \(server.connectionsServed) connection(s)")
     }
 }
@@ -106,6 +110,7 @@ extension Serve {
         Console.line("listening on \(server.localEndpoint)")
         let reason = await StopSignal.wait(stdinEOF: exitOnStdinEOF)
         await server.stop()
+        guard !quiet else { return }
         Console.error("sockbench serve --native: \(reason)")
     }
 }
