@@ -3,6 +3,15 @@ public import Histogram
 import POSIXSupport
 import Synchronization
 
+/// Ends a run (``PingRunner``, ``PumpRunner``) early, between two messages, with what it measured so far: Ctrl-C,
+/// a `--time` limit. ``request()`` from any thread; a loop pays one relaxed load per message when it has one.
+public final class RunStop: Sendable {
+    private let flag = Atomic<Bool>(false)
+    public init() {}
+    public func request() { flag.store(true, ordering: .relaxed) }
+    public var isRequested: Bool { flag.load(ordering: .relaxed) }
+}
+
 /// Closed-loop round trips over one ``Connection``: send `size` bytes, wait for the echo, repeat. Every
 /// sample after the warm-up goes into an HdrHistogram.
 ///
@@ -45,15 +54,6 @@ public struct PingRunner: Sendable {
         }
     }
 
-    /// Ends a run early, between two round trips, with what it measured so far (Ctrl-C, a `--time` limit):
-    /// ``request()`` from any thread. The loop pays one relaxed load per round trip when a run has one.
-    public final class Stop: Sendable {
-        private let flag = Atomic<Bool>(false)
-        public init() {}
-        public func request() { flag.store(true, ordering: .relaxed) }
-        public var isRequested: Bool { flag.load(ordering: .relaxed) }
-    }
-
     /// The round trips of one reporting interval (``PingRunner/reportEvery``), handed over as they are: summarise
     /// it off the connection's executor.
     public struct Interval: Sendable {
@@ -73,7 +73,7 @@ public struct PingRunner: Sendable {
     /// `.timedOut`. Checked by a watchdog a few times per limit, so a round trip pays one atomic store.
     public var timeout: Duration?
     /// Checked between round trips: once requested, the run ends with what it measured (`nil`: runs `count`).
-    public var stop: Stop?
+    public var stop: RunStop?
     /// How often ``onInterval`` gets the round trips of the interval just ended (`nil`: never). Called on the
     /// loop's executor: it should only hand the interval over.
     public var reportEvery: Duration?

@@ -70,10 +70,62 @@ public enum PumpSink {
 public struct PumpRunner: Sendable {
     public var size: Int
     public var totalBytes: Int
+    /// Checked between writes: once requested, the sender stops and the sink's count ends the run as usual.
+    public var stop: RunStop?
+    /// How often ``onInterval`` gets what was written in the interval just ended (`nil`: never), iperf3's `-i`.
+    /// Called on the sending task: it should only hand the figures over.
+    public var reportEvery: Duration?
+    public var onInterval: (@Sendable (Interval) -> Void)?
+
+    /// What the sender handed to the connection in one interval (the sink's count comes at the end only).
+    public struct Interval: Sendable {
+        /// Since the first write.
+        public var from: Duration
+        public var to: Duration
+        public var bytes: Int
+        public var messages: Int
+    }
 
     public init(size: Int, totalBytes: Int) {
         self.size = size
         self.totalBytes = totalBytes
+    }
+
+    /// Interval bookkeeping for the send loops; one clock read per write, only when intervals are asked for.
+    private struct Intervals {
+        let every: UInt64
+        let report: (@Sendable (Interval) -> Void)?
+        let start: UInt64
+        var since: UInt64
+        var bytes = 0
+        var messages = 0
+
+        init(_ runner: PumpRunner, start: UInt64) {
+            report = runner.reportEvery == nil ? nil : runner.onInterval
+            every = runner.reportEvery.map { UInt64(max(1, $0.wholeNanoseconds)) } ?? .max
+            self.start = start
+            since = start
+        }
+
+        @inline(__always)
+        mutating func wrote(_ count: Int) {
+            guard report != nil else { return }
+            bytes += count
+            messages += 1
+            let now = MonotonicClock.nanoseconds()
+            if now &- since >= every { flush(at: now) }
+        }
+
+        mutating func flush(at now: UInt64) {
+            guard let report, messages > 0 else { return }
+            report(
+                Interval(
+                    from: .nanoseconds(Int64(since &- start)), to: .nanoseconds(Int64(now &- start)), bytes: bytes,
+                    messages: messages))
+            since = now
+            bytes = 0
+            messages = 0
+        }
     }
 
     /// Runs on `connection` (connected to a sink); the connection is finished afterwards (byte streams are
@@ -96,9 +148,17 @@ public struct PumpRunner: Sendable {
 
     private func runReliable(_ connection: any Connection) async throws(ConnectionError) -> ScenarioResult {
         let chunk = [UInt8](repeating: 0xA5, count: size)
-        let writes = max(1, totalBytes / size)
+        let planned = max(1, totalBytes / size)
         let start = MonotonicClock.nanoseconds()
-        for _ in 0..<writes { try await connection.send(chunk) }
+        var intervals = Intervals(self, start: start)
+        var writes = 0
+        while writes < planned {
+            if let stop, stop.isRequested { break }
+            try await connection.send(chunk)
+            writes += 1
+            intervals.wrote(size)
+        }
+        intervals.flush(at: MonotonicClock.nanoseconds())
         let delivered: UInt64
         if connection.transport.isByteStream {
             try await connection.closeOutput()
@@ -125,12 +185,17 @@ public struct PumpRunner: Sendable {
     }
 
     private func runDatagrams(_ connection: any Connection) async throws(ConnectionError) -> ScenarioResult {
-        let count = max(1, totalBytes / size)
+        let planned = max(1, totalBytes / size)
         var datagram = [UInt8](repeating: 0xA5, count: max(size, 8))
         let before = UDPCounters.read()
         let start = MonotonicClock.nanoseconds()
+        var intervals = Intervals(self, start: start)
         var sendErrors = 0
-        for sequence in 0..<count {
+        var count = 0
+        for sequence in 0..<planned {
+            if let stop, stop.isRequested { break }
+            count += 1
+            defer { intervals.wrote(datagram.count) }
             let encoded = PumpSink.encode(UInt64(sequence))
             for index in 0..<8 { datagram[index] = encoded[index] }
             do throws(ConnectionError) {
@@ -142,6 +207,7 @@ public struct PumpRunner: Sendable {
             }
         }
         let sendElapsed = MonotonicClock.nanoseconds() - start
+        intervals.flush(at: start + sendElapsed)
         // Ask for the counts (behind the data in the same socket); ask again if the request or answer is lost.
         var stats: [UInt8]?
         for _ in 0..<20 where stats == nil {

@@ -92,7 +92,7 @@ struct Ping: AsyncParsableCommand {
             if let limit { $0.connectTimeout = limit }
         }
         let result: PingRunner.Result
-        let stop = PingRunner.Stop()
+        let stop = RunStop()
         let stoppedBy = Mutex<String?>(nil)
         // SIGINT or SIGTERM (or the end of --time) ends the loop between two round trips; the summary follows.
         let signals = Task {

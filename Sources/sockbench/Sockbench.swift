@@ -15,7 +15,7 @@ struct Sockbench: AsyncParsableCommand {
             """,
         version: SocketStylesVersion.current,
         subcommands: [
-            Compare.self, Serve.self, Ping.self, Soak.self, Proxy.self, LessonCommand.self, Backends.self,
+            Compare.self, Serve.self, Ping.self, PumpCommand.self, Soak.self, Proxy.self, LessonCommand.self, Backends.self,
             Microbench.self,
             FloorServe.self,
             LessonProbeCommand.self, AutobahnClient.self, RenderReport.self,
@@ -43,7 +43,7 @@ enum Console {
     /// `value` as pretty-printed JSON with sorted keys, the one form every `--json` prints.
     static func json<T: Encodable>(_ value: T) throws {
         let encoder = JSONEncoder()
-        encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
+        encoder.outputFormatting = [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes]
         line(String(decoding: try encoder.encode(value), as: UTF8.self))
     }
 }

@@ -5,14 +5,20 @@ import POSIXSupport
 import SocketStyles
 import Testing
 
-/// `sockbench ping` as a user runs it, against a `sockbench serve` child on loopback: a timed run with interval
-/// lines and both exports, and a run ended by a signal that still prints its summary.
-@Suite("sockbench ping", .serialized, .timeLimit(.minutes(5)))
+/// `sockbench ping` and `pump` as a user runs them, against a `sockbench serve` child on loopback: a timed run
+/// with interval lines and both exports, a run ended by a signal that still prints its summary, and pumps whose
+/// JSON adds up.
+@Suite("sockbench ping and pump", .serialized, .timeLimit(.minutes(5)))
 struct PingCommandTests {
-    private func withServer(_ body: @escaping @Sendable (String) async throws -> Void) async throws {
+    private func withServer(
+        _ transport: Transport = .tcp, sink: Bool = false, _ body: @escaping @Sendable (String) async throws -> Void
+    ) async throws {
         try await SocketTest.run(timeLimit: .seconds(120)) {
             let server = try ChildProcess(
-                [NetworkLab.selfPath(), "serve", "tcp://127.0.0.1:0", "--backend", "async", "--exit-on-stdin-eof"],
+                [
+                    NetworkLab.selfPath(), "serve", "\(transport)://127.0.0.1:0", "--backend", "async",
+                    "--exit-on-stdin-eof",
+                ] + (sink ? ["--sink"] : []),
                 mergeErrors: false)
             defer { NetworkLab.stop(server) }
             let line = try await blocking { server.readLine() }
@@ -71,6 +77,32 @@ struct PingCommandTests {
             #expect(status == 0, "\(rest)")
             #expect(rest.contains("stopped by SIGTERM after"), "\(rest)")
             #expect(rest.contains("round trip (us): min"), "\(rest)")
+        }
+    }
+
+    @Test("pump --bytes over tcp and ws: the sink counted every byte; udp: received and lost add up", arguments: [
+        Transport.tcp, .ws, .udp,
+    ])
+    func pump(_ transport: Transport) async throws {
+        try await withServer(transport, sink: true) { url in
+            let pump = try ChildProcess(
+                [NetworkLab.selfPath(), "pump", url, "--bytes", "4000000", "--interval", "0.1", "--json"],
+                mergeErrors: false)
+            let output = try await blocking { pump.readToEnd() }
+            let status = try await blocking { try pump.wait() }
+            #expect(status == 0, "\(output)")
+            let report = try #require(try JSONSerialization.jsonObject(with: Data(output.utf8)) as? [String: Any])
+            let messages = try #require(report["messages"] as? Int)
+            #expect((report["bytesPerSecond"] as? Double ?? 0) > 0)
+            if transport == .udp {
+                // 1400-byte datagrams; what the sink did not count is lost, none is invented.
+                #expect(messages == 4_000_000 / 1400)
+                let received = try #require(report["received"] as? Int)
+                #expect(received > 0 && received + (report["lost"] as? Int ?? -1) == messages)
+            } else {
+                // Delivered is checked inside the run (the sink's count must equal what was sent).
+                #expect(messages == 4_000_000 / 65_536)
+            }
         }
     }
 }
