@@ -174,7 +174,8 @@ struct PumpReport: Codable {
         if let received, let lost {
             lines.append(
                 "udp: \(received) of \(messages) datagrams received, \(lost) lost, \(reordered ?? 0) reordered"
-                    + (kernelReceiveBufferDrops.map { ", \($0) dropped by a full receive buffer (kernel count)" } ?? ""))
+                    + (kernelReceiveBufferDrops.map { ", \($0) dropped by a full receive buffer (kernel count)" } ?? "")
+            )
         }
         if let stoppedBy { lines.append("\(stoppedBy) after \(messages) writes") }
         return lines.joined(separator: "\n")

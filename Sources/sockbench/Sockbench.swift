@@ -15,7 +15,8 @@ struct Sockbench: AsyncParsableCommand {
             """,
         version: SocketStylesVersion.current,
         subcommands: [
-            Compare.self, Serve.self, Ping.self, PumpCommand.self, Soak.self, Proxy.self, LessonCommand.self, Backends.self,
+            Compare.self, Serve.self, Ping.self, PumpCommand.self, Soak.self, Proxy.self, LessonCommand.self,
+            Backends.self,
             Microbench.self,
             FloorServe.self,
             LessonProbeCommand.self, AutobahnClient.self, RenderReport.self,

@@ -80,9 +80,11 @@ struct PingCommandTests {
         }
     }
 
-    @Test("pump --bytes over tcp and ws: the sink counted every byte; udp: received and lost add up", arguments: [
-        Transport.tcp, .ws, .udp,
-    ])
+    @Test(
+        "pump --bytes over tcp and ws: the sink counted every byte; udp: received and lost add up",
+        arguments: [
+            Transport.tcp, .ws, .udp,
+        ])
     func pump(_ transport: Transport) async throws {
         try await withServer(transport, sink: true) { url in
             let pump = try ChildProcess(
