@@ -16,7 +16,10 @@ struct LessonCommand: AsyncParsableCommand {
     @Option(help: "The connection style to run it with.")
     var backend: String = "bsd"
 
-    @Flag(help: "Print the key figures as JSON after the lesson.")
+    @Flag(
+        help:
+            "Print only JSON on standard output (the lesson's text, its figures, which faults ran); the text also goes to standard error as it runs."
+    )
     var json = false
 
     @Option(
@@ -42,22 +45,42 @@ struct LessonCommand: AsyncParsableCommand {
         } catch {
             throw fail(error.detail)
         }
-        Console.line("== lesson: \(lesson.name) - \(lesson.summary)")
+        // With --json, standard output carries the JSON alone; the lesson still talks, on standard error.
+        let json = json
+        let say: @Sendable (String) -> Void = { line in
+            if json { Console.error(line) } else { Console.line(line) }
+        }
+        say("== lesson: \(lesson.name) - \(lesson.summary)")
         let report: LessonReport
         do {
             guard let faults = Lesson.Faults(rawValue: faults) else {
                 throw fail("--faults must be \(Lesson.Faults.allCases.map(\.rawValue).joined(separator: ", "))")
             }
-            report = try await Lesson.$faults.withValue(faults) { try await lesson.run(backend) { Console.line($0) } }
+            report = try await Lesson.$faults.withValue(faults) { try await lesson.run(backend) { say($0) } }
         } catch {
             throw fail("the lesson failed: \(error)")
         }
         if json {
-            let encoder = JSONEncoder()
-            encoder.outputFormatting = [.sortedKeys]
-            Console.line(String(decoding: try encoder.encode(report.figures), as: UTF8.self))
+            try Console.json(
+                LessonJSON(
+                    lesson: lesson.name, summary: lesson.summary, backend: backend.rawValue, faults: faults,
+                    figures: report.figures, lines: report.lines))
         }
     }
+}
+
+/// What `sockbench lesson NAME --json` prints (docs/schemas/lesson.schema.json). A figure's unit is in its name
+/// (`p50us`: microseconds, `...Seconds`, counts otherwise).
+struct LessonJSON: Codable {
+    var schema = "socketstyles.lesson/1"
+    var lesson: String
+    var summary: String
+    var backend: String
+    /// The --faults asked for; a lesson that used the relay says so in `figures.relay` (1).
+    var faults: String
+    var figures: [String: Double]
+    /// The text the lesson printed, line by line.
+    var lines: [String]
 }
 
 /// The measuring side of the namespace lessons (run inside a namespace by the lesson itself).

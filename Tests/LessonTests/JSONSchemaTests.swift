@@ -1,0 +1,211 @@
+import ConnectionTestKit
+import Foundation
+import Lessons
+import POSIXSupport
+import SocketStyles
+import Testing
+
+/// Every `--json` output and compare's results.json, as the commands print them, checked against the JSON
+/// Schema files in docs/schemas (by a small validator of the keywords those files use: a schema that uses
+/// another fails here).
+@Suite("JSON output matches docs/schemas", .serialized, .timeLimit(.minutes(5)))
+struct JSONSchemaTests {
+    static let schemas = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+        .deletingLastPathComponent().appendingPathComponent("docs/schemas")
+
+    private func run(_ arguments: [String]) async throws -> String {
+        let child = try ChildProcess([NetworkLab.selfPath()] + arguments, mergeErrors: false)
+        let output = try await blocking { child.readToEnd() }
+        let status = try await blocking { try child.wait() }
+        try #require(status == 0, "sockbench \(arguments.joined(separator: " ")) exited \(status): \(output)")
+        return output
+    }
+
+    private func check(_ json: String, against name: String) throws {
+        let value = try JSONSerialization.jsonObject(with: Data(json.utf8))
+        var validator = SchemaValidator(directory: Self.schemas)
+        let problems = try validator.validate(value, against: name)
+        #expect(problems.isEmpty, "\(name): \(problems.joined(separator: "; "))\n\(json.prefix(2000))")
+    }
+
+    @Test("ping, pump, lesson and compare outputs are valid against their schemas")
+    func outputsMatch() async throws {
+        try await SocketTest.run(timeLimit: .seconds(240)) {
+            for sink in [false, true] {
+                let server = try ChildProcess(
+                    [NetworkLab.selfPath(), "serve", "tcp://127.0.0.1:0", "--exit-on-stdin-eof", "--quiet"]
+                        + (sink ? ["--sink"] : []), mergeErrors: false)
+                defer { NetworkLab.stop(server) }
+                let line = try await blocking { server.readLine() }
+                try #require(line.hasPrefix("listening on "), "the server said: \(line)")
+                let url = String(line.dropFirst(13))
+                if sink {
+                    try check(
+                        try await run(["pump", url, "--bytes", "2000000", "--json"]), against: "pump.schema.json")
+                } else {
+                    try check(
+                        try await run(["ping", url, "--count", "200", "--warmup", "10", "--json"]),
+                        against: "ping.schema.json")
+                }
+            }
+            try check(try await run(["lesson", "boundaries", "--json"]), against: "lesson.schema.json")
+            let directory = FileManager.default.temporaryDirectory.appendingPathComponent("schema-\(getpid())")
+            defer { try? FileManager.default.removeItem(at: directory) }
+            _ = try await run([
+                "compare", "--scenarios", "pingpong-64,pump-64k,connect", "--transports", "tcp,udp", "--backends",
+                "bsd",
+                "--repetitions", "1", "--no-baselines", "--out", directory.path,
+            ])
+            try check(
+                try String(contentsOf: directory.appendingPathComponent("results.json"), encoding: .utf8),
+                against: "compare.schema.json")
+        }
+    }
+
+    @Test("The validator catches what the schemas forbid")
+    func validatorCatches() throws {
+        var validator = SchemaValidator(directory: Self.schemas)
+        let bad: [String: Any] = [
+            "backend": "carrier-pigeon", "url": "tcp://x", "transport": "tcp", "size": 0, "warmup": 1,
+            "tcpNoDelay": true, "latencyUnit": "ms", "lost": 0, "roundTripsPerSecond": 1.5, "extra": 1,
+            "latency": ["count": 1],
+        ]
+        let problems = try validator.validate(bad, against: "ping.schema.json")
+        for expected in ["backend", "size", "latencyUnit", "extra", "latency.min"] {
+            #expect(problems.contains { $0.contains(expected) }, "no problem named \(expected): \(problems)")
+        }
+    }
+}
+
+/// The JSON Schema keywords docs/schemas uses: $ref (another file, or #/$defs/NAME), type, const, enum,
+/// required, properties, additionalProperties, items, minimum, minItems, maxItems, pattern.
+struct SchemaValidator {
+    let directory: URL
+    private var loaded: [String: [String: Any]] = [:]
+
+    init(directory: URL) { self.directory = directory }
+
+    mutating func validate(_ value: Any, against file: String) throws -> [String] {
+        var problems: [String] = []
+        let root = try load(file)
+        try check(value, root, root: root, path: "", &problems)
+        return problems
+    }
+
+    private mutating func load(_ file: String) throws -> [String: Any] {
+        if let schema = loaded[file] { return schema }
+        let data = try Data(contentsOf: directory.appendingPathComponent(file))
+        guard let schema = try JSONSerialization.jsonObject(with: data) as? [String: Any] else {
+            throw SocketTest.Failure(description: "\(file) is not a JSON object")
+        }
+        loaded[file] = schema
+        return schema
+    }
+
+    private static let known: Set<String> = [
+        "$schema", "$id", "$ref", "$defs", "title", "description", "type", "const", "enum", "required",
+        "properties", "additionalProperties", "items", "minimum", "minItems", "maxItems", "pattern",
+    ]
+
+    private mutating func check(
+        _ value: Any, _ schema: [String: Any], root: [String: Any], path: String, _ problems: inout [String]
+    ) throws {
+        let at = path.isEmpty ? "(top)" : path
+        for key in schema.keys where !Self.known.contains(key) {
+            throw SocketTest.Failure(description: "the schema uses \(key), which this validator does not know")
+        }
+        if let reference = schema["$ref"] as? String {
+            if reference.hasPrefix("#/$defs/") {
+                let name = String(reference.dropFirst("#/$defs/".count))
+                guard let definitions = root["$defs"] as? [String: Any],
+                    let target = definitions[name] as? [String: Any]
+                else { throw SocketTest.Failure(description: "no definition \(reference)") }
+                try check(value, target, root: root, path: path, &problems)
+            } else {
+                let other = try load(reference)
+                try check(value, other, root: other, path: path, &problems)
+            }
+        }
+        if let type = schema["type"] as? String, !Self.matches(value, type) {
+            problems.append("\(at): not of type \(type)")
+            return
+        }
+        if let constant = schema["const"], !Self.equal(value, constant) {
+            problems.append("\(at): must be \(constant)")
+        }
+        if let allowed = schema["enum"] as? [Any], !allowed.contains(where: { Self.equal(value, $0) }) {
+            problems.append("\(at): \(value) is not one of \(allowed)")
+        }
+        if let minimum = (schema["minimum"] as? NSNumber)?.doubleValue, let number = Self.number(value),
+            number < minimum
+        {
+            problems.append("\(at): \(number) is below \(minimum)")
+        }
+        if let pattern = schema["pattern"] as? String, let text = value as? String,
+            text.range(of: pattern, options: .regularExpression) == nil
+        {
+            problems.append("\(at): '\(text)' does not match \(pattern)")
+        }
+        if let object = value as? [String: Any] {
+            for key in schema["required"] as? [String] ?? [] where object[key] == nil {
+                problems.append("\(path.isEmpty ? "" : path + ".")\(key): missing")
+            }
+            let properties = schema["properties"] as? [String: Any] ?? [:]
+            for (key, member) in object {
+                let memberPath = path.isEmpty ? key : "\(path).\(key)"
+                if let propertySchema = properties[key] as? [String: Any] {
+                    try check(member, propertySchema, root: root, path: memberPath, &problems)
+                } else if let additional = schema["additionalProperties"] as? [String: Any] {
+                    try check(member, additional, root: root, path: memberPath, &problems)
+                } else if schema["additionalProperties"] as? Bool == false {
+                    problems.append("\(memberPath): not allowed")
+                }
+            }
+        }
+        if let array = value as? [Any] {
+            if let minimum = schema["minItems"] as? Int, array.count < minimum {
+                problems.append("\(at): fewer than \(minimum) items")
+            }
+            if let maximum = schema["maxItems"] as? Int, array.count > maximum {
+                problems.append("\(at): more than \(maximum) items")
+            }
+            if let items = schema["items"] as? [String: Any] {
+                for (index, item) in array.enumerated() {
+                    try check(item, items, root: root, path: "\(at)[\(index)]", &problems)
+                }
+            }
+        }
+    }
+
+    private static func matches(_ value: Any, _ type: String) -> Bool {
+        switch type {
+        case "object": return value is [String: Any]
+        case "array": return value is [Any]
+        case "string": return value is String
+        case "boolean": return isBoolean(value)
+        case "integer": return number(value).map { $0.rounded() == $0 } ?? false
+        case "number": return number(value) != nil
+        case "null": return value is NSNull
+        default: return false
+        }
+    }
+
+    /// JSONSerialization gives true and false as a boolean subclass of NSNumber.
+    private static func isBoolean(_ value: Any) -> Bool {
+        String(describing: Swift.type(of: value)).contains("Boolean")
+    }
+
+    /// A JSON number (NSNumber, or a Swift Double or Int, as JSONSerialization may give), not a boolean.
+    private static func number(_ value: Any) -> Double? {
+        if isBoolean(value) { return nil }
+        if let number = value as? Double { return number }
+        if let number = value as? Int { return Double(number) }
+        return (value as? NSNumber)?.doubleValue
+    }
+
+    private static func equal(_ value: Any, _ other: Any) -> Bool {
+        if let a = value as? String, let b = other as? String { return a == b }
+        if let a = number(value), let b = number(other) { return a == b }
+        return false
+    }
+}
