@@ -1,6 +1,6 @@
 import Foundation
 import POSIXSupport
-import SocketStyles
+public import SocketStyles
 import Synchronization
 
 /// Runs socket tests one at a time, each bounded in time and checked for leaked file descriptors.
@@ -146,4 +146,22 @@ public func blocking<T: Sendable>(_ body: @escaping @Sendable () throws -> T) as
         PosixThread.spawn(name: "test-blocking") { continuation.resume(returning: Result { try body() }) }
     }
     return try result.get()
+}
+
+/// Sends `chunk` again and again until one send has not finished after `wait` (the peer's back pressure reached
+/// the sender: that send is left to fail when the connection closes) or `limit` bytes went in. Returns the bytes
+/// that went in and whether a send was held back.
+public func sendUntilHeldBack(
+    _ connection: any Connection, chunk: [UInt8], limit: Int, wait: Duration
+) async throws -> (sent: Int, heldBack: Bool) {
+    var sent = 0
+    while sent < limit {
+        do {
+            try await withTimeLimit(wait) { try await connection.send(chunk) }
+        } catch is SocketTest.Failure {
+            return (sent, true)
+        }
+        sent += chunk.count
+    }
+    return (sent, false)
 }

@@ -4,7 +4,6 @@ import Foundation
 import Histogram
 import NativeStyles
 import SocketStyles
-import Synchronization
 
 struct Ping: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
@@ -92,32 +91,8 @@ struct Ping: AsyncParsableCommand {
             if let limit { $0.connectTimeout = limit }
         }
         let result: PingRunner.Result
-        let stop = RunStop()
-        let stoppedBy = Mutex<String?>(nil)
         // SIGINT or SIGTERM (or the end of --time) ends the loop between two round trips; the summary follows.
-        let signals = Task {
-            let reason = await StopSignal.wait(stdinEOF: false)
-            if Task.isCancelled { return }
-            stoppedBy.withLock { $0 = reason }
-            stop.request()
-        }
-        defer { signals.cancel() }
-        let timer = time.map { seconds in
-            Task {
-                try? await Task.sleep(for: .milliseconds(Int64(seconds * 1000)))
-                if !Task.isCancelled { stop.request() }
-            }
-        }
-        defer { timer?.cancel() }
-        // Interval lines are summarised and printed off the connection's executor, in order.
-        let (intervals, intervalSink) = AsyncStream.makeStream(of: PingRunner.Interval.self)
-        let json = json
-        let printer = Task {
-            for await interval in intervals {
-                let line = Self.intervalLine(interval)
-                if json { Console.error(line) } else { Console.line(line) }
-            }
-        }
+        let control = RunControl<PingRunner.Interval>(seconds: time, json: json, line: Self.intervalLine)
         do throws(ConnectionError) {
             if native {
                 guard nodelay, tls.configuration == TLSConfiguration() else {
@@ -136,11 +111,11 @@ struct Ping: AsyncParsableCommand {
                     to: endpoint, options: options, webSocket: webSocket, tls: tlsConfiguration)
                 var runner = PingRunner(
                     size: size, count: count ?? (time != nil ? Int.max / 2 : 10_000), warmup: warmup, timeout: limit)
-                runner.stop = stop
+                runner.stop = control.stop
                 runner.keepsSamples = samples != nil
                 if let interval {
                     runner.reportEvery = .milliseconds(Int64(interval * 1000))
-                    runner.onInterval = { intervalSink.yield($0) }
+                    runner.onInterval = control.report
                 }
                 do throws(ConnectionError) {
                     result = try await runner.run(on: connection)
@@ -151,10 +126,10 @@ struct Ping: AsyncParsableCommand {
                 await connection.close()
             }
         } catch {
+            await control.finish()
             throw fail(error.description)
         }
-        intervalSink.finish()
-        await printer.value
+        await control.finish()
         if result.latency.count == 0 {
             throw fail("no round trip was measured (stopped during the \(warmup) warm-up round trips)")
         }
@@ -172,7 +147,7 @@ struct Ping: AsyncParsableCommand {
         let report = PingReport(
             backend: backend.rawValue, url: endpoint.description, transport: endpoint.transport.rawValue, size: size,
             warmup: warmup, tcpNoDelay: nodelay, cpu: cpu, latency: result.latency, lost: result.lost,
-            roundTripsPerSecond: result.roundTripsPerSecond, stoppedBy: stoppedBy.withLock { $0 })
+            roundTripsPerSecond: result.roundTripsPerSecond, stoppedBy: control.stoppedBy)
         if json {
             try Console.json(report)
         } else {

@@ -2,7 +2,6 @@ import ArgumentParser
 import BenchmarkDriver
 import Foundation
 import SocketStyles
-import Synchronization
 
 struct PumpCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
@@ -68,37 +67,13 @@ struct PumpCommand: AsyncParsableCommand {
         let options = ConnectionOptions.with { $0.connectTimeout = limit }
         let webSocket = WebSocketOptions.with { $0.handshakeTimeout = limit }
 
-        let stop = RunStop()
-        let stoppedBy = Mutex<String?>(nil)
-        let signals = Task {
-            let reason = await StopSignal.wait(stdinEOF: false)
-            if Task.isCancelled { return }
-            stoppedBy.withLock { $0 = reason }
-            stop.request()
-        }
-        defer { signals.cancel() }
-        let seconds = bytes == nil ? (time ?? 10) : nil
-        let timer = seconds.map { seconds in
-            Task {
-                try? await Task.sleep(for: .milliseconds(Int64(seconds * 1000)))
-                if !Task.isCancelled { stop.request() }
-            }
-        }
-        defer { timer?.cancel() }
-        let (intervals, intervalSink) = AsyncStream.makeStream(of: PumpRunner.Interval.self)
-        let json = json
-        let printer = Task {
-            for await interval in intervals {
-                let line = Self.intervalLine(interval)
-                if json { Console.error(line) } else { Console.line(line) }
-            }
-        }
-
+        let control = RunControl<PumpRunner.Interval>(
+            seconds: bytes == nil ? (time ?? 10) : nil, json: json, line: Self.intervalLine)
         var runner = PumpRunner(size: size, totalBytes: bytes ?? Int.max / 2)
-        runner.stop = stop
+        runner.stop = control.stop
         if let interval {
             runner.reportEvery = .milliseconds(Int64(interval * 1000))
-            runner.onInterval = { intervalSink.yield($0) }
+            runner.onInterval = control.report
         }
         let before = ResourceUsage.read()
         let result: ScenarioResult
@@ -113,10 +88,10 @@ struct PumpCommand: AsyncParsableCommand {
             }
             await connection.close()
         } catch {
+            await control.finish()
             throw fail(error.description)
         }
-        intervalSink.finish()
-        await printer.value
+        await control.finish()
         let after = ResourceUsage.read()
         let cpu = before.flatMap { before in after.map { Double($0.since(before).cpuNanoseconds) / 1e9 } }
         let report = PumpReport(
@@ -125,7 +100,7 @@ struct PumpCommand: AsyncParsableCommand {
             bytesPerSecond: result.bytesPerSecond ?? 0, messagesPerSecond: result.messagesPerSecond ?? 0,
             received: result.received, lost: result.lost, reordered: result.reordered,
             kernelReceiveBufferDrops: result.kernelReceiveBufferDrops, clientCPUSeconds: cpu,
-            stoppedBy: stoppedBy.withLock { $0 })
+            stoppedBy: control.stoppedBy)
         if json {
             try Console.json(report)
         } else {

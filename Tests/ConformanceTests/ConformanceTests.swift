@@ -477,20 +477,9 @@ struct ConformanceTests {
             let listener = try await test.listen()
             let client = try await test.connect(to: listener.localEndpoint)
             let server = try await listener.accept()  // held, never read
-            let chunk = [UInt8](repeating: 7, count: 64 * 1024)
-            let limit = 256 << 20  // what a sender that buffers without bound would take in seconds
-            var sent = 0
-            var stalled = false
-            while sent < limit {
-                // A send still waiting after 1 s is waiting for room: the back pressure reached the sender.
-                do {
-                    try await withTimeLimit(.seconds(1)) { try await client.send(chunk) }
-                } catch is SocketTest.Failure {
-                    stalled = true
-                    break
-                }
-                sent += chunk.count
-            }
+            // 256 MiB: what a sender that buffers without bound would take in seconds.
+            let (sent, stalled) = try await sendUntilHeldBack(
+                client, chunk: [UInt8](repeating: 7, count: 64 * 1024), limit: 256 << 20, wait: .seconds(1))
             #expect(stalled, "\(sent) bytes went in and no send waited")
             // The kernel's buffers on loopback (a few MiB each way) and a backend's bounded queues: far below this.
             #expect(sent < 32 << 20, "\(sent) bytes went in before a send waited")

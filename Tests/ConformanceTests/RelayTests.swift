@@ -93,20 +93,9 @@ struct RelayTests {
             let held = Task { try await listener.accept() }
             let proxy = try await relay(test, to: listener.localEndpoint)
             let client = try await test.connect(to: proxy.endpoint)
-            let chunk = [UInt8](repeating: 7, count: 64 * 1024)
-            let limit = 512 << 20  // what a relay without backpressure would take in well under a minute here
-            var sent = 0
-            var stalled = false
-            while sent < limit {
-                // A send that has not finished after 2 s is waiting for room: the back pressure reached us.
-                do {
-                    try await withTimeLimit(.seconds(2)) { try await client.send(chunk) }
-                } catch is SocketTest.Failure {
-                    stalled = true
-                    break
-                }
-                sent += chunk.count
-            }
+            // 512 MiB: what a relay without backpressure would take in well under a minute here.
+            let (sent, stalled) = try await sendUntilHeldBack(
+                client, chunk: [UInt8](repeating: 7, count: 64 * 1024), limit: 512 << 20, wait: .seconds(2))
             #expect(stalled, "the relay took \(sent) bytes for a reader that never reads")
             // The relay's queue (256 chunks) plus four kernel buffers on loopback: tens of MiB at most.
             #expect(sent < 128 << 20, "\(sent) bytes went in before the sender was held back")
