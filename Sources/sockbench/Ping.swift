@@ -166,9 +166,7 @@ struct Ping: AsyncParsableCommand {
     /// One `--interval` line, iperf3-like: the interval, its round trips, its percentiles in microseconds.
     static func intervalLine(_ interval: PingRunner.Interval) -> String {
         let latency = LatencySummary(interval.histogram)
-        let from = Double(interval.from.wholeNanoseconds) / 1e9
-        let to = Double(interval.to.wholeNanoseconds) / 1e9
-        return String(format: "[%6.2f-%6.2f s] ", from, to)
+        return RunControl<PingRunner.Interval>.span(interval.from, interval.to)
             + "\(latency.count) round trips  p50 \(microseconds(latency.p50))  p99 \(microseconds(latency.p99))  max \(microseconds(latency.max)) us"
     }
 }

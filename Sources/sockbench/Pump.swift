@@ -110,10 +110,9 @@ struct PumpCommand: AsyncParsableCommand {
 
     /// One `--interval` line: the interval, what the sender wrote, its rate.
     static func intervalLine(_ interval: PumpRunner.Interval) -> String {
-        let from = Double(interval.from.wholeNanoseconds) / 1e9
-        let to = Double(interval.to.wholeNanoseconds) / 1e9
-        let rate = Double(interval.bytes) / max(1e-9, to - from)
-        return String(format: "[%6.2f-%6.2f s] ", from, to)
+        let seconds = Double((interval.to - interval.from).wholeNanoseconds) / 1e9
+        let rate = Double(interval.bytes) / max(1e-9, seconds)
+        return RunControl<PumpRunner.Interval>.span(interval.from, interval.to)
             + "\(interval.messages) writes, \(interval.bytes) bytes, \(fixed(rate / 1e6, 1)) MB/s written"
     }
 }

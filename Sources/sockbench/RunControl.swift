@@ -1,4 +1,6 @@
 import BenchmarkDriver
+import Foundation
+import SocketStyles
 import Synchronization
 
 /// What `ping` and `pump` share around their runner: a ``RunStop`` requested by SIGINT or SIGTERM (remembering
@@ -49,5 +51,11 @@ final class RunControl<Interval: Sendable>: Sendable {
         await printer.value
         signals.cancel()
         timer?.cancel()
+    }
+
+    /// The start of an interval line, iperf3's way: `[  1.00-  2.00 s] `.
+    static func span(_ from: Duration, _ to: Duration) -> String {
+        String(
+            format: "[%6.2f-%6.2f s] ", Double(from.wholeNanoseconds) / 1e9, Double(to.wholeNanoseconds) / 1e9)
     }
 }
