@@ -70,6 +70,7 @@ public final class ReceiveQueue<Element: Sendable>: Sendable {
     @usableFromInline let capacity: Int
     @usableFromInline let weigh: @Sendable (Element) -> Int
     @usableFromInline let split: (@Sendable (inout Element, Int) -> Element?)?
+    @usableFromInline let join: (@Sendable (inout Element, Element) -> Void)?
     @usableFromInline let onSpaceAvailable: (@Sendable () -> Void)?
 
     /// Creates a queue.
@@ -78,18 +79,22 @@ public final class ReceiveQueue<Element: Sendable>: Sendable {
     ///   - weigh: the weight of one element (bytes for data, 1 for connections).
     ///   - split: for byte streams: takes at most `n` weight off the front of an element, leaving the rest in
     ///     place; `nil` when elements are never split (datagrams, messages, connections).
+    ///   - join: for byte streams: appends an element to another, so that a receive returns everything queued up
+    ///     to its maximum length, as recv(2) returns everything the kernel holds; `nil`: one element per receive.
     ///   - onSpaceAvailable: called (outside any lock) when a consumer takes an element from a queue that had
     ///     been reported full.
     public init(
         capacity: Int,
         weigh: @escaping @Sendable (Element) -> Int = { _ in 1 },
         split: (@Sendable (inout Element, Int) -> Element?)? = nil,
+        join: (@Sendable (inout Element, Element) -> Void)? = nil,
         onSpaceAvailable: (@Sendable () -> Void)? = nil
     ) {
         self.state = Mutex(State())
         self.capacity = max(1, capacity)
         self.weigh = weigh
         self.split = split
+        self.join = join
         self.onSpaceAvailable = onSpaceAvailable
     }
 
@@ -308,11 +313,34 @@ public final class ReceiveQueue<Element: Sendable>: Sendable {
                 }
                 state.weight -= weigh(element)
                 removeHead(&state)
+                if join != nil { joinQueued(to: &element, &state, maximumLength: maximumLength) }
                 return .success(element)
             }
         }
         if state.end != nil { return Self.takeEnd(&state) }
         return nil
+    }
+
+    /// Appends the elements queued behind `element` (a byte stream's chunks) until `maximumLength`, splitting the
+    /// last one if it does not fit; stops at a failure or the end.
+    @inlinable
+    func joinQueued(to element: inout Element, _ state: inout State, maximumLength: Int) {
+        guard let join else { return }
+        var total = weigh(element)
+        while total < maximumLength, !state.isEmpty, case .element(var next) = state.items[state.head] {
+            let room = maximumLength - total
+            if weigh(next) > room, let split, let prefix = split(&next, room) {
+                state.items[state.head] = .element(next)
+                state.weight -= weigh(prefix)
+                total += weigh(prefix)
+                join(&element, prefix)
+            } else {
+                state.weight -= weigh(next)
+                removeHead(&state)
+                total += weigh(next)
+                join(&element, next)
+            }
+        }
     }
 
     @inlinable
@@ -377,6 +405,7 @@ extension ReceiveQueue where Element == [UInt8] {
                 chunk.removeFirst(limit)
                 return prefix
             },
+            join: { chunk, more in chunk.append(contentsOf: more) },
             onSpaceAvailable: onSpaceAvailable
         )
     }
