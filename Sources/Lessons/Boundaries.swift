@@ -87,6 +87,15 @@ extension Lesson {
         out.say("delimiter). UDP sends datagrams: each send is one packet and each receive returns one whole")
         out.say("datagram, or nothing. WebSocket runs over TCP but frames each message (a header with its length),")
         out.say("so the receiver reassembles exactly the messages that were sent, whatever TCP did to the bytes.")
+        let receives = Int(out.report.figures["tcp.receives"] ?? 0)
+        if receives < sends {
+            out.say(
+                "Here TCP joined them: \(sends) sends came out as \(receives) receive(s), each returning whatever had arrived."
+            )
+        } else {
+            out.say("Here each send came out as a receive of its own: the receiver read each segment as it arrived.")
+            out.say("Nothing in TCP promised that; with other timing the same sends are joined (run it again).")
+        }
         return out.report
     }
 }

@@ -50,6 +50,20 @@ extension Lesson {
         out.say("piggyback it on a reply it cannot send yet, since it has only half the request). Each side waits")
         out.say("for the other until the delayed-ACK timer fires, tens of milliseconds later. TCP_NODELAY sends")
         out.say("the body at once. Better still: one write per request.")
+        let off = out.report.figures["nodelay.off.p50us"] ?? 0
+        let on = out.report.figures["nodelay.on.p50us"] ?? 0
+        if off >= 5_000 && off >= 10 * on {
+            out.say(
+                "Here the stall showed: \(fixed(off / 1000, 1)) ms at the median with TCP_NODELAY off, \(fixed(on / 1000, 2)) ms with it on."
+            )
+        } else {
+            out.say(
+                "Here the stall did not show (median \(fixed(off / 1000, 2)) ms off, \(fixed(on / 1000, 2)) ms on): Nagle holds a write back"
+            )
+            out.say("only while earlier data is unacknowledged, so either the header's ACK came back before the body")
+            out.say("was written (Linux acknowledges at once while in its quick-ACK mode) or both writes left in one")
+            out.say("segment. Timing decides which; run it again, or with another backend, to see the stall.")
+        }
         return out.report
     }
 }

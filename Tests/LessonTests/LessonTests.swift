@@ -18,6 +18,23 @@ struct LessonTests {
     }
 
     @Test(
+        "nagle and boundaries say what their own run showed, on every backend (the stall or not, joined or not)",
+        arguments: Backend.allCases)
+    func textFollowsTheFigures(_ backend: Backend) async throws {
+        let nagle = try await run("nagle", backend)
+        let off = nagle.figures["nodelay.off.p50us"] ?? 0
+        let on = nagle.figures["nodelay.on.p50us"] ?? 0
+        let stalled = off >= 5_000 && off >= 10 * on
+        #expect(nagle.lines.contains { $0.hasPrefix("Here the stall showed") } == stalled, "\(nagle.lines)")
+        #expect(nagle.lines.contains { $0.hasPrefix("Here the stall did not show") } == !stalled)
+        let boundaries = try await run("boundaries", backend)
+        let joined = (boundaries.figures["tcp.receives"] ?? 0) < (boundaries.figures["tcp.sends"] ?? 0)
+        #expect(boundaries.lines.contains { $0.hasPrefix("Here TCP joined them") } == joined, "\(boundaries.lines)")
+        #expect(
+            boundaries.lines.contains { $0.hasPrefix("Here each send came out as a receive of its own") } == !joined)
+    }
+
+    @Test(
         "boundaries: the TCP stream keeps every byte in order; every UDP datagram arrives whole",
         arguments: [Backend.bsd, .async])
     func boundaries(_ backend: Backend) async throws {
