@@ -64,9 +64,11 @@ let package = Package(
             ],
             swiftSettings: strictSettings
         ),
-        // RFC 6455 frames, parser, encoder, masking, handshake, UTF-8 validation, state machine. No I/O, no
-        // dependencies.
-        .target(name: "WebSocketCodec", swiftSettings: strictSettings),
+        // zlib from the system (Debian's zlib1g-dev), for permessage-deflate.
+        .systemLibrary(name: "CZlib", pkgConfig: "zlib", providers: [.apt(["zlib1g-dev"])]),
+        // RFC 6455 frames, parser, encoder, masking, handshake, UTF-8 validation, state machine, and RFC 7692
+        // permessage-deflate (zlib). No I/O.
+        .target(name: "WebSocketCodec", dependencies: ["CZlib"], swiftSettings: strictSettings),
         // WebSocket over any backend's TCP connection.
         .target(
             name: "WebSocketTransport",
@@ -194,7 +196,7 @@ let package = Package(
         ),
         .testTarget(
             name: "WebSocketCodecTests",
-            dependencies: ["WebSocketCodec"],
+            dependencies: ["WebSocketCodec", "CZlib", "ConnectionCore"],
             swiftSettings: strictSettings
         ),
         .testTarget(

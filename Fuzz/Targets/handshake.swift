@@ -20,11 +20,15 @@ public func fuzzHandshake(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
         guard let length = WebSocketHandshake.headLength(in: bytes) else { continue }
         let text = String(decoding: bytes[..<length], as: UTF8.self)
         if request {
-            if case .success(let accepted) = WebSocketHandshake.acceptRequest(text, supportedProtocols: ["chat"]) {
+            if case .success(let accepted) = WebSocketHandshake.acceptRequest(
+                text, supportedProtocols: ["chat"], deflate: WebSocketDeflateOptions())
+            {
                 let head = WebSocketHandshake.parseHead(text)!
                 let key = head.value("sec-websocket-key")!
                 let offered = head.tokens("sec-websocket-protocol")
-                let check = WebSocketHandshake.validateResponse(accepted.response, key: key, offeredProtocols: offered)
+                // Our own 101 (with whatever permessage-deflate it agreed to) passes our own client's check.
+                let check = WebSocketHandshake.validateResponse(
+                    accepted.response, key: key, offeredProtocols: offered, offeredDeflate: WebSocketDeflateOptions())
                 guard case .success = check else { preconditionFailure("our 101 failed our own validation: \(check)") }
                 precondition(
                     WebSocketHandshake.checkPartialHead(Array(accepted.response.utf8), request: false, limit: 8192)
@@ -32,7 +36,9 @@ public func fuzzHandshake(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
                     "our 101 failed the incremental check")
             }
         } else {
-            _ = WebSocketHandshake.validateResponse(text, key: "dGhlIHNhbXBsZSBub25jZQ==", offeredProtocols: ["chat"])
+            _ = WebSocketHandshake.validateResponse(
+                text, key: "dGhlIHNhbXBsZSBub25jZQ==", offeredProtocols: ["chat"],
+                offeredDeflate: WebSocketDeflateOptions())
         }
         _ = refusal
     }

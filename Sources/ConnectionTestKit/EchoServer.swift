@@ -25,9 +25,9 @@ public final class EchoServer: Sendable {
     /// Listens on `endpoint` with `backend` and starts serving.
     public static func start(
         _ backend: Backend, on endpoint: Endpoint, options: ConnectionOptions = ConnectionOptions(),
-        tls: TLSConfiguration? = nil, mode: Mode = .echo
+        webSocket: WebSocketOptions = WebSocketOptions(), tls: TLSConfiguration? = nil, mode: Mode = .echo
     ) async throws(ConnectionError) -> EchoServer {
-        let listener = try await backend.listen(on: endpoint, options: options, tls: tls)
+        let listener = try await backend.listen(on: endpoint, options: options, webSocket: webSocket, tls: tls)
         let server = EchoServer(listener: listener, mode: mode)
         server.begin()
         return server

@@ -9,7 +9,7 @@ import WebSocketTransport
 /// other backend. (wss:// runs over our TLS, which reads bytes, so it keeps our parser.)
 extension NIOStreamConnection: WebSocketFramingConnection {
     func webSocketFrameLink(
-        role: WebSocketRole, maximumFrameSize: Int, leftover: [UInt8]
+        role: WebSocketRole, maximumFrameSize: Int, allowsCompressedFrames: Bool, leftover: [UInt8]
     ) async throws(ConnectionError) -> (any WebSocketFrameLink)? {
         let channel = channel
         let inbox = inbox
@@ -32,7 +32,8 @@ extension NIOStreamConnection: WebSocketFramingConnection {
                 try pipeline.addHandlers([
                     ByteToMessageHandler(WebSocketFrameDecoder(maxFrameSize: maximumFrameSize)),
                     WebSocketFrameEncoder(),
-                    WebSocketFrameInboxHandler(role: role, frames: frames),
+                    WebSocketFrameInboxHandler(
+                        role: role, allowsCompressedFrames: allowsCompressedFrames, frames: frames),
                 ])
                 try channel.syncOptions?.setOption(.autoRead, value: true)
                 if !pending.isEmpty {
@@ -95,30 +96,39 @@ final class NIOWebSocketFrameLink: WebSocketFrameLink {
 }
 
 /// The decoder's frames into a bounded queue (reading stops while it is full), checked against what RFC 6455
-/// asks and SwiftNIO's decoder leaves to its user: masking by role, no reserved bits or opcodes.
+/// asks and SwiftNIO's decoder leaves to its user: masking by role, no reserved bits (but RSV1 with
+/// permessage-deflate) or opcodes.
 final class WebSocketFrameInboxHandler: ChannelInboundHandler {
     typealias InboundIn = NIOWebSocket.WebSocketFrame
     let role: WebSocketRole
+    let allowsCompressedFrames: Bool
     let frames: ReceiveQueue<WebSocketLinkInput>
     /// After an invalid frame nothing more is read: the connection is failing.
     private var failed = false
 
-    init(role: WebSocketRole, frames: ReceiveQueue<WebSocketLinkInput>) {
+    init(role: WebSocketRole, allowsCompressedFrames: Bool, frames: ReceiveQueue<WebSocketLinkInput>) {
         self.role = role
+        self.allowsCompressedFrames = allowsCompressedFrames
         self.frames = frames
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         guard !failed else { return }
-        let input = Self.input(Self.unwrapInboundIn(data), role: role)
+        let input = Self.input(
+            Self.unwrapInboundIn(data), role: role, allowsCompressedFrames: allowsCompressedFrames)
         if case .invalid = input { failed = true }
         if !frames.push(input).hasSpace { try? context.channel.syncOptions?.setOption(.autoRead, value: false) }
     }
 
-    static func input(_ frame: NIOWebSocket.WebSocketFrame, role: WebSocketRole) -> WebSocketLinkInput {
+    static func input(
+        _ frame: NIOWebSocket.WebSocketFrame, role: WebSocketRole, allowsCompressedFrames: Bool
+    ) -> WebSocketLinkInput {
         let opcode = WebSocketCodec.WebSocketOpcode(rawValue: UInt8(webSocketOpcode: frame.opcode))
-        if frame.rsv1 || frame.rsv2 || frame.rsv3 {
-            return .invalid(WebSocketProtocolError(.protocolError, "reserved bits set without a negotiated extension"))
+        do throws(WebSocketProtocolError) {
+            try WebSocketFrameParser.checkReservedBits(
+                rsv1: frame.rsv1, rsv2: frame.rsv2, rsv3: frame.rsv3, allowsCompressedFrames: allowsCompressedFrames)
+        } catch {
+            return .invalid(error)
         }
         guard opcode.isKnown else { return .invalid(WebSocketProtocolError(.protocolError, "unknown \(opcode)")) }
         switch (role, frame.maskKey) {
@@ -134,7 +144,9 @@ final class WebSocketFrameInboxHandler: ChannelInboundHandler {
         let key = frame.maskKey.map { key in key.reduce(UInt32(0)) { $0 << 8 | UInt32($1) } }
         var payload = Array(frame.data.readableBytesView)
         if let key { WebSocketMasking.apply(key: key, to: &payload) }
-        return .frame(WebSocketCodec.WebSocketFrame(fin: frame.fin, opcode: opcode, payload: payload, maskingKey: key))
+        return .frame(
+            WebSocketCodec.WebSocketFrame(
+                fin: frame.fin, opcode: opcode, payload: payload, maskingKey: key, rsv1: frame.rsv1))
     }
 
     func errorCaught(context: ChannelHandlerContext, error: any Error) {

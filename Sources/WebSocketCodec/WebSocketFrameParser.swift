@@ -6,7 +6,8 @@ public enum WebSocketRole: Sendable, Hashable {
 
 /// An incremental frame parser: bytes go in as they arrive (one at a time works), whole frames come out.
 ///
-/// It enforces the framing rules (RFC 6455 §5): reserved bits must be 0 (no extension is negotiated), unknown
+/// It enforces the framing rules (RFC 6455 §5): reserved bits must be 0 (RSV1 may be set once permessage-deflate
+/// is agreed: ``allowsCompressedFrames``; which frames may carry it is the state machine's rule), unknown
 /// opcodes are rejected, control frames carry at most 125 bytes and are never fragmented, frames from a client
 /// are masked and frames from a server are not, a 64-bit length has its top bit clear, and no frame exceeds
 /// `maximumFrameSize` (1009).
@@ -15,6 +16,8 @@ public struct WebSocketFrameParser: Sendable {
     public let role: WebSocketRole
     /// The largest payload accepted in one frame.
     public var maximumFrameSize: Int
+    /// RSV1 is allowed: permessage-deflate was agreed (RFC 7692 §6).
+    public var allowsCompressedFrames = false
 
     private var buffer: [UInt8] = []
     private var start = 0
@@ -60,9 +63,9 @@ public struct WebSocketFrameParser: Sendable {
         let second = buffer[start + 1]
         let opcode = WebSocketOpcode(rawValue: first & 0x0F)
         let fin = first & 0x80 != 0
-        if first & 0x70 != 0 {
-            throw WebSocketProtocolError(.protocolError, "reserved bits set without a negotiated extension")
-        }
+        try Self.checkReservedBits(
+            rsv1: first & 0x40 != 0, rsv2: first & 0x20 != 0, rsv3: first & 0x10 != 0,
+            allowsCompressedFrames: allowsCompressedFrames)
         guard opcode.isKnown else { throw WebSocketProtocolError(.protocolError, "unknown \(opcode)") }
         let masked = second & 0x80 != 0
         switch role {
@@ -107,7 +110,16 @@ public struct WebSocketFrameParser: Sendable {
         var payload = Array(buffer[(start + header)..<(start + total)])
         if let key { WebSocketMasking.apply(key: key, to: &payload) }
         start += total
-        return WebSocketFrame(
-            fin: fin, opcode: opcode, payload: payload, maskingKey: key, rsv1: false, rsv2: false, rsv3: false)
+        return WebSocketFrame(fin: fin, opcode: opcode, payload: payload, maskingKey: key, rsv1: first & 0x40 != 0)
+    }
+
+    /// The reserved-bit rule of every frame link (ours and the nio backend's): RSV2 and RSV3 are never set, RSV1
+    /// only with permessage-deflate.
+    public static func checkReservedBits(
+        rsv1: Bool, rsv2: Bool, rsv3: Bool, allowsCompressedFrames: Bool
+    ) throws(WebSocketProtocolError) {
+        if rsv2 || rsv3 || (rsv1 && !allowsCompressedFrames) {
+            throw WebSocketProtocolError(.protocolError, "reserved bits set without a negotiated extension")
+        }
     }
 }

@@ -28,15 +28,18 @@ public enum WebSocketHandshake {
         return lines.joined(separator: "\r\n") + "\r\n\r\n"
     }
 
-    /// The server's 101 for a request with `key`: the chosen subprotocol, if any, and extra header lines.
+    /// The server's 101 for a request with `key`: the chosen subprotocol and extension (permessage-deflate), if
+    /// any, and extra header lines.
     public static func switchingProtocols(
-        key: String, subprotocol: String? = nil, headers: [(name: String, value: String)] = []
+        key: String, subprotocol: String? = nil, deflate: WebSocketDeflateAgreement? = nil,
+        headers: [(name: String, value: String)] = []
     ) -> String {
         var lines = [
             "HTTP/1.1 101 Switching Protocols", "Upgrade: websocket", "Connection: Upgrade",
             "Sec-WebSocket-Accept: \(acceptValue(forKey: key))",
         ]
         if let subprotocol { lines.append("Sec-WebSocket-Protocol: \(subprotocol)") }
+        if let deflate { lines.append("Sec-WebSocket-Extensions: \(deflate.responseHeader)") }
         lines += headers.map { "\($0.name): \($0.value)" }
         return lines.joined(separator: "\r\n") + "\r\n\r\n"
     }
@@ -198,6 +201,8 @@ public enum WebSocketHandshake {
         public var origin: String?
         /// The subprotocol chosen (the first of the client's that the server supports), if any.
         public var subprotocol: String?
+        /// permessage-deflate as agreed (the first acceptable offer), if the server enables it and the client offered.
+        public var deflate: WebSocketDeflateAgreement?
         /// The 101 response to send.
         public var response: String
         /// The client's Sec-WebSocket-Key.
@@ -206,8 +211,11 @@ public enum WebSocketHandshake {
         public var head: Head
     }
 
-    /// Checks a client's request (RFC 6455 §4.2.1) and builds the 101 response.
-    public static func acceptRequest(_ text: String, supportedProtocols: [String] = []) -> Result<Accepted, Rejection> {
+    /// Checks a client's request (RFC 6455 §4.2.1) and builds the 101 response; with `deflate`, agrees
+    /// permessage-deflate when the client offers it (RFC 7692).
+    public static func acceptRequest(
+        _ text: String, supportedProtocols: [String] = [], deflate: WebSocketDeflateOptions? = nil
+    ) -> Result<Accepted, Rejection> {
         guard let head = parseHead(text) else {
             return .failure(Rejection(status: 400, reason: "malformed HTTP request"))
         }
@@ -234,19 +242,32 @@ public enum WebSocketHandshake {
         }
         let offered = head.tokens("sec-websocket-protocol")
         let chosen = offered.first { supportedProtocols.map { $0.lowercased() }.contains($0) }
+        let agreed = deflate.flatMap {
+            WebSocketDeflateAgreement.accept(
+                offers: head.fields.filter { $0.name == "sec-websocket-extensions" }.map(\.value), options: $0)
+        }
         return .success(
             Accepted(
-                path: head.startLine[1], host: host, origin: head.value("origin"), subprotocol: chosen,
-                response: switchingProtocols(key: key, subprotocol: chosen), key: key, head: head))
+                path: head.startLine[1], host: host, origin: head.value("origin"), subprotocol: chosen, deflate: agreed,
+                response: switchingProtocols(key: key, subprotocol: chosen, deflate: agreed), key: key, head: head))
     }
 
-    /// Checks a server's response to our request with `key` (RFC 6455 §4.1). Returns the chosen subprotocol.
+    /// What a valid server response agreed.
+    public struct Validated: Sendable, Hashable {
+        /// The subprotocol the server chose, if any.
+        public var subprotocol: String?
+        /// permessage-deflate, if we offered it and the server agreed.
+        public var deflate: WebSocketDeflateAgreement?
+    }
+
+    /// Checks a server's response to our request with `key` (RFC 6455 §4.1), and its extension against what we
+    /// offered (`offeredDeflate`; RFC 7692).
     public static func validateResponse(
-        _ text: String, key: String, offeredProtocols: [String] = []
+        _ text: String, key: String, offeredProtocols: [String] = [], offeredDeflate: WebSocketDeflateOptions? = nil
     )
-        -> Result<String?, WebSocketProtocolError>
+        -> Result<Validated, WebSocketProtocolError>
     {
-        func fail(_ reason: String) -> Result<String?, WebSocketProtocolError> {
+        func fail(_ reason: String) -> Result<Validated, WebSocketProtocolError> {
             .failure(WebSocketProtocolError(.protocolError, "handshake: \(reason)"))
         }
         guard let head = parseHead(text), head.startLine.count >= 2 else { return fail("malformed HTTP response") }
@@ -262,10 +283,17 @@ public enum WebSocketHandshake {
         if let chosen, !offeredProtocols.map({ $0.lowercased() }).contains(chosen.lowercased()) {
             return fail("the server chose subprotocol '\(chosen)', which was not offered")
         }
-        if head.value("sec-websocket-extensions") != nil {
+        let extensions = head.fields.filter { $0.name == "sec-websocket-extensions" }.map(\.value)
+        var deflate: WebSocketDeflateAgreement?
+        if let offeredDeflate {
+            switch WebSocketDeflateAgreement.validate(response: extensions, offered: offeredDeflate) {
+            case .success(let agreed): deflate = agreed
+            case .failure(let error): return .failure(error)
+            }
+        } else if !extensions.isEmpty {
             return fail("the server chose an extension we did not offer")
         }
-        return .success(chosen)
+        return .success(Validated(subprotocol: chosen, deflate: deflate))
     }
 }
 

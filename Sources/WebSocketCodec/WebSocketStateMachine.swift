@@ -1,6 +1,8 @@
 /// The connection logic of RFC 6455 without I/O: frames in, actions out. Reassembles fragmented messages,
-/// validates text incrementally (1007, failing fast), enforces the message size limit (1009), answers pings,
-/// runs the close handshake, and never puts 1005 or 1006 on the wire. Tested without sockets.
+/// inflates compressed ones (RFC 7692, when ``deflate`` was agreed), validates text incrementally (1007, failing
+/// fast, after inflation), enforces the message size limit on what it delivers (1009: a deflate bomb stops at the
+/// limit), answers pings, runs the close handshake, and never puts 1005 or 1006 on the wire. Tested without
+/// sockets.
 public struct WebSocketStateMachine: Sendable {
     /// What the caller must do.
     public enum Action: Sendable, Hashable {
@@ -35,18 +37,34 @@ public struct WebSocketStateMachine: Sendable {
     /// The peer's close code and reason, once received.
     public private(set) var peerClose: (code: WebSocketCloseCode, reason: String)?
 
+    /// permessage-deflate as the handshake agreed it (`nil`: not in use, RSV1 is a protocol error).
+    public let deflate: WebSocketDeflateAgreement?
+
     private var fragments: [UInt8] = []
     private var fragmentIsText: Bool?
+    private var fragmentIsCompressed = false
     private var validator = UTF8Validator()
+    /// Created with the first compressed message (a connection that never gets one pays nothing).
+    private var inflater: WebSocketInflater?
 
-    public init(role: WebSocketRole, maximumMessageSize: Int = 64 * 1024 * 1024) {
+    public init(
+        role: WebSocketRole, maximumMessageSize: Int = 64 * 1024 * 1024, deflate: WebSocketDeflateAgreement? = nil
+    ) {
         self.role = role
         self.maximumMessageSize = maximumMessageSize
+        self.deflate = deflate
     }
 
     /// Handles one frame from the peer.
     public mutating func receive(_ frame: WebSocketFrame) -> [Action] {
         guard state != .closed else { return [] }
+        if frame.rsv2 || frame.rsv3 || (frame.rsv1 && deflate == nil) {
+            return fail(.protocolError, "reserved bits set without a negotiated extension")
+        }
+        if frame.rsv1 && (frame.opcode.isControl || frame.opcode == .continuation) {
+            // RFC 7692 §6.1: only a message's first frame says it is compressed; control frames never are.
+            return fail(.protocolError, "RSV1 set on a \(frame.opcode) frame")
+        }
         switch frame.opcode {
         case .ping:
             guard state == .open else { return [] }
@@ -60,6 +78,7 @@ public struct WebSocketStateMachine: Sendable {
                 return fail(.protocolError, "a new message began before the fragmented one ended")
             }
             fragmentIsText = frame.opcode == .text
+            fragmentIsCompressed = frame.rsv1
             fragments.removeAll(keepingCapacity: true)
             validator = UTF8Validator()
             return appendFragment(frame)
@@ -74,14 +93,31 @@ public struct WebSocketStateMachine: Sendable {
     }
 
     private mutating func appendFragment(_ frame: WebSocketFrame) -> [Action] {
-        guard fragments.count + frame.payload.count <= maximumMessageSize else {
-            return fail(.messageTooBig, "a message exceeds the limit of \(maximumMessageSize) bytes")
-        }
         let isText = fragmentIsText!
-        if isText && !validator.feed(frame.payload) {
-            return fail(.invalidFramePayloadData, "invalid UTF-8 in a text message")
+        if fragmentIsCompressed {
+            let before = fragments.count
+            do throws(WebSocketProtocolError) {
+                if inflater == nil, let deflate { inflater = try WebSocketInflater(agreement: deflate, role: role) }
+                try inflater?.inflate(frame.payload, final: frame.fin, into: &fragments, limit: maximumMessageSize)
+            } catch {
+                if error.closeCode == .messageTooBig {
+                    return fail(
+                        .messageTooBig, "a message exceeds the limit of \(maximumMessageSize) bytes once inflated")
+                }
+                return failConnection(error)
+            }
+            if isText && !validator.feed(fragments[before...]) {
+                return fail(.invalidFramePayloadData, "invalid UTF-8 in a text message")
+            }
+        } else {
+            guard fragments.count + frame.payload.count <= maximumMessageSize else {
+                return fail(.messageTooBig, "a message exceeds the limit of \(maximumMessageSize) bytes")
+            }
+            if isText && !validator.feed(frame.payload) {
+                return fail(.invalidFramePayloadData, "invalid UTF-8 in a text message")
+            }
+            fragments.append(contentsOf: frame.payload)
         }
-        fragments.append(contentsOf: frame.payload)
         guard frame.fin else { return [] }
         if isText && !validator.isComplete {
             return fail(.invalidFramePayloadData, "a text message ends inside a code point")
@@ -153,11 +189,14 @@ public struct WebSocketStateMachine: Sendable {
             opcode: .close, payload: [UInt8(code.rawValue >> 8), UInt8(code.rawValue & 0xFF)] + reasonBytes)
     }
 
-    /// The frames for one outgoing message, fragmented into frames of at most `fragmentSize` bytes.
-    public static func frames(text: Bool, payload: [UInt8], fragmentSize: Int = .max) -> [WebSocketFrame] {
+    /// The frames for one outgoing message, fragmented into frames of at most `fragmentSize` bytes. A
+    /// `compressed` payload (permessage-deflate) has RSV1 on its first frame only.
+    public static func frames(
+        text: Bool, payload: [UInt8], fragmentSize: Int = .max, compressed: Bool = false
+    ) -> [WebSocketFrame] {
         let size = max(1, fragmentSize)
         guard payload.count > size else {
-            return [WebSocketFrame(opcode: text ? .text : .binary, payload: payload)]
+            return [WebSocketFrame(opcode: text ? .text : .binary, payload: payload, rsv1: compressed)]
         }
         var frames: [WebSocketFrame] = []
         var offset = 0
@@ -166,7 +205,7 @@ public struct WebSocketStateMachine: Sendable {
             frames.append(
                 WebSocketFrame(
                     fin: end == payload.count, opcode: offset == 0 ? (text ? .text : .binary) : .continuation,
-                    payload: Array(payload[offset..<end])))
+                    payload: Array(payload[offset..<end]), rsv1: compressed && offset == 0))
             offset = end
         }
         return frames

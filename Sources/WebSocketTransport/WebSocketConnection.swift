@@ -35,6 +35,10 @@ public struct WebSocketOptions: Sendable, Hashable {
     /// NWProtocolWebSocket's per-message metadata shows their opcodes. Off by default: pings are answered either
     /// way, and an application that does not read ``WebSocketConnection/events`` loses nothing.
     public var reportsControlFrames = false
+    /// permessage-deflate (RFC 7692): `nil` (the default) neither offers nor accepts it. Set, a client offers it
+    /// and a server accepts a client's offer; the decompressed size of a message is held to
+    /// ``maximumMessageSize`` (1009 past it).
+    public var deflate: WebSocketDeflateOptions? = nil
 
     public init() {}
 
@@ -68,6 +72,8 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
     /// Whose code parses and encodes the frames: "SwiftNIO NIOWebSocket" for the nio backend's ws://, "SocketStyles
     /// WebSocketCodec" otherwise (every other backend, and wss:// on every backend, whose TLS layer is ours).
     public var framing: String { link.framing }
+    /// permessage-deflate as the opening handshake agreed it; `nil` when messages go uncompressed.
+    public let deflate: WebSocketDeflateAgreement?
 
     private let tcp: any Connection
     /// What carries the frames: our parser over `tcp`, or the backend's own framing.
@@ -83,6 +89,9 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
     private let closedEvent = OnceFlag()
     private let sendLock = AsyncGate()
     private let receiveLock = AsyncGate()
+    /// The compressor of outgoing messages (permessage-deflate), made with the first one; used under `sendLock`,
+    /// which also keeps compressed messages in the order their shared context needs.
+    private var deflater: WebSocketDeflater?
 
     private struct Shared: @unchecked Sendable {
         var machine: WebSocketStateMachine
@@ -103,13 +112,22 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
         /// close() was called here: a receive that finds the end reports `.closed`, not a clean end.
         var locallyClosed = false
         var generator = SystemRandomNumberGenerator()
+        var sent = WebSocketTrafficCounts()
+        var received = WebSocketTrafficCounts()
     }
+
+    /// Data messages sent so far: their bytes, and their frame payloads on the wire (after permessage-deflate).
+    public var sent: WebSocketTrafficCounts { state.withLock { $0.sent } }
+    /// Data messages received so far, the same way.
+    public var received: WebSocketTrafficCounts { state.withLock { $0.received } }
 
     init(
         tcp: any Connection, link: any WebSocketFrameLink, role: WebSocketRole, endpoint: Endpoint,
-        subprotocol: String?, options: WebSocketOptions, request: WebSocketRequest? = nil
+        subprotocol: String?, options: WebSocketOptions, deflate: WebSocketDeflateAgreement?,
+        request: WebSocketRequest? = nil
     ) {
         self.tcp = tcp
+        self.deflate = deflate
         self.request = request
         self.link = link
         self.role = role
@@ -119,7 +137,9 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
         localEndpoint = tcp.localEndpoint.with(transport: endpoint.transport)
         remoteEndpoint = role == .client ? endpoint : tcp.remoteEndpoint.with(transport: endpoint.transport)
         state = Mutex(
-            Shared(machine: WebSocketStateMachine(role: role, maximumMessageSize: options.maximumMessageSize)))
+            Shared(
+                machine: WebSocketStateMachine(
+                    role: role, maximumMessageSize: options.maximumMessageSize, deflate: deflate)))
         (events, eventSink) = AsyncStream.makeStream(of: WebSocketEvent.self, bufferingPolicy: .bufferingNewest(8))
         eventSink.yield(.opened(subprotocol: subprotocol))
         if let interval = options.keepAliveInterval { startKeepAlive(every: interval, deadline: options.pongDeadline) }
@@ -176,9 +196,10 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
         for header in options.headers where !WebSocketHandshake.isValidHeader(name: header.name, value: header.value) {
             throw ConnectionError(.unsupported, "'\(header.name): \(header.value)' cannot be sent as a header line")
         }
+        let extensions = options.deflate.map { [("Sec-WebSocket-Extensions", $0.offer)] } ?? []
         let request = WebSocketHandshake.clientRequest(
             host: host, path: endpoint.path, key: key, protocols: options.subprotocols, origin: options.origin,
-            headers: options.headers.map { ($0.name, $0.value) })
+            headers: extensions + options.headers.map { ($0.name, $0.value) })
         let (head, leftover) = try await withDeadline(
             options.handshakeTimeout, closing: tcp, "the WebSocket opening handshake with \(endpoint)"
         ) { () throws(ConnectionError) in
@@ -191,11 +212,15 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
                     systemCode: .init(domain: "websocket", code: 1002, name: "handshake"))
             }
         }
-        switch WebSocketHandshake.validateResponse(head, key: key, offeredProtocols: options.subprotocols) {
-        case .success(let chosen):
-            let link = try await frameLink(over: tcp, role: .client, leftover: leftover, options: options)
+        switch WebSocketHandshake.validateResponse(
+            head, key: key, offeredProtocols: options.subprotocols, offeredDeflate: options.deflate)
+        {
+        case .success(let agreed):
+            let link = try await frameLink(
+                over: tcp, role: .client, leftover: leftover, options: options, compressed: agreed.deflate != nil)
             return WebSocketConnection(
-                tcp: tcp, link: link, role: .client, endpoint: endpoint, subprotocol: chosen, options: options)
+                tcp: tcp, link: link, role: .client, endpoint: endpoint, subprotocol: agreed.subprotocol,
+                options: options, deflate: agreed.deflate)
         case .failure(let error):
             throw ConnectionError(
                 .protocolViolation, error.reason, systemCode: .init(domain: "websocket", code: 1002, name: "handshake"))
@@ -222,7 +247,8 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
         switch read {
         case .success(let (head, rest)):
             leftover = rest
-            verdict = WebSocketHandshake.acceptRequest(head, supportedProtocols: options.subprotocols)
+            verdict = WebSocketHandshake.acceptRequest(
+                head, supportedProtocols: options.subprotocols, deflate: options.deflate)
         case .failure(let rejection):
             verdict = .failure(rejection)
         }
@@ -243,7 +269,7 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
                 } else {
                     if let chosen { accepted.subprotocol = chosen.lowercased() }
                     accepted.response = WebSocketHandshake.switchingProtocols(
-                        key: accepted.key, subprotocol: accepted.subprotocol,
+                        key: accepted.key, subprotocol: accepted.subprotocol, deflate: accepted.deflate,
                         headers: headers.map { ($0.name, $0.value) })
                     verdict = .success(accepted)
                 }
@@ -253,12 +279,13 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
         case .success(let accepted):
             try await tcp.send(Array(accepted.response.utf8))
             let endpoint = tcp.localEndpoint.with(transport: transport)
-            let link = try await frameLink(over: tcp, role: .server, leftover: leftover, options: options)
+            let link = try await frameLink(
+                over: tcp, role: .server, leftover: leftover, options: options, compressed: accepted.deflate != nil)
             return WebSocketConnection(
                 tcp: tcp, link: link, role: .server,
                 endpoint: Endpoint(
                     transport: transport, host: endpoint.host, port: endpoint.port, path: request?.path ?? "/"),
-                subprotocol: accepted.subprotocol, options: options, request: request)
+                subprotocol: accepted.subprotocol, options: options, deflate: accepted.deflate, request: request)
         case .failure(let rejection):
             try? await tcp.send(Array(rejection.response.utf8))
             throw ConnectionError(
@@ -268,18 +295,21 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
     }
 
     /// The backend's own framing when its connection has one (nio), our parser and encoder otherwise.
+    /// `compressed`: permessage-deflate was agreed, so RSV1 may be set.
     private static func frameLink(
-        over tcp: any Connection, role: WebSocketRole, leftover: [UInt8], options: WebSocketOptions
+        over tcp: any Connection, role: WebSocketRole, leftover: [UInt8], options: WebSocketOptions, compressed: Bool
     ) async throws(ConnectionError) -> any WebSocketFrameLink {
         let decorator = tcp as? any ConnectionDecorator
         if let framing = (decorator?.decorated ?? tcp) as? any WebSocketFramingConnection,
             let link = try await framing.webSocketFrameLink(
-                role: role, maximumFrameSize: options.maximumFrameSize, leftover: leftover)
+                role: role, maximumFrameSize: options.maximumFrameSize, allowsCompressedFrames: compressed,
+                leftover: leftover)
         {
             return decorator.map { ObservedFrameLink(link, observer: $0) } ?? link
         }
         return ByteStreamFrameLink(
-            over: tcp, role: role, maximumFrameSize: options.maximumFrameSize, leftover: leftover)
+            over: tcp, role: role, maximumFrameSize: options.maximumFrameSize, allowsCompressedFrames: compressed,
+            leftover: leftover)
     }
 
     /// Reads an HTTP head (up to CRLF CRLF): the head and the bytes read past it, or why the bytes so far can
@@ -303,11 +333,36 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
     }
 
     public func send(_ message: Message) async throws(ConnectionError) {
-        if let failure = state.withLock({ $0.failure }) { throw failure }
-        guard state.withLock({ $0.machine.state == .open }) else { throw .closed("the WebSocket is closing or closed") }
-        let frames = WebSocketStateMachine.frames(
-            text: message.kind == .text, payload: message.bytes, fragmentSize: webSocketOptions.fragmentSize)
-        try await sendFrames(frames)
+        let compress =
+            deflate != nil && message.bytes.count >= (webSocketOptions.deflate?.minimumSize ?? .max)
+        try state.withLock { (shared) throws(ConnectionError) in
+            if let failure = shared.failure { throw failure }
+            guard shared.machine.state == .open else { throw .closed("the WebSocket is closing or closed") }
+            shared.sent.count(message.bytes.count, onWire: compress ? 0 : message.bytes.count)
+        }
+        guard compress, let deflate, let settings = webSocketOptions.deflate else {
+            try await sendFrames(
+                WebSocketStateMachine.frames(
+                    text: message.kind == .text, payload: message.bytes, fragmentSize: webSocketOptions.fragmentSize))
+            return
+        }
+        // Compressed under the send lock: with context takeover, messages must reach the wire in the order their
+        // compressor saw them.
+        await sendLock.enter()
+        defer { sendLock.leave() }
+        if deflater == nil {
+            do throws(WebSocketProtocolError) {
+                deflater = try WebSocketDeflater(agreement: deflate, role: role, options: settings)
+            } catch {
+                throw ConnectionError(.unsupported, error.reason)
+            }
+        }
+        let payload = deflater!.compress(message.bytes)
+        state.withLock { $0.sent.payloadBytes += payload.count }
+        try await sendLocked(
+            WebSocketStateMachine.frames(
+                text: message.kind == .text, payload: payload, fragmentSize: webSocketOptions.fragmentSize,
+                compressed: true))
     }
 
     /// Sends text.
@@ -319,6 +374,11 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
     private func sendFrames(_ frames: consuming [WebSocketFrame]) async throws(ConnectionError) {
         await sendLock.enter()
         defer { sendLock.leave() }
+        try await sendLocked(frames)
+    }
+
+    /// ``sendFrames(_:)`` with the send lock held.
+    private func sendLocked(_ frames: consuming [WebSocketFrame]) async throws(ConnectionError) {
         if role == .client {
             state.withLock { shared in
                 for index in frames.indices {
@@ -466,7 +526,13 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
         }
         switch received {
         case .frame(let frame):
-            return try await handle(state.withLock { $0.machine.receive(frame) }).map(ReadOutcome.message) ?? .nothing
+            let actions = state.withLock { shared in
+                let actions = shared.machine.receive(frame)
+                if !frame.opcode.isControl { shared.received.payloadBytes += frame.payload.count }
+                for case .deliver(_, let payload) in actions { shared.received.count(payload.count, onWire: 0) }
+                return actions
+            }
+            return try await handle(actions).map(ReadOutcome.message) ?? .nothing
         case .invalid(let error):
             try await handle(state.withLock { $0.machine.failFromParser(error) })
             return .nothing
@@ -622,6 +688,24 @@ extension WebSocketStateMachine {
     /// A parser error fails the connection like any other protocol error.
     mutating func failFromParser(_ error: WebSocketProtocolError) -> [Action] {
         failConnection(error)
+    }
+}
+
+/// Data messages through one direction of a ``WebSocketConnection``.
+public struct WebSocketTrafficCounts: Sendable, Hashable {
+    /// Messages.
+    public var messages = 0
+    /// Their bytes.
+    public var messageBytes = 0
+    /// Their frames' payload bytes on the wire: after permessage-deflate, frame headers not counted.
+    public var payloadBytes = 0
+
+    public init() {}
+
+    mutating func count(_ bytes: Int, onWire: Int) {
+        messages += 1
+        messageBytes += bytes
+        payloadBytes += onWire
     }
 }
 

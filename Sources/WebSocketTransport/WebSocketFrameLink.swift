@@ -31,8 +31,9 @@ package protocol WebSocketFramingConnection: Connection {
     /// Switches the connection to frames. `leftover` holds bytes read past the handshake (the start of the first
     /// frames). Returns `nil` when the connection cannot switch (it ended meanwhile): the caller then frames the
     /// bytes itself, and loses nothing.
+    /// `allowsCompressedFrames`: permessage-deflate was agreed, RSV1 may be set.
     func webSocketFrameLink(
-        role: WebSocketRole, maximumFrameSize: Int, leftover: [UInt8]
+        role: WebSocketRole, maximumFrameSize: Int, allowsCompressedFrames: Bool, leftover: [UInt8]
     ) async throws(ConnectionError) -> (any WebSocketFrameLink)?
 }
 
@@ -43,9 +44,13 @@ package final class ByteStreamFrameLink: WebSocketFrameLink {
 
     package var framing: String { "SocketStyles WebSocketCodec" }
 
-    package init(over stream: any Connection, role: WebSocketRole, maximumFrameSize: Int, leftover: [UInt8]) {
+    package init(
+        over stream: any Connection, role: WebSocketRole, maximumFrameSize: Int, allowsCompressedFrames: Bool,
+        leftover: [UInt8]
+    ) {
         self.stream = stream
         var parser = WebSocketFrameParser(role: role, maximumFrameSize: maximumFrameSize)
+        parser.allowsCompressedFrames = allowsCompressedFrames
         parser.feed(leftover)
         self.parser = Mutex(parser)
     }

@@ -15,12 +15,15 @@ struct AutobahnClient: AsyncParsableCommand {
     @Option var backend: String = "bsd"
     @Option var agent: String = "socketstyles"
     @OptionGroup var tls: TLSClientOptions
+    @Flag(help: "Offer permessage-deflate (cases 12 and 13).") var deflate = false
+    @Option(help: "With --deflate: zlib's compression level, 0-9.") var deflateLevel: Int = 6
 
     func run() async throws {
         let (base, backend) = try parseTarget(url: url, backend: backend)
         var options = WebSocketOptions()
         options.maximumMessageSize = 64 * 1024 * 1024
         options.maximumFrameSize = 64 * 1024 * 1024
+        if deflate { options.deflate = WebSocketDeflateOptions.with { $0.compressionLevel = deflateLevel } }
         func open(_ path: String) async throws(ConnectionError) -> any Connection {
             try await backend.connect(
                 to: Endpoint(transport: base.transport, host: base.host, port: base.port, path: path),

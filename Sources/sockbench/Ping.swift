@@ -55,6 +55,9 @@ struct Ping: AsyncParsableCommand {
     @Flag(inversion: .prefixedNo, help: "TCP_NODELAY (on by default, as for every backend).")
     var nodelay = true
 
+    @Flag(help: "ws, wss: offer permessage-deflate (RFC 7692); the summary says whether the server agreed.")
+    var deflate = false
+
     @OptionGroup var tls: TLSClientOptions
 
     @Flag(
@@ -103,12 +106,18 @@ struct Ping: AsyncParsableCommand {
             } else {
                 var tlsConfiguration = tls.configuration
                 var webSocket = WebSocketOptions()
+                if deflate { webSocket.deflate = WebSocketDeflateOptions() }
                 if let limit {
                     tlsConfiguration.handshakeTimeout = limit
                     webSocket.handshakeTimeout = limit
                 }
                 let connection = try await backend.connect(
                     to: endpoint, options: options, webSocket: webSocket, tls: tlsConfiguration)
+                if deflate {
+                    let agreed = (connection as? WebSocketConnection)?.deflate
+                    Console.error(
+                        "permessage-deflate: \(agreed.map { "agreed (\($0))" } ?? "not agreed by the server")")
+                }
                 var runner = PingRunner(
                     size: size, count: count ?? (time != nil ? Int.max / 2 : 10_000), warmup: warmup, timeout: limit)
                 runner.stop = control.stop

@@ -56,11 +56,18 @@ struct Serve: AsyncParsableCommand {
     @Option(help: "Close a connection that sends and receives nothing for this many seconds (0: never).")
     var idleTimeout: Double = 300
 
+    @Flag(help: "ws, wss: accept permessage-deflate (RFC 7692) when a client offers it.")
+    var deflate = false
+
+    @Option(help: "With --deflate: zlib's compression level, 0-9 (1: fastest; 6: zlib's default).")
+    var deflateLevel: Int = 6
+
     func validate() throws {
         guard maxConnections >= 1 else { throw ValidationError("--max-connections must be at least 1") }
         guard idleTimeout >= 0 else { throw ValidationError("--idle-timeout must be 0 or more") }
         guard udpPeerIdle > 0 else { throw ValidationError("--udp-peer-idle must be above 0") }
         guard maxUDPPeers >= 1 else { throw ValidationError("--max-udp-peers must be at least 1") }
+        guard (0...9).contains(deflateLevel) else { throw ValidationError("--deflate-level must be 0-9") }
     }
 
     func run() async throws {
@@ -86,7 +93,11 @@ struct Serve: AsyncParsableCommand {
                 $0.idleTimeout = idleTimeout > 0 ? .milliseconds(Int64(idleTimeout * 1000)) : nil
             }
             server = try await EchoServer.start(
-                backend, on: endpoint, options: options, tls: tlsConfiguration, mode: sink ? .sink : .echo)
+                backend, on: endpoint, options: options,
+                webSocket: WebSocketOptions.with {
+                    $0.deflate = deflate ? WebSocketDeflateOptions.with { $0.compressionLevel = deflateLevel } : nil
+                },
+                tls: tlsConfiguration, mode: sink ? .sink : .echo)
         } catch {
             throw fail(error.description)
         }

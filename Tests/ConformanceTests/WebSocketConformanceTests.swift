@@ -404,22 +404,33 @@ struct RawWebSocketClient {
     let tcp: any Connection
     var parser = WebSocketFrameParser(role: .client)
 
-    /// Connects and completes the handshake; `withRequest` is sent in the same send as the request.
+    /// permessage-deflate as the server agreed it (when `deflate` was offered).
+    var deflate: WebSocketDeflateAgreement?
+
+    /// Connects and completes the handshake; `withRequest` is sent in the same send as the request. With
+    /// `deflate`, offers permessage-deflate (the frames sent and read stay raw: compress them yourself).
     static func connect(
-        _ test: ConformanceCase, to endpoint: Endpoint, withRequest: [UInt8] = []
+        _ test: ConformanceCase, to endpoint: Endpoint, withRequest: [UInt8] = [],
+        deflate: WebSocketDeflateOptions? = nil
     ) async throws -> RawWebSocketClient {
         let tcp = try await test.connectStream(to: endpoint)
         let key = "dGhlIHNhbXBsZSBub25jZQ=="
+        let extensions = deflate.map { [("Sec-WebSocket-Extensions", $0.offer)] } ?? []
         try await tcp.send(
-            Array(WebSocketHandshake.clientRequest(host: "127.0.0.1", path: "/", key: key).utf8) + withRequest)
+            Array(WebSocketHandshake.clientRequest(host: "127.0.0.1", path: "/", key: key, headers: extensions).utf8)
+                + withRequest)
         var bytes: [UInt8] = []
         while WebSocketHandshake.headLength(in: bytes) == nil {
             guard let chunk = try await tcp.receive() else { throw ConnectionError(.closed) }
             bytes += chunk.bytes
         }
         let length = WebSocketHandshake.headLength(in: bytes)!
-        _ = try WebSocketHandshake.validateResponse(String(decoding: bytes[..<length], as: UTF8.self), key: key).get()
+        let agreed = try WebSocketHandshake.validateResponse(
+            String(decoding: bytes[..<length], as: UTF8.self), key: key, offeredDeflate: deflate
+        ).get()
         var client = RawWebSocketClient(tcp: tcp)
+        client.deflate = agreed.deflate
+        client.parser.allowsCompressedFrames = agreed.deflate != nil
         client.parser.feed(bytes[length...])
         return client
     }

@@ -323,7 +323,7 @@ struct WebSocketCodecTests {
         #expect(accepted.response.contains("Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n"))
         let chosen = try WebSocketHandshake.validateResponse(
             accepted.response, key: key, offeredProtocols: ["chat", "superchat"]
-        ).get()
+        ).get().subprotocol
         #expect(chosen == "superchat")
     }
 
