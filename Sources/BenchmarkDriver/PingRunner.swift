@@ -80,6 +80,9 @@ public struct PingRunner: Sendable {
     public var onInterval: (@Sendable (Interval) -> Void)?
     /// Keep every measured round trip in ``Result/samples`` (8 bytes each).
     public var keepsSamples = false
+    /// Message transports: the message of round trip `index` (it must differ from the one before), instead of
+    /// `size` bytes stamped with the index.
+    public var messageMaker: (@Sendable (Int) -> Message)?
 
     /// Creates a runner.
     public init(
@@ -238,14 +241,21 @@ public struct PingRunner: Sendable {
                 recorder.begin(at: start)
                 probe.state.withLock { $0.lost = 0 }
             }
-            Self.stamp(&payload, UInt64(index))
+            let outgoing: Message
+            if let messageMaker {
+                outgoing = messageMaker(index)
+                payload = outgoing.bytes
+            } else {
+                Self.stamp(&payload, UInt64(index))
+                outgoing = Message(payload)
+            }
             let now = MonotonicClock.nanoseconds()
             probe.state.withLock { state in
                 state.sequence = UInt64(index)
                 state.payload = payload
                 state.sentAt = now
             }
-            try await connection.send(payload)
+            try await connection.send(outgoing)
             while true {
                 guard let message = try await connection.receive() else {
                     throw ConnectionError(.closed, "the peer ended the connection")

@@ -11,6 +11,7 @@
 /// | `pump-SIZE` | one-way bulk in SIZE-byte writes to a sink; for UDP, datagrams sent and received, loss, reordering, kernel drops |
 /// | `connect` | connections opened one after another: handshake time (TCP, + TLS, + WebSocket upgrade) and connections per second |
 /// | `fanin-N` | N connections at once against one server, each in closed-loop 64-byte round trips |
+/// | `json`, `json-deflate` | ws/wss only: closed-loop round trips of market-data JSON text (about 1.1 KB), without and with permessage-deflate; bytes on the wire per message |
 public enum Scenario: Sendable, Hashable, Codable, CustomStringConvertible {
     case pingpong(size: Int)
     case native(size: Int)
@@ -24,6 +25,8 @@ public enum Scenario: Sendable, Hashable, Codable, CustomStringConvertible {
     case pump(size: Int)
     case connect
     case fanin(connections: Int)
+    /// ws/wss: round trips of ``MarketData`` JSON text, with or without permessage-deflate.
+    case json(deflate: Bool)
 
     /// Parses `pingpong-64`, `rate-10000`, `pump-65536`, `connect`, `fanin-100` (sizes may end in `k`, for
     /// KiB, or `m`, for MiB; rates in `k`, for thousands).
@@ -55,10 +58,12 @@ public enum Scenario: Sendable, Hashable, Codable, CustomStringConvertible {
         case "pump": self = .pump(size: try number(parts.count > 1 ? parts[1] : "64k", kilo: 1024))
         case "connect": self = .connect
         case "fanin": self = .fanin(connections: try number(parts.count > 1 ? parts[1] : nil, kilo: 1000))
+        case "json" where parts.count == 1: self = .json(deflate: false)
+        case "json" where parts[1] == "deflate": self = .json(deflate: true)
         default:
             throw ScenarioError(
                 message:
-                    "unknown scenario '\(name)' (pingpong-SIZE, native-SIZE, proxy-SIZE, proxypump-SIZE, rate-PERSECOND, pump-SIZE, connect, fanin-N)"
+                    "unknown scenario '\(name)' (pingpong-SIZE, native-SIZE, proxy-SIZE, proxypump-SIZE, rate-PERSECOND, pump-SIZE, connect, fanin-N, json, json-deflate)"
             )
         }
     }
@@ -73,6 +78,7 @@ public enum Scenario: Sendable, Hashable, Codable, CustomStringConvertible {
         case .pump(let size): "pump-\(size)"
         case .connect: "connect"
         case .fanin(let connections): "fanin-\(connections)"
+        case .json(let deflate): deflate ? "json-deflate" : "json"
         }
     }
 
@@ -117,6 +123,10 @@ public struct ScenarioResult: Sendable, Codable {
     public var reordered: Int?
     /// UDP pump: the kernel's RcvbufErrors delta during the run (system-wide).
     public var kernelReceiveBufferDrops: Int?
+    /// json: the average message, bytes, and what it took on the wire from the client (frame payloads: after
+    /// permessage-deflate, frame headers not counted).
+    public var messageBytes: Double?
+    public var wireBytes: Double?
     /// Wall-clock time of the measured window, nanoseconds.
     public var elapsedNanoseconds: UInt64 = 0
     /// The client process during the window (peak memory: so far).

@@ -106,7 +106,7 @@ struct Compare: AsyncParsableCommand {
         }
         let defaultScenarios =
             full
-            ? "pingpong-64,native-64,proxy-64,proxypump-64k,pingpong-1k,pingpong-64k,rate-10k,rate-50k,pump-1400,pump-64k,connect,fanin-1,fanin-10,fanin-100,fanin-1000"
+            ? "pingpong-64,native-64,proxy-64,proxypump-64k,pingpong-1k,pingpong-64k,rate-10k,rate-50k,pump-1400,pump-64k,connect,fanin-1,fanin-10,fanin-100,fanin-1000,json,json-deflate"
             : "pingpong-64,native-64,rate-5000,pump-64k,pump-1400,connect,fanin-16"
         var chosenScenarios: [Scenario] = []
         for name in (scenarios ?? defaultScenarios).split(separator: ",") {
@@ -174,6 +174,8 @@ struct Compare: AsyncParsableCommand {
                 transport.isSecure
                 ? ["--cert", certificates!.server.certificate, "--key", certificates!.server.key] : []
             if mode != "echo" { arguments.append("--\(mode)") }
+            // WebSocket echo servers accept permessage-deflate; only the json-deflate clients offer it.
+            if mode == "echo", transport == .ws || transport == .wss, backend != nil { arguments.append("--deflate") }
             return try ChildServer.start(
                 backend: backend, url: "\(transport)://127.0.0.1:0", cpu: plan.serverCPU, extraArguments: arguments)
         }
@@ -312,6 +314,9 @@ struct Compare: AsyncParsableCommand {
 
     /// Why a scenario does not apply to a target, or `nil`.
     func skipReason(_ scenario: Scenario, _ target: Target) -> String? {
+        if scenario.kind == "json", target.transport != .ws && target.transport != .wss {
+            return "JSON text messages are WebSocket's (ws, wss)"
+        }
         if case .pump(let size) = scenario, target.transport == .udp, size > 65_507 {
             return "a UDP datagram carries at most 65,507 bytes"
         }
@@ -402,6 +407,31 @@ struct Compare: AsyncParsableCommand {
         case .fanin(let connections):
             return try await FaninRunner(connections: connections, count: plan.faninCount, warmup: 20).run(
                 connect: connect)
+        case .json(let deflate):
+            let connection = try await backend.connectWebSocket(
+                to: endpoint, webSocket: .with { $0.deflate = deflate ? WebSocketDeflateOptions() : nil }, tls: tls)
+            if deflate && connection.deflate == nil {
+                await connection.close()
+                throw ConnectionError(.unsupported, "the server did not agree to permessage-deflate")
+            }
+            var runner = PingRunner(count: plan.pingpongCount, warmup: plan.pingpongWarmup)
+            runner.messageMaker = { .text(MarketData.book($0)) }
+            let before = connection.sent
+            do throws(ConnectionError) {
+                let result = try await runner.run(on: connection)
+                await endWindow()
+                let sent = connection.sent
+                await connection.close()
+                let messages = Double(max(1, sent.messages - before.messages))
+                var measurement = Self.measurement(result, size: 0, count: plan.pingpongCount)
+                measurement.messageBytes = Double(sent.messageBytes - before.messageBytes) / messages
+                measurement.wireBytes = Double(sent.payloadBytes - before.payloadBytes) / messages
+                measurement.bytesPerSecond = result.roundTripsPerSecond * (measurement.messageBytes ?? 0)
+                return measurement
+            } catch {
+                await connection.close()
+                throw error
+            }
         }
     }
 

@@ -139,6 +139,8 @@ struct Report: Codable {
         result.reordered = mid(runs.compactMap(\.reordered))
         result.kernelReceiveBufferDrops = mid(runs.compactMap(\.kernelReceiveBufferDrops))
         result.elapsedNanoseconds = mid(runs.map(\.elapsedNanoseconds)) ?? 0
+        result.messageBytes = mid(runs.compactMap(\.messageBytes))
+        result.wireBytes = mid(runs.compactMap(\.wireBytes))
         result.client = usage(runs.compactMap(\.client))
         result.server = usage(runs.compactMap(\.server))
         return result
@@ -153,6 +155,9 @@ struct Report: Codable {
             return text
         case "connect":
             return "p50 \(microseconds(m.latency?.p50 ?? 0)) us, \(Int(m.messagesPerSecond ?? 0)) conn/s"
+        case "json":
+            return
+                "p50 \(microseconds(m.latency?.p50 ?? 0)) us, \(Int(m.messageBytes ?? 0)) B as \(Int(m.wireBytes ?? 0)) B on the wire"
         case "rate":
             return
                 "p50 \(microseconds(m.latency?.p50 ?? 0)) us (uncorrected \(microseconds(m.uncorrectedLatency?.p50 ?? 0))), p99 \(microseconds(m.latency?.p99 ?? 0)) us, lost \(m.lost ?? 0)"
@@ -242,6 +247,26 @@ struct Report: Codable {
                 return [
                     row.backend, row.transport, microseconds(m.latency?.p50 ?? 0), microseconds(m.latency?.p90 ?? 0),
                     microseconds(m.latency?.p99 ?? 0), "\(Int(m.messagesPerSecond ?? 0))", cpuPerMessage(m),
+                ]
+            }
+            return (header, cells)
+        case "json":
+            let header = [
+                "backend", "transport", "p50 us", "p99 us", "rt/s", "message B", "wire B", "wire / message",
+                "cpu us/rt", "client", "server",
+            ]
+            let cells = selected.map { row -> [String] in
+                let m = row.median
+                let cpu: (ResourceUsage?) -> String = { usage in
+                    guard let usage, m.messages > 0 else { return "-" }
+                    return fixed(Double(usage.cpuNanoseconds) / 1000 / Double(m.messages), 1)
+                }
+                return [
+                    row.backend, row.transport, microseconds(m.latency?.p50 ?? 0), microseconds(m.latency?.p99 ?? 0),
+                    "\(Int(m.messagesPerSecond ?? 0))", m.messageBytes.map { fixed($0, 0) } ?? "-",
+                    m.wireBytes.map { fixed($0, 0) } ?? "-",
+                    m.messageBytes.flatMap { total in m.wireBytes.map { fixed($0 / max(1, total), 2) } } ?? "-",
+                    cpuPerMessage(m), cpu(m.client), cpu(m.server),
                 ]
             }
             return (header, cells)
