@@ -1,3 +1,4 @@
+import BenchmarkDriver
 import ConnectionTestKit
 import Foundation
 import SocketStyles
@@ -12,8 +13,10 @@ struct WebSocketInteropTests {
     static let peer = root.appendingPathComponent("scripts/peers/ws_peer.py").path
     static var available: Bool { FileManager.default.isExecutableFile(atPath: python) }
 
-    @Test("Our client against the Python server", arguments: ConformanceCase.ws)
-    func ourClient(_ test: ConformanceCase) async throws {
+    @Test(
+        "Our client against the Python server, without and with permessage-deflate (websockets' defaults)",
+        arguments: ConformanceCase.ws, [false, true])
+    func ourClient(_ test: ConformanceCase, deflate: Bool) async throws {
         guard Self.available else {
             print("skipped: no Python WebSocket peer (run scripts/peers/setup)")
             return
@@ -21,7 +24,8 @@ struct WebSocketInteropTests {
         try await SocketTest.run {
             let certificate = test.transport.isSecure ? ConformanceCase.certificates.server : nil
             let server = try ChildProcess(
-                [Self.python, Self.peer, "server"] + [certificate?.certificate, certificate?.key].compactMap { $0 },
+                [Self.python, Self.peer, "server"] + [certificate?.certificate, certificate?.key].compactMap { $0 }
+                    + (deflate ? ["--deflate"] : []),
                 mergeErrors: false)
             defer {
                 server.closeInput()
@@ -30,7 +34,15 @@ struct WebSocketInteropTests {
             let line = try await onThread { server.readLine() }  // blocking: off the cooperative pool
             let endpoint = try Endpoint(url: String(line.dropFirst("listening on ".count)))
             try #require(endpoint.transport == test.transport, "the Python server said: \(line)")
-            let client = try #require(try await test.connect(to: endpoint) as? WebSocketConnection)
+            let client = try #require(
+                try await test.connect(
+                    to: endpoint, webSocket: .with { $0.deflate = deflate ? WebSocketDeflateOptions() : nil })
+                    as? WebSocketConnection)
+            #expect((client.deflate != nil) == deflate)
+            for sequence in 0..<(deflate ? 50 : 0) {
+                try await client.send(.text(MarketData.book(sequence)))
+                #expect(try await client.receive() == .text(MarketData.book(sequence)))
+            }
             for size in [0, 125, 126, 70_000, 1024 * 1024] {
                 let binary = pattern(size, seed: 2)
                 try await client.send(Message(binary))
@@ -47,14 +59,19 @@ struct WebSocketInteropTests {
         }
     }
 
-    @Test("The Python client against our server", arguments: ConformanceCase.ws)
-    func ourServer(_ test: ConformanceCase) async throws {
+    @Test(
+        "The Python client against our server, without and with permessage-deflate (websockets' defaults)",
+        arguments: ConformanceCase.ws, [false, true])
+    func ourServer(_ test: ConformanceCase, deflate: Bool) async throws {
         guard Self.available else {
             print("skipped: no Python WebSocket peer (run scripts/peers/setup)")
             return
         }
         try await SocketTest.run {
-            let server = try await test.echoServer()
+            let server =
+                deflate
+                ? try await test.echoServer(webSocket: .with { $0.deflate = WebSocketDeflateOptions() })
+                : try await test.echoServer()
             let output: (Int32, String) = try await withCheckedThrowingContinuation { continuation in
                 PosixThread.spawn(name: "py-client") {
                     continuation.resume(
@@ -63,7 +80,7 @@ struct WebSocketInteropTests {
                                 [
                                     Self.python, Self.peer, "client", "\(server.endpoint)",
                                     ConformanceCase.certificates.caFile,
-                                ])
+                                ] + (deflate ? ["--deflate"] : []))
                         })
                 }
             }
