@@ -293,7 +293,6 @@ public final class WebSocketDeflater: @unchecked Sendable {
     // zlib keeps a pointer to its stream: the stream must not move, so it lives on the heap.
     private let stream = UnsafeMutablePointer<z_stream>.allocate(capacity: 1)
     private let resetsAfterMessage: Bool
-    private var scratch = [UInt8](repeating: 0, count: 16 * 1024)
 
     /// A compressor for `role`'s messages under `agreement`.
     public init(
@@ -323,8 +322,9 @@ public final class WebSocketDeflater: @unchecked Sendable {
         message.withUnsafeBufferPointer { input in
             stream.pointee.next_in = UnsafeMutablePointer(mutating: input.baseAddress)
             stream.pointee.avail_in = UInt32(input.count)
-            let chunk = scratch.count
-            scratch.withUnsafeMutableBufferPointer { buffer in
+            // Output goes through a buffer on the stack: a connection keeps no scratch memory between messages.
+            let chunk = 16 * 1024
+            withUnsafeTemporaryAllocation(of: UInt8.self, capacity: chunk) { buffer in
                 repeat {
                     stream.pointee.next_out = buffer.baseAddress
                     stream.pointee.avail_out = UInt32(chunk)
@@ -349,7 +349,6 @@ public final class WebSocketDeflater: @unchecked Sendable {
 public final class WebSocketInflater: @unchecked Sendable {
     private let stream = UnsafeMutablePointer<z_stream>.allocate(capacity: 1)
     private let resetsAfterMessage: Bool
-    private var scratch = [UInt8](repeating: 0, count: 16 * 1024)
 
     /// A decompressor for the messages `role` receives under `agreement`.
     public init(agreement: WebSocketDeflateAgreement, role: WebSocketRole) throws(WebSocketProtocolError) {
@@ -386,8 +385,8 @@ public final class WebSocketInflater: @unchecked Sendable {
         input.withUnsafeBufferPointer { input in
             stream.pointee.next_in = UnsafeMutablePointer(mutating: input.baseAddress)
             stream.pointee.avail_in = UInt32(input.count)
-            let chunk = scratch.count
-            scratch.withUnsafeMutableBufferPointer { buffer in
+            let chunk = 16 * 1024
+            withUnsafeTemporaryAllocation(of: UInt8.self, capacity: chunk) { buffer in
                 while true {
                     stream.pointee.next_out = buffer.baseAddress
                     stream.pointee.avail_out = UInt32(chunk)

@@ -52,7 +52,8 @@ struct JSONSchemaTests {
             let directory = FileManager.default.temporaryDirectory.appendingPathComponent("schema-\(getpid())")
             defer { try? FileManager.default.removeItem(at: directory) }
             _ = try await run([
-                "compare", "--scenarios", "pingpong-64,pump-64k,connect", "--transports", "tcp,udp", "--backends",
+                "compare", "--scenarios", "pingpong-64,pump-64k,connect,json-deflate", "--transports", "tcp,udp,ws",
+                "--backends",
                 "bsd",
                 "--repetitions", "1", "--no-baselines", "--out", directory.path,
             ])
