@@ -177,6 +177,20 @@ enum DocSnippets {
     // end snippet
 
     // snippet: docs/websocket.md
+    static func docs_websocket_deflate() async throws {
+        // A client offers it; the server decides (ws.deflate is nil when it declined).
+        let ws = try await Backend.uv.connectWebSocket(
+            to: Endpoint(url: "ws://127.0.0.1:9000/feed"), webSocket: .with { $0.deflate = WebSocketDeflateOptions() })
+        print(ws.deflate.map { "agreed: \($0)" } ?? "the server declined")
+        // A server accepts it when a client offers it; a 4 KiB window and zlib memory level 5 keep each connection small.
+        let listener = try await Backend.async.listenWebSocket(
+            on: Endpoint(url: "ws://127.0.0.1:0/"),
+            webSocket: .with { $0.deflate = .with { $0.serverMaxWindowBits = 12; $0.memoryLevel = 5 } })
+        print("serving", listener.localEndpoint)
+    }
+    // end snippet
+
+    // snippet: docs/websocket.md
     static func docs_websocket_states() async throws {
         let connection = Backend.uv.connection(to: try Endpoint(url: "wss://127.0.0.1:9000/feed"))
         Task {
