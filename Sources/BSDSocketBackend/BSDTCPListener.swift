@@ -12,6 +12,7 @@ final class BSDTCPListener: Listener, @unchecked Sendable {
     private let lease: DescriptorLease
     private let options: ConnectionOptions
     private let queue: ReceiveQueue<any Connection>
+    private let refused = RefusedConnections()
     private let gate = ConditionLock()
     private let closing = Atomic<Bool>(false)
 
@@ -60,7 +61,7 @@ final class BSDTCPListener: Listener, @unchecked Sendable {
                 continue  // the client left before getpeername: not served
             }
             if !queue.push(connection).accepted {
-                Task { await connection.close() }
+                refused.close(connection)
                 return
             }
         }
@@ -81,7 +82,8 @@ final class BSDTCPListener: Listener, @unchecked Sendable {
         try? socket.shutdown(.both)  // wakes the thread blocked in accept(2) (EINVAL)
         lease.release()
         for connection in waiting { await connection.close() }
-        await lease.closed()
+        await lease.closed()  // the acceptor thread has ended: it refuses nothing more
+        await refused.waitForAll()
     }
 
     deinit {

@@ -10,6 +10,7 @@ final class UVTCPListener: Listener, @unchecked Sendable {
     private let tcp: UVTCP
     private let loop: UVLoop
     private let queue = ReceiveQueue<any Connection>(capacity: 1024)
+    private let refused = RefusedConnections()
     private let gate = UVCloseGate()
     private let closed = Atomic<Bool>(false)
 
@@ -24,7 +25,7 @@ final class UVTCPListener: Listener, @unchecked Sendable {
         do throws(UVError) {
             try tcp.bind(address)
             // libuv reports a bind conflict (EADDRINUSE) from uv_listen on Linux.
-            try tcp.listen(backlog: options.backlog) { [queue, tcp] error in
+            try tcp.listen(backlog: options.backlog) { [queue, refused, tcp] error in
                 guard error == nil, !tcp.isClosing else { return }
                 do throws(ConnectionError) {
                     let client: UVTCP
@@ -42,9 +43,7 @@ final class UVTCPListener: Listener, @unchecked Sendable {
                         client.close()
                         throw error
                     }
-                    if !queue.push(connection).accepted {
-                        Task { await connection.close() }
-                    }
+                    if !queue.push(connection).accepted { refused.close(connection) }
                 } catch {
                     if error.kind == .resourceExhausted {
                         // libuv closes the clients waiting in the backlog (its reserved-descriptor trick) and
@@ -76,6 +75,7 @@ final class UVTCPListener: Listener, @unchecked Sendable {
                 gate.close({ finished in tcp.close(finished) }, waiter: continuation)
             }
         }
+        await refused.waitForAll()  // the handle is closed: no accept callback runs any more
     }
 
     deinit {

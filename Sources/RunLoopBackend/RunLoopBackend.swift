@@ -347,14 +347,16 @@ final class RunLoopTCPListener: Listener, @unchecked Sendable {
     private let listener: SocketListener
     private let runLoop: SocketRunLoop
     private let queue = ReceiveQueue<any Connection>(capacity: 1024)
+    private let refused = RefusedConnections()
 
     init(on endpoint: Endpoint, runLoop: SocketRunLoop, options: ConnectionOptions) throws(ConnectionError) {
         let queue = queue
+        let refused = refused
         nonisolated(unsafe) var local: Endpoint?
         listener = try SocketListener(on: endpoint, runLoop: runLoop, options: options) { input, output in
             let connection = RunLoopTCPConnection(
                 accepted: input, output, runLoop: runLoop, options: options, local: local!)
-            if !queue.push(connection).accepted { Task { await connection.close() } }
+            if !queue.push(connection).accepted { refused.close(connection) }
         }
         local = listener.localEndpoint
         localEndpoint = listener.localEndpoint
@@ -375,6 +377,7 @@ final class RunLoopTCPListener: Listener, @unchecked Sendable {
                 continuation.resume()
             }
         }
+        await refused.waitForAll()  // the listening socket is closed: no accept callback runs any more
     }
 }
 
