@@ -12,7 +12,20 @@ let strictSettings: [SwiftSetting] = [
 let package = Package(
     name: "SocketStyles",
     products: [
+        // Everything: every backend, WebSocket and TLS, the `Backend` enum.
         .library(name: "SocketStyles", targets: ["SocketStyles"]),
+        // A la carte: the contract, one backend, the layers. Depending on SocketStylesBSD alone builds neither
+        // SwiftNIO nor links libuv or OpenSSL (Examples/BSDOnly shows it, and CI checks it).
+        .library(name: "SocketStylesCore", targets: ["ConnectionCore"]),
+        .library(name: "SocketStylesBSD", targets: ["BSDSocketBackend"]),
+        .library(name: "SocketStylesUV", targets: ["LibUVBackend"]),
+        .library(name: "SocketStylesRunLoop", targets: ["RunLoopBackend"]),
+        .library(name: "SocketStylesAsync", targets: ["AsyncBackend"]),
+        .library(name: "SocketStylesNIO", targets: ["NIOBackend"]),
+        .library(name: "SocketStylesWebSocket", targets: ["WebSocketTransport", "WebSocketCodec"]),
+        .library(name: "SocketStylesTLS", targets: ["TLSTransport"]),
+        // Routes the library's diagnostics (server bounds: connection limit, idle timeouts...) to swift-log.
+        .library(name: "SocketStylesLogging", targets: ["SocketStylesLogging"]),
         .library(name: "SocketStylesCombine", targets: ["SocketStylesCombine"]),
         .library(name: "ConnectionTestKit", targets: ["ConnectionTestKit"]),
         .executable(name: "sockbench", targets: ["sockbench"]),
@@ -22,6 +35,9 @@ let package = Package(
         .package(url: "https://github.com/HdrHistogram/hdrhistogram-swift", from: "0.2.0"),
         .package(url: "https://github.com/apple/swift-nio", from: "2.101.2"),
         .package(url: "https://github.com/OpenCombine/OpenCombine", from: "0.14.0"),
+        .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
+        // `swift package generate-documentation`: the DocC catalog in Sources/SocketStyles/SocketStyles.docc.
+        .package(url: "https://github.com/swiftlang/swift-docc-plugin", from: "1.5.0"),
     ],
     targets: [
         // The contract: protocols, endpoints, errors, options. No I/O, no C.
@@ -88,8 +104,8 @@ let package = Package(
         .target(
             name: "SocketStyles",
             dependencies: [
-                "ConnectionCore", "BSDSocketBackend", "LibUVBackend", "RunLoopBackend", "AsyncBackend", "NIOBackend",
-                "WebSocketCodec", "WebSocketTransport", "TLSTransport",
+                "ConnectionCore", "POSIXSupport", "BSDSocketBackend", "LibUVBackend", "RunLoopBackend", "AsyncBackend",
+                "NIOBackend", "WebSocketCodec", "WebSocketTransport", "TLSTransport",
             ],
             swiftSettings: strictSettings
         ),
@@ -134,6 +150,7 @@ let package = Package(
             name: "sockbench",
             dependencies: [
                 "SocketStyles",
+                "POSIXSupport",
                 "ConnectionTestKit",
                 "BenchmarkDriver",
                 "CFloor",
@@ -144,6 +161,11 @@ let package = Package(
             ],
             swiftSettings: strictSettings
         ),
+        // swift-log for the library's diagnostics (BoundsLog's lines), for servers that log with swift-log.
+        .target(
+            name: "SocketStylesLogging",
+            dependencies: ["ConnectionCore", .product(name: "Logging", package: "swift-log")],
+            swiftSettings: strictSettings),
         // OpenCombine publishers (messages, states, events, send results) for code ported from Combine.
         .target(
             name: "SocketStylesCombine",
@@ -162,6 +184,11 @@ let package = Package(
                 "SocketStylesCombine", "SocketStyles", "ConnectionTestKit",
                 .product(name: "OpenCombine", package: "OpenCombine"),
             ],
+            swiftSettings: strictSettings
+        ),
+        .testTarget(
+            name: "SocketStylesLoggingTests",
+            dependencies: ["SocketStylesLogging", "ConnectionCore", .product(name: "Logging", package: "swift-log")],
             swiftSettings: strictSettings
         ),
         .testTarget(
@@ -191,7 +218,7 @@ let package = Package(
         ),
         .testTarget(
             name: "LessonTests",
-            dependencies: ["Lessons", "SocketStyles", "ConnectionTestKit"],
+            dependencies: ["Lessons", "SocketStyles", "POSIXSupport", "ConnectionTestKit"],
             swiftSettings: strictSettings
         ),
         .testTarget(
@@ -202,8 +229,9 @@ let package = Package(
         .testTarget(
             name: "DocSnippetTests",
             dependencies: [
-                "SocketStyles", "SocketStylesCombine", "ConnectionTestKit", "POSIXSupport",
+                "SocketStyles", "SocketStylesCombine", "SocketStylesLogging", "ConnectionTestKit", "POSIXSupport",
                 .product(name: "OpenCombine", package: "OpenCombine"),
+                .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
             ],
@@ -211,7 +239,7 @@ let package = Package(
         ),
         .testTarget(
             name: "ConformanceTests",
-            dependencies: ["SocketStyles", "ConnectionTestKit", "BenchmarkDriver", "NativeStyles"],
+            dependencies: ["SocketStyles", "POSIXSupport", "ConnectionTestKit", "BenchmarkDriver", "NativeStyles"],
             swiftSettings: strictSettings
         ),
     ],

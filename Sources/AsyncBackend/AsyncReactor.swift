@@ -1,7 +1,7 @@
 public import ConnectionCore
 public import POSIXSupport
 
-/// The reactor of the async style: one thread running an ``EpollLoop``. Sockets register their descriptor once
+/// The reactor of the async style: one thread running an `EpollLoop`. Sockets register their descriptor once
 /// (edge-triggered); the reactor resumes the task waiting for readiness. It is also a `TaskExecutor`: a task
 /// that prefers it runs on the reactor thread, where readiness resumes it without a thread hop.
 public final class AsyncReactor: TaskExecutor, Sendable {

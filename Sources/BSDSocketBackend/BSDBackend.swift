@@ -3,7 +3,7 @@ import POSIXSupport
 import Synchronization
 
 /// Backend `bsd`: blocking BSD sockets, each connection served by threads of its own, adapted to the async
-/// ``Connection`` protocol. The native style is ``BSDSocket``.
+/// `Connection` protocol. The native style is ``BSDSocket``.
 ///
 /// Threads: per connection one reader thread (started at once) and one writer thread (started the first time a
 /// send cannot complete without waiting); per listener one acceptor (TCP) or receiver (UDP) thread. Connecting

@@ -14,7 +14,7 @@ import Synchronization
 ///
 /// Rules, as for any descriptor:
 /// 1. One thread may receive while another sends; two threads must not both send (or both receive) at once.
-/// 2. To wake a thread blocked in ``receive(into:)`` or ``accept()``, call ``shutdown(_:)`` from another
+/// 2. To wake a thread blocked in ``receive(into:)`` or `accept()`, call ``shutdown(_:)`` from another
 ///    thread; call ``close()`` only once no thread is inside a call, so the descriptor number cannot be reused
 ///    under it.
 /// 3. Sends never raise SIGPIPE (MSG_NOSIGNAL): a vanished peer is a `.reset` error.

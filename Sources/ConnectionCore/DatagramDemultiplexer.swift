@@ -24,6 +24,7 @@ public final class DatagramDemultiplexer<Address: Hashable & Sendable>: Sendable
 
     /// - Parameters:
     ///   - localEndpoint: the bound address.
+    ///   - options: the listener's options (the peer limit and idle timeout, the receive queue limit).
     ///   - endpoint: a peer address as an endpoint (for ``Connection/remoteEndpoint``).
     ///   - executor: where the peers' operations complete, if on an event loop.
     ///   - send: writes one datagram to a peer.

@@ -10,7 +10,7 @@ public import Synchronization
 /// It implements the parts of the ``Connection`` contract every backend shares, once:
 /// - waiting receivers are served in call order; a cancelled one returns `.cancelled` at once and loses nothing;
 /// - a clean end is reported exactly once (`nil`), then `.closed`;
-/// - after ``close()``, every waiting and later receive throws `.closed`;
+/// - after `close()`, every waiting and later receive throws `.closed`;
 /// - the producer learns when the queue is full (``push(_:)`` says `hasSpace == false`) and is told through
 ///   `onSpaceAvailable` when the consumer has made room again, so nothing is buffered without limit.
 ///

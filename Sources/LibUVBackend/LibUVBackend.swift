@@ -2,7 +2,7 @@ public import ConnectionCore
 import POSIXSupport
 import Synchronization
 
-/// Backend `uv`: libuv's event loop and callbacks, adapted to ``Connection``.
+/// Backend `uv`: libuv's event loop and callbacks, adapted to `Connection`.
 ///
 /// Every connection and listener of one backend instance lives on one ``UVLoop`` (one thread, many clients).
 /// Calls from async tasks reach the loop through `uv_async_send` (``UVLoop/execute(_:)``); results come back

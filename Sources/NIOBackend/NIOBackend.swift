@@ -8,7 +8,7 @@ import Synchronization
 /// `Connection`. Channels on one `MultiThreadedEventLoopGroup` of one thread (as `uv` and `async` run every
 /// connection on one loop thread), with every option set explicitly so that the comparison is fair: SwiftNIO
 /// enables TCP_NODELAY by default and reads UDP into 2,048-byte buffers by default; here both follow
-/// ``ConnectionOptions`` like every other backend.
+/// `ConnectionOptions` like every other backend.
 ///
 /// Names are resolved by the same resolver as the other backends (so `.invalid` names fail without a DNS
 /// query); SwiftNIO then connects to the address.

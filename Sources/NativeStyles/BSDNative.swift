@@ -1,5 +1,6 @@
 import BenchmarkDriver
 import ConnectionCore
+import POSIXSupport
 import SocketStyles
 import Synchronization
 

@@ -1,5 +1,6 @@
 public import BenchmarkDriver
 public import ConnectionCore
+import POSIXSupport
 public import SocketStyles
 
 /// An echo server written in one backend's own style (no `Connection`, no `Listener`).

@@ -1,5 +1,6 @@
 import BenchmarkDriver
 import ConnectionCore
+import POSIXSupport
 import SocketStyles
 
 /// Style 3 by hand: input/output streams with a delegate on a run loop (here the runloop backend's own run loop

@@ -1,5 +1,6 @@
 import BenchmarkDriver
 import ConnectionCore
+import POSIXSupport
 import SocketStyles
 
 /// Style 2 by hand: a libuv loop thread; everything happens in callbacks.

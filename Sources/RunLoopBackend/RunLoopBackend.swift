@@ -3,7 +3,7 @@ import POSIXSupport
 import Synchronization
 
 /// Backend `runloop`: the delegate style (input/output streams, events on a run loop) adapted to
-/// ``Connection``. Every connection of the backend is scheduled in one ``SocketRunLoop`` turning on its own
+/// `Connection`. Every connection of the backend is scheduled in one ``SocketRunLoop`` turning on its own
 /// thread; calls from tasks reach it with `perform`, and results come back by resuming continuations. The
 /// native style is ``SocketInputStream``/``SocketOutputStream`` with a ``SocketStreamDelegate``,
 /// ``SocketListener`` and ``DatagramSocket``.

@@ -89,8 +89,8 @@ public final class SocketInputStream: SocketStream, @unchecked Sendable {
     }
 
     /// Reads what is available, up to the buffer's size, without blocking. Returns the count; 0 when nothing
-    /// is available now or at the end (then ``streamStatus`` is `.atEnd` and `endEncountered` is delivered);
-    /// -1 on error (``streamError`` says which). Reading re-arms `hasBytesAvailable`.
+    /// is available now or at the end (then `streamStatus` is `.atEnd` and `endEncountered` is delivered);
+    /// -1 on error (`streamError` says which). Reading re-arms `hasBytesAvailable`.
     public func read(into buffer: UnsafeMutableRawBufferPointer) -> Int {
         guard streamStatus == .open else { return streamStatus == .atEnd ? 0 : -1 }
         return core.read(into: buffer, from: self)
@@ -106,7 +106,7 @@ public final class SocketInputStream: SocketStream, @unchecked Sendable {
 
 /// The output half: `hasSpaceAvailable` events, `write`.
 public final class SocketOutputStream: SocketStream, @unchecked Sendable {
-    /// `true` when a ``write(_:)`` would take bytes now.
+    /// `true` when a `write(_:)` would take bytes now.
     public var hasSpaceAvailable: Bool {
         streamStatus == .open && core.spaceAvailable
     }

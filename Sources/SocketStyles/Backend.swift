@@ -1,29 +1,20 @@
-@_exported public import AsyncBackend
-@_exported public import BSDSocketBackend
-@_exported public import ConnectionCore
-@_exported public import LibUVBackend
-@_exported public import NIOBackend
-@_exported public import POSIXSupport
-@_exported public import RunLoopBackend
-@_exported public import TLSTransport
-@_exported public import WebSocketCodec
-@_exported public import WebSocketTransport
+import POSIXSupport
 
 /// Every connection style this package offers, by the name users type (`--backend bsd`).
 ///
 /// Adding a backend is adding a case here: the compiler's exhaustive switches then show every place that must
 /// learn about it, and the conformance suite runs every scenario for it.
 public enum Backend: String, Sendable, Hashable, CaseIterable, CustomStringConvertible {
-    /// Blocking BSD sockets on threads of their own (``BSDBackend``).
+    /// Blocking BSD sockets on threads of their own (`BSDBackend`).
     case bsd
-    /// libuv's event loop and callbacks on one loop thread (``LibUVBackend``).
+    /// libuv's event loop and callbacks on one loop thread (`LibUVBackend`).
     case uv
-    /// Delegate-driven input/output streams on a run loop of our own (``RunLoopBackend``), as Apple's
+    /// Delegate-driven input/output streams on a run loop of our own (`RunLoopBackend`), as Apple's
     /// Stream/CFStream.
     case runloop
-    /// async/await over non-blocking sockets and one epoll reactor thread (``AsyncBackend``).
+    /// async/await over non-blocking sockets and one epoll reactor thread (`AsyncBackend`).
     case async
-    /// SwiftNIO channels on one event-loop thread (``NIOBackend``): the reference a user would otherwise pick.
+    /// SwiftNIO channels on one event-loop thread (`NIOBackend`): the reference a user would otherwise pick.
     case nio
 
     /// The backend's factory.
@@ -109,7 +100,7 @@ public enum Backend: String, Sendable, Hashable, CaseIterable, CustomStringConve
             backend: self, endpoint: endpoint, options: options, webSocket: webSocket, tls: tls, policy: policy)
     }
 
-    /// Connects to a `ws://` or `wss://` endpoint and returns the ``WebSocketConnection`` itself (pings, close codes,
+    /// Connects to a `ws://` or `wss://` endpoint and returns the `WebSocketConnection` itself (pings, close codes,
     /// events), no cast needed.
     public func connectWebSocket(
         to endpoint: Endpoint, options: ConnectionOptions = ConnectionOptions(),
@@ -122,8 +113,8 @@ public enum Backend: String, Sendable, Hashable, CaseIterable, CustomStringConve
         return try await connect(to: endpoint, options: options, webSocket: webSocket, tls: tls) as! WebSocketConnection
     }
 
-    /// Listens on a `ws://` or `wss://` endpoint and returns the ``WebSocketListener`` itself: its
-    /// ``WebSocketListener/acceptWebSocket()`` gives each connection with its request, and `decide` (optional)
+    /// Listens on a `ws://` or `wss://` endpoint and returns the `WebSocketListener` itself: its
+    /// `WebSocketListener.acceptWebSocket()` gives each connection with its request, and `decide` (optional)
     /// accepts or refuses each request. The endpoint's path is the one served (`/`: every path; another: that
     /// path only, others answered 404).
     public func listenWebSocket(
@@ -141,7 +132,7 @@ public enum Backend: String, Sendable, Hashable, CaseIterable, CustomStringConve
     }
 
     /// Listens with this backend. `tls://` and `wss://` need `tls` with a certificate chain and key
-    /// (``TLSConfiguration/server(certificateChainFile:privateKeyFile:)``); `ws://` and `wss://` serve
+    /// (`TLSConfiguration.server(certificateChainFile:privateKeyFile:)`); `ws://` and `wss://` serve
     /// WebSocket. Handshakes run concurrently; failed ones are closed and the listener keeps serving.
     public func listen(
         on endpoint: Endpoint, options: ConnectionOptions = ConnectionOptions(),

@@ -322,7 +322,7 @@ public final class ReconnectingConnection: Connection, Sendable {
         await close { await $0.close() }
     }
 
-    /// Stops reconnecting and resets the current connection (see ``Connection/abort()``).
+    /// Stops reconnecting and resets the current connection (see `Connection.abort()`).
     public func abort() async {
         await close { await $0.abort() }
     }

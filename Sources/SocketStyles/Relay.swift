@@ -17,7 +17,7 @@ public struct FaultPlan: Sendable, Hashable {
     /// Bytes per second at most (`nil`: no cap).
     public var bandwidth: Int? = nil
     /// After this many bytes, reset both the client's connection and the upstream one (a TCP RST each way, see
-    /// ``Connection/abort()``; `nil`: never).
+    /// `Connection.abort()`; `nil`: never).
     public var cutAfterBytes: Int? = nil
     /// After this many bytes, stop forwarding but keep both connections open: the peer sees silence, as behind
     /// a dead router (`nil`: never). What keep-alive is for.
@@ -55,7 +55,7 @@ public struct FaultPlan: Sendable, Hashable {
 }
 
 /// A proxy in the style of the seeds' CFSocket proxy server: it accepts clients on one endpoint and relays each
-/// to an upstream endpoint over a connection of its own, through ``Connection`` on any backend, injecting the
+/// to an upstream endpoint over a connection of its own, through `Connection` on any backend, injecting the
 /// faults of a ``FaultPlan`` in each direction.
 ///
 /// - tcp -> tcp: bytes, with half-close carried (a FIN one way keeps the other way open);

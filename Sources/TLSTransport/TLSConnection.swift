@@ -1,7 +1,7 @@
 public import ConnectionCore
 import Synchronization
 
-/// TLS over any backend's TCP ``Connection``: the same OpenSSL code (memory BIOs, ``TLSConfiguration``) for
+/// TLS over any backend's TCP `Connection`: the same OpenSSL code (memory BIOs, ``TLSConfiguration``) for
 /// every connection style, so "TLS over libuv vs over blocking sockets" compares the styles, not four TLS
 /// integrations. A byte stream, like TCP (transport `tls`); WebSocket runs over it for `wss`.
 ///
@@ -212,7 +212,7 @@ public final class TLSConnection: Connection, Sendable {
         await tcp.close()
     }
 
-    /// No close_notify: the TCP connection is reset (see ``Connection/abort()``).
+    /// No close_notify: the TCP connection is reset (see `Connection.abort()`).
     public func abort() async {
         flags.withLock { $0.closed = true }
         await tcp.abort()

@@ -2,7 +2,7 @@ import CZlib
 
 /// permessage-deflate (RFC 7692) as a user enables it: what to offer (client) or accept (server).
 ///
-/// Off unless set (``WebSocketOptions`` in WebSocketTransport holds it as an optional). The defaults compress
+/// Off unless set (`WebSocketOptions` in WebSocketTransport holds it as an optional). The defaults compress
 /// with context takeover and the full 32 KiB window both ways, as browsers and Python `websockets` do.
 public struct WebSocketDeflateOptions: Sendable, Hashable {
     /// Client: ask the server to reset its compressor after every message. Server: always do so (and say so).

@@ -34,7 +34,7 @@ public struct WebSocketFrameParser: Sendable {
         buffer.append(contentsOf: bytes)
     }
 
-    /// ``feed(_:)-(Array<UInt8>)`` for any collection of bytes. The array form is the hot path: a generic
+    /// The `[UInt8]` form of `feed(_:)` for any collection of bytes. The array form is the hot path: a generic
     /// called from another module runs unspecialised, a byte at a time.
     public mutating func feed<Bytes: Collection>(_ bytes: Bytes) where Bytes.Element == UInt8 {
         compact()

@@ -16,7 +16,7 @@ public struct WebSocketStateMachine: Sendable {
         case pongReceived([UInt8])
         /// The peer's close frame: its code (1005 when it sent none) and reason.
         case closeReceived(WebSocketCloseCode, String)
-        /// The peer broke the protocol; a close frame with the error's code has been queued (``send``).
+        /// The peer broke the protocol; a close frame with the error's code has been queued (`send`).
         case failed(WebSocketProtocolError)
         /// Close the TCP connection now.
         case closeConnection

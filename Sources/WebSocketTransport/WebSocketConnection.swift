@@ -50,10 +50,10 @@ public struct WebSocketOptions: Sendable, Hashable {
     }
 }
 
-/// WebSocket (RFC 6455) over any backend's TCP ``Connection``: the same framing code for every connection
+/// WebSocket (RFC 6455) over any backend's TCP `Connection`: the same framing code for every connection
 /// style, so "WebSocket over libuv vs over blocking sockets" compares the transports, not four codecs.
 ///
-/// What `URLSessionWebSocketTask` users know — send text or data, receive one message, ``sendPing()`` with its
+/// What `URLSessionWebSocketTask` users know — send text or data, receive one message, ``sendPing(_:timeout:)`` with its
 /// pong awaited, close with a code and reason — plus automatic pongs and the peer's close code and reason
 /// (``peerCloseCode``). Control frames are handled by whoever reads: a running ``receive(maximumLength:)``, or
 /// ``sendPing(_:timeout:)`` (and keep-alive) when none runs; ``close(code:reason:)`` reads until the peer's close.
@@ -392,7 +392,7 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
     /// Sends a ping and waits for its pong, at most `timeout` (default ``WebSocketOptions/pongDeadline``), then
     /// fails with `.timedOut`; cancelling the task ends the wait with `.cancelled`. Works whether or not a receive
     /// is running: with none, the ping reads the connection itself until its pong arrives, answering the peer's
-    /// pings and keeping data messages for the next receive (at most ``ConnectionOptions/receiveQueueLimit``
+    /// pings and keeping data messages for the next receive (at most `ConnectionOptions.receiveQueueLimit`
     /// bytes of them; beyond that it stops reading, and the peer waits, until the user receives).
     public func sendPing(_ payload: [UInt8] = [], timeout: Duration? = nil) async throws(ConnectionError) {
         guard payload.count <= 125 else { throw ConnectionError(.messageTooLarge, "a ping carries at most 125 bytes") }
@@ -672,7 +672,7 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
         await close(code: .normalClosure)
     }
 
-    /// No close frame: the TCP connection is reset (see ``Connection/abort()``), and ``events`` reports a close
+    /// No close frame: the TCP connection is reset (see `Connection.abort()`), and ``events`` reports a close
     /// without a code.
     public func abort() async {
         state.withLock { $0.locallyClosed = true }

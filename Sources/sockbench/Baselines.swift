@@ -1,5 +1,6 @@
 import BenchmarkDriver
 import Foundation
+import POSIXSupport
 import SocketStyles
 
 /// iperf3 and sockperf, when installed (Debian packages iperf3 and sockperf), run in the same session as the

@@ -4,6 +4,7 @@ import ConnectionTestKit
 import Foundation
 import Histogram
 import NativeStyles
+import POSIXSupport
 import SocketStyles
 import Synchronization
 

@@ -3,6 +3,7 @@ import BenchmarkDriver
 import CFloor
 import Foundation
 import Histogram
+import POSIXSupport
 import SocketStyles
 
 /// `sockbench floor-serve`: the C floor's echo server (blocking C, one client at a time for TCP).

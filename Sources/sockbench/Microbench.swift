@@ -2,6 +2,7 @@ import ArgumentParser
 import BenchmarkDriver
 import Foundation
 import Histogram
+import POSIXSupport
 import SocketStyles
 
 struct Microbench: ParsableCommand {

@@ -1,6 +1,7 @@
 import ArgumentParser
 import BenchmarkDriver
 import Foundation
+import POSIXSupport
 import SocketStyles
 
 /// The machine a report was measured on.

@@ -3,6 +3,7 @@ import ConnectionTestKit
 import Dispatch
 import Foundation
 import NativeStyles
+import POSIXSupport
 import SocketStyles
 
 struct Serve: AsyncParsableCommand {

@@ -1,5 +1,6 @@
 import ArgumentParser
 import Foundation
+import POSIXSupport
 import SocketStyles
 
 @main

@@ -1,5 +1,6 @@
 import ConnectionTestKit
 import Foundation
+import POSIXSupport
 import SocketStyles
 import Synchronization
 import Testing

@@ -1,4 +1,5 @@
 import ConnectionTestKit
+import POSIXSupport
 import SocketStyles
 import Synchronization
 import Testing

@@ -1,6 +1,7 @@
 import BenchmarkDriver
 import ConnectionTestKit
 import Foundation
+import POSIXSupport
 import SocketStyles
 import Testing
 

@@ -10,6 +10,8 @@ import NIOPosix
 import OpenCombine
 import SocketStyles
 import SocketStylesCombine
+import Logging
+import SocketStylesLogging
 
 enum DocSnippets {
     // snippet: README.md
@@ -273,6 +275,46 @@ enum DocSnippets {
             .sink(receiveCompletion: { print("ended:", $0) }, receiveValue: { print("received:", $0) })
             .store(in: &bag)
         chat.sendPublisher(.text("hello")).sink(receiveCompletion: { print("sent:", $0) }, receiveValue: {}).store(in: &bag)
+    }
+    // end snippet
+
+    // snippet: Sources/SocketStyles/SocketStyles.docc/ChoosingABackend.md
+    static func docc_choosing_bsd_only() async throws {
+        let tcp = try await BSDBackend().connect(to: Endpoint(url: "tcp://127.0.0.1:9000"), options: ConnectionOptions())
+        let socket = try await WebSocketConnection.client(over: tcp, endpoint: Endpoint(url: "ws://127.0.0.1:9000/"))
+        try await socket.send(text: "hello")
+    }
+    // end snippet
+
+    // snippet: Sources/SocketStyles/SocketStyles.docc/ChoosingABackend.md
+    static func docc_choosing_logging() {
+        BoundsLog.handler = BoundsLog.logging(to: Logger(label: "chat-server"))
+    }
+    // end snippet
+
+    // snippet: Sources/SocketStyles/SocketStyles.docc/TheConnectionContract.md
+    static func docc_contract_receive_loop() async throws {
+        let connection = try await Backend.async.connect(to: Endpoint(url: "tcp://127.0.0.1:9000"))
+        try await connection.send(Array("ping".utf8))
+        try await connection.closeOutput()                     // TCP FIN: the echo server ends after echoing
+        while let message = try await connection.receive() {   // nil once: the peer finished sending
+            print(message.bytes.count, "bytes")
+        }
+        await connection.close()                               // a second close() does nothing
+    }
+    // end snippet
+
+    // snippet: Sources/SocketStyles/SocketStyles.docc/TheConnectionContract.md
+    static func docc_contract_server() async throws {
+        let listener = try await Backend.async.listen(on: Endpoint(url: "tcp://127.0.0.1:0"))
+        print("listening on", listener.localEndpoint)
+        while true {
+            let connection = try await listener.accept()
+            Task(executorPreference: connection.preferredExecutor) {
+                while let message = try await connection.receive() { try await connection.send(message) }
+                await connection.close()
+            }
+        }
     }
     // end snippet
 }

@@ -1,6 +1,7 @@
 import ConnectionTestKit
 import Foundation
 import Lessons
+import POSIXSupport
 import SocketStyles
 import Testing
 
