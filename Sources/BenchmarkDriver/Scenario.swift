@@ -5,6 +5,7 @@
 /// |---|---|
 /// | `pingpong-SIZE` | closed-loop round trips of SIZE bytes: send, wait for the whole echo, repeat |
 /// | `native-SIZE` | the same round trips over TCP, written in each backend's own style on both ends (blocking loop, libuv callbacks, stream delegates, async socket calls, NIO handlers) instead of through `Connection` |
+/// | `asyncchannel-SIZE` | nio only: the same tcp round trips written with SwiftNIO's async/await bridge (`NIOAsyncChannel`) on both ends, as its documentation shows |
 /// | `proxy-SIZE` | the `pingpong-SIZE` round trips of the C client to the C echo server through one tcp relay hop written in the backend's own style; the C floor's row is the direct path |
 /// | `proxypump-SIZE` | the `pump-SIZE` bulk transfer of the C client to the C sink through the same relay hop; the C floor's row is the direct path |
 /// | `rate-PERSECOND` | open loop: 64-byte messages sent on a fixed schedule; latency from the intended send time (coordinated omission corrected) and from the actual one |
@@ -15,6 +16,8 @@
 public enum Scenario: Sendable, Hashable, Codable, CustomStringConvertible {
     case pingpong(size: Int)
     case native(size: Int)
+    /// nio over tcp: the ping-pong written with SwiftNIO's `NIOAsyncChannel` on both ends.
+    case asyncChannel(size: Int)
     /// The tcp ping-pong through one relay hop written in the backend's own style (`sockbench proxy --native`),
     /// from the C client to the C echo server; the C floor's row is the same path without the hop.
     case proxy(size: Int)
@@ -52,6 +55,7 @@ public enum Scenario: Sendable, Hashable, Codable, CustomStringConvertible {
         switch parts[0] {
         case "pingpong": self = .pingpong(size: try number(parts.count > 1 ? parts[1] : "64", kilo: 1024))
         case "native": self = .native(size: try number(parts.count > 1 ? parts[1] : "64", kilo: 1024))
+        case "asyncchannel": self = .asyncChannel(size: try number(parts.count > 1 ? parts[1] : "64", kilo: 1024))
         case "proxy": self = .proxy(size: try number(parts.count > 1 ? parts[1] : "64", kilo: 1024))
         case "proxypump": self = .proxyPump(size: try number(parts.count > 1 ? parts[1] : "64k", kilo: 1024))
         case "rate": self = .rate(perSecond: try number(parts.count > 1 ? parts[1] : nil, kilo: 1000))
@@ -63,7 +67,7 @@ public enum Scenario: Sendable, Hashable, Codable, CustomStringConvertible {
         default:
             throw ScenarioError(
                 message:
-                    "unknown scenario '\(name)' (pingpong-SIZE, native-SIZE, proxy-SIZE, proxypump-SIZE, rate-PERSECOND, pump-SIZE, connect, fanin-N, json, json-deflate)"
+                    "unknown scenario '\(name)' (pingpong-SIZE, native-SIZE, asyncchannel-SIZE, proxy-SIZE, proxypump-SIZE, rate-PERSECOND, pump-SIZE, connect, fanin-N, json, json-deflate)"
             )
         }
     }
@@ -72,6 +76,7 @@ public enum Scenario: Sendable, Hashable, Codable, CustomStringConvertible {
         switch self {
         case .pingpong(let size): "pingpong-\(size)"
         case .native(let size): "native-\(size)"
+        case .asyncChannel(let size): "asyncchannel-\(size)"
         case .proxy(let size): "proxy-\(size)"
         case .proxyPump(let size): "proxypump-\(size)"
         case .rate(let perSecond): "rate-\(perSecond)"
@@ -82,7 +87,7 @@ public enum Scenario: Sendable, Hashable, Codable, CustomStringConvertible {
         }
     }
 
-    /// The kind without parameters: `pingpong`, `native`, `proxy`, `proxypump`, `rate`, `pump`, `connect`, `fanin`.
+    /// The kind without parameters: `pingpong`, `native`, `asyncchannel`, `proxy`, `proxypump`, `rate`, `pump`, `connect`, `fanin`.
     public var kind: String { String(description.prefix(while: { $0 != "-" })) }
 
     public init(from decoder: any Decoder) throws {

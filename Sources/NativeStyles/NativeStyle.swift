@@ -57,6 +57,25 @@ extension Backend {
         }
     }
 
+    /// nio only: `warmup` then `count` TCP round trips of `size` bytes written with SwiftNIO's async/await bridge
+    /// (`NIOAsyncChannel`), against ``asyncChannelEchoServer(on:)``.
+    public func asyncChannelPingPong(
+        to endpoint: Endpoint, size: Int, count: Int, warmup: Int
+    ) async throws(ConnectionError) -> PingRunner.Result {
+        guard self == .nio, endpoint.transport == .tcp else { throw Self.asyncChannelUnsupported }
+        return try await NIOAsyncChannelNative.pingpong(
+            to: endpoint, tally: PingPongTally(size: size, count: count, warmup: warmup))
+    }
+
+    /// nio only: a TCP echo server written with `NIOAsyncChannel` (a task per connection).
+    public func asyncChannelEchoServer(on endpoint: Endpoint) async throws(ConnectionError) -> any NativeEchoServer {
+        guard self == .nio, endpoint.transport == .tcp else { throw Self.asyncChannelUnsupported }
+        return try await NIOAsyncChannelEchoServer.start(on: endpoint)
+    }
+
+    static let asyncChannelUnsupported = ConnectionError(
+        .unsupported, "NIOAsyncChannel is SwiftNIO's: the asyncchannel style is nio over tcp only")
+
     /// A TCP echo server written in this backend's own style.
     public func nativeEchoServer(on endpoint: Endpoint) async throws(ConnectionError) -> any NativeEchoServer {
         if endpoint.transport == .ws, self == .nio { return try await NIOWebSocketNativeEchoServer.start(on: endpoint) }

@@ -92,7 +92,10 @@ struct Agent {
                     case "echo": arguments = []
                     case "sink": arguments = ["--sink"]
                     case "native": arguments = ["--native"]
-                    default: throw ConnectionError(.unsupported, "unknown mode \(words[3]) (echo, sink, native)")
+                    case "async-channel": arguments = ["--async-channel"]
+                    default:
+                        throw ConnectionError(
+                            .unsupported, "unknown mode \(words[3]) (echo, sink, native, async-channel)")
                     }
                     if transport.isSecure {
                         let made = try certificates ?? TestCertificates.make(extraServerHosts: [host.literal])

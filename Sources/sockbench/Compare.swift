@@ -28,7 +28,8 @@ struct Compare: AsyncParsableCommand {
 
     @Option(
         help:
-            "Comma-separated scenarios (default: pingpong-64,native-64,rate-5000,pump-64k,pump-1400,connect,fanin-16).")
+            "Comma-separated scenarios (default: pingpong-64,native-64,asyncchannel-64,rate-5000,pump-64k,pump-1400,connect,fanin-16)."
+    )
     var scenarios: String?
 
     @Option(help: "pingpong: measured round trips per repetition.")
@@ -107,8 +108,8 @@ struct Compare: AsyncParsableCommand {
         }
         let defaultScenarios =
             full
-            ? "pingpong-64,native-64,proxy-64,proxypump-64k,pingpong-1k,pingpong-64k,rate-10k,rate-50k,pump-1400,pump-64k,connect,fanin-1,fanin-10,fanin-100,fanin-1000,json,json-deflate"
-            : "pingpong-64,native-64,rate-5000,pump-64k,pump-1400,connect,fanin-16"
+            ? "pingpong-64,native-64,asyncchannel-64,proxy-64,proxypump-64k,pingpong-1k,pingpong-64k,rate-10k,rate-50k,pump-1400,pump-64k,connect,fanin-1,fanin-10,fanin-100,fanin-1000,json,json-deflate"
+            : "pingpong-64,native-64,asyncchannel-64,rate-5000,pump-64k,pump-1400,connect,fanin-16"
         var chosenScenarios: [Scenario] = []
         for name in (scenarios ?? defaultScenarios).split(separator: ",") {
             do throws(ScenarioError) {
@@ -143,6 +144,8 @@ struct Compare: AsyncParsableCommand {
         var sink: (any ServerHandle)?
         /// The backend's own-style echo server (tcp, for native-SIZE).
         var native: (any ServerHandle)?
+        /// nio's NIOAsyncChannel echo server (tcp, for asyncchannel-SIZE).
+        var asyncChannel: (any ServerHandle)?
         /// The backend's own-style relay in front of the C echo server (tcp, for proxy-SIZE).
         var proxy: (any ServerHandle)?
         /// The backend's own-style relay in front of the C sink (tcp, for proxypump-SIZE).
@@ -182,6 +185,7 @@ struct Compare: AsyncParsableCommand {
         }
         let needsSink = plan.scenarios.contains { $0.kind == "pump" }
         let needsNative = plan.scenarios.contains { $0.kind == "native" }
+        let needsAsyncChannel = plan.scenarios.contains { $0.kind == "asyncchannel" }
         let relaysHere = agent == nil && chosenTransports.contains(.tcp)
         let needsProxy = plan.scenarios.contains { $0.kind == "proxy" } && relaysHere
         let needsProxyPump = plan.scenarios.contains { $0.kind == "proxypump" } && relaysHere
@@ -202,6 +206,7 @@ struct Compare: AsyncParsableCommand {
                 target.echo.stop()
                 target.sink?.stop()
                 target.native?.stop()
+                target.asyncChannel?.stop()
                 target.proxy?.stop()
                 target.proxyPump?.stop()
             }
@@ -228,6 +233,9 @@ struct Compare: AsyncParsableCommand {
             let native =
                 needsNative && backend?.nativeTransports.contains(transport) == true
                 ? try await start(backend, transport, "native") : nil
+            let asyncChannel =
+                needsAsyncChannel && backend == .nio && transport == .tcp
+                ? try await start(backend, transport, "async-channel") : nil
             func relay(to upstream: (any ServerHandle)?) throws -> (any ServerHandle)? {
                 guard let upstream, let backend, transport == .tcp else { return nil }
                 return try ChildServer.start(
@@ -238,6 +246,7 @@ struct Compare: AsyncParsableCommand {
             targets.append(
                 Target(
                     backend: backend, transport: transport, echo: echo, sink: sink, native: native,
+                    asyncChannel: asyncChannel,
                     proxy: try relay(to: proxyUpstream), proxyPump: try relay(to: proxySink)))
         }
 
@@ -258,6 +267,7 @@ struct Compare: AsyncParsableCommand {
                         switch scenario.kind {
                         case "pump": target.sink!
                         case "native": target.native!
+                        case "asyncchannel": target.asyncChannel!
                         case "proxy": target.proxy ?? target.echo
                         case "proxypump": target.proxyPump ?? proxySink!
                         default: target.echo
@@ -332,6 +342,9 @@ struct Compare: AsyncParsableCommand {
         if scenario.kind == "native", target.native == nil {
             return "native styles: every backend over tcp, and nio over ws (NIOWebSocket)"
         }
+        if scenario.kind == "asyncchannel", target.asyncChannel == nil {
+            return "NIOAsyncChannel is SwiftNIO's async/await bridge: nio over tcp only"
+        }
         return nil
     }
 
@@ -376,6 +389,10 @@ struct Compare: AsyncParsableCommand {
             return try await runFloorPump(endpoint: endpoint, size: size, totalBytes: plan.pumpBytes)
         case .native(let size):
             let result = try await backend.nativePingPong(
+                to: endpoint, size: size, count: plan.pingpongCount, warmup: plan.pingpongWarmup)
+            return Self.measurement(result, size: size, count: plan.pingpongCount)
+        case .asyncChannel(let size):
+            let result = try await backend.asyncChannelPingPong(
                 to: endpoint, size: size, count: plan.pingpongCount, warmup: plan.pingpongWarmup)
             return Self.measurement(result, size: size, count: plan.pingpongCount)
         case .rate(let perSecond):

@@ -174,7 +174,7 @@ struct Report: Codable {
     func floor(for row: ReportRow) -> Double? {
         let size: Int
         switch row.scenario {
-        case .pingpong(let value), .native(let value), .proxy(let value): size = value
+        case .pingpong(let value), .native(let value), .asyncChannel(let value), .proxy(let value): size = value
         default: return nil
         }
         let transport = row.transport == "udp" ? "udp" : "tcp"
@@ -398,6 +398,25 @@ struct Report: Codable {
                         + floors.map { "\($0.0) \(fixed($0.1))x" }.joined(separator: ", ")
                         + ".")
             }
+        }
+        for case .asyncChannel(let size) in plan.scenarios {
+            guard let bridge = p50("nio", "tcp", .asyncChannel(size: size)) else { continue }
+            var compared = [String]()
+            if let floor = p50(Self.floorName, "tcp", .pingpong(size: size)) {
+                compared.append("\(fixed(bridge / floor))x the C floor")
+            }
+            if let handlers = p50("nio", "tcp", .native(size: size)) {
+                compared.append("\(fixed(bridge / handlers))x nio's ChannelHandlers (native-\(size))")
+            }
+            if let unified = p50("nio", "tcp", .pingpong(size: size)) {
+                compared.append("\(fixed(bridge / unified))x nio through Connection")
+            }
+            if let async = p50("async", "tcp", .native(size: size)) {
+                compared.append("\(fixed(bridge / async))x the async backend's own style")
+            }
+            lines.append(
+                "- SwiftNIO's async/await bridge (NIOAsyncChannel on both ends, tasks on the global executor), tcp asyncchannel-\(size) p50 \(microseconds(UInt64(bridge))) us"
+                    + (compared.isEmpty ? "." : ": " + compared.joined(separator: ", ") + "."))
         }
         for case .proxy(let size) in plan.scenarios {
             guard let direct = p50(Self.floorName, "tcp", .proxy(size: size)) else { continue }

@@ -35,6 +35,12 @@ struct Serve: AsyncParsableCommand {
 
     @Flag(
         help:
+            "nio, tcp: serve with SwiftNIO's async/await bridge (NIOAsyncChannel, a task per connection): the server side of `compare`'s asyncchannel-SIZE."
+    )
+    var asyncChannel = false
+
+    @Flag(
+        help:
             "Be an agent for `sockbench compare --server HOST:PORT` on another host: URL is the control address; servers are started on request, on the same host address (pinned with --cpu)."
     )
     var agent = false
@@ -83,7 +89,7 @@ struct Serve: AsyncParsableCommand {
             return
         }
         try pin(toCPU: cpu)
-        if native { return try await serveNative(endpoint, backend) }
+        if native || asyncChannel { return try await serveNative(endpoint, backend) }
         let tlsConfiguration = try tls.configuration(for: endpoint.transport)
         let server: EchoServer
         do throws(ConnectionError) {
@@ -112,10 +118,16 @@ struct Serve: AsyncParsableCommand {
 
 extension Serve {
     func serveNative(_ endpoint: Endpoint, _ backend: Backend) async throws {
-        guard !sink, tls.cert == nil else { throw fail("--native serves a plain tcp echo (no --sink, no TLS)") }
+        let flag = asyncChannel ? "--async-channel" : "--native"
+        guard !sink, tls.cert == nil, !(native && asyncChannel) else {
+            throw fail("\(flag) serves a plain tcp echo (no --sink, no TLS, not both --native and --async-channel)")
+        }
         let server: any NativeEchoServer
         do throws(ConnectionError) {
-            server = try await backend.nativeEchoServer(on: endpoint)
+            server =
+                asyncChannel
+                ? try await backend.asyncChannelEchoServer(on: endpoint)
+                : try await backend.nativeEchoServer(on: endpoint)
         } catch {
             throw fail(error.description)
         }
@@ -123,7 +135,7 @@ extension Serve {
         let reason = await StopSignal.wait(stdinEOF: exitOnStdinEOF)
         await server.stop()
         guard !quiet else { return }
-        Console.error("sockbench serve --native: \(reason)")
+        Console.error("sockbench serve \(flag): \(reason)")
     }
 }
 

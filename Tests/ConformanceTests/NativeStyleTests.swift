@@ -74,6 +74,57 @@ struct NativeStyleTests {
     }
 }
 
+/// SwiftNIO's async/await bridge (`NIOAsyncChannel`), compare's `asyncchannel-SIZE`: its client and server move
+/// and check every byte, interoperate with the other styles' servers and clients, and fail cleanly.
+@Suite("Native style: NIOAsyncChannel", .timeLimit(.minutes(10)))
+struct NIOAsyncChannelNativeTests {
+    @Test("Client and server: every round trip echoed, small and large", arguments: [64, 300_000])
+    func ownServer(size: Int) async throws {
+        try await SocketTest.run {
+            let server = try await Backend.nio.asyncChannelEchoServer(on: try Endpoint(url: "tcp://127.0.0.1:0"))
+            let count = size > 1000 ? 20 : 300
+            let result = try await Backend.nio.asyncChannelPingPong(
+                to: server.localEndpoint, size: size, count: count, warmup: 10)
+            #expect(result.latency.count == UInt64(count))
+            #expect(result.latency.min > 0)
+            await server.stop()
+        }
+    }
+
+    @Test("The client against the bsd style's server, and the bsd client against its server")
+    func crossed() async throws {
+        try await SocketTest.run {
+            let bsdServer = try await Backend.bsd.nativeEchoServer(on: try Endpoint(url: "tcp://127.0.0.1:0"))
+            let first = try await Backend.nio.asyncChannelPingPong(
+                to: bsdServer.localEndpoint, size: 1000, count: 50, warmup: 0)
+            #expect(first.latency.count == 50)
+            await bsdServer.stop()
+            let server = try await Backend.nio.asyncChannelEchoServer(on: try Endpoint(url: "tcp://127.0.0.1:0"))
+            let second = try await Backend.bsd.nativePingPong(
+                to: server.localEndpoint, size: 1000, count: 50, warmup: 0)
+            #expect(second.latency.count == 50)
+            await server.stop()
+        }
+    }
+
+    @Test("A refused connection is an error; other backends and transports are refused with a reason")
+    func errors() async throws {
+        try await SocketTest.run {
+            let server = try await Backend.bsd.nativeEchoServer(on: try Endpoint(url: "tcp://127.0.0.1:0"))
+            let endpoint = server.localEndpoint
+            await server.stop()
+            let refused = await #expect(throws: ConnectionError.self) {
+                _ = try await Backend.nio.asyncChannelPingPong(to: endpoint, size: 64, count: 10, warmup: 0)
+            }
+            #expect(refused?.kind == .refused)
+            let other = await #expect(throws: ConnectionError.self) {
+                _ = try await Backend.async.asyncChannelPingPong(to: endpoint, size: 64, count: 10, warmup: 0)
+            }
+            #expect(other?.kind == .unsupported)
+        }
+    }
+}
+
 /// SwiftNIO's own WebSocket (NIOWebSocket), the nio backend's native style over ws: it must interoperate with
 /// our WebSocket stack both ways, and its server must turn away plain HTTP and keep serving.
 @Suite("Native style: NIOWebSocket", .timeLimit(.minutes(10)))
