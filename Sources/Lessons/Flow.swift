@@ -43,7 +43,10 @@ extension Lesson {
         }
         stop.store(true, ordering: .relaxed)
         let elapsed = Double(MonotonicClock.nanoseconds() - start) / 1e9
-        while (try? await reader.receive()) != nil {}  // drain so the sender's last send completes
+        var drained = 0
+        while let message = try? await reader.receive() {  // drain so the sender's last send completes
+            drained += message.count
+        }
         _ = await sending.value
         await sender.close()
         await reader.close()
@@ -56,7 +59,14 @@ extension Lesson {
         out.say(
             "     waiting inside send(). At most \(grouped(maxInFlight / 1024)) KiB were in flight (socket buffers and the receive queue)."
         )
-        out.say("     Nothing was lost.")
+        let delivered = received + drained
+        out.say(
+            delivered == sent.load(ordering: .relaxed)
+                ? "     Nothing was lost: all \(grouped(delivered / 1024)) KiB sent were read."
+                : "     \(grouped(delivered)) of \(grouped(sent.load(ordering: .relaxed))) bytes were read: something was LOST."
+        )
+        out.figure("tcp.sentBytes", Double(sent.load(ordering: .relaxed)))
+        out.figure("tcp.deliveredBytes", Double(delivered))
         out.figure("tcp.readerMBps", rate)
         out.figure("tcp.senderBlockedShare", blockedShare)
         out.figure("tcp.maxInFlightBytes", Double(maxInFlight))
@@ -99,12 +109,14 @@ extension Lesson {
         out.say(
             "UDP: \(grouped(total)) datagrams of 1,000 bytes sent flat out; \(grouped(udpReceived)) received; \(grouped(lost)) lost"
         )
-        out.say(
-            "     (\(Int(Double(lost) / Double(total) * 100))%). The kernel counted \(grouped(kernelDrops)) receive-buffer overflows (Udp: RcvbufErrors);"
-        )
-        out.say(
-            "     the rest, \(grouped(max(0, lost - kernelDrops))), were dropped by the backend's bounded receive queue, for the same reason."
-        )
+        if lost > 0 {
+            out.say(
+                "     (\(Int(Double(lost) / Double(total) * 100))%). The kernel counted \(grouped(kernelDrops)) receive-buffer overflows (Udp: RcvbufErrors);"
+            )
+            out.say(
+                "     the rest, \(grouped(max(0, lost - kernelDrops))), were dropped by the backend's bounded receive queue, for the same reason."
+            )
+        }
         out.figure("udp.sent", Double(total))
         out.figure("udp.received", Double(udpReceived))
         out.figure("udp.kernelDrops", Double(kernelDrops))
@@ -113,6 +125,26 @@ extension Lesson {
         out.say("sender's send() waits, so a fast sender is slowed to the reader's pace and nothing is lost. UDP has")
         out.say("none: the sender never learns the receiver is behind, the receive buffer fills, and the kernel")
         out.say("drops whatever arrives next. An application on UDP must pace itself, or accept the loss.")
+        // What this run showed, against that explanation.
+        if blockedShare >= 0.5 {
+            out.say(
+                "Here the TCP sender was held back: it spent \(Int(blockedShare * 100))% of the run waiting in send().")
+        } else {
+            out.say(
+                "Here the TCP sender was not held back much (\(Int(blockedShare * 100))% of the run in send()): the reader's"
+            )
+            out.say(
+                "pauses were absorbed by buffers (kernel socket buffers and the backend's read-ahead, up to \(grouped(maxInFlight / 1024)) KiB in flight)."
+            )
+        }
+        if lost > 0 {
+            out.say(
+                "Here UDP lost \(grouped(lost)) of \(grouped(total)) datagrams: the reader could not keep up and nothing told the sender."
+            )
+        } else {
+            out.say("Here UDP lost nothing: this reader kept up with this sender on this machine (the receive buffer")
+            out.say("absorbed the burst), so the overrun did not show; run it again, or with another backend.")
+        }
         return out.report
     }
 }

@@ -55,6 +55,33 @@ extension Lesson {
         out.say("loses the whole datagram, which is why protocols keep datagrams under ~1,400 bytes. Loopback's MTU")
         out.say("is 65,536, so here nothing fragments. TCP has no message size: it cuts the stream into segments")
         out.say("that fit the path and the receiver reassembles the bytes.")
+        // What this run showed, against that explanation.
+        let figures = out.report.figures
+        let atLimit = figures["udp.65507"] == 1
+        let overLimit = figures["udp.65508"] == -1
+        if atLimit && overLimit {
+            out.say("Here 65,507 bytes went and came back whole, and 65,508 were refused at once: the limit, exactly.")
+        } else {
+            out.say(
+                "Here the limit did not show as described: 65,507 bytes \(atLimit ? "came back whole" : "did NOT come back whole"), 65,508 were \(overLimit ? "refused" : "NOT refused with EMSGSIZE")."
+            )
+        }
+        let lostBelow = [1, 1472, 1473, 9000].filter { figures["udp.\($0)"] != 1 }
+        if !lostBelow.isEmpty {
+            out.say(
+                "Here \(lostBelow.map { grouped($0) }.joined(separator: ", ")) byte datagram(s) did not come back: loopback loses nothing"
+            )
+            out.say("by itself, so the echo server or its receive queue dropped them (a busy machine).")
+        }
+        if total == size {
+            out.say(
+                "Here TCP carried all 70,000 bytes, cut into \(receives) receive(s) that have nothing to do with the one send."
+            )
+        } else {
+            out.say(
+                "Here TCP returned \(grouped(total)) of 70,000 bytes before the connection ended: something went wrong."
+            )
+        }
         return out.report
     }
 }

@@ -36,6 +36,30 @@ struct LessonTests {
     }
 
     @Test(
+        "flow and mtu say what their own run showed, on every backend (held back or not, lost or not, the limit)",
+        arguments: Backend.allCases)
+    func flowAndMTUSelfCheck(_ backend: Backend) async throws {
+        let flow = try await run("flow", backend)
+        let held = (flow.figures["tcp.senderBlockedShare"] ?? 0) >= 0.5
+        #expect(flow.lines.contains { $0.hasPrefix("Here the TCP sender was held back") } == held, "\(flow.lines)")
+        #expect(flow.lines.contains { $0.hasPrefix("Here the TCP sender was not held back much") } == !held)
+        #expect(flow.figures["tcp.deliveredBytes"] == flow.figures["tcp.sentBytes"])
+        #expect(flow.lines.contains { $0.hasPrefix("     Nothing was lost") })
+        let lost = (flow.figures["udp.received"] ?? 0) < (flow.figures["udp.sent"] ?? 0)
+        #expect(
+            flow.lines.contains { $0.hasPrefix("Here UDP lost ") && !$0.hasPrefix("Here UDP lost nothing") } == lost)
+        #expect(flow.lines.contains { $0.hasPrefix("Here UDP lost nothing") } == !lost)
+
+        let mtu = try await run("mtu", backend)
+        let exact = mtu.figures["udp.65507"] == 1 && mtu.figures["udp.65508"] == -1
+        #expect(
+            mtu.lines.contains { $0.hasPrefix("Here 65,507 bytes went and came back whole") } == exact, "\(mtu.lines)")
+        #expect(mtu.lines.contains { $0.hasPrefix("Here the limit did not show") } == !exact)
+        let tcpWhole = mtu.figures["tcp.70000.bytes"] == 70_000
+        #expect(mtu.lines.contains { $0.hasPrefix("Here TCP carried all 70,000 bytes") } == tcpWhole)
+    }
+
+    @Test(
         "boundaries: the TCP stream keeps every byte in order; every UDP datagram arrives whole",
         arguments: [Backend.bsd, .async])
     func boundaries(_ backend: Backend) async throws {
