@@ -86,7 +86,9 @@ extension Lesson {
         out.say(
             "WebSocket with a ping every \(interval) and a pong deadline of \(deadline): the first echo came back; \(fixed(wsNoticed, 1)) s after the black hole began, receive failed: \(wsOutcome)"
         )
+        let wsNoticedAtAll = wsOutcome != "nothing within 10 s"
         out.figure("ws.noticedSeconds", wsNoticed)
+        out.figure("ws.noticed", wsNoticedAtAll ? 1 : 0)
         await ws.close()
         await wsRelay.stop()
         await wsServer.stop()
@@ -101,6 +103,25 @@ extension Lesson {
             "that must know sends its own heartbeat and gives up when the answer is late: WebSocket's ping and pong")
         out.say(
             "(URLSessionWebSocketTask users call sendPing on a timer; here keepAliveInterval and pongDeadline do it).")
+        // What this run showed, against that explanation.
+        if tcpOutcome.hasPrefix("nothing") {
+            out.say(
+                "Here TCP reported nothing for \(fixed(tcpWaited, 1)) s, as explained: the connection looked healthy.")
+        } else {
+            out.say("Here TCP did report something (\(tcpOutcome)), so the black hole was not silent this time.")
+        }
+        let window = (interval + deadline).wholeNanoseconds
+        if !wsNoticedAtAll {
+            out.say("Here the keep-alive did NOT notice within 10 s: the pings or the deadline did not run.")
+        } else if UInt64(wsNoticed * 1e9) <= window + 500_000_000 {
+            out.say(
+                "Here the keep-alive noticed after \(fixed(wsNoticed, 1)) s: within one ping interval plus the pong deadline (\(fixed(Double(window) / 1e9, 1)) s)."
+            )
+        } else {
+            out.say(
+                "Here the keep-alive noticed, but after \(fixed(wsNoticed, 1)) s, later than one ping interval plus the pong deadline (\(fixed(Double(window) / 1e9, 1)) s): a busy machine delayed its timers."
+            )
+        }
         return out.report
     }
 }

@@ -79,8 +79,39 @@ extension Lesson {
         if !tlsDetails.isEmpty {
             out.say("(TLS here: \(tlsDetails); full certificate verification against a test CA.)")
         }
+        for line in handshakeVerdict(out.report.figures) { out.say(line) }
         return out.report
     }
+}
+
+/// What this run of the handshake lesson showed against its explanation: one line per step (TCP's handshake
+/// against UDP's none, then each layer's extra cost to the first reply), saying plainly when a step did not
+/// cost more than the one under it.
+func handshakeVerdict(_ figures: [String: Double]) -> [String] {
+    var lines: [String] = []
+    if let tcp = figures["native.tcp.connect.p50us"], let udp = figures["native.udp.connect.p50us"] {
+        lines.append(
+            tcp > udp
+                ? "Here TCP's connect took \(fixed(tcp / max(udp, 0.001), 1))x as long as UDP's: the handshake's round trip showed."
+                : "Here TCP's connect was not slower than UDP's (\(fixed(tcp, 1)) vs \(fixed(udp, 1)) us): on loopback the round trip is so short that system-call costs decide."
+        )
+    }
+    let steps: [(upper: String, lower: String, what: String)] = [
+        ("ws", "tcp", "the WebSocket upgrade"), ("tls", "tcp", "the TLS handshake"),
+        ("wss", "tls", "the upgrade inside TLS"),
+    ]
+    for step in steps {
+        guard let upper = figures["\(step.upper).firstReply.p50us"],
+            let lower = figures["\(step.lower).firstReply.p50us"]
+        else { continue }
+        let name = "\(step.upper.uppercased()) over \(step.lower.uppercased())"
+        lines.append(
+            upper > lower
+                ? "Here \(step.what) added \(fixed(upper - lower, 1)) us to the first reply (\(name))."
+                : "Here \(step.what) did not show (\(name): \(fixed(upper, 1)) vs \(fixed(lower, 1)) us): its round trip is within the noise of these connections."
+        )
+    }
+    return lines
 }
 
 /// Blocking socket()+connect() for TCP (to a listener of our own) and UDP, timed on a thread of our own.

@@ -59,6 +59,41 @@ struct LessonTests {
         #expect(mtu.lines.contains { $0.hasPrefix("Here TCP carried all 70,000 bytes") } == tcpWhole)
     }
 
+    @Test("deadpeer says what its own run showed, on every backend", arguments: Backend.allCases)
+    func deadPeerSelfCheck(_ backend: Backend) async throws {
+        let report = try await run("deadpeer", backend)
+        let tcpSilent = report.figures["tcp.noticed"] == 0
+        #expect(report.lines.contains { $0.hasPrefix("Here TCP reported nothing") } == tcpSilent, "\(report.lines)")
+        #expect(report.lines.contains { $0.hasPrefix("Here TCP did report something") } == !tcpSilent)
+        let noticed = report.figures["ws.noticed"] == 1
+        let seconds = report.figures["ws.noticedSeconds"] ?? 0
+        #expect(report.lines.contains { $0.hasPrefix("Here the keep-alive did NOT notice") } == !noticed)
+        #expect(
+            report.lines.contains { $0.hasPrefix("Here the keep-alive noticed after") }
+                == (noticed && UInt64(seconds * 1e9) <= 2_000_000_000))
+        #expect(
+            report.lines.contains { $0.hasPrefix("Here the keep-alive noticed, but after") }
+                == (noticed && UInt64(seconds * 1e9) > 2_000_000_000))
+    }
+
+    @Test("handshake says which steps showed in its own run, on every backend", arguments: Backend.allCases)
+    func handshakeSelfCheck(_ backend: Backend) async throws {
+        let report = try await run("handshake", backend)
+        let figures = report.figures
+        let tcpSlower = (figures["native.tcp.connect.p50us"] ?? 0) > (figures["native.udp.connect.p50us"] ?? 0)
+        #expect(report.lines.contains { $0.hasPrefix("Here TCP's connect took") } == tcpSlower, "\(report.lines)")
+        #expect(report.lines.contains { $0.hasPrefix("Here TCP's connect was not slower") } == !tcpSlower)
+        for (upper, lower, what) in [
+            ("ws", "tcp", "the WebSocket upgrade"), ("tls", "tcp", "the TLS handshake"),
+            ("wss", "tls", "the upgrade inside TLS"),
+        ] {
+            let upperP50 = try #require(figures["\(upper).firstReply.p50us"])
+            let lowerP50 = try #require(figures["\(lower).firstReply.p50us"])
+            #expect(report.lines.contains { $0.hasPrefix("Here \(what) added") } == (upperP50 > lowerP50))
+            #expect(report.lines.contains { $0.hasPrefix("Here \(what) did not show") } == !(upperP50 > lowerP50))
+        }
+    }
+
     @Test(
         "boundaries: the TCP stream keeps every byte in order; every UDP datagram arrives whole",
         arguments: [Backend.bsd, .async])
