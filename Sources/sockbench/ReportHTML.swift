@@ -15,6 +15,10 @@ struct ReportHTML {
             "<p class=meta>\(escape(machine.date)) &middot; \(machine.cpus) x \(escape(machine.cpuModel)) &middot; \(escape(machine.kernel)) &middot; load before: \(escape(machine.loadAverageBefore)) &middot; libuv \(escape(machine.libuv)) &middot; \(escape(machine.openssl)) &middot; SwiftNIO \(escape(machine.swiftNIO))</p>\n"
         body +=
             "<p class=meta>Placement \(report.plan.placement.rawValue); \(report.plan.repetitions) repetitions (medians); \(escape(report.plan.options)).</p>\n"
+        body += "<h2 id=verdict>Verdict: which backend for what, from this run</h2>\n<ul class=verdict>"
+        for line in verdict() { body += "<li>\(line)</li>" }
+        body +=
+            "</ul>\n<p class=meta>Why, and what else to weigh (threads, memory per connection, ergonomics): docs/choosing-a-backend.md in the SocketStyles repository. One run on one machine: run it again on yours.</p>\n"
         for scenario in report.plan.scenarios where report.rows.contains(where: { $0.scenario == scenario }) {
             body += "<h2>\(scenario)</h2>\n"
             body += chart(for: scenario)
@@ -23,15 +27,28 @@ struct ReportHTML {
             for row in cells { body += "<tr>" + row.map { "<td>\(escape($0))</td>" }.joined() + "</tr>\n" }
             body += "</table>\n"
         }
+        let pingpongs = report.plan.scenarios.filter { $0.kind == "pingpong" }
+        for scenario in pingpongs {
+            let distribution = percentileChart(scenario)
+            if !distribution.isEmpty {
+                body += "<h2>\(scenario): latency by percentile (log scales)</h2>\n" + distribution
+            }
+        }
         let fanins = report.plan.scenarios.filter { $0.kind == "fanin" }
         if fanins.count > 1 {
             body += "<h2>Latency against concurrency (fan-in, p50 and p99)</h2>\n" + concurrencyChart(fanins)
         }
+        let lines = report.summary().dropFirst().map { $0.trimmingCharacters(in: CharacterSet(charactersIn: "- ")) }
         body += "<h2>What this run says</h2>\n<ul>"
-        for line in report.summary().dropFirst() {
-            body += "<li>\(escape(line.trimmingCharacters(in: CharacterSet(charactersIn: "- "))))</li>"
-        }
+        for line in lines where !line.hasPrefix("Target,") { body += "<li>\(escape(line))</li>" }
         body += "</ul>\n<ul class=notes>" + report.notes.map { "<li>\(escape($0))</li>" }.joined() + "</ul>\n"
+        let targets = lines.filter { $0.hasPrefix("Target,") }
+        if !targets.isEmpty {
+            body +=
+                "<h2 id=targets>The project's own targets</h2>\n<p class=meta>Goals SocketStyles set for its own backends (in its issues), checked against this run's ratios: they say how the library is doing, not which backend suits you.</p>\n<ul>"
+            for line in targets { body += "<li>\(escape(String(line.dropFirst("Target, ".count))))</li>" }
+            body += "</ul>\n"
+        }
         return """
             <!doctype html>
             <html lang="en"><head><meta charset="utf-8"><title>sockbench compare</title>
@@ -42,7 +59,8 @@ struct ReportHTML {
             table{border-collapse:collapse;margin:12px 0;font-size:12px;font-variant-numeric:tabular-nums}
             th,td{border:1px solid #ddd;padding:3px 7px;text-align:right}th{background:#f4f4f4}
             td:nth-child(-n+2),th:nth-child(-n+2){text-align:left}
-            svg{display:block;margin:8px 0}.notes{color:#555}
+            svg{display:block;margin:8px 0}.notes{color:#555}.verdict li{margin:3px 0}
+            h3{font-size:14px;margin:14px 0 2px}
             </style></head><body>
             \(body)
             </body></html>
@@ -55,50 +73,150 @@ struct ReportHTML {
             .replacingOccurrences(of: ">", with: "&gt;").replacingOccurrences(of: "\"", with: "&quot;")
     }
 
-    func chart(for scenario: Scenario) -> String {
-        let rows = report.rows.filter { $0.scenario == scenario }
-        switch scenario.kind {
-        case "pump", "proxypump":
-            return bars(
-                rows.map { ("\($0.backend) \($0.transport)", [($0.median.bytesPerSecond ?? 0) / 1e6]) },
-                series: ["MB/s delivered"], unit: "MB/s")
-                + bars(
-                    rows.compactMap { row in
-                        row.median.cpuPerMessageNanoseconds.map { ("\(row.backend) \(row.transport)", [$0 / 1000]) }
-                    },
-                    series: ["CPU per message (client + server)"], unit: "us")
-        case "connect":
-            return bars(
-                rows.map { ("\($0.backend) \($0.transport)", [Double($0.median.latency?.p50 ?? 0) / 1000]) },
-                series: ["connect p50"], unit: "us")
-        default:
-            let latency = bars(
-                rows.map { row in
-                    let l = row.median.latency
-                    return (
-                        "\(row.backend) \(row.transport)",
-                        [Double(l?.p50 ?? 0) / 1000, Double(l?.p90 ?? 0) / 1000, Double(l?.p99 ?? 0) / 1000]
-                    )
-                }, series: ["p50", "p90", "p99"], unit: "us")
-            let cost = bars(
-                rows.compactMap { row in
-                    row.median.cpuPerMessageNanoseconds.map { ("\(row.backend) \(row.transport)", [$0 / 1000]) }
-                },
-                series: ["CPU per round trip (client + server)"], unit: "us")
-            return latency + cost
+    /// What each style asks of the code that uses it, in a line (the cost of the verdict's picks).
+    static let codeCost: [String: String] = [
+        "bsd": "blocking calls on a thread per connection: the simplest code, and a thread per client",
+        "uv": "libuv callbacks on one loop thread: every buffer's lifetime managed by hand",
+        "runloop": "stream delegates on one run loop, as Stream/CFStream code is written",
+        "async": "async/await and AsyncSequences on one reactor thread: Swift's own cancellation",
+        "nio": "SwiftNIO channel handlers and futures (or the same Connection)",
+    ]
+
+    /// The verdict's lines, derived from the run's rows: lowest latency, least CPU per message, bulk, many
+    /// connections, each with what the style costs in code. Rows of the C floor and external tools are
+    /// references, never picks.
+    func verdict() -> [String] {
+        let backends = Set(["bsd", "uv", "runloop", "async", "nio"])
+        func rows(_ kind: String, _ transport: String) -> [ReportRow] {
+            report.rows.filter {
+                $0.scenario.kind == kind && $0.transport == transport && backends.contains($0.backend)
+            }
         }
+        func pick(
+            _ title: String, _ candidates: [ReportRow], by value: (ReportRow) -> Double?, lowest: Bool,
+            _ describe: (ReportRow, Double) -> String
+        ) -> String? {
+            let valued = candidates.compactMap { row in value(row).map { (row, $0) } }
+            guard let best = (lowest ? valued.min { $0.1 < $1.1 } : valued.max { $0.1 < $1.1 }) else { return nil }
+            let others = valued.filter { $0.0.backend != best.0.backend }.sorted { lowest ? $0.1 < $1.1 : $0.1 > $1.1 }
+            let next = others.first.map { " (next: \(escape($0.0.backend)), \(describe($0.0, $0.1)))" } ?? ""
+            return "<b>\(title): \(escape(best.0.backend))</b>, \(describe(best.0, best.1))\(next). In code: "
+                + escape(Self.codeCost[best.0.backend] ?? "")
+                + "."
+        }
+        var lines: [String] = []
+        for scenario in report.plan.scenarios where scenario.kind == "pingpong" {
+            for transport in ["tcp", "ws"] {
+                let candidates = rows("pingpong", transport).filter { $0.scenario == scenario }
+                if let line = pick(
+                    "Lowest latency, \(transport) \(scenario)", candidates,
+                    by: { $0.median.latency.map { Double($0.p50) } }, lowest: true,
+                    { row, p50 in
+                        "p50 \(fixed(p50 / 1000, 1)) us"
+                            + (report.floor(for: row).map { ", \(fixed(p50 / $0))x the C floor" } ?? "")
+                    })
+                {
+                    lines.append(line)
+                }
+            }
+            if let line = pick(
+                "Least CPU per message, tcp \(scenario)", rows("pingpong", "tcp").filter { $0.scenario == scenario },
+                by: { $0.median.cpuPerMessageNanoseconds }, lowest: true,
+                { _, cpu in "\(fixed(cpu / 1000, 1)) us of CPU per round trip, both ends" })
+            {
+                lines.append(line)
+            }
+            break
+        }
+        for scenario in report.plan.scenarios where scenario.kind == "pump" {
+            if let line = pick(
+                "Bulk, tcp \(scenario)", rows("pump", "tcp").filter { $0.scenario == scenario },
+                by: { $0.median.bytesPerSecond }, lowest: false,
+                { _, rate in "\(fixed(rate / 1e6, 0)) MB/s delivered" })
+            {
+                lines.append(line)
+            }
+        }
+        if let scenario = report.plan.scenarios.filter({ $0.kind == "fanin" }).last,
+            let line = pick(
+                "Many connections at once, tcp \(scenario)", rows("fanin", "tcp").filter { $0.scenario == scenario },
+                by: { $0.median.messagesPerSecond }, lowest: false,
+                { row, rate in
+                    "\(Int(rate).formatted()) round trips/s"
+                        + (row.median.latency.map { ", p99 \(fixed(Double($0.p99) / 1000, 0)) us" } ?? "")
+                })
+        {
+            lines.append(line)
+        }
+        if lines.isEmpty {
+            lines.append("This run has no pingpong, pump or fan-in rows of the backends to choose from.")
+        }
+        return lines
     }
 
-    /// Horizontal grouped bars: one group per label, one bar per series.
+    /// One chart per transport: each backend's rows sorted best first, with a value axis.
+    func chart(for scenario: Scenario) -> String {
+        let rows = report.rows.filter { $0.scenario == scenario }
+        let transports = Array(Set(rows.map(\.transport))).sorted {
+            (Self.transportOrder.firstIndex(of: $0) ?? 99) < (Self.transportOrder.firstIndex(of: $1) ?? 99)
+        }
+        var html = ""
+        for transport in transports {
+            let group = rows.filter { $0.transport == transport }
+            if transports.count > 1 { html += "<h3>\(escape(transport))</h3>\n" }
+            switch scenario.kind {
+            case "pump", "proxypump":
+                let sorted = group.sorted { ($0.median.bytesPerSecond ?? 0) > ($1.median.bytesPerSecond ?? 0) }
+                html += bars(
+                    sorted.map { ($0.backend, [($0.median.bytesPerSecond ?? 0) / 1e6]) },
+                    series: ["MB/s delivered"], unit: "MB/s")
+                html += cpuBars(group)
+            case "connect":
+                let sorted = group.sorted { ($0.median.latency?.p50 ?? 0) < ($1.median.latency?.p50 ?? 0) }
+                html += bars(
+                    sorted.map { ($0.backend, [Double($0.median.latency?.p50 ?? 0) / 1000]) },
+                    series: ["connect p50"], unit: "us")
+            default:
+                let sorted = group.sorted { ($0.median.latency?.p50 ?? 0) < ($1.median.latency?.p50 ?? 0) }
+                html += bars(
+                    sorted.map { row in
+                        let l = row.median.latency
+                        return (
+                            row.backend,
+                            [Double(l?.p50 ?? 0) / 1000, Double(l?.p90 ?? 0) / 1000, Double(l?.p99 ?? 0) / 1000]
+                        )
+                    }, series: ["p50", "p90", "p99"], unit: "us")
+                html += cpuBars(group)
+            }
+        }
+        return html
+    }
+
+    static let transportOrder = ["tcp", "udp", "tls", "ws", "wss"]
+
+    /// The same colour for a backend (or reference) in every line chart of the page.
+    static func color(of name: String) -> String {
+        let order = [Report.floorName, "bsd", "uv", "runloop", "async", "nio", "sockperf", "iperf3"]
+        return palette[(order.firstIndex(of: name) ?? palette.count - 1) % palette.count]
+    }
+
+    /// CPU per message (both ends), least first.
+    func cpuBars(_ rows: [ReportRow]) -> String {
+        let valued = rows.compactMap { row in row.median.cpuPerMessageNanoseconds.map { (row.backend, [$0 / 1000]) } }
+        return bars(valued.sorted { $0.1[0] < $1.1[0] }, series: ["CPU per message, client + server"], unit: "us")
+    }
+
+    /// Horizontal grouped bars: one group per label, one bar per series, with a value axis under them.
     func bars(_ data: [(String, [Double])], series: [String], unit: String) -> String {
         guard !data.isEmpty else { return "" }
-        let maximum = max(data.flatMap(\.1).max() ?? 1, 1e-9)
+        let maximum = niceCeiling(max(data.flatMap(\.1).max() ?? 1, 1e-9))
         let barHeight = 9.0
         let groupHeight = barHeight * Double(series.count) + 6
         let left = 130.0
         let width = 900.0
         let plot = width - left - 90
-        let height = groupHeight * Double(data.count) + 40
+        let axisY = 24 + groupHeight * Double(data.count) + 2
+        let height = axisY + 30
         var svg =
             "<svg width=\"\(Int(width))\" height=\"\(Int(height))\" viewBox=\"0 0 \(Int(width)) \(Int(height))\" role=\"img\">"
         for (index, name) in series.enumerated() {
@@ -119,7 +237,90 @@ struct ReportHTML {
                     "<text x=\"\(fixed(left + length + 4, 1))\" y=\"\(y + barHeight - 1.5)\" font-size=\"9\">\(fixed(value, 1))</text>"
             }
         }
+        // The axis: a line and five ticks with their values.
+        svg +=
+            "<line class=axis x1=\"\(left)\" y1=\"\(axisY)\" x2=\"\(left + plot)\" y2=\"\(axisY)\" stroke=\"#999\"/>"
+        for step in 0...5 {
+            let value = maximum * Double(step) / 5
+            let x = left + plot * Double(step) / 5
+            svg +=
+                "<line x1=\"\(fixed(x, 1))\" y1=\"\(axisY)\" x2=\"\(fixed(x, 1))\" y2=\"\(axisY + 4)\" stroke=\"#999\"/>"
+            svg +=
+                "<text x=\"\(fixed(x, 1))\" y=\"\(axisY + 16)\" font-size=\"10\" text-anchor=\"middle\">\(fixed(value, value == value.rounded() ? 0 : 1))</text>"
+        }
+        svg += "<text x=\"\(left + plot + 16)\" y=\"\(axisY + 16)\" font-size=\"10\">\(escape(unit))</text>"
         return svg + "</svg>\n"
+    }
+
+    /// The smallest 1, 2 or 5 times a power of ten at or above `value`, so the five axis steps are round.
+    func niceCeiling(_ value: Double) -> Double {
+        let power = pow(10, floor(log10(value)))
+        for factor in [1.0, 2.0, 5.0, 10.0] where factor * power >= value { return factor * power }
+        return 10 * power
+    }
+
+    /// HdrHistogram's percentile plot for one pingpong scenario, per transport: latency (log scale) against
+    /// the percentile, spaced as 1/(1-p) on a log scale (50%, 90%, 99%, 99.9%, 99.99%, max), one line per
+    /// backend, the C floor and tools included as references.
+    func percentileChart(_ scenario: Scenario) -> String {
+        let rows = report.rows.filter { $0.scenario == scenario && $0.median.latency != nil }
+        guard !rows.isEmpty else { return "" }
+        let transports = Array(Set(rows.map(\.transport))).sorted {
+            (Self.transportOrder.firstIndex(of: $0) ?? 99) < (Self.transportOrder.firstIndex(of: $1) ?? 99)
+        }
+        let marks: [(String, Double)] = [("50%", 2), ("90%", 10), ("99%", 100), ("99.9%", 1000), ("99.99%", 10_000)]
+        var html = ""
+        for transport in transports {
+            let group = rows.filter { $0.transport == transport }.sorted {
+                ($0.median.latency?.p50 ?? 0) < ($1.median.latency?.p50 ?? 0)
+            }
+            let series: [(String, [Double])] = group.map { row in
+                let l = row.median.latency!
+                return (row.backend, [l.p50, l.p90, l.p99, l.p999, l.p9999].map { Double(max(1, $0)) / 1000 })
+            }
+            let values = series.flatMap(\.1)
+            let (low, high) = (log10(max(values.min() ?? 1, 0.1)), log10(max(values.max() ?? 10, 1)))
+            let top = ceil(high)
+            let bottomDecade = min(floor(low), top - 1)
+            let width = 900.0
+            let height = 300.0
+            let (left, right, upper, lower) = (60.0, 170.0, 20.0, 40.0)
+            func x(_ inverse: Double) -> Double { left + log10(inverse) / 4 * (width - left - right) }
+            func y(_ microseconds: Double) -> Double {
+                height - lower - (log10(microseconds) - bottomDecade) / (top - bottomDecade) * (height - upper - lower)
+            }
+            var svg =
+                "<svg class=percentiles width=\"\(Int(width))\" height=\"\(Int(height))\" viewBox=\"0 0 \(Int(width)) \(Int(height))\" role=\"img\">"
+            svg +=
+                "<line class=axis x1=\"\(left)\" y1=\"\(height - lower)\" x2=\"\(width - right)\" y2=\"\(height - lower)\" stroke=\"#999\"/>"
+            svg +=
+                "<line class=axis x1=\"\(left)\" y1=\"\(upper)\" x2=\"\(left)\" y2=\"\(height - lower)\" stroke=\"#999\"/>"
+            for (label, inverse) in marks {
+                svg +=
+                    "<text x=\"\(fixed(x(inverse), 1))\" y=\"\(height - lower + 16)\" font-size=\"11\" text-anchor=\"middle\">\(label)</text>"
+            }
+            svg +=
+                "<text x=\"\((width - right + left) / 2)\" y=\"\(height - 6)\" font-size=\"11\" text-anchor=\"middle\">percentile (\(escape(transport)), log scale of 1/(1-p))</text>"
+            var decade = bottomDecade
+            while decade <= top {
+                let value = pow(10, decade)
+                svg +=
+                    "<text x=\"\(left - 6)\" y=\"\(fixed(y(value) + 4, 1))\" font-size=\"10\" text-anchor=\"end\">\(value < 1 ? fixed(value, 1) : Int(value).formatted()) us</text>"
+                svg +=
+                    "<line x1=\"\(left)\" y1=\"\(fixed(y(value), 1))\" x2=\"\(width - right)\" y2=\"\(fixed(y(value), 1))\" stroke=\"#eee\"/>"
+                decade += 1
+            }
+            for (index, (name, points)) in series.enumerated() {
+                let color = Self.color(of: name)
+                let path = zip(marks, points).map { "\(fixed(x($0.0.1), 1)),\(fixed(y($0.1), 1))" }.joined(
+                    separator: " ")
+                svg += "<polyline points=\"\(path)\" fill=\"none\" stroke=\"\(color)\" stroke-width=\"2\"/>"
+                svg +=
+                    "<text x=\"\(width - right + 8)\" y=\"\(upper + 14 * Double(index) + 8)\" font-size=\"11\" fill=\"\(color)\">\(escape(name))</text>"
+            }
+            html += svg + "</svg>\n"
+        }
+        return html
     }
 
     /// p50 (solid) and p99 (dashed) against the number of connections, one line per backend x transport.

@@ -12,9 +12,6 @@ import Testing
 /// only at a file and at 127.0.0.1.
 @Suite("Chromium as a WebSocket client", .timeLimit(.minutes(10)))
 struct ChromiumWebSocketTests {
-    static let chromium = ["/usr/bin/chromium", "/usr/bin/chromium-browser"].first {
-        FileManager.default.isExecutableFile(atPath: $0)
-    }
 
     /// The page: 20 order books, an empty text, 200 KB of multi-byte text and 100 KB of binary, each echoed and
     /// compared; then one `RESULT` line (not echoed) and a close with 1000.
@@ -46,7 +43,7 @@ struct ChromiumWebSocketTests {
 
     @Test("Chromium echoes through our server: ws and wss, permessage-deflate agreed", arguments: ConformanceCase.ws)
     func browserClient(_ test: ConformanceCase) async throws {
-        guard let chromium = Self.chromium else {
+        guard let chromium = HeadlessChromium.path else {
             print("skipped: no chromium (scripts/ensure-deps installs it)")
             return
         }
@@ -58,11 +55,8 @@ struct ChromiumWebSocketTests {
             defer { try? FileManager.default.removeItem(at: directory) }
             let page = directory.appendingPathComponent("page.html")
             try Self.page(url: "\(listener.localEndpoint)").write(to: page, atomically: true, encoding: .utf8)
-            var flags = [
-                "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                "--disable-component-update", "--disable-sync", "--no-first-run",
-                "--user-data-dir=\(directory.appendingPathComponent("profile").path)",
-            ]
+            let netLog = directory.appendingPathComponent("netlog.json")
+            var flags = HeadlessChromium.flags(profile: directory.appendingPathComponent("profile"), netLog: netLog)
             if test.transport.isSecure {
                 // Trust our test server's key (the certificate's SPKI hash), as a browser would after pinning it.
                 let certificate = ConformanceCase.certificates.server.certificate
@@ -97,6 +91,10 @@ struct ChromiumWebSocketTests {
             #expect(connection.received.payloadBytes < connection.received.messageBytes / 2, "compressed by Chromium")
             await connection.close()
             await listener.close()
+            browser.terminate()
+            _ = try? browser.wait()
+            let remote = HeadlessChromium.trafficBeyondLoopback(netLog: netLog)
+            #expect(remote.isEmpty, "Chromium sent traffic beyond loopback: \(remote)")
         }
     }
 }

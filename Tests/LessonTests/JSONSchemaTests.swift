@@ -60,7 +60,46 @@ struct JSONSchemaTests {
             try check(
                 try String(contentsOf: directory.appendingPathComponent("results.json"), encoding: .utf8),
                 against: "compare.schema.json")
+            try await checkReportPage(directory.appendingPathComponent("report.html"))
         }
+    }
+
+    /// report.html: the verdict first, charts with axes, the percentile plot, the project's targets in a section
+    /// of their own; nothing on the page refers to anything outside it, and headless Chromium (with the flags
+    /// that keep it from making requests of its own) renders the charts and fetches nothing: its network log
+    /// has no http(s) request.
+    func checkReportPage(_ file: URL) async throws {
+        let html = try String(contentsOf: file, encoding: .utf8)
+        let headings = html.components(separatedBy: "<h2").dropFirst().map { $0.prefix(80) }
+        #expect(headings.first?.contains("Verdict") == true, "\(headings)")
+        #expect(headings.last?.contains("The project's own targets") == true, "\(headings)")
+        #expect(html.contains("<b>Lowest latency, tcp pingpong-64: bsd</b>"))
+        #expect(html.contains("<b>Bulk, tcp pump-65536: bsd</b>"))
+        #expect(html.contains("latency by percentile"))
+        #expect(html.components(separatedBy: "<line class=axis").count > 4)
+        for external in [
+            "<script", "<link", "<img", "<iframe", "src=", "href=", "url(", "@import", "http://", "https://",
+        ] {
+            #expect(!html.contains(external), "report.html contains \(external)")
+        }
+        guard let chromium = HeadlessChromium.path else {
+            print("skipped the Chromium render of report.html: no chromium (scripts/ensure-deps --browser)")
+            return
+        }
+        let netLog = file.deletingLastPathComponent().appendingPathComponent("netlog.json")
+        let flags = HeadlessChromium.flags(
+            profile: file.deletingLastPathComponent().appendingPathComponent("chromium-profile"), netLog: netLog)
+        let render = try ChildProcess.run([chromium] + flags + ["--dump-dom", file.absoluteString])
+        #expect(render.status == 0)
+        let dom = render.output
+        #expect(dom.components(separatedBy: "<svg").count - 1 >= 6, "Chromium's DOM has the charts")
+        #expect(dom.contains("polyline"), "the percentile plot is drawn")
+        // Chromium still builds requests of its own (network time, updates); none may reach a socket beyond
+        // loopback, and the page itself asks for nothing.
+        let remote = HeadlessChromium.trafficBeyondLoopback(netLog: netLog)
+        #expect(remote.isEmpty, "Chromium sent traffic beyond loopback: \(remote)")
+        let log = (try? String(contentsOf: netLog, encoding: .utf8)) ?? ""
+        #expect(!log.isEmpty, "Chromium wrote its network log")
     }
 
     @Test("The validator catches what the schemas forbid")
