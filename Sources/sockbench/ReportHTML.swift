@@ -1,5 +1,6 @@
 import BenchmarkDriver
 import Foundation
+import SocketStyles
 
 /// report.html: one self-contained page (inline CSS and SVG, no script, no network) with the tables and charts:
 /// latency percentiles per backend, throughput bars, latency against concurrency, cost per message.
@@ -86,7 +87,7 @@ struct ReportHTML {
     /// connections, each with what the style costs in code. Rows of the C floor and external tools are
     /// references, never picks.
     func verdict() -> [String] {
-        let backends = Set(["bsd", "uv", "runloop", "async", "nio"])
+        let backends = Set(Backend.allCases.map(\.rawValue))
         func rows(_ kind: String, _ transport: String) -> [ReportRow] {
             report.rows.filter {
                 $0.scenario.kind == kind && $0.transport == transport && backends.contains($0.backend)
