@@ -128,12 +128,37 @@ public final class ChildProcess: @unchecked Sendable {
         while waitpid(pid, &raw, 0) < 0 {
             if errno != EINTR { throw .errno(errno, "waitpid") }
         }
+        reaped(raw)
+        return status
+    }
+
+    /// Records the status waitpid gave (128 + the signal for a child a signal stopped) and closes the pipes.
+    private func reaped(_ raw: Int32) {
         exited = true
         status = (raw & 0x7f) == 0 ? (raw >> 8) & 0xff : 128 + (raw & 0x7f)
         closeInput()
         if stdoutFD >= 0 {
             close(stdoutFD)
             stdoutFD = -1
+        }
+    }
+
+    /// Waits up to `limit` for the child to exit (looking every 10 ms) and returns its status as ``wait()`` does,
+    /// or `nil` when it is still running.
+    public func wait(upTo limit: Duration) -> Int32? {
+        let deadline = ContinuousClock.now + limit
+        while !exited {
+            var raw: Int32 = 0
+            let result = waitpid(pid, &raw, WNOHANG)
+            if result == pid {
+                reaped(raw)
+            } else if result < 0 && errno != EINTR {
+                return nil
+            } else if ContinuousClock.now >= deadline {
+                return nil
+            } else if result == 0 {
+                usleep(10_000)
+            }
         }
         return status
     }

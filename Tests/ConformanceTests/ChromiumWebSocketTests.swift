@@ -56,7 +56,8 @@ struct ChromiumWebSocketTests {
             let page = directory.appendingPathComponent("page.html")
             try Self.page(url: "\(listener.localEndpoint)").write(to: page, atomically: true, encoding: .utf8)
             let netLog = directory.appendingPathComponent("netlog.json")
-            var flags = HeadlessChromium.flags(profile: directory.appendingPathComponent("profile"), netLog: netLog)
+            let profile = directory.appendingPathComponent("profile")
+            var flags = HeadlessChromium.flags(profile: profile, netLog: netLog, devTools: true)
             if test.transport.isSecure {
                 // Trust our test server's key (the certificate's SPKI hash), as a browser would after pinning it.
                 let certificate = ConformanceCase.certificates.server.certificate
@@ -72,7 +73,7 @@ struct ChromiumWebSocketTests {
             }
             let browser = try ChildProcess([chromium] + flags + [page.absoluteString])
             defer {
-                browser.terminate()
+                browser.terminate(force: true)  // when the test failed before closing it
                 _ = try? browser.wait()
             }
             let connection = try #require(try await listener.accept() as? WebSocketConnection)
@@ -91,8 +92,8 @@ struct ChromiumWebSocketTests {
             #expect(connection.received.payloadBytes < connection.received.messageBytes / 2, "compressed by Chromium")
             await connection.close()
             await listener.close()
-            browser.terminate()
-            _ = try? browser.wait()
+            let closing = await HeadlessChromium.close(browser, profile: profile)
+            #expect(closing == nil, "\(closing ?? "")")
             let remote = HeadlessChromium.trafficBeyondLoopback(netLog: netLog)
             #expect(remote.isEmpty, "Chromium sent traffic beyond loopback: \(remote)")
         }
