@@ -66,7 +66,54 @@ extension Lesson {
         out.say("after a retransmission timeout (at least 200 ms on Linux) or after three duplicate ACKs. So every")
         out.say("byte arrives, but the round trips that met a loss take hundreds of milliseconds: the loss moved from")
         out.say("the data into the tail latency (p99, max).")
+        sayLossVerdict(out, relay: false)
         return out.report
+    }
+
+    /// The loss lesson's "Here" lines: what this run's figures show of the claim above.
+    private static func sayLossVerdict(_ out: LessonOutput, relay: Bool) {
+        let figures = out.report.figures
+        let levels = [1, 5, 20]
+        let shares = levels.map { percent -> Double in
+            let sent = figures["udp.\(percent).sent"] ?? 0
+            return sent > 0 ? (sent - (figures["udp.\(percent).delivered"] ?? 0)) / sent : 0
+        }
+        let listed = zip(levels, shares).map { "\(fixed($1 * 100, 1))% at \($0)%" }.joined(separator: ", ")
+        // Each level sends 1,000 datagrams: within a third to twice P is what chance allows (Poisson, about 1% outside).
+        if zip(levels, shares).allSatisfy({ $1 >= Double($0) / 300 && $1 <= Double($0) / 50 }) {
+            out.say("Here UDP lost about P at each level (\(listed)), and nothing brought those datagrams back.")
+        } else {
+            out.say("Here UDP's losses did not follow P (\(listed)): 1,000 datagrams a level leave room for")
+            out.say("chance, but not this much; something else dropped or kept datagrams.")
+        }
+        if relay {
+            let missed = levels.map { Int((figures["udp.\($0).sent"] ?? 0) - (figures["udp.\($0).delivered"] ?? 0)) }
+            let dropped = levels.map { Int(figures["udp.\($0).dropped"] ?? 0) }
+            if missed == dropped {
+                out.say(
+                    "Here the client missed exactly the datagrams the relay dropped (\(dropped.map(String.init).joined(separator: ", ")))."
+                )
+            } else {
+                out.say(
+                    "Here the client missed \(missed.map(String.init).joined(separator: ", ")) while the relay dropped \(dropped.map(String.init).joined(separator: ", ")): the difference was lost elsewhere (a full receive buffer) or came back late."
+                )
+            }
+            return
+        }
+        let delivered = levels.allSatisfy { (figures["tcp.\($0).delivered"] ?? 0) > 0 }
+        let retransmits = levels.map { Int(figures["tcp.\($0).retransmits"] ?? 0) }
+        let slowest = levels.map { fixed((figures["tcp.\($0).maxus"] ?? 0) / 1000, 0) }.joined(separator: ", ")
+        if !delivered {
+            out.say("Here TCP did NOT finish its round trips at some level: the probe gave up before TCP recovered.")
+        } else if retransmits.allSatisfy({ $0 > 0 }) {
+            out.say(
+                "Here TCP delivered every round trip at every level, retransmitting \(retransmits.map(String.init).joined(separator: ", ")) segments; its slowest round trips took \(slowest) ms."
+            )
+        } else {
+            out.say(
+                "Here TCP delivered every round trip, but retransmitted \(retransmits.map(String.init).joined(separator: ", ")) segments: where it is 0, no segment of its happened to be dropped."
+            )
+        }
     }
 
     /// Head-of-line blocking.
@@ -143,6 +190,7 @@ extension Lesson {
         }
         out.say(
             "UDP hands each datagram over as it arrives: a lost one is a gap, and the others are not delayed by it.")
+        sayOrderVerdict(out)
         out.say(
             "Protocols that need both reliability and independence (QUIC, SCTP) retransmit per stream or per message.")
         return out.report
@@ -197,6 +245,7 @@ extension Lesson {
         out.say(
             "refuses --loss for tcp). To see TCP retransmit under loss, run this lesson as root (--faults namespaces):")
         out.say("the kernel then drops real packets between two network namespaces.")
+        sayLossVerdict(out, relay: true)
         return out.report
     }
 
@@ -260,6 +309,7 @@ extension Lesson {
         out.say("WebSocket carries whole messages, but in order on one TCP connection, so each message waits for the")
         out.say("one ahead of it just the same. UDP datagrams are independent: one held longer is overtaken, and the")
         out.say("others arrive after their own delay.")
+        sayOrderVerdict(out)
         if tcpMedian > udpMedian * 1.1 {
             out.say("Here, waiting in order cost TCP \(fixed(tcpMedian - udpMedian, 1)) ms at the median over UDP.")
         } else if udpMedian > tcpMedian * 1.1 {
@@ -274,5 +324,28 @@ extension Lesson {
                 "a chunk's own delay. Over a lossy path (--faults namespaces, as root) a hole costs a retransmission.")
         }
         return out.report
+    }
+
+    /// The ordering lesson's "Here" line on order itself: TCP and WebSocket must deliver every message in order;
+    /// UDP's datagrams may overtake each other (through the relay's delays) or go missing (with loss).
+    private static func sayOrderVerdict(_ out: LessonOutput) {
+        let figures = out.report.figures
+        let inOrder = [Transport.tcp, .ws].allSatisfy {
+            figures["\($0).outOfOrder"] == 0 && figures["\($0).delivered"] == figures["\($0).sent"]
+        }
+        let udpOut = Int(figures["udp.outOfOrder"] ?? 0)
+        let udpLost = Int((figures["udp.sent"] ?? 0) - (figures["udp.delivered"] ?? 0))
+        if !inOrder {
+            out.say(
+                "Here TCP or WebSocket did NOT deliver all 300 in order: that breaks their promise; see the lines above."
+            )
+        } else if udpOut > 0 || udpLost > 0 {
+            out.say(
+                "Here TCP and WebSocket delivered all 300 in order, and UDP held nothing back: \(udpOut) datagram(s) arrived out of order, \(udpLost) were lost."
+            )
+        } else {
+            out.say("Here TCP and WebSocket delivered all 300 in order, and so did UDP this time: no datagram was lost")
+            out.say("or overtaken, which UDP allows but does not promise.")
+        }
     }
 }

@@ -38,6 +38,17 @@ extension Lesson {
         out.say("subnet's broadcast address, with SO_BROADCAST) reaches every host on the link whether it wants it or")
         out.say("not; routers never forward it, and IPv6 dropped broadcast for multicast. (This lesson uses plain")
         out.say("sockets whatever --backend says: joining a group is a socket option, the same in every style.)")
+        let everyJoined =
+            !result.receivedPerReceiver.isEmpty && result.receivedPerReceiver.allSatisfy { $0 == result.sent }
+        if everyJoined && result.notJoined == 0 {
+            out.say(
+                "Here it showed: each of the \(result.receivedPerReceiver.count) joined sockets got all \(result.sent) datagrams from one send each, and the socket that did not join got none."
+            )
+        } else {
+            out.say(
+                "Here it did NOT show as described: the joined sockets got \(result.receivedPerReceiver.map(String.init).joined(separator: ", ")) of \(result.sent), the socket that did not join \(result.notJoined)."
+            )
+        }
         _ = backend
         return out.report
     }

@@ -141,9 +141,11 @@ struct LessonTests {
         #expect(received > 0 && received < (report.figures["udp.sent"] ?? 0))
     }
 
-    @Test("loss: UDP loses some but not all; TCP delivers every round trip and retransmits (root only)")
-    func loss() async throws {
-        let report = try await run("loss")
+    @Test(
+        "loss: UDP loses some but not all; TCP delivers every round trip and retransmits (root only); says so",
+        arguments: Backend.allCases)
+    func loss(_ backend: Backend) async throws {
+        let report = try await run("loss", backend)
         if report.figures["skipped"] == 1 {
             print("loss lesson skipped: \(report.lines.first ?? "")")
             return
@@ -155,11 +157,46 @@ struct LessonTests {
         }
         #expect((report.figures["udp.20.delivered"] ?? 1000) < 1000)
         #expect((report.figures["tcp.20.retransmits"] ?? 0) > 0)
+        try Self.checkLossVerdict(report)
+        let retransmitted = [1, 5, 20].allSatisfy { (report.figures["tcp.\($0).retransmits"] ?? 0) > 0 }
+        #expect(
+            report.lines.contains { $0.hasPrefix("Here TCP delivered every round trip at every level") }
+                == retransmitted)
+        #expect(report.lines.contains { $0.hasPrefix("Here TCP delivered every round trip, but") } == !retransmitted)
     }
 
-    @Test("ordering: TCP and WebSocket deliver all 300 in order; UDP delivers each independently (root only)")
-    func ordering() async throws {
-        let report = try await run("ordering")
+    /// The loss lesson's line on UDP matches its figures: about P lost at each level, or said otherwise.
+    static func checkLossVerdict(_ report: LessonReport) throws {
+        let followed = try [1, 5, 20].allSatisfy { percent in
+            let sent = try #require(report.figures["udp.\(percent).sent"])
+            let share = (sent - (report.figures["udp.\(percent).delivered"] ?? 0)) / sent
+            return share >= Double(percent) / 300 && share <= Double(percent) / 50
+        }
+        #expect(
+            report.lines.contains { $0.hasPrefix("Here UDP lost about P at each level") } == followed, "\(report.lines)"
+        )
+        #expect(report.lines.contains { $0.hasPrefix("Here UDP's losses did not follow P") } == !followed)
+    }
+
+    /// The ordering lesson's line on order matches its figures.
+    static func checkOrderVerdict(_ report: LessonReport) {
+        let figures = report.figures
+        let udpDiffered = (figures["udp.outOfOrder"] ?? 0) > 0 || figures["udp.delivered"] != figures["udp.sent"]
+        #expect(
+            report.lines.contains {
+                $0.hasPrefix("Here TCP and WebSocket delivered all 300 in order, and UDP held nothing back")
+            }
+                == udpDiffered, "\(report.lines)")
+        #expect(
+            report.lines.contains { $0.hasPrefix("Here TCP and WebSocket delivered all 300 in order, and so did UDP") }
+                == !udpDiffered)
+    }
+
+    @Test(
+        "ordering: TCP and WebSocket deliver all 300 in order; UDP delivers each independently (root only); says so",
+        arguments: Backend.allCases)
+    func ordering(_ backend: Backend) async throws {
+        let report = try await run("ordering", backend)
         if report.figures["skipped"] == 1 { return }
         for transport in ["tcp", "ws"] {
             #expect(report.figures["\(transport).delivered"] == 300)
@@ -167,11 +204,14 @@ struct LessonTests {
         }
         let udp = report.figures["udp.delivered"] ?? -1
         #expect(udp > 0 && udp <= 300)
+        Self.checkOrderVerdict(report)
     }
 
-    @Test("loss without root: the relay's drops are the datagrams the client misses")
-    func lossThroughRelay() async throws {
-        let report = try await Lesson.$faults.withValue(.relay) { try await run("loss", .uv) }
+    @Test(
+        "loss without root: the relay's drops are the datagrams the client misses; says so", arguments: Backend.allCases
+    )
+    func lossThroughRelay(_ backend: Backend) async throws {
+        let report = try await Lesson.$faults.withValue(.relay) { try await run("loss", backend) }
         #expect(report.figures["relay"] == 1)
         for percent in [1, 5, 20] {
             let sent = report.figures["udp.\(percent).sent"] ?? 0
@@ -184,11 +224,20 @@ struct LessonTests {
             #expect(delivered + dropped >= sent * 0.97, "far more lost than the relay dropped at \(percent)%")
         }
         #expect((report.figures["udp.20.dropped"] ?? 0) > 0)
+        try Self.checkLossVerdict(report)
+        let exact = [1, 5, 20].allSatisfy {
+            let figures = report.figures
+            return (figures["udp.\($0).sent"] ?? 0) - (figures["udp.\($0).delivered"] ?? 0)
+                == figures["udp.\($0).dropped"]
+        }
+        #expect(report.lines.contains { $0.hasPrefix("Here the client missed exactly") } == exact, "\(report.lines)")
     }
 
-    @Test("ordering without root: relay delays keep TCP and WebSocket in order and let UDP datagrams overtake")
-    func orderingThroughRelay() async throws {
-        let report = try await Lesson.$faults.withValue(.relay) { try await run("ordering", .async) }
+    @Test(
+        "ordering without root: relay delays keep TCP and WebSocket in order and let UDP datagrams overtake; says so",
+        arguments: Backend.allCases)
+    func orderingThroughRelay(_ backend: Backend) async throws {
+        let report = try await Lesson.$faults.withValue(.relay) { try await run("ordering", backend) }
         #expect(report.figures["relay"] == 1)
         for transport in ["tcp", "ws"] {
             #expect(report.figures["\(transport).delivered"] == 300)
@@ -196,6 +245,7 @@ struct LessonTests {
         }
         #expect(report.figures["udp.delivered"] == 300)
         #expect((report.figures["udp.outOfOrder"] ?? 0) > 0)
+        Self.checkOrderVerdict(report)
     }
 
     @Test("deadpeer: TCP alone reports nothing through a black hole; WebSocket keep-alive fails the receive")
@@ -213,6 +263,7 @@ struct LessonTests {
         #expect(sent == 10)
         for receiver in 1...3 { #expect(report.figures["receiver\(receiver)"] == sent) }
         #expect(report.figures["notJoined"] == 0)
+        #expect(report.lines.contains { $0.hasPrefix("Here it showed: each of the 3 joined sockets got all 10") })
     }
 }
 
