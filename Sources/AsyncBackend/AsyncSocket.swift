@@ -51,6 +51,8 @@ public final class AsyncSocket: Sendable {
     let readiness = SocketReadiness()
     private let readGate = AsyncGate()
     private let writeGate = AsyncGate()
+    /// Serialises `close()`: every caller returns after the one close has finished.
+    private let closeGate = AsyncGate()
     private let descriptor = Atomic<Int32>(-1)
     private let life: Mutex<Life>
     private let stateContinuation: AsyncStream<State>.Continuation
@@ -357,8 +359,11 @@ public final class AsyncSocket: Sendable {
     }
 
     /// Closes the socket: waiting operations fail with `.closed`, the descriptor is closed once no operation is
-    /// inside a system call, and the state becomes `.cancelled`. A second call does nothing.
+    /// inside a system call, and the state becomes `.cancelled`. A second call closes nothing more, but it too
+    /// returns only once the descriptor is closed (a close already under way, say a timeout's, is waited for).
     public func close() async {
+        await closeGate.enter()
+        defer { closeGate.leave() }
         let first = life.withLock { life in
             defer { life.closing = true }
             return !life.closing
