@@ -80,6 +80,9 @@ public struct PingRunner: Sendable {
     public var onInterval: (@Sendable (Interval) -> Void)?
     /// Keep every measured round trip in ``Result/samples`` (8 bytes each).
     public var keepsSamples = false
+    /// Record into a histogram as the loop runs (about 300 KiB each). `false` (with ``keepsSamples``) keeps only
+    /// the raw samples: a fan-in of 10,000 connections would otherwise hold 3 GiB of histograms.
+    public var keepsHistogram = true
     /// Message transports: the message of round trip `index` (it must differ from the one before), instead of
     /// `size` bytes stamped with the index.
     public var messageMaker: (@Sendable (Int) -> Message)?
@@ -99,8 +102,8 @@ public struct PingRunner: Sendable {
     /// What the timed loop collects: the raw histogram and counters, cheap to hand back. Percentiles are
     /// computed from it afterwards, off the connection's executor.
     public struct Samples: Sendable {
-        /// Round-trip latency, nanoseconds.
-        public var histogram: Histogram<UInt64>
+        /// Round-trip latency, nanoseconds (`nil` without ``PingRunner/keepsHistogram``: see ``latency``).
+        public var histogram: Histogram<UInt64>?
         /// Every measured round trip, in order (with ``PingRunner/keepsSamples``).
         public var raw: [UInt64]?
         /// Probes re-sent because no echo came in time (UDP).
@@ -109,6 +112,14 @@ public struct PingRunner: Sendable {
         public var stale: Int
         /// Wall-clock time of the measured part, nanoseconds.
         public var elapsedNanoseconds: UInt64
+
+        /// The round trips as a histogram: ``histogram``, or one made from ``raw``.
+        public var latency: Histogram<UInt64> {
+            if let histogram { return histogram }
+            var made = LatencySummary.makeHistogram()
+            for value in raw ?? [] { _ = made.record(value) }
+            return made
+        }
     }
 
     /// Runs against an echo peer on `connection`.
@@ -117,12 +128,12 @@ public struct PingRunner: Sendable {
     /// `TaskExecutor`), as a user of that style would run it.
     public func run(on connection: any Connection) async throws(ConnectionError) -> Result {
         let samples = try await measure(on: connection)
+        let histogram = samples.latency
         return Result(
-            latency: LatencySummary(samples.histogram), lost: samples.lost, stale: samples.stale,
+            latency: LatencySummary(histogram), lost: samples.lost, stale: samples.stale,
             elapsedNanoseconds: samples.elapsedNanoseconds,
-            roundTripsPerSecond: Double(samples.histogram.totalCount)
-                / (Double(max(1, samples.elapsedNanoseconds)) / 1e9),
-            histogram: samples.histogram, samples: samples.raw)
+            roundTripsPerSecond: Double(histogram.totalCount) / (Double(max(1, samples.elapsedNanoseconds)) / 1e9),
+            histogram: histogram, samples: samples.raw)
     }
 
     /// The timed loop alone, on the connection's preferred executor. Nothing slow runs there once the loop is
@@ -215,8 +226,12 @@ public struct PingRunner: Sendable {
         let probe = Probe()
         let timeout = lossTimeout
         let timeoutNanoseconds = timeout.wholeNanoseconds
-        // The watchdog: re-sends the current probe when its echo is overdue.
+        // The watchdog (UDP only: a WebSocket delivers every message, however late): re-sends the current probe
+        // when its echo is overdue. A task per connection that wakes every `timeout / 4`: WebSocket fan-ins of
+        // thousands of connections once paid for it in timer wake-ups, and in duplicate messages once a busy
+        // server's round trips passed 200 ms.
         let watchdog = Task {
+            guard connection.transport == .udp else { return }
             while !Task.isCancelled {
                 try? await Task.sleep(for: timeout / 4)
                 let resend: [UInt8]? = probe.state.withLock { state in
@@ -266,7 +281,8 @@ public struct PingRunner: Sendable {
                         defer { state.sentAt = 0 }
                         return state.sentAt
                     }
-                    if index >= warmup { recorder.record(max(1, end - sentAt), endingAt: end) }
+                    // The watchdog may have re-sent (and stamped sentAt) after `end` was read.
+                    if index >= warmup { recorder.record(end > sentAt ? end - sentAt : 1, endingAt: end) }
                     progress.last.store(end, ordering: .relaxed)
                     break
                 }
@@ -287,7 +303,7 @@ public struct PingRunner: Sendable {
     /// Where both loops put a measured round trip: the run's histogram and, when asked, the raw samples and the
     /// current interval's histogram (handed to ``onInterval`` when the interval is over).
     struct Recorder {
-        var histogram = LatencySummary.makeHistogram()
+        var histogram: Histogram<UInt64>?
         var raw: [UInt64]?
         var interval: Histogram<UInt64>?
         let every: UInt64
@@ -297,6 +313,7 @@ public struct PingRunner: Sendable {
 
         init(_ runner: PingRunner) {
             raw = runner.keepsSamples ? [] : nil
+            histogram = runner.keepsHistogram || !runner.keepsSamples ? LatencySummary.makeHistogram() : nil
             raw?.reserveCapacity(min(runner.count, 1 << 24))
             onInterval = runner.onInterval
             every = runner.reportEvery.map { UInt64(max(1, $0.wholeNanoseconds)) } ?? .max
@@ -310,7 +327,7 @@ public struct PingRunner: Sendable {
 
         @inline(__always)
         mutating func record(_ elapsed: UInt64, endingAt end: UInt64) {
-            _ = histogram.record(elapsed)
+            _ = histogram?.record(elapsed)
             raw?.append(elapsed)
             guard interval != nil else { return }
             _ = interval!.record(elapsed)
