@@ -130,11 +130,16 @@ public struct FaninRunner: Sendable {
         self.warmup = warmup
     }
 
-    /// Opens the connections with `connect` (in batches of 64, so a listen backlog is not overrun), runs them
-    /// all at once, closes them.
+    /// Opens the connections with `connect` (in batches of 64, so a listen backlog is not overrun), makes one
+    /// round trip on each, runs them all at once, closes them. With `serverUsage` (the server process's usage),
+    /// the server's and this process's resident memory is read before connecting and once every connection has
+    /// made its first round trip: the growth per connection is the memory of an open, idle connection.
     public func run(
+        serverUsage: (() async -> ResourceUsage?)? = nil,
         connect: @escaping @Sendable () async throws(ConnectionError) -> any Connection
     ) async throws(ConnectionError) -> ScenarioResult {
+        let serverBefore = await serverUsage?()?.residentKiB
+        let clientBefore = ResourceUsage.read()?.residentKiB
         var clients: [any Connection] = []
         while clients.count < connections {
             let batch = min(64, connections - clients.count)
@@ -162,11 +167,55 @@ public struct FaninRunner: Sendable {
                 }
             }
         }
-        let runner = PingRunner(size: size, count: count, warmup: warmup)
+        // One round trip on each, so that the server has accepted, set up and served every connection.
+        var once = PingRunner(size: size, count: 1, warmup: 0)
+        once.keepsSamples = true
+        once.keepsHistogram = false
+        let first = await Self.everyClient(clients, once)
+        for case .failure(let error) in first {
+            for client in clients { await client.close() }
+            throw error
+        }
+        var serverGrowth: Double?
+        var clientGrowth: Double?
+        if let before = serverBefore, let after = await serverUsage?()?.residentKiB {
+            serverGrowth = (Double(after) - Double(before)) / Double(connections)
+        }
+        if let before = clientBefore, let after = ResourceUsage.read()?.residentKiB {
+            clientGrowth = (Double(after) - Double(before)) / Double(connections)
+        }
         let start = MonotonicClock.nanoseconds()
-        let results: [Result<PingRunner.Samples, ConnectionError>] = await withTaskGroup(
-            of: Result<PingRunner.Samples, ConnectionError>.self
-        ) { group in
+        var runner = PingRunner(size: size, count: count, warmup: warmup)
+        runner.keepsSamples = true
+        runner.keepsHistogram = false
+        let results = await Self.everyClient(clients, runner)
+        let elapsed = MonotonicClock.nanoseconds() - start
+        for client in clients { await client.close() }
+        var merged = LatencySummary.makeHistogram()
+        var lost = 0
+        for result in results {
+            let run = try result.get()
+            for value in run.raw ?? [] { _ = merged.record(value) }
+            lost += run.lost
+        }
+        var measurement = ScenarioResult()
+        measurement.latency = LatencySummary(merged)
+        measurement.messages = connections * count
+        measurement.lost = lost
+        measurement.elapsedNanoseconds = elapsed
+        let perConnectionTotal = Double(connections * (count + warmup))
+        measurement.messagesPerSecond = perConnectionTotal / (Double(elapsed) / 1e9)
+        measurement.bytesPerSecond = perConnectionTotal * Double(size) / (Double(elapsed) / 1e9)
+        measurement.serverKiBPerConnection = serverGrowth
+        measurement.clientKiBPerConnection = clientGrowth
+        return measurement
+    }
+
+    /// `runner`'s round trips on every client at once, a task each.
+    private static func everyClient(
+        _ clients: [any Connection], _ runner: PingRunner
+    ) async -> [Result<PingRunner.Samples, ConnectionError>] {
+        await withTaskGroup(of: Result<PingRunner.Samples, ConnectionError>.self) { group in
             for client in clients {
                 group.addTask {
                     do throws(ConnectionError) { return .success(try await runner.measure(on: client)) } catch {
@@ -178,24 +227,6 @@ public struct FaninRunner: Sendable {
             for await result in group { results.append(result) }
             return results
         }
-        let elapsed = MonotonicClock.nanoseconds() - start
-        for client in clients { await client.close() }
-        var merged = LatencySummary.makeHistogram()
-        var lost = 0
-        for result in results {
-            let run = try result.get()
-            merged.add(run.histogram)
-            lost += run.lost
-        }
-        var measurement = ScenarioResult()
-        measurement.latency = LatencySummary(merged)
-        measurement.messages = connections * count
-        measurement.lost = lost
-        measurement.elapsedNanoseconds = elapsed
-        let perConnectionTotal = Double(connections * (count + warmup))
-        measurement.messagesPerSecond = perConnectionTotal / (Double(elapsed) / 1e9)
-        measurement.bytesPerSecond = perConnectionTotal * Double(size) / (Double(elapsed) / 1e9)
-        return measurement
     }
 }
 

@@ -16,6 +16,9 @@ public struct ResourceUsage: Sendable, Codable, Hashable {
     public var involuntaryContextSwitches: UInt64 = 0
     /// Peak resident memory so far (VmHWM), KiB.
     public var peakResidentKiB: UInt64 = 0
+    /// Resident memory now (VmRSS), KiB: the process's user-space pages in RAM (socket buffers are the kernel's
+    /// and not in it).
+    public var residentKiB: UInt64?
     /// Threads right now.
     public var threads: UInt64 = 0
     /// CPU time in both modes from the process's CPU-time clock (nanosecond resolution, every thread
@@ -45,6 +48,7 @@ public struct ResourceUsage: Sendable, Codable, Hashable {
         usage.voluntaryContextSwitches = fields["voluntary_ctxt_switches"] ?? 0
         usage.involuntaryContextSwitches = fields["nonvoluntary_ctxt_switches"] ?? 0
         usage.peakResidentKiB = fields["VmHWM"] ?? 0
+        usage.residentKiB = fields["VmRSS"]
         usage.threads = fields["Threads"] ?? 0
         // Context switches: /proc/PID/status counts the main thread only, so add up every live thread's.
         if let tasks = opendir("\(base)/task") {

@@ -132,6 +132,12 @@ public struct ScenarioResult: Sendable, Codable {
     /// permessage-deflate, frame headers not counted).
     public var messageBytes: Double?
     public var wireBytes: Double?
+    /// fanin: how much the server's resident memory (VmRSS) grew per connection, KiB, between before the
+    /// connections were opened and when all of them were open and had made one round trip, before the measured
+    /// window (so: memory per open, idle connection).
+    public var serverKiBPerConnection: Double?
+    /// fanin: the same for the client (the load generator).
+    public var clientKiBPerConnection: Double?
     /// Wall-clock time of the measured window, nanoseconds.
     public var elapsedNanoseconds: UInt64 = 0
     /// The client process during the window (peak memory: so far).

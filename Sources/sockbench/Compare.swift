@@ -85,6 +85,12 @@ struct Compare: AsyncParsableCommand {
         var options: String
         /// Where the servers ran: `local` (child processes here) or the agent's HOST:PORT.
         var servers = "local"
+
+        /// fanin-N: `faninCount` round trips per connection up to 1,000 connections; beyond, `faninCount` x 1,000
+        /// in all (at least 10 per connection), so that fanin-10000 takes seconds, not minutes.
+        func faninRoundTrips(connections: Int) -> Int {
+            connections <= 1000 ? faninCount : max(10, faninCount * 1000 / connections)
+        }
     }
 
     func makePlan() throws -> Plan {
@@ -136,6 +142,40 @@ struct Compare: AsyncParsableCommand {
         )
     }
 
+    /// Raises this process's descriptor limit (RLIMIT_NOFILE, which the server processes inherit) so that each
+    /// can hold `connections` connections and a thousand descriptors more, when it is lower; returns what it did,
+    /// or `nil` when nothing was needed. bsd uses two per connection (the socket and its reader thread's
+    /// eventfd), the others one. Past the hard limit only a process with CAP_SYS_RESOURCE may go: otherwise the
+    /// limit goes as far as the hard limit, rows that need more are skipped with the reason, and when even one
+    /// per connection does not fit, the error says how to raise it.
+    static func raiseDescriptorLimit(toHold connections: Int) throws -> String? {
+        var limit = rlimit()
+        guard getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0 else { return nil }
+        let wanted = rlim_t(descriptors(for: connections, backend: .bsd))
+        guard limit.rlim_cur < wanted else { return nil }
+        let before = limit.rlim_cur
+        var raised = limit
+        raised.rlim_cur = wanted
+        raised.rlim_max = max(limit.rlim_max, wanted)
+        if setrlimit(Int32(RLIMIT_NOFILE.rawValue), &raised) != 0 {
+            raised = limit
+            raised.rlim_cur = limit.rlim_max
+            let needed = rlim_t(descriptors(for: connections, backend: .uv))
+            guard limit.rlim_max >= needed, setrlimit(Int32(RLIMIT_NOFILE.rawValue), &raised) == 0 else {
+                throw fail(
+                    "fanin-\(connections) needs \(needed) descriptors in each process (bsd \(wanted)), and the limit is \(before) (hard \(limit.rlim_max)); raise it (`ulimit -n \(wanted)`, as root for more than the hard limit) or run fewer connections"
+                )
+            }
+        }
+        return
+            "descriptor limit raised from \(before) to \(raised.rlim_cur) for fanin-\(connections) (RLIMIT_NOFILE, inherited by the servers)"
+    }
+
+    /// Descriptors a client or server process needs for `connections` of `backend`, with room for the rest.
+    static func descriptors(for connections: Int, backend: Backend) -> Int {
+        connections * (backend == .bsd ? 2 : 1) + 1024
+    }
+
     /// One server process (and its sink, for pump) per backend x transport.
     struct Target {
         var backend: Backend?
@@ -155,6 +195,11 @@ struct Compare: AsyncParsableCommand {
 
     func run() async throws {
         var plan = try makePlan()
+        let mostConnections = plan.scenarios.compactMap { if case .fanin(let n) = $0 { n } else { nil } }.max() ?? 0
+        if let note = try Self.raiseDescriptorLimit(toHold: mostConnections) {
+            Console.error("sockbench compare: \(note)")
+            plan.options += "; \(note)"
+        }
         try pin(toCPU: plan.clientCPU)
         let chosenTransports = plan.transports.compactMap(Transport.init(rawValue:))
         let secure = chosenTransports.contains(where: \.isSecure)
@@ -325,6 +370,14 @@ struct Compare: AsyncParsableCommand {
 
     /// Why a scenario does not apply to a target, or `nil`.
     func skipReason(_ scenario: Scenario, _ target: Target) -> String? {
+        var limit = rlimit()
+        if case .fanin(let connections) = scenario, let backend = target.backend,
+            getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0,
+            limit.rlim_cur < Self.descriptors(for: connections, backend: backend)
+        {
+            return
+                "fanin-\(connections) on \(backend) needs \(Self.descriptors(for: connections, backend: backend)) descriptors per process (bsd: a socket and an eventfd per connection); the limit is \(limit.rlim_cur)"
+        }
         if scenario.kind == "json", target.transport != .ws && target.transport != .wss {
             return "JSON text messages are WebSocket's (ws, wss)"
         }
@@ -423,8 +476,9 @@ struct Compare: AsyncParsableCommand {
         case .connect:
             return try await ConnectRunner(count: plan.connectCount).run(connect: connect)
         case .fanin(let connections):
-            return try await FaninRunner(connections: connections, count: plan.faninCount, warmup: 20).run(
-                connect: connect)
+            let count = plan.faninRoundTrips(connections: connections)
+            return try await FaninRunner(connections: connections, count: count, warmup: min(20, count)).run(
+                serverUsage: { await server.usage() }, connect: connect)
         case .json(let deflate):
             let connection = try await backend.connectWebSocket(
                 to: endpoint, webSocket: .with { $0.deflate = deflate ? WebSocketDeflateOptions() : nil }, tls: tls)

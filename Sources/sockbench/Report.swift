@@ -126,6 +126,8 @@ struct Report: Codable {
             result.voluntaryContextSwitches = mid(values.map(\.voluntaryContextSwitches))!
             result.involuntaryContextSwitches = mid(values.map(\.involuntaryContextSwitches))!
             result.peakResidentKiB = values.map(\.peakResidentKiB).max()!
+            let resident = values.compactMap(\.residentKiB)
+            result.residentKiB = resident.count == values.count ? mid(resident) : nil
             result.threads = values.map(\.threads).max()!
             return result
         }
@@ -142,6 +144,8 @@ struct Report: Codable {
         result.elapsedNanoseconds = mid(runs.map(\.elapsedNanoseconds)) ?? 0
         result.messageBytes = mid(runs.compactMap(\.messageBytes))
         result.wireBytes = mid(runs.compactMap(\.wireBytes))
+        result.serverKiBPerConnection = mid(runs.compactMap(\.serverKiBPerConnection))
+        result.clientKiBPerConnection = mid(runs.compactMap(\.clientKiBPerConnection))
         result.client = usage(runs.compactMap(\.client))
         result.server = usage(runs.compactMap(\.server))
         return result
@@ -165,6 +169,7 @@ struct Report: Codable {
         default:
             return
                 "p50 \(microseconds(m.latency?.p50 ?? 0)) us, p99 \(microseconds(m.latency?.p99 ?? 0)) us, \(Int(m.messagesPerSecond ?? 0)) rt/s"
+                + (m.serverKiBPerConnection.map { ", server \(fixed($0, 1)) KiB/connection" } ?? "")
         }
     }
 
@@ -287,11 +292,13 @@ struct Report: Codable {
             }
             return (header, cells)
         default:
-            let header = [
-                "backend", "transport", "p50 us", "x floor", "x nio", "x native", "p50 spread", "p90 us", "p99 us",
-                "p99.9 us",
-                "max us", "rt/s", "lost", "cpu us/rt", "client", "server", "ctx sw/rt", "client", "server", "threads",
-            ]
+            let header =
+                [
+                    "backend", "transport", "p50 us", "x floor", "x nio", "x native", "p50 spread", "p90 us", "p99 us",
+                    "p99.9 us",
+                    "max us", "rt/s", "lost", "cpu us/rt", "client", "server", "ctx sw/rt", "client", "server",
+                    "threads",
+                ] + (scenario.kind == "fanin" ? ["server KiB/conn", "client KiB/conn"] : [])
             let cells = selected.map { row -> [String] in
                 let m = row.median
                 let p50 = Double(m.latency?.p50 ?? 0)
@@ -309,7 +316,7 @@ struct Report: Codable {
                     guard let client = m.client, let server = m.server, m.messages > 0 else { return "-" }
                     return fixed(Double(switches(client) + switches(server)) / Double(m.messages), 1)
                 }()
-                return [
+                var cells: [String] = [
                     row.backend, row.transport, microseconds(UInt64(p50)),
                     floor(for: row).map { fixed(p50 / max(1, $0)) + "x" } ?? "-",
                     nio(for: row).flatMap { $0.latency }.map { fixed(p50 / Double(max(1, $0.p50))) + "x" } ?? "-",
@@ -323,6 +330,10 @@ struct Report: Codable {
                     perMessage(m.client, switches, 1, 1), perMessage(m.server, switches, 1, 1),
                     m.server.map { "\($0.threads)" } ?? "-",
                 ]
+                if scenario.kind == "fanin" {
+                    cells += [m.serverKiBPerConnection, m.clientKiBPerConnection].map { $0.map { fixed($0, 1) } ?? "-" }
+                }
+                return cells
             }
             return (header, cells)
         }
@@ -545,7 +556,7 @@ struct Report: Codable {
 
     func csv() -> String {
         var lines = [
-            "scenario,backend,transport,repetitions,p50_ns,p90_ns,p99_ns,p999_ns,max_ns,uncorrected_p50_ns,uncorrected_p99_ns,messages_per_s,bytes_per_s,messages,lost,received,reordered,kernel_drops,cpu_ns_per_message,client_user_ns,client_sys_ns,server_user_ns,server_sys_ns,client_ctx,server_ctx,server_peak_rss_kib,server_threads"
+            "scenario,backend,transport,repetitions,p50_ns,p90_ns,p99_ns,p999_ns,max_ns,uncorrected_p50_ns,uncorrected_p99_ns,messages_per_s,bytes_per_s,messages,lost,received,reordered,kernel_drops,cpu_ns_per_message,client_user_ns,client_sys_ns,server_user_ns,server_sys_ns,client_ctx,server_ctx,server_peak_rss_kib,server_threads,server_kib_per_connection,client_kib_per_connection"
         ]
         for row in rows {
             let m = row.median
@@ -564,6 +575,8 @@ struct Report: Codable {
                 m.client.map { "\($0.voluntaryContextSwitches + $0.involuntaryContextSwitches)" } ?? "",
                 m.server.map { "\($0.voluntaryContextSwitches + $0.involuntaryContextSwitches)" } ?? "",
                 m.server.map { "\($0.peakResidentKiB)" } ?? "", m.server.map { "\($0.threads)" } ?? "",
+                m.serverKiBPerConnection.map { fixed($0, 2) } ?? "",
+                m.clientKiBPerConnection.map { fixed($0, 2) } ?? "",
             ]
             lines.append(fields.joined(separator: ","))
         }
@@ -584,7 +597,7 @@ struct Report: Codable {
         text +=
             "; \(plan.repetitions) repetitions, medians; pingpong \(plan.pingpongCount) round trips after \(plan.pingpongWarmup); "
         text +=
-            "rate windows \(plan.rateSeconds) s; pump \(plan.pumpBytes >> 20) MiB; connect \(plan.connectCount); fan-in \(plan.faninCount) round trips per connection.\n\n"
+            "rate windows \(plan.rateSeconds) s; pump \(plan.pumpBytes >> 20) MiB; connect \(plan.connectCount); fan-in \(plan.faninCount) round trips per connection (beyond 1,000 connections \(plan.faninCount) x 1,000 in all).\n\n"
         text += "Options: \(plan.options).\n\n"
         for scenario in plan.scenarios where rows.contains(where: { $0.scenario == scenario }) {
             let (header, cells) = table(for: scenario)

@@ -163,15 +163,32 @@ struct BenchmarkDriverTests {
         try await SocketTest.run {
             let server = try await EchoServer.start(.uv, on: try Endpoint(url: "ws://127.0.0.1:0/"))
             let endpoint = server.endpoint
-            let fanin = try await FaninRunner(connections: 20, count: 50, warmup: 5).run {
-                () throws(ConnectionError) in try await Backend.runloop.connect(to: endpoint)
-            }
+            // The server runs in this process, so its memory is ours here; the point is that both are read.
+            let fanin = try await FaninRunner(connections: 20, count: 50, warmup: 5).run(
+                serverUsage: { ResourceUsage.read() }
+            ) { () throws(ConnectionError) in try await Backend.runloop.connect(to: endpoint) }
             #expect(fanin.messages == 1000)
             #expect(fanin.latency?.count == 1000)
+            #expect(fanin.serverKiBPerConnection != nil && fanin.clientKiBPerConnection != nil)
             let connect = try await ConnectRunner(count: 20).run { () throws(ConnectionError) in
                 try await Backend.nio.connect(to: endpoint)
             }
             #expect(connect.latency?.count == 20)
+            await server.stop()
+        }
+    }
+
+    @Test("A WebSocket ping never re-sends a probe, however late its echo: only UDP may lose one")
+    func webSocketProbesAreNotResent() async throws {
+        try await SocketTest.run {
+            let server = try await EchoServer.start(.async, on: try Endpoint(url: "ws://127.0.0.1:0/"))
+            let connection = try await Backend.async.connect(to: server.endpoint)
+            // Every echo is later than this: a UDP runner would re-send each probe and count it lost.
+            let result = try await PingRunner(count: 200, warmup: 0, lossTimeout: .nanoseconds(1)).run(on: connection)
+            #expect(result.lost == 0)
+            #expect(result.stale == 0)
+            #expect(result.latency.count == 200)
+            await connection.close()
             await server.stop()
         }
     }
@@ -188,6 +205,7 @@ struct BenchmarkDriverTests {
             #expect(after.since(before).cpuNanoseconds > 0)
             #expect(after.threads >= 1)
             #expect(after.peakResidentKiB > 0)
+            #expect((after.residentKiB ?? 0) > 0)
         }
     }
 }
