@@ -167,6 +167,10 @@ struct Compare: AsyncParsableCommand {
                 )
             }
         }
+        guard raised.rlim_cur > before else {
+            return
+                "descriptor limit \(before) is the hard limit; fanin-\(connections) on bsd would need \(wanted) (rows that need more are skipped)"
+        }
         return
             "descriptor limit raised from \(before) to \(raised.rlim_cur) for fanin-\(connections) (RLIMIT_NOFILE, inherited by the servers)"
     }
