@@ -169,8 +169,11 @@ extension Lesson {
             out.figure("\(transport).outOfOrder", Double(result.outOfOrder))
             out.figure("\(transport).delayedOver10ms", Double(result.delayedOver10ms))
             out.figure("\(transport).maxus", result.maxus)
+            if transport != .udp { out.figure("\(transport).retransmits", Double(result.retransmittedSegments)) }
         }
         out.say()
+        let retransmits = Int(
+            (out.report.figures["tcp.retransmits"] ?? 0) + (out.report.figures["ws.retransmits"] ?? 0))
         let tcpMax = (out.report.figures["tcp.maxus"] ?? 0) / 1000
         let wsMax = (out.report.figures["ws.maxus"] ?? 0) / 1000
         let slowest = "TCP \(fixed(tcpMax, 1)) ms, WebSocket \(fixed(wsMax, 1)) ms"
@@ -178,13 +181,18 @@ extension Lesson {
         out.say("receiver's buffer until the lost one is retransmitted: every message behind the hole is delayed")
         out.say("together (head-of-line blocking), a run of slow messages. A WebSocket is framed on one TCP")
         out.say("connection: its messages wait behind the same holes, message boundaries or not.")
-        if max(tcpMax, wsMax) >= 100 {
+        if retransmits == 0 {
+            out.say("Here no TCP or WebSocket segment happened to be dropped (0 retransmitted; slowest round trips:")
+            out.say("\(slowest)), so no hole showed in this run: run it again to see one.")
+        } else if max(tcpMax, wsMax) >= 100 {
             out.say(
-                "Here a retransmission timeout fired (slowest round trips: \(slowest); Linux waits at least 200 ms)")
+                "Here \(retransmits) segment(s) were retransmitted and a retransmission timeout fired (slowest round trips: \(slowest); Linux waits at least 200 ms)"
+            )
             out.say("and every message sent meanwhile queued behind the hole: one lost segment, a long run.")
         } else {
             out.say(
-                "Here Linux noticed each hole within a few milliseconds (duplicate ACKs, RACK; slowest round trips:")
+                "Here \(retransmits) segment(s) were retransmitted, and Linux noticed each hole within a few milliseconds (duplicate ACKs, RACK; slowest round trips:"
+            )
             out.say("\(slowest)), so the runs are short; on a real network each lasts at least a round trip, or")
             out.say("200 ms and more when the retransmission timeout has to fire.")
         }

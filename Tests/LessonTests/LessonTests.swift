@@ -205,6 +205,12 @@ struct LessonTests {
         let udp = report.figures["udp.delivered"] ?? -1
         #expect(udp > 0 && udp <= 300)
         Self.checkOrderVerdict(report)
+        let holes = (report.figures["tcp.retransmits"] ?? 0) + (report.figures["ws.retransmits"] ?? 0)
+        #expect(
+            report.lines.contains { $0.hasPrefix("Here no TCP or WebSocket segment happened to be dropped") }
+                == (holes == 0))
+        #expect(
+            report.lines.contains { $0.hasPrefix("Here \(Int(holes)) segment(s) were retransmitted") } == (holes > 0))
     }
 
     @Test(
