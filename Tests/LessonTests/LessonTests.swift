@@ -224,8 +224,8 @@ struct LessonTests {
             let delivered = report.figures["udp.\(percent).delivered"] ?? -1
             let dropped = report.figures["udp.\(percent).dropped"] ?? -1
             #expect(sent == 1000)
-            // A datagram the relay dropped never comes back. The probe also gives up on an echo after 30 ms, which
-            // a loaded machine can miss now and then: a few more may count as lost, never fewer.
+            // A datagram the relay dropped never comes back. An echo later than 100 ms after the last burst (a
+            // loaded machine) counts as lost too: a few more may be lost than dropped, never fewer.
             #expect(delivered + dropped <= sent, "more came back than the relay let through at \(percent)%")
             #expect(delivered + dropped >= sent * 0.97, "far more lost than the relay dropped at \(percent)%")
         }
