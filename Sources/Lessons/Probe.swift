@@ -48,31 +48,29 @@ public enum LessonProbe {
                     withUnsafeBytes(of: &sequence) { Array($0) } + [UInt8](repeating: 0, count: 60))
                 result.sent += 1
             }
-            let deadline = MonotonicClock.nanoseconds() + 30_000_000
-            while MonotonicClock.nanoseconds() < deadline {
-                let remaining = Duration.nanoseconds(Int64(deadline - MonotonicClock.nanoseconds()))
-                guard let message = try await withDeadline(remaining, { try await connection.receive() }), let message,
-                    message.count >= 4
-                else { break }
-                let sequence = message.bytes.withUnsafeBytes { $0.loadUnaligned(as: UInt32.self) }
-                // A late echo of an earlier burst still came back: only what never returns is lost.
-                if sequence < UInt32(result.sent) { seen.insert(sequence) }
-                if seen.count == (burst + 1) * 20 { break }
-            }
+            try await collectEchoes(on: connection, into: &seen, sent: result.sent, until: 30_000_000)
         }
         // The last echoes, however late (a busy machine), for up to 100 ms.
-        let deadline = MonotonicClock.nanoseconds() + 100_000_000
-        while seen.count < result.sent, MonotonicClock.nanoseconds() < deadline {
+        try await collectEchoes(on: connection, into: &seen, sent: result.sent, until: 100_000_000)
+        result.delivered = seen.count
+        await connection.close()
+        return result
+    }
+
+    /// Receives numbered echoes into `seen` until all `sent` are there or `nanoseconds` have passed. A late echo of
+    /// an earlier burst still came back: only what never returns is lost.
+    private static func collectEchoes(
+        on connection: any Connection, into seen: inout Set<UInt32>, sent: Int, until nanoseconds: UInt64
+    ) async throws {
+        let deadline = MonotonicClock.nanoseconds() + nanoseconds
+        while seen.count < sent, MonotonicClock.nanoseconds() < deadline {
             let remaining = Duration.nanoseconds(Int64(deadline - MonotonicClock.nanoseconds()))
             guard let message = try await withDeadline(remaining, { try await connection.receive() }), let message,
                 message.count >= 4
             else { break }
             let sequence = message.bytes.withUnsafeBytes { $0.loadUnaligned(as: UInt32.self) }
-            if sequence < UInt32(result.sent) { seen.insert(sequence) }
+            if sequence < UInt32(sent) { seen.insert(sequence) }
         }
-        result.delivered = seen.count
-        await connection.close()
-        return result
     }
 
     /// 200 closed-loop round trips of 64 bytes.
