@@ -73,8 +73,16 @@ final class AsyncConnection: Connection, Sendable {
         try await socket.send(message.bytes)
     }
 
+    func send(contentsOf bytes: UnsafeRawBufferPointer) async throws(ConnectionError) {
+        try await socket.send(contentsOf: bytes)
+    }
+
     func receive(maximumLength: Int) async throws(ConnectionError) -> Message? {
         try await socket.receive(maximumLength: maximumLength).map(Message.init)
+    }
+
+    func receive(into buffer: UnsafeMutableRawBufferPointer) async throws(ConnectionError) -> Received? {
+        try await socket.receive(into: buffer).map { Received(count: $0) }
     }
 
     func closeOutput() async throws(ConnectionError) {

@@ -233,10 +233,25 @@ public final class AsyncSocket: Sendable {
     public func receive(maximumLength: Int = .max) async throws(ConnectionError) -> [UInt8]? {
         if !readGate.tryEnter() { await readGate.enter() }
         defer { readGate.leave() }
-        let fd = try usableDescriptor()
-        if life.withLock({ $0.endReported }) { throw .closed("the end of the stream was already reported") }
         let limit = transport == .udp ? scratch.count : min(max(1, maximumLength), scratch.count)
         let buffer = UnsafeMutableRawBufferPointer(rebasing: scratch[..<limit])
+        guard let count = try await read(into: buffer) else { return nil }
+        return [UInt8](UnsafeRawBufferPointer(rebasing: buffer[..<count]))
+    }
+
+    /// Receives into the caller's buffer (TCP: what is available, at most `buffer.count` bytes; UDP: one
+    /// datagram, `.messageTooLarge` when it did not fit). No allocation. Returns `nil` once at the end (TCP).
+    public func receive(into buffer: UnsafeMutableRawBufferPointer) async throws(ConnectionError) -> Int? {
+        try Received.requireRoom(buffer)
+        if !readGate.tryEnter() { await readGate.enter() }
+        defer { readGate.leave() }
+        return try await read(into: buffer)
+    }
+
+    /// The read itself, inside the read gate: non-blocking recv(2), and on EAGAIN a wait for readability.
+    private func read(into buffer: UnsafeMutableRawBufferPointer) async throws(ConnectionError) -> Int? {
+        let fd = try usableDescriptor()
+        if life.withLock({ $0.endReported }) { throw .closed("the end of the stream was already reported") }
         while true {
             let result =
                 transport == .udp
@@ -251,7 +266,7 @@ public final class AsyncSocket: Sendable {
                     throw ConnectionError(
                         .messageTooLarge, "a \(count)-byte datagram did not fit in \(buffer.count) bytes")
                 }
-                return [UInt8](UnsafeRawBufferPointer(rebasing: buffer[..<count]))
+                return count
             case .wouldBlock:
                 try await readiness.waitReadable()
                 _ = try usableDescriptor()
@@ -261,19 +276,35 @@ public final class AsyncSocket: Sendable {
 
     /// Sends all of `bytes` (UDP: one datagram), waiting for room without blocking a thread.
     public func send(_ bytes: [UInt8]) async throws(ConnectionError) {
+        try await send(count: bytes.count) { (fd, offset) throws(ConnectionError) in
+            try bytes.withBytes { (buffer) throws(ConnectionError) in
+                try Syscall.send(fd, UnsafeRawBufferPointer(rebasing: buffer[offset...]), dontWait: true)
+            }
+        }
+    }
+
+    /// Sends bytes the caller keeps until this returns (`Connection.send(contentsOf:)`), from where they lie.
+    public func send(contentsOf bytes: UnsafeRawBufferPointer) async throws(ConnectionError) {
+        try await send(count: bytes.count) { (fd, offset) throws(ConnectionError) in
+            try Syscall.send(fd, UnsafeRawBufferPointer(rebasing: bytes[offset...]), dontWait: true)
+        }
+    }
+
+    /// The send loop, inside the write gate: non-blocking send(2) from `offset` (`write`), and on EAGAIN a wait
+    /// for room.
+    private func send(
+        count: Int, _ write: (Int32, Int) throws(ConnectionError) -> IOResult<Int>
+    ) async throws(ConnectionError) {
         if !writeGate.tryEnter() { await writeGate.enter() }
         defer { writeGate.leave() }
         let fd = try usableDescriptor()
         if life.withLock({ $0.outputClosed }) { throw .closed("the output was closed") }
         var offset = 0
         repeat {
-            let result = try bytes.withBytes { (buffer) throws(ConnectionError) in
-                try Syscall.send(fd, UnsafeRawBufferPointer(rebasing: buffer[offset...]), dontWait: true)
-            }
-            switch result {
-            case .processed(let count):
+            switch try write(fd, offset) {
+            case .processed(let written):
                 if transport == .udp { return }
-                offset += count
+                offset += written
             case .wouldBlock:
                 do throws(ConnectionError) {
                     try await readiness.waitWritable()
@@ -287,7 +318,7 @@ public final class AsyncSocket: Sendable {
                     throw error
                 }
             }
-        } while offset < bytes.count
+        } while offset < count
     }
 
     /// Half-close (TCP): FIN after everything sent so far.

@@ -74,6 +74,12 @@ final class BSDConnection: Connection, @unchecked Sendable {
             }
         }
 
+        /// ``readNow(_:)`` into the caller's buffer (`Connection.receive(into:)`): no allocation, no copy.
+        func readNow(into buffer: UnsafeMutableRawBufferPointer) -> DirectReadCount {
+            if closing.load(ordering: .relaxed) { return .nothing }
+            return DirectReadCount { () throws(ConnectionError) in try socket.tryReceive(into: buffer) }
+        }
+
         /// The reader thread's loop: runs the jobs of tasks that prefer this connection, waits in poll(2) for the
         /// socket (for jobs only while the receive queue is full), reads. Runs until end of stream, error or close.
         func readLoop() {
@@ -170,6 +176,11 @@ final class BSDConnection: Connection, @unchecked Sendable {
         try await core.writer.send(message.bytes)
     }
 
+    func send(contentsOf bytes: UnsafeRawBufferPointer) async throws(ConnectionError) {
+        if core.closing.load(ordering: .relaxed) { throw .closed() }
+        try await core.writer.send(contentsOf: bytes)
+    }
+
     func receive(maximumLength: Int) async throws(ConnectionError) -> Message? {
         let core = core
         let bytes: [UInt8]?
@@ -180,6 +191,17 @@ final class BSDConnection: Connection, @unchecked Sendable {
         }
         guard let bytes else { return nil }
         return Message(bytes)
+    }
+
+    func receive(into buffer: UnsafeMutableRawBufferPointer) async throws(ConnectionError) -> Received? {
+        let core = core
+        let count: Int?
+        if transport == .tcp, core.executor.isCurrent {
+            count = try await core.inbox.next(into: buffer) { core.readNow(into: $0) }
+        } else {
+            count = try await core.inbox.next(into: buffer)
+        }
+        return count.map { Received(count: $0) }
     }
 
     func closeOutput() async throws(ConnectionError) {

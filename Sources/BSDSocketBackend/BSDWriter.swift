@@ -35,26 +35,37 @@ final class BSDWriter: @unchecked Sendable {
 
     /// Sends all of `bytes` (to `address` on an unconnected UDP socket).
     func send(_ bytes: [UInt8], to address: SocketAddress? = nil) async throws(ConnectionError) {
+        guard let offset = try bytes.withBytes({ (raw) throws(ConnectionError) in try sendNow(raw, to: address) })
+        else { return }
+        try await enqueue { Job(bytes: bytes, offset: offset, address: address, completion: $0) }
+    }
+
+    /// Sends bytes the caller keeps until this returns: only what the kernel does not take at once is copied.
+    func send(contentsOf bytes: UnsafeRawBufferPointer) async throws(ConnectionError) {
+        guard let offset = try sendNow(bytes, to: nil) else { return }
+        try await enqueue { Job(bytes: Array(bytes), offset: offset, address: nil, completion: $0) }
+    }
+
+    /// The fast path, on the caller's thread, never blocking (MSG_DONTWAIT): `nil` when everything went, else
+    /// the offset from which the writer thread must go on (0 when something is queued before it).
+    private func sendNow(_ bytes: UnsafeRawBufferPointer, to address: SocketAddress?) throws(ConnectionError) -> Int? {
         let datagram = socket.transport == .udp
-        // Fast path, on the caller's thread, never blocking: MSG_DONTWAIT.
-        let queued: (offset: Int, Void)? = try lock.withLock { () throws(ConnectionError) -> (offset: Int, Void)? in
+        return try lock.withLock { () throws(ConnectionError) -> Int? in
             if stopped { throw .closed() }
             if outputClosed { throw .closed("the output was closed (half-close)") }
-            guard jobs.isEmpty, !busy else { return (0, ()) }
-            let result = try bytes.withBytes { (buffer) throws(ConnectionError) -> IOResult<Int> in
+            guard jobs.isEmpty, !busy else { return 0 }
+            let result =
                 if let address {
-                    return try Syscall.sendTo(socket.descriptor, buffer, to: address, dontWait: true)
+                    try Syscall.sendTo(socket.descriptor, bytes, to: address, dontWait: true)
+                } else {
+                    try Syscall.send(socket.descriptor, bytes, dontWait: true)
                 }
-                return try Syscall.send(socket.descriptor, buffer, dontWait: true)
-            }
             switch result {
             case .processed(let count) where count == bytes.count || datagram: return nil
-            case .processed(let count): return (count, ())
-            case .wouldBlock: return (0, ())
+            case .processed(let count): return count
+            case .wouldBlock: return 0
             }
         }
-        guard let (offset, _) = queued else { return }
-        try await enqueue { Job(bytes: bytes, offset: offset, address: address, completion: $0) }
     }
 
     /// Half-close, in order: shutdown(SHUT_WR) after every send before it; later sends throw `.closed`.

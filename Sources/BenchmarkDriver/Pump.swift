@@ -14,8 +14,12 @@ public enum PumpSink {
     static let endText = "pump-end"
     static let statsRequest = [UInt8](repeating: 0xFF, count: 8)
 
-    /// Serves one connection until it ends.
+    /// Serves one connection until it ends. Byte streams and datagrams are received into one buffer
+    /// (`Connection.receive(into:)`), so the sink allocates nothing per read.
     public static func serve(_ connection: any Connection) async {
+        let buffer = UnsafeMutableRawBufferPointer.allocate(
+            byteCount: max(connection.options.readChunkSize, connection.options.maxDatagramSize), alignment: 16)
+        defer { buffer.deallocate() }
         do {
             switch connection.transport {
             case .udp:
@@ -23,14 +27,13 @@ public enum PumpSink {
                 var reordered: UInt64 = 0
                 var bytes: UInt64 = 0
                 var highest: UInt64 = 0
-                while let message = try await connection.receive() {
-                    let datagram = message.bytes
+                while let datagram = try await connection.receive(into: buffer) {
                     guard datagram.count >= 8 else { continue }
-                    if Array(datagram.prefix(8)) == statsRequest {
+                    let sequence = UInt64(bigEndian: buffer.loadUnaligned(as: UInt64.self))
+                    if sequence == .max {  // the stats request: eight 0xFF bytes
                         try await connection.send(encode(received) + encode(reordered) + encode(bytes))
                         continue
                     }
-                    let sequence = decode(datagram, at: 0)
                     received += 1
                     bytes += UInt64(datagram.count)
                     if sequence < highest { reordered += 1 } else { highest = sequence }
@@ -47,7 +50,7 @@ public enum PumpSink {
                 }
             default:
                 var bytes: UInt64 = 0
-                while let message = try await connection.receive() { bytes += UInt64(message.bytes.count) }
+                while let chunk = try await connection.receive(into: buffer) { bytes += UInt64(chunk.count) }
                 try await connection.send(encode(bytes))
             }
         } catch {

@@ -201,6 +201,17 @@ final class BoundedConnection: ConnectionDecorator, Sendable {
         return message
     }
 
+    func receive(into buffer: UnsafeMutableRawBufferPointer) async throws(ConnectionError) -> Received? {
+        let received: Received?
+        do throws(ConnectionError) {
+            received = try await inner.receive(into: buffer)
+        } catch {
+            throw explained(error)
+        }
+        touch()
+        return received
+    }
+
     func closeOutput() async throws(ConnectionError) { try await inner.closeOutput() }
 
     func close() async {

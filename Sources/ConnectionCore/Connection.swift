@@ -37,12 +37,31 @@ public protocol Connection: AnyObject, Sendable {
     /// may wait while the peer is not reading (backpressure).
     func send(_ message: Message) async throws(ConnectionError)
 
+    /// Sends bytes the caller keeps (a buffer it reuses), as ``send(_:)`` sends a binary message, without
+    /// making an array of them: a backend that can hands them to the kernel from where they lie and copies only
+    /// what the kernel does not take at once. The bytes must stay valid and unchanged until the call returns; after
+    /// that the connection no longer refers to them.
+    func send(contentsOf bytes: UnsafeRawBufferPointer) async throws(ConnectionError)
+
     /// Receives what is available, waiting for at least one byte (stream) or one message (UDP, WebSocket).
     ///
     /// - Parameter maximumLength: the most bytes a stream receive returns; message transports ignore it and
     ///   always return whole messages.
     /// - Returns: the message, or `nil` once when the peer has cleanly finished sending.
     func receive(maximumLength: Int) async throws(ConnectionError) -> Message?
+
+    /// Receives into a buffer the caller owns, so that a loop of receives allocates nothing per message (what a
+    /// pump, a proxy or a framing layer wants). Waits as ``receive(maximumLength:)`` does, with the same
+    /// guarantees (order, one receiver at a time, cancellation losing nothing, the end reported once).
+    ///
+    /// - Byte streams (tcp, tls): fills the buffer with what has arrived, at most `buffer.count` bytes.
+    /// - Message transports (udp, ws, wss): one whole message. A message larger than the buffer is discarded and
+    ///   reported by throwing `.messageTooLarge` (as recvmsg(2) truncates a datagram); a buffer of the
+    ///   connection's largest message (`options.maxDatagramSize` for UDP) never loses one.
+    ///
+    /// The buffer must stay valid, and untouched by anyone else, until the call returns.
+    /// - Returns: the byte count and the message's kind, or `nil` once when the peer has cleanly finished.
+    func receive(into buffer: UnsafeMutableRawBufferPointer) async throws(ConnectionError) -> Received?
 
     /// Half-close: tells the peer that nothing more will be sent (TCP FIN) while still receiving.
     /// Throws `.unsupported` on UDP.
@@ -75,6 +94,19 @@ extension Connection {
         try await send(Message(bytes))
     }
 
+    /// The portable form of ``send(contentsOf:)``: copies the bytes into a message.
+    public func send(contentsOf bytes: UnsafeRawBufferPointer) async throws(ConnectionError) {
+        try await send(Message(Array(bytes)))
+    }
+
+    /// The portable form of ``receive(into:)``: receives a message and copies it into the buffer. A backend
+    /// that can read straight into the caller's buffer implements ``receive(into:)`` itself.
+    public func receive(into buffer: UnsafeMutableRawBufferPointer) async throws(ConnectionError) -> Received? {
+        try Received.requireRoom(buffer)
+        guard let message = try await receive(maximumLength: buffer.count) else { return nil }
+        return try Received.copy(message, into: buffer)
+    }
+
     /// Receives with the connection's read chunk size as the limit. See ``receive(maximumLength:)``.
     public func receive() async throws(ConnectionError) -> Message? {
         try await receive(maximumLength: options.readChunkSize)
@@ -103,6 +135,44 @@ extension Connection {
             bytes.append(contentsOf: message.bytes)
         }
         return bytes
+    }
+}
+
+/// What ``Connection/receive(into:)`` put into the caller's buffer.
+public struct Received: Sendable, Hashable {
+    /// Bytes written at the start of the buffer.
+    public var count: Int
+    /// Text or binary (WebSocket); binary on every other transport.
+    public var kind: Message.Kind
+
+    @inlinable
+    public init(count: Int, kind: Message.Kind = .binary) {
+        self.count = count
+        self.kind = kind
+    }
+
+    /// An empty buffer cannot tell a byte from the end of a stream: refused before anything is received.
+    @inlinable
+    public static func requireRoom(_ buffer: UnsafeMutableRawBufferPointer) throws(ConnectionError) {
+        if buffer.isEmpty { throw ConnectionError(.unsupported, "receive(into:) needs a buffer of at least one byte") }
+    }
+
+    /// Copies a received message into `buffer`: `.messageTooLarge` when it does not fit (then it is lost, as the
+    /// contract of ``Connection/receive(into:)`` says for message transports; a byte-stream receive never returns
+    /// more than it was asked for).
+    @inlinable
+    public static func copy(
+        _ message: Message, into buffer: UnsafeMutableRawBufferPointer
+    ) throws(ConnectionError)
+        -> Received
+    {
+        let count = message.bytes.count
+        guard count <= buffer.count else {
+            throw ConnectionError(
+                .messageTooLarge, "a \(count)-byte message did not fit in a \(buffer.count)-byte buffer")
+        }
+        if count > 0 { message.bytes.withUnsafeBytes { buffer.copyMemory(from: $0) } }
+        return Received(count: count, kind: message.kind)
     }
 }
 

@@ -198,6 +198,11 @@ public final class ReceiveQueue<Element: Sendable>: Sendable {
     @inlinable
     public var hasSpace: Bool { state.withLock { $0.weight < capacity } }
 
+    /// Nothing queued, nobody waiting, not ended: a read on the producer's own thread may go straight to the
+    /// caller (see ``next(maximumLength:readingNow:)``).
+    @inlinable
+    public var isIdle: Bool { state.withLock { $0.isEmpty && $0.waiters.isEmpty && $0.end == nil } }
+
     /// How many receivers are waiting now (for tests and diagnostics).
     @inlinable
     public var waitingReceivers: Int { state.withLock { $0.waiters.count } }
@@ -279,7 +284,7 @@ public final class ReceiveQueue<Element: Sendable>: Sendable {
         maximumLength: Int, readingNow read: (Int) -> DirectRead
     ) async throws(ConnectionError) -> Element? {
         let maximumLength = max(1, maximumLength)
-        if state.withLock({ $0.isEmpty && $0.waiters.isEmpty && $0.end == nil }) {
+        if isIdle {
             switch read(maximumLength) {
             case .element(let element): return element
             case .nothing: break
@@ -413,5 +418,38 @@ extension ReceiveQueue where Element == [UInt8] {
     /// A queue of datagrams: bounded by bytes (an empty datagram weighs 1), never split.
     public static func datagrams(capacity: Int, onSpaceAvailable: (@Sendable () -> Void)? = nil) -> ReceiveQueue {
         ReceiveQueue(capacity: capacity, weigh: { max(1, $0.count) }, onSpaceAvailable: onSpaceAvailable)
+    }
+}
+
+/// What a read straight into a caller's buffer found (see ``ReceiveQueue/next(into:readingNow:)``).
+public enum DirectReadCount: Sendable {
+    /// This many bytes are in the caller's buffer (more than 0).
+    case count(Int)
+    /// Nothing to read now: the caller waits for the producer as usual.
+    case nothing
+    /// The stream ended (or failed) under the read.
+    case end(ReceiveQueue<[UInt8]>.End)
+}
+
+extension ReceiveQueue where Element == [UInt8] {
+    /// ``Connection/receive(into:)`` over a queue of chunks or datagrams: on the producer's own thread, with
+    /// nothing queued and nobody waiting, `read` fills the caller's buffer straight from the socket (no
+    /// allocation, no copy); otherwise the next element is taken and copied in. A datagram larger than the buffer
+    /// throws `.messageTooLarge` (and is gone, as the contract says).
+    @inlinable
+    public func next(
+        into buffer: UnsafeMutableRawBufferPointer,
+        readingNow read: ((UnsafeMutableRawBufferPointer) -> DirectReadCount)? = nil
+    ) async throws(ConnectionError) -> Int? {
+        try Received.requireRoom(buffer)
+        if let read, isIdle {
+            switch read(buffer) {
+            case .count(let count): return count
+            case .nothing: break
+            case .end(let end): finish(end)
+            }
+        }
+        guard let element = try await next(maximumLength: buffer.count) else { return nil }
+        return try Received.copy(Message(element), into: buffer).count
     }
 }

@@ -147,6 +147,23 @@ final class UVTCPConnection: Connection, @unchecked Sendable {
         try result.get()
     }
 
+    func send(contentsOf bytes: UnsafeRawBufferPointer) async throws(ConnectionError) {
+        // On the loop thread, from where the bytes lie; only what the kernel does not take is copied (and goes the
+        // way of every send, with no suspension in between, so order is kept).
+        var written = 0
+        if loop.isOnLoopThread, !tcp.isClosing, !closing.load(ordering: .relaxed),
+            !outputClosed.load(ordering: .relaxed)
+        {
+            do throws(UVError) {
+                written = try tcp.tryWrite(bytes)
+            } catch {
+                throw error.connectionError("write")
+            }
+            if written == bytes.count { return }
+        }
+        try await send(Message(Array(bytes[written...])))
+    }
+
     func receive(maximumLength: Int) async throws(ConnectionError) -> Message? {
         let bytes: [UInt8]?
         if loop.isOnLoopThread {
@@ -168,6 +185,18 @@ final class UVTCPConnection: Connection, @unchecked Sendable {
         }
         guard let bytes else { return nil }
         return Message(bytes)
+    }
+
+    func receive(into buffer: UnsafeMutableRawBufferPointer) async throws(ConnectionError) -> Received? {
+        let count: Int?
+        if loop.isOnLoopThread {
+            count = try await inbox.next(into: buffer) { [tcp] buffer in
+                DirectReadCount { () throws(ConnectionError) in try tcp.readNow(into: buffer) }
+            }
+        } else {
+            count = try await inbox.next(into: buffer)
+        }
+        return count.map { Received(count: $0) }
     }
 
     func closeOutput() async throws(ConnectionError) {
@@ -291,11 +320,21 @@ final class UVUDPConnection: Connection, @unchecked Sendable {
 }
 
 /// Sends one datagram on the loop: `uv_udp_try_send`, then `uv_udp_send` when the socket buffer is full.
+/// Called on the loop thread, it tries at once.
 func sendDatagram(
     _ bytes: [UInt8], on udp: UVUDP, to address: SocketAddress?, loop: UVLoop
 )
     async throws(ConnectionError)
 {
+    // On the loop thread (a task that prefers it), the common case is one uv_udp_try_send and no suspension
+    // (it returns EAGAIN while earlier sends are queued, so order is kept).
+    if loop.isOnLoopThread, !udp.isClosing {
+        do throws(UVError) {
+            if try udp.trySend(bytes, to: address) { return }
+        } catch {
+            throw error.connectionError("send")
+        }
+    }
     let result: Result<Void, ConnectionError> = await withCheckedContinuation { continuation in
         loop.executeHere {
             guard !udp.isClosing else { return continuation.resume(returning: .failure(.closed())) }

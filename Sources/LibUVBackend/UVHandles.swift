@@ -165,15 +165,22 @@ public final class UVTCP: UVHandle, @unchecked Sendable {
     /// for a receive that runs on the loop (libuv fills that buffer only inside its own read, which cannot be
     /// running now). `.processed(nil)` is the end of the stream.
     func readNow(maximumLength: Int) throws(ConnectionError) -> IOResult<[UInt8]?> {
-        guard !isClosing, let readBuffer else { return .wouldBlock }
-        var fd: uv_os_fd_t = -1
-        guard uv_fileno(csuv_handle(handle), &fd) == 0 else { return .wouldBlock }
+        guard let readBuffer else { return .wouldBlock }
         let limit = min(maximumLength, readBuffer.count)
-        switch try Syscall.recv(fd, UnsafeMutableRawBufferPointer(rebasing: readBuffer[..<limit]), dontWait: true) {
+        switch try readNow(into: UnsafeMutableRawBufferPointer(rebasing: readBuffer[..<limit])) {
         case .wouldBlock: return .wouldBlock
         case .processed(0): return .processed(nil)
         case .processed(let count): return .processed([UInt8](UnsafeRawBufferPointer(rebasing: readBuffer[..<count])))
         }
+    }
+
+    /// ``readNow(maximumLength:)`` into a caller's buffer (`Connection.receive(into:)`); `.processed(0)` is the
+    /// end of the stream.
+    func readNow(into buffer: UnsafeMutableRawBufferPointer) throws(ConnectionError) -> IOResult<Int> {
+        guard !isClosing, readBuffer != nil else { return .wouldBlock }
+        var fd: uv_os_fd_t = -1
+        guard uv_fileno(csuv_handle(handle), &fd) == 0 else { return .wouldBlock }
+        return try Syscall.recv(fd, buffer, dontWait: true)
     }
 
     /// On the loop thread: resets the connection (see `Syscall.resetConnection`), for an abort; the close that

@@ -8,6 +8,22 @@ public enum IOResult<Value: Sendable>: Sendable {
     case wouldBlock
 }
 
+extension DirectReadCount {
+    /// One non-blocking stream read as `ReceiveQueue.next(into:readingNow:)` takes it: bytes, nothing yet
+    /// (EAGAIN), or the end (0 bytes: the peer finished; an error: the stream failed).
+    public init(reading read: () throws(ConnectionError) -> IOResult<Int>) {
+        do {
+            switch try read() {
+            case .wouldBlock: self = .nothing
+            case .processed(0): self = .end(.finished)
+            case .processed(let count): self = .count(count)
+            }
+        } catch {
+            self = .end(.failed(error))
+        }
+    }
+}
+
 /// Shutdown directions for ``Syscall/shutdown(_:_:)``.
 public enum ShutdownHow: Sendable {
     case read, write, both

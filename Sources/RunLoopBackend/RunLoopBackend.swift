@@ -284,6 +284,20 @@ final class RunLoopTCPConnection: Connection, SocketStreamDelegate, @unchecked S
         try result.get()
     }
 
+    func send(contentsOf bytes: UnsafeRawBufferPointer) async throws(ConnectionError) {
+        // As `send(_:)`, from where the bytes lie: only what the socket does not take now is copied (and queued by
+        // `send(_:)` with no suspension in between, so order is kept).
+        var written = 0
+        if runLoop.loop.inLoop, !closing.load(ordering: .relaxed), writes.isEmpty, shutdownAfterWrites == nil,
+            !outputShut, let output, !bytes.isEmpty
+        {
+            written = output.write(bytes)
+            if written < 0 { throw output.streamError ?? ConnectionError(.reset, "write failed") }
+            if written == bytes.count { return }
+        }
+        try await send(Message(Array(bytes[written...])))
+    }
+
     func receive(maximumLength: Int) async throws(ConnectionError) -> Message? {
         guard runLoop.isCurrent else { return try await inbox.next(maximumLength: maximumLength).map(Message.init) }
         // On the run loop (a task that prefers it): read the stream here, as a delegate would, instead of waiting
@@ -296,6 +310,16 @@ final class RunLoopTCPConnection: Connection, SocketStreamDelegate, @unchecked S
             guard count > 0 else { return .nothing }
             return .element([UInt8](UnsafeRawBufferPointer(rebasing: readBuffer[..<count])))
         }.map(Message.init)
+    }
+
+    func receive(into buffer: UnsafeMutableRawBufferPointer) async throws(ConnectionError) -> Received? {
+        guard runLoop.isCurrent else { return try await inbox.next(into: buffer).map { Received(count: $0) } }
+        // As above, straight into the caller's buffer.
+        return try await inbox.next(into: buffer) { [self] buffer in
+            guard let input else { return .nothing }
+            let count = input.read(into: buffer)
+            return count > 0 ? .count(count) : .nothing
+        }.map { Received(count: $0) }
     }
 
     func closeOutput() async throws(ConnectionError) {
@@ -414,6 +438,8 @@ final class RunLoopUDPConnection: Connection, DatagramSocketDelegate, @unchecked
 
     func send(_ message: Message) async throws(ConnectionError) {
         if closing.load(ordering: .relaxed) { throw .closed() }
+        // On the run loop's thread (a task that prefers it) the socket is ours to use: no hop, no suspension.
+        if runLoop.isCurrent { return try socket.send(message.bytes) }
         try await runDatagramSend { [socket] () throws(ConnectionError) in try socket.send(message.bytes) }
     }
 

@@ -398,11 +398,14 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
     func write(_ bytes: UnsafeRawBufferPointer, from output: SocketOutputStream) -> Int {
         do throws(ConnectionError) {
             let result = try Syscall.send(fd, bytes, dontWait: true)
+            // A write that leaves things as they were (armed, room left, its hasSpaceAvailable already due) changes
+            // no interest: skip the recomputation, which loads both streams through their weak references.
+            let unchanged = outputArmed && outputHasSpace && spaceDeliveryScheduled
             outputArmed = true
             var count = 0
             if case .processed(let written) = result { count = written }
             outputHasSpace = count == bytes.count
-            try updateInterest()
+            if !(unchanged && outputHasSpace) { try updateInterest() }
             return count
         } catch {
             fail(error)

@@ -317,4 +317,22 @@ enum DocSnippets {
         }
     }
     // end snippet
+
+    // snippet: Sources/SocketStyles/SocketStyles.docc/TheConnectionContract.md
+    static func docc_contract_owned_buffers() async throws {
+        let connection = try await Backend.uv.connect(to: Endpoint(url: "tcp://127.0.0.1:9000"))
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 64 * 1024, alignment: 16)
+        defer { buffer.deallocate() }
+        try await connection.send(Array("ping".utf8))
+        try await connection.closeOutput()                     // the echo server ends after echoing
+        try await withTaskExecutorPreference(connection.preferredExecutor) {
+            var total = 0
+            while let received = try await connection.receive(into: buffer) {   // nil once at the end
+                total += received.count                                          // the bytes are buffer[..<received.count]
+            }
+            print(total, "bytes")
+        }
+        await connection.close()
+    }
+    // end snippet
 }

@@ -1,0 +1,161 @@
+import ConnectionTestKit
+import POSIXSupport
+import SocketStyles
+import Testing
+
+/// `receive(into:)` and `send(contentsOf:)`, receiving into and sending from buffers the caller owns, against the
+/// same contract as `receive` and `send`: run for every backend x transport, on the connection's own executor
+/// (where backends read straight into the buffer and write straight from it) and off it.
+@Suite("Conformance: receive(into:) and send(contentsOf:)", .timeLimit(.minutes(5)))
+struct ReceiveIntoTests {
+
+    @Test(
+        "A byte stream fills the buffer in order, ends once, and an empty buffer is refused",
+        arguments: ConformanceCase.streams, [true, false])
+    func byteStream(_ test: ConformanceCase, onItsExecutor: Bool) async throws {
+        try await SocketTest.run {
+            let listener = try await test.listen()
+            let client = try await test.connect(to: listener.localEndpoint)
+            let server = try await listener.accept()
+            // 30,000-byte pieces, then 3 MB in one send (more than the kernel takes at once: the sender copies
+            // the rest, and the receiver sees it in many reads), every piece sent with send(contentsOf:) from one
+            // reused buffer that is overwritten as soon as each send returns.
+            let pieces = [Int](repeating: 30_000, count: 6) + [3_000_000]
+            let payload = pattern(pieces.reduce(0, +), seed: 5)
+            async let sent: Void = {
+                let reused = OwnedBuffer(count: pieces.max()!)
+                defer { reused.buffer.deallocate() }
+                var start = 0
+                for piece in pieces {
+                    payload[start..<(start + piece)].withUnsafeBytes { reused.buffer.copyMemory(from: $0) }
+                    try await client.send(contentsOf: UnsafeRawBufferPointer(rebasing: reused.buffer[..<piece]))
+                    reused.buffer.initializeMemory(as: UInt8.self, repeating: 0xEE)
+                    start += piece
+                }
+                try await client.closeOutput()
+            }()
+            let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 16_000, alignment: 1)
+            defer { buffer.deallocate() }
+            let (received, ends) = try await withTaskExecutorPreference(onItsExecutor ? server.preferredExecutor : nil)
+            {
+                () async throws -> ([UInt8], Int) in
+                var received: [UInt8] = []
+                var ends = 0
+                while true {
+                    guard let chunk = try await server.receive(into: buffer) else {
+                        ends += 1
+                        break
+                    }
+                    #expect(chunk.count > 0 && chunk.count <= buffer.count && chunk.kind == .binary)
+                    received += UnsafeRawBufferPointer(rebasing: buffer[..<chunk.count])
+                }
+                return (received, ends)
+            }
+            try await sent
+            #expect(received == payload)
+            #expect(ends == 1)
+            await expectConnectionError(.closed) { () throws(ConnectionError) in try await server.receive(into: buffer)
+            }
+            await expectConnectionError(.unsupported) { () throws(ConnectionError) in
+                try await client.receive(into: UnsafeMutableRawBufferPointer(rebasing: buffer[..<0]))
+            }
+            await closeBoth(client, server)
+            await listener.close()
+        }
+    }
+
+    @Test(
+        "A message transport gives one whole message (and its kind); one larger than the buffer is refused, the next comes",
+        arguments: ConformanceCase.messages, [true, false])
+    func messages(_ test: ConformanceCase, onItsExecutor: Bool) async throws {
+        try await SocketTest.run {
+            let listener = try await test.listen()
+            let client = try await test.connect(to: listener.localEndpoint)
+            try await client.send([0])  // UDP: the listener yields the peer on its first datagram
+            let server = try await listener.accept()
+            let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 1000, alignment: 1)
+            defer { buffer.deallocate() }
+            try await withTaskExecutorPreference(onItsExecutor ? server.preferredExecutor : nil) { () async throws in
+                #expect(try await server.receive(into: buffer)?.count == 1)
+                let sizes = [0, 10, 999, 1000]
+                for size in sizes { try await client.send(pattern(size, seed: UInt8(size & 0xFF))) }
+                for size in sizes {
+                    let got = try await server.receive(into: buffer)
+                    #expect(got?.count == size)
+                    #expect(
+                        Array(UnsafeRawBufferPointer(rebasing: buffer[..<(got?.count ?? 0)]))
+                            == pattern(size, seed: UInt8(size & 0xFF)))
+                }
+                try await client.send(pattern(1001))
+                let sevens = OwnedBuffer(count: 3)
+                defer { sevens.buffer.deallocate() }
+                sevens.buffer.initializeMemory(as: UInt8.self, repeating: 7)
+                try await client.send(contentsOf: UnsafeRawBufferPointer(sevens.buffer))
+                await expectConnectionError(.messageTooLarge) { () throws(ConnectionError) in
+                    try await server.receive(into: buffer)
+                }
+                #expect(try await server.receive(into: buffer)?.count == 3)
+                #expect(buffer[0] == 7 && buffer[2] == 7)
+                if test.transport != .udp {
+                    try await client.send(.text("héllo"))
+                    let text = try await server.receive(into: buffer)
+                    #expect(text?.kind == .text)
+                    #expect(
+                        String(decoding: UnsafeRawBufferPointer(rebasing: buffer[..<(text?.count ?? 0)]), as: UTF8.self)
+                            == "héllo")
+                }
+            }
+            await closeBoth(client, server)
+            await listener.close()
+        }
+    }
+
+    @Test(
+        "Cancelling a waiting receive(into:) returns promptly and loses nothing", arguments: ConformanceCase.all,
+        [true, false])
+    func cancel(_ test: ConformanceCase, onItsExecutor: Bool) async throws {
+        try await SocketTest.run {
+            let listener = try await test.listen()
+            let client = try await test.connect(to: listener.localEndpoint)
+            try await client.send([0])
+            let server = try await listener.accept()
+            #expect(try await server.receive()?.bytes == [0])
+            let owned = OwnedBuffer(count: 100)
+            defer { owned.buffer.deallocate() }
+            let buffer = owned.buffer
+            let executor = onItsExecutor ? server.preferredExecutor : nil
+            let waiting = Task(executorPreference: executor) { () throws(ConnectionError) in
+                try await server.receive(into: owned.buffer)
+            }
+            waiting.cancel()
+            let result = await waiting.result
+            if case .failure(let error) = result {
+                #expect((error as? ConnectionError)?.kind == .cancelled)
+            } else {
+                Issue.record("a cancelled receive(into:) returned \(result)")
+            }
+            try await client.send([9, 8, 7])
+            var got: [UInt8] = []
+            while got.count < 3, let chunk = try await server.receive(into: buffer) {
+                got += UnsafeRawBufferPointer(rebasing: buffer[..<chunk.count])
+            }
+            #expect(got == [9, 8, 7])
+            await closeBoth(client, server)
+            await listener.close()
+        }
+    }
+}
+
+/// A buffer handed to a task that fills it while this one waits (never both at once).
+private struct OwnedBuffer: @unchecked Sendable {
+    let buffer: UnsafeMutableRawBufferPointer
+    init(count: Int) { buffer = .allocate(byteCount: count, alignment: 1) }
+}
+
+/// Closes both ends at once: each answers the other's WebSocket close frame (or TLS close_notify) while it waits
+/// for its own answer, instead of one waiting out its close timeout for a peer that is not reading.
+private func closeBoth(_ one: any Connection, _ other: any Connection) async {
+    async let first: Void = one.close()
+    await other.close()
+    await first
+}
