@@ -140,10 +140,20 @@ final class WebSocketFrameInboxHandler: ChannelInboundHandler {
             break
         }
         // SwiftNIO hands over the payload as it came (masked) and unmasks a byte at a time (`unmaskedData`; its
-        // documentation suggests unmasking by hand for speed): copied out once, then unmasked 8 bytes at a time.
+        // documentation suggests unmasking by hand for speed): unmasked 8 bytes at a time as it is copied out.
         let key = frame.maskKey.map { key in key.reduce(UInt32(0)) { $0 << 8 | UInt32($1) } }
-        var payload = Array(frame.data.readableBytesView)
-        if let key { WebSocketMasking.apply(key: key, to: &payload) }
+        let payload: [UInt8]
+        if let key {
+            let count = frame.data.readableBytes
+            payload = frame.data.withUnsafeReadableBytes { masked in
+                [UInt8](unsafeUninitializedCapacity: count) { out, initialized in
+                    WebSocketMasking.copy(masked, to: UnsafeMutableRawBufferPointer(out), key: key)
+                    initialized = count
+                }
+            }
+        } else {
+            payload = Array(frame.data.readableBytesView)
+        }
         return .frame(
             WebSocketCodec.WebSocketFrame(
                 fin: frame.fin, opcode: opcode, payload: payload, maskingKey: key, rsv1: frame.rsv1))

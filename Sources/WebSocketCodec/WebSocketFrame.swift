@@ -63,6 +63,38 @@ public enum WebSocketMasking {
         bytes.withUnsafeMutableBytes { apply(key: key, to: $0, offset: offset) }
     }
 
+    /// Copies `source` into `destination` (at least as large) masked with `key`, in one pass: what a frame's
+    /// payload needs on its way into or out of a buffer, without a copy and then a second pass to mask it.
+    /// `offset` is the position of `source[0]` in the payload.
+    public static func copy(
+        _ source: UnsafeRawBufferPointer, to destination: UnsafeMutableRawBufferPointer, key: UInt32, offset: Int = 0
+    ) {
+        let count = source.count
+        guard count > 0, let from = source.baseAddress, let to = destination.baseAddress else { return }
+        precondition(destination.count >= count, "the destination is smaller than the source")
+        let phase = offset & 3
+        // The key in wire order, rotated to the phase, twice: byte i of the word masks byte i of 8.
+        var wide: UInt64 = 0
+        withUnsafeMutableBytes(of: &wide) { raw in
+            for position in 0..<8 {
+                raw[position] = UInt8(truncatingIfNeeded: key >> (24 - 8 * ((phase + position) & 3)))
+            }
+        }
+        var index = 0
+        while index + 8 <= count {
+            let word = from.loadUnaligned(fromByteOffset: index, as: UInt64.self) ^ wide
+            to.storeBytes(of: word, toByteOffset: index, as: UInt64.self)
+            index += 8
+        }
+        // 8 is a multiple of 4: the phase is unchanged after whole words.
+        while index < count {
+            let mask = UInt8(truncatingIfNeeded: key >> (24 - 8 * ((phase + index) & 3)))
+            to.storeBytes(
+                of: from.load(fromByteOffset: index, as: UInt8.self) ^ mask, toByteOffset: index, as: UInt8.self)
+            index += 1
+        }
+    }
+
     /// Masks a raw buffer in place.
     public static func apply(key: UInt32, to buffer: UnsafeMutableRawBufferPointer, offset: Int = 0) {
         guard !buffer.isEmpty else { return }
@@ -102,46 +134,62 @@ public enum WebSocketMasking {
 
 /// Encodes frames to bytes (RFC 6455 §5.2).
 public enum WebSocketFrameEncoder {
-    /// The frame on the wire: header, extended length, masking key, masked payload.
+    /// The frame on the wire: header, extended length, masking key, masked payload. One allocation.
     public static func encode(_ frame: WebSocketFrame) -> [UInt8] {
-        var bytes: [UInt8] = []
+        let size = encodedSize(frame)
+        return [UInt8](unsafeUninitializedCapacity: size) { out, initialized in
+            initialized = encode(frame, into: UnsafeMutableRawBufferPointer(out))
+        }
+    }
+
+    /// The frame's size on the wire: header and payload.
+    public static func encodedSize(_ frame: WebSocketFrame) -> Int {
         let length = frame.payload.count
-        bytes.reserveCapacity(14 + length)
+        let extended = length < 126 ? 0 : length <= 0xFFFF ? 2 : 8
+        return 2 + extended + (frame.maskingKey == nil ? 0 : 4) + length
+    }
+
+    /// Encodes the frame into the start of `buffer` (at least ``encodedSize(_:)`` bytes: a sender's reused
+    /// buffer) and returns the count written. The payload is masked on the way in: one pass, not a copy and
+    /// then a second pass.
+    public static func encode(_ frame: WebSocketFrame, into buffer: UnsafeMutableRawBufferPointer) -> Int {
+        let length = frame.payload.count
+        let total = encodedSize(frame)
+        precondition(buffer.count >= total, "the buffer is smaller than the frame")
         var first = frame.opcode.rawValue
         if frame.fin { first |= 0x80 }
         if frame.rsv1 { first |= 0x40 }
         if frame.rsv2 { first |= 0x20 }
         if frame.rsv3 { first |= 0x10 }
-        bytes.append(first)
+        buffer[0] = first
         let maskBit: UInt8 = frame.maskingKey == nil ? 0 : 0x80
+        var next = 2
         if length < 126 {
-            bytes.append(maskBit | UInt8(length))
+            buffer[1] = maskBit | UInt8(length)
         } else if length <= 0xFFFF {
-            bytes.append(maskBit | 126)
-            bytes.append(UInt8(length >> 8))
-            bytes.append(UInt8(length & 0xFF))
+            buffer[1] = maskBit | 126
+            buffer[2] = UInt8(length >> 8)
+            buffer[3] = UInt8(length & 0xFF)
+            next = 4
         } else {
-            bytes.append(maskBit | 127)
-            for shift in stride(from: 56, through: 0, by: -8) {
-                bytes.append(UInt8(truncatingIfNeeded: UInt64(length) >> UInt64(shift)))
+            buffer[1] = maskBit | 127
+            for index in 0..<8 {
+                buffer[2 + index] = UInt8(truncatingIfNeeded: UInt64(length) >> UInt64(56 - 8 * index))
             }
+            next = 10
         }
         if let key = frame.maskingKey {
-            for shift in stride(from: 24, through: 0, by: -8) {
-                bytes.append(UInt8(truncatingIfNeeded: key >> UInt32(shift)))
-            }
-            let start = bytes.count
-            bytes.append(contentsOf: frame.payload)
-            bytes.withUnsafeMutableBytes { raw in
-                apply(key: key, to: UnsafeMutableRawBufferPointer(rebasing: raw[start...]))
-            }
-        } else {
-            bytes.append(contentsOf: frame.payload)
+            for index in 0..<4 { buffer[next + index] = UInt8(truncatingIfNeeded: key >> UInt32(24 - 8 * index)) }
+            next += 4
         }
-        return bytes
-    }
-
-    private static func apply(key: UInt32, to buffer: UnsafeMutableRawBufferPointer) {
-        WebSocketMasking.apply(key: key, to: buffer)
+        let rest = UnsafeMutableRawBufferPointer(rebasing: buffer[next..<total])
+        frame.payload.withUnsafeBytes { payload in
+            if let key = frame.maskingKey {
+                WebSocketMasking.copy(payload, to: rest, key: key)
+            } else {
+                rest.copyMemory(from: payload)
+            }
+        }
+        return total
     }
 }

@@ -11,6 +11,12 @@ public enum WebSocketRole: Sendable, Hashable {
 /// opcodes are rejected, control frames carry at most 125 bytes and are never fragmented, frames from a client
 /// are masked and frames from a server are not, a 64-bit length has its top bit clear, and no frame exceeds
 /// `maximumFrameSize` (1009).
+///
+/// It parses as bytes are fed: a frame's header is kept (at most 14 bytes) and its payload goes straight from
+/// the bytes fed into the frame's own array, unmasked on the way, so a payload is copied once whatever the
+/// reads that bring it (no buffer of raw frames that is copied out and unmasked later). A violation is thrown
+/// by ``nextFrame()`` after the frames before it; nothing after it is parsed. Set ``allowsCompressedFrames`` and
+/// ``maximumFrameSize`` before feeding the bytes they apply to.
 public struct WebSocketFrameParser: Sendable {
     /// Whose frames this parser reads: `.server` parses what clients send (masked).
     public let role: WebSocketRole
@@ -19,8 +25,26 @@ public struct WebSocketFrameParser: Sendable {
     /// RSV1 is allowed: permessage-deflate was agreed (RFC 7692 §6).
     public var allowsCompressedFrames = false
 
-    private var buffer: [UInt8] = []
-    private var start = 0
+    private struct Header: Sendable {
+        var fin: Bool
+        var rsv1: Bool
+        var opcode: WebSocketOpcode
+        var key: UInt32?
+        var length: Int
+    }
+
+    /// The current frame's header bytes so far (kept inline: a parser allocates only payloads and its list of
+    /// parsed frames).
+    private var headerBytes = HeaderBytes()
+    /// The current frame's header, once all of it arrived.
+    private var current: Header?
+    /// The current frame's payload so far, unmasked.
+    private var payload: [UInt8] = []
+    /// Whole frames not yet returned, from `readyHead` on.
+    private var ready: [WebSocketFrame] = []
+    private var readyHead = 0
+    /// The violation found; thrown once the frames before it were returned.
+    private var failure: WebSocketProtocolError?
 
     /// A parser for the given end of the connection.
     public init(role: WebSocketRole, maximumFrameSize: Int = 16 * 1024 * 1024 + 1024) {
@@ -30,42 +54,108 @@ public struct WebSocketFrameParser: Sendable {
 
     /// Adds received bytes.
     public mutating func feed(_ bytes: [UInt8]) {
-        compact()
-        buffer.append(contentsOf: bytes)
+        bytes.withUnsafeBytes { feed($0) }
     }
 
-    /// The `[UInt8]` form of `feed(_:)` for any collection of bytes. The array form is the hot path: a generic
-    /// called from another module runs unspecialised, a byte at a time.
+    /// The `[UInt8]` form of `feed(_:)` for any collection of bytes.
     public mutating func feed<Bytes: Collection>(_ bytes: Bytes) where Bytes.Element == UInt8 {
-        compact()
-        buffer.append(contentsOf: bytes)
+        let done: Void? = bytes.withContiguousStorageIfAvailable { feed(UnsafeRawBufferPointer($0)) }
+        if done == nil { Array(bytes).withUnsafeBytes { feed($0) } }
     }
 
-    /// Drops consumed bytes: all of them once everything was parsed, or the consumed front once it is large.
-    private mutating func compact() {
-        if start > 0 && start == buffer.count {
-            buffer.removeAll(keepingCapacity: true)
-            start = 0
-        } else if start > 65_536 && start * 2 > buffer.count {
-            buffer.removeFirst(start)
-            start = 0
+    /// Adds received bytes from a buffer the caller keeps (a read buffer): payloads are copied out of it as
+    /// they are parsed, so it can be reused as soon as this returns.
+    public mutating func feed(_ input: UnsafeRawBufferPointer) {
+        var offset = 0
+        let count = input.count
+        while offset < count, failure == nil {
+            if let frame = current {
+                let take = min(frame.length - payload.count, count - offset)
+                let slice = UnsafeRawBufferPointer(rebasing: input[offset..<(offset + take)])
+                offset += take
+                if payload.isEmpty && take == frame.length {
+                    // The whole payload is here: one pass into an array of its size.
+                    payload = [UInt8](unsafeUninitializedCapacity: take) { out, initialized in
+                        let out = UnsafeMutableRawBufferPointer(out)
+                        if let key = frame.key {
+                            WebSocketMasking.copy(slice, to: out, key: key)
+                        } else {
+                            out.copyMemory(from: slice)
+                        }
+                        initialized = take
+                    }
+                } else {
+                    // Part of it: appended, then unmasked while it is still in the cache.
+                    let before = payload.count
+                    // Room for the rest of it at once (not grown by doubling), but not more than 256 KiB ahead of
+                    // bytes that came: a peer cannot make us reserve its declared size by sending one byte.
+                    if before == 0 { payload.reserveCapacity(min(frame.length, 256 * 1024)) }
+                    payload.append(contentsOf: slice.bindMemory(to: UInt8.self))
+                    if let key = frame.key {
+                        payload.withUnsafeMutableBytes { raw in
+                            WebSocketMasking.apply(
+                                key: key, to: UnsafeMutableRawBufferPointer(rebasing: raw[before...]), offset: before)
+                        }
+                    }
+                }
+                if payload.count == frame.length { completeFrame() }
+                continue
+            }
+            // The header: the first two bytes say how long the rest of it is.
+            let needed = headerBytes.count < 2 ? 2 : fullHeaderLength()
+            let take = min(needed - headerBytes.count, count - offset)
+            for index in offset..<(offset + take) { headerBytes.append(input[index]) }
+            offset += take
+            guard headerBytes.count == needed else { continue }
+            do throws(WebSocketProtocolError) {
+                if needed == 2 {
+                    try checkFirstTwoBytes()
+                    if fullHeaderLength() > 2 { continue }
+                }
+                try finishHeader()
+            } catch {
+                failure = error
+            }
         }
     }
 
-    /// Bytes received but not yet part of a returned frame.
-    public var bufferedCount: Int { buffer.count - start }
+    /// Payload bytes of frames not yet returned, and the bytes of the frame being received so far.
+    public var bufferedCount: Int {
+        ready[readyHead...].reduce(headerBytes.count + payload.count) { $0 + $1.payload.count }
+    }
 
     /// The next complete frame, or `nil` when more bytes are needed.
     public mutating func nextFrame() throws(WebSocketProtocolError) -> WebSocketFrame? {
-        let available = buffer.count - start
-        guard available >= 2 else { return nil }
-        let first = buffer[start]
-        let second = buffer[start + 1]
-        let opcode = WebSocketOpcode(rawValue: first & 0x0F)
-        let fin = first & 0x80 != 0
+        if readyHead < ready.count {
+            let frame = ready[readyHead]
+            ready[readyHead].payload = []  // the caller holds the only reference: no copy if it changes it
+            readyHead += 1
+            if readyHead == ready.count {
+                ready.removeAll(keepingCapacity: true)
+                readyHead = 0
+            }
+            return frame
+        }
+        if let failure { throw failure }
+        return nil
+    }
+
+    // MARK: Header
+
+    /// The header's length, known from its first two bytes.
+    private func fullHeaderLength() -> Int {
+        let code = headerBytes[1] & 0x7F
+        let extended = code == 126 ? 2 : code == 127 ? 8 : 0
+        return 2 + extended + (headerBytes[1] & 0x80 != 0 ? 4 : 0)
+    }
+
+    private func checkFirstTwoBytes() throws(WebSocketProtocolError) {
+        let first = headerBytes[0]
+        let second = headerBytes[1]
         try Self.checkReservedBits(
             rsv1: first & 0x40 != 0, rsv2: first & 0x20 != 0, rsv3: first & 0x10 != 0,
             allowsCompressedFrames: allowsCompressedFrames)
+        let opcode = WebSocketOpcode(rawValue: first & 0x0F)
         guard opcode.isKnown else { throw WebSocketProtocolError(.protocolError, "unknown \(opcode)") }
         let masked = second & 0x80 != 0
         switch role {
@@ -73,44 +163,53 @@ public struct WebSocketFrameParser: Sendable {
         case .client where masked: throw WebSocketProtocolError(.protocolError, "a server frame must not be masked")
         default: break
         }
-        var length = UInt64(second & 0x7F)
-        var header = 2
         if opcode.isControl {
-            guard fin else { throw WebSocketProtocolError(.protocolError, "a control frame must not be fragmented") }
-            guard length <= 125 else {
+            guard first & 0x80 != 0 else {
+                throw WebSocketProtocolError(.protocolError, "a control frame must not be fragmented")
+            }
+            guard second & 0x7F <= 125 else {
                 throw WebSocketProtocolError(.protocolError, "a control frame carries at most 125 bytes")
             }
         }
+    }
+
+    private mutating func finishHeader() throws(WebSocketProtocolError) {
+        let first = headerBytes[0]
+        var length = UInt64(headerBytes[1] & 0x7F)
+        var next = 2
         if length == 126 {
-            guard available >= 4 else { return nil }
-            length = UInt64(buffer[start + 2]) << 8 | UInt64(buffer[start + 3])
-            header = 4
+            length = UInt64(headerBytes[2]) << 8 | UInt64(headerBytes[3])
+            next = 4
         } else if length == 127 {
-            guard available >= 10 else { return nil }
             length = 0
-            for index in 2..<10 { length = length << 8 | UInt64(buffer[start + index]) }
+            for index in 2..<10 { length = length << 8 | UInt64(headerBytes[index]) }
             guard length & (1 << 63) == 0 else {
                 throw WebSocketProtocolError(.protocolError, "the most significant bit of a 64-bit length must be 0")
             }
-            header = 10
+            next = 10
         }
         guard length <= UInt64(maximumFrameSize) else {
             throw WebSocketProtocolError(
                 .messageTooBig, "a \(length)-byte frame exceeds the limit of \(maximumFrameSize)")
         }
         var key: UInt32?
-        if masked {
-            guard available >= header + 4 else { return nil }
-            key = 0
-            for index in header..<(header + 4) { key = key! << 8 | UInt32(buffer[start + index]) }
-            header += 4
+        if headerBytes[1] & 0x80 != 0 {
+            key = (next..<(next + 4)).reduce(UInt32(0)) { $0 << 8 | UInt32(headerBytes[$1]) }
         }
-        let total = header + Int(length)
-        guard available >= total else { return nil }
-        var payload = Array(buffer[(start + header)..<(start + total)])
-        if let key { WebSocketMasking.apply(key: key, to: &payload) }
-        start += total
-        return WebSocketFrame(fin: fin, opcode: opcode, payload: payload, maskingKey: key, rsv1: first & 0x40 != 0)
+        current = Header(
+            fin: first & 0x80 != 0, rsv1: first & 0x40 != 0, opcode: WebSocketOpcode(rawValue: first & 0x0F), key: key,
+            length: Int(length))
+        if length == 0 { completeFrame() }
+    }
+
+    private mutating func completeFrame() {
+        guard let frame = current else { return }
+        ready.append(
+            WebSocketFrame(
+                fin: frame.fin, opcode: frame.opcode, payload: payload, maskingKey: frame.key, rsv1: frame.rsv1))
+        payload = []
+        current = nil
+        headerBytes = HeaderBytes()
     }
 
     /// The reserved-bit rule of every frame link (ours and the nio backend's): RSV2 and RSV3 are never set, RSV1
@@ -121,5 +220,28 @@ public struct WebSocketFrameParser: Sendable {
         if rsv2 || rsv3 || (rsv1 && !allowsCompressedFrames) {
             throw WebSocketProtocolError(.protocolError, "reserved bits set without a negotiated extension")
         }
+    }
+}
+
+/// Up to 14 header bytes, inline (two words, little end first).
+private struct HeaderBytes: Sendable {
+    private var low: UInt64 = 0
+    private var high: UInt64 = 0
+    private(set) var count = 0
+
+    subscript(index: Int) -> UInt8 {
+        index < 8
+            ? UInt8(truncatingIfNeeded: low >> UInt64(8 * index))
+            : UInt8(truncatingIfNeeded: high >> UInt64(8 * (index - 8)))
+    }
+
+    mutating func append(_ byte: UInt8) {
+        precondition(count < 16, "a frame header has at most 14 bytes")
+        if count < 8 {
+            low |= UInt64(byte) << UInt64(8 * count)
+        } else {
+            high |= UInt64(byte) << UInt64(8 * (count - 8))
+        }
+        count += 1
     }
 }

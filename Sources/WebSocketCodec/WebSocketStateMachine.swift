@@ -116,6 +116,14 @@ public struct WebSocketStateMachine: Sendable {
             if isText && !validator.feed(frame.payload) {
                 return fail(.invalidFramePayloadData, "invalid UTF-8 in a text message")
             }
+            if frame.fin && fragments.isEmpty {
+                // A message in one frame (the common case) is delivered as the frame's payload: no copy.
+                if isText && !validator.isComplete {
+                    return fail(.invalidFramePayloadData, "a text message ends inside a code point")
+                }
+                fragmentIsText = nil
+                return state == .open ? [.deliver(text: isText, payload: frame.payload)] : []
+            }
             fragments.append(contentsOf: frame.payload)
         }
         guard frame.fin else { return [] }

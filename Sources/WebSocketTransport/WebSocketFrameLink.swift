@@ -38,9 +38,26 @@ package protocol WebSocketFramingConnection: Connection {
 }
 
 /// Frames over any byte stream: our encoder out, our parser in.
-package final class ByteStreamFrameLink: WebSocketFrameLink {
+///
+/// Reads of a bulk transfer go into the link's own buffer (`Connection.receive(into:)`: the backends that can
+/// read straight into it allocate nothing per read), and the parser copies each payload out of it once,
+/// unmasking on the way. The buffer (the stream's read chunk size, 64 KiB) is made when a read first brings 16 KiB
+/// or more; until then a read is an ordinary receive, so an idle connection, waiting in a receive, holds no read
+/// buffer (10,000 idle WebSocket connections would otherwise hold 10,000 of them). Frames go out encoded (and
+/// masked) into a reused buffer, as large as the largest frame sent up to 64 KiB, and sent from it
+/// (`Connection.send(contentsOf:)`): a send allocates nothing and masks into memory that is in the cache.
+package final class ByteStreamFrameLink: WebSocketFrameLink, @unchecked Sendable {
     private let stream: any Connection
     private let parser: Mutex<WebSocketFrameParser>
+    /// Used by the one receive in progress (``WebSocketConnection`` holds its receive lock around it); made
+    /// once a read brings `bulkRead` bytes or more.
+    private var readBuffer: UnsafeMutableRawBufferPointer?
+    private let largestRead: Int
+    private static let bulkRead = 16 * 1024
+    /// Used by the one send in progress (``WebSocketConnection`` holds its send lock around it); frames larger
+    /// than `largestWrite` are encoded into arrays of their own.
+    private var writeBuffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 0, alignment: 16)
+    private let largestWrite = 64 * 1024 + 14
 
     package var framing: String { "SocketStyles WebSocketCodec" }
 
@@ -53,15 +70,35 @@ package final class ByteStreamFrameLink: WebSocketFrameLink {
         parser.allowsCompressedFrames = allowsCompressedFrames
         parser.feed(leftover)
         self.parser = Mutex(parser)
+        largestRead = max(Self.bulkRead, stream.options.readChunkSize)
+    }
+
+    deinit {
+        readBuffer?.deallocate()
+        writeBuffer.deallocate()
     }
 
     package func send(_ frames: [WebSocketFrame]) async throws(ConnectionError) {
-        for frame in frames { try await stream.send(WebSocketFrameEncoder.encode(frame)) }
+        for frame in frames {
+            let size = WebSocketFrameEncoder.encodedSize(frame)
+            guard size <= largestWrite else {
+                try await stream.send(WebSocketFrameEncoder.encode(frame))
+                continue
+            }
+            // Encoded (and masked) into the link's reused buffer, which stays in the cache, and sent from there.
+            if writeBuffer.count < size {
+                writeBuffer.deallocate()
+                writeBuffer = .allocate(byteCount: max(size, min(2 * writeBuffer.count, largestWrite)), alignment: 16)
+            }
+            let buffer = writeBuffer
+            let count = WebSocketFrameEncoder.encode(frame, into: buffer)
+            try await stream.send(contentsOf: UnsafeRawBufferPointer(rebasing: buffer[..<count]))
+        }
     }
 
     package func receive() async throws(ConnectionError) -> WebSocketLinkInput? {
         while true {
-            // Whole frames already buffered first.
+            // Whole frames already parsed first.
             do throws(WebSocketProtocolError) {
                 if let frame = try parser.withLock({ (parser) throws(WebSocketProtocolError) in try parser.nextFrame() }
                 ) {
@@ -70,8 +107,16 @@ package final class ByteStreamFrameLink: WebSocketFrameLink {
             } catch {
                 return .invalid(error)
             }
-            guard let chunk = try await stream.receive() else { return nil }
-            parser.withLock { $0.feed(chunk.bytes) }
+            if let buffer = readBuffer {
+                guard let received = try await stream.receive(into: buffer) else { return nil }
+                parser.withLock { $0.feed(UnsafeRawBufferPointer(rebasing: buffer[..<received.count])) }
+            } else {
+                guard let chunk = try await stream.receive(maximumLength: largestRead) else { return nil }
+                parser.withLock { $0.feed(chunk.bytes) }
+                if chunk.bytes.count >= Self.bulkRead {
+                    readBuffer = .allocate(byteCount: largestRead, alignment: 16)
+                }
+            }
         }
     }
 }

@@ -71,6 +71,40 @@ struct WebSocketCodecTests {
         #expect(try parser.nextFrame()?.payload == payload)
     }
 
+    @Test("Pieces of any size, fed from a reused buffer, give the same frames as the whole stream, in both roles")
+    func randomPieces() throws {
+        var state: UInt64 = 42
+        func nextPiece() -> Int {
+            state = state &* 6_364_136_223_846_793_005 &+ 1_442_695_040_888_963_407
+            return Int(state >> 33) % 3000 + 1
+        }
+        for role in [WebSocketRole.server, .client] {
+            let frames = [0, 1, 125, 126, 1000, 70_000, 3].enumerated().map { index, size in
+                WebSocketFrame(
+                    fin: index != 5, opcode: index == 6 ? .continuation : .binary,
+                    payload: (0..<size).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ index) },
+                    maskingKey: role == .server ? UInt32(truncatingIfNeeded: 0x9E37_79B9 &* (index + 1)) : nil)
+            }
+            let stream = frames.flatMap(WebSocketFrameEncoder.encode)
+            for _ in 0..<20 {
+                var parser = WebSocketFrameParser(role: role)
+                var parsed: [WebSocketFrame] = []
+                var reused = [UInt8](repeating: 0, count: 4096)
+                var offset = 0
+                while offset < stream.count {
+                    let piece = min(nextPiece(), stream.count - offset)
+                    reused.replaceSubrange(0..<piece, with: stream[offset..<(offset + piece)])
+                    reused.withUnsafeBytes { parser.feed(UnsafeRawBufferPointer(rebasing: $0[..<piece])) }
+                    for index in 0..<piece { reused[index] = 0xEE }  // the parser must have copied what it keeps
+                    while let frame = try parser.nextFrame() { parsed.append(frame) }
+                    offset += piece
+                }
+                #expect(parsed == frames)
+                #expect(parser.bufferedCount == 0)
+            }
+        }
+    }
+
     @Test("Bytes fed one at a time give the same frames")
     func dripFeed() throws {
         var stream: [UInt8] = []
@@ -91,7 +125,9 @@ struct WebSocketCodecTests {
         #expect(parser.bufferedCount == 0)
     }
 
-    @Test("Masking 8 bytes at a time equals byte-by-byte masking at any offset and length")
+    @Test(
+        "Masking 8 bytes at a time (in place, or in one pass while copying) equals byte-by-byte masking at any offset and length"
+    )
     func masking() {
         let key: UInt32 = 0xA1B2_C3D4
         let keyBytes: [UInt8] = [0xA1, 0xB2, 0xC3, 0xD4]
@@ -99,8 +135,21 @@ struct WebSocketCodecTests {
             for offset in 0..<4 {
                 var fast = (0..<length).map { UInt8(truncatingIfNeeded: $0 &* 7 &+ 1) }
                 let expected = fast.enumerated().map { $0.element ^ keyBytes[($0.offset + offset) & 3] }
+                let source = fast
                 WebSocketMasking.apply(key: key, to: &fast, offset: offset)
                 #expect(fast == expected, "length \(length) offset \(offset)")
+                // The one-pass copy, from an odd address into a larger buffer: same bytes, nothing past the end.
+                var padded = [UInt8](repeating: 0xEE, count: length + 9)
+                ([0x55] + source).withUnsafeBytes { from in
+                    padded.withUnsafeMutableBytes { to in
+                        WebSocketMasking.copy(
+                            UnsafeRawBufferPointer(rebasing: from[1...]),
+                            to: UnsafeMutableRawBufferPointer(rebasing: to[1...]),
+                            key: key, offset: offset)
+                    }
+                }
+                #expect(Array(padded[1..<(1 + length)]) == expected, "copy: length \(length) offset \(offset)")
+                #expect(padded[0] == 0xEE && padded[(length + 1)...].allSatisfy { $0 == 0xEE })
             }
         }
     }
