@@ -135,7 +135,7 @@ struct Compare: AsyncParsableCommand {
             backends: chosenBackends.map(\.rawValue), transports: chosenTransports.map(\.rawValue),
             scenarios: chosenScenarios, repetitions: repetitions ?? (full ? 5 : 3),
             pingpongCount: count ?? (full ? 10_000 : 2_000), pingpongWarmup: warmup, rateSeconds: full ? 2 : 0.5,
-            pumpBytes: full ? 128 << 20 : 32 << 20, connectCount: full ? 200 : 30, faninCount: full ? 500 : 100,
+            pumpBytes: full ? 1024 << 20 : 256 << 20, connectCount: full ? 200 : 30, faninCount: full ? 500 : 100,
             placement: placement, serverCPU: serverCPU, clientCPU: clientCPU,
             options:
                 "TCP_NODELAY on; SO_RCVBUF/SO_SNDBUF system defaults; read chunk \(defaults.readChunkSize) B; UDP buffer \(defaults.maxDatagramSize) B; receive queue \(defaults.receiveQueueLimit) B; TLS \(TLSLibrary.version), TLS 1.3, certificate verified against a throwaway CA"
