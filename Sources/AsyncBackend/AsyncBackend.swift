@@ -77,6 +77,10 @@ final class AsyncConnection: Connection, Sendable {
         try await socket.send(contentsOf: bytes)
     }
 
+    func send(batch: [UnsafeRawBufferPointer]) async throws(ConnectionError) {
+        if transport == .udp { try await socket.send(batch: batch) } else { try await sendEach(batch) }
+    }
+
     func receive(maximumLength: Int) async throws(ConnectionError) -> Message? {
         try await socket.receive(maximumLength: maximumLength).map(Message.init)
     }

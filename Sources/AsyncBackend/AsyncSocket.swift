@@ -290,10 +290,19 @@ public final class AsyncSocket: Sendable {
         }
     }
 
+    /// Sends datagrams (a connected UDP socket), as few system calls as the kernel allows
+    /// (`Syscall.sendDatagrams`: sendmmsg, UDP GSO), waiting for room when the socket buffer is full.
+    public func send(batch datagrams: [UnsafeRawBufferPointer]) async throws(ConnectionError) {
+        try await send(count: datagrams.count, countsDatagrams: true) { (fd, sent) throws(ConnectionError) in
+            try Syscall.sendDatagrams(fd, datagrams, from: sent, dontWait: true)
+        }
+    }
+
     /// The send loop, inside the write gate: non-blocking send(2) from `offset` (`write`), and on EAGAIN a wait
-    /// for room.
+    /// for room. With `countsDatagrams`, `write` sends datagrams from the `offset`-th on and returns how many
+    /// went; otherwise a processed UDP send is one whole datagram.
     private func send(
-        count: Int, _ write: (Int32, Int) throws(ConnectionError) -> IOResult<Int>
+        count: Int, countsDatagrams: Bool = false, _ write: (Int32, Int) throws(ConnectionError) -> IOResult<Int>
     ) async throws(ConnectionError) {
         if !writeGate.tryEnter() { await writeGate.enter() }
         defer { writeGate.leave() }
@@ -303,7 +312,7 @@ public final class AsyncSocket: Sendable {
         repeat {
             switch try write(fd, offset) {
             case .processed(let written):
-                if transport == .udp { return }
+                if transport == .udp && !countsDatagrams { return }
                 offset += written
             case .wouldBlock:
                 do throws(ConnectionError) {

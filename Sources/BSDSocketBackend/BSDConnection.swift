@@ -181,6 +181,12 @@ final class BSDConnection: Connection, @unchecked Sendable {
         try await core.writer.send(contentsOf: bytes)
     }
 
+    func send(batch: [UnsafeRawBufferPointer]) async throws(ConnectionError) {
+        guard transport == .udp else { return try await sendEach(batch) }
+        if core.closing.load(ordering: .relaxed) { throw .closed() }
+        try await core.writer.send(batch: batch)
+    }
+
     func receive(maximumLength: Int) async throws(ConnectionError) -> Message? {
         let core = core
         let bytes: [UInt8]?

@@ -46,6 +46,21 @@ final class BSDWriter: @unchecked Sendable {
         try await enqueue { Job(bytes: Array(bytes), offset: offset, address: nil, completion: $0) }
     }
 
+    /// Sends datagrams (a connected UDP socket) on the caller's thread, as few system calls as the kernel
+    /// allows (`Syscall.sendDatagrams`: sendmmsg, UDP GSO), never blocking; what the kernel does not take at
+    /// once goes the way of every send (copied, to the writer thread).
+    func send(batch datagrams: [UnsafeRawBufferPointer]) async throws(ConnectionError) {
+        let sent = try lock.withLock { () throws(ConnectionError) -> Int in
+            if stopped { throw .closed() }
+            guard jobs.isEmpty, !busy else { return 0 }
+            switch try Syscall.sendDatagrams(socket.descriptor, datagrams, dontWait: true) {
+            case .processed(let count): return count
+            case .wouldBlock: return 0
+            }
+        }
+        for bytes in datagrams[sent...] { try await send(contentsOf: bytes) }
+    }
+
     /// The fast path, on the caller's thread, never blocking (MSG_DONTWAIT): `nil` when everything went, else
     /// the offset from which the writer thread must go on (0 when something is queued before it).
     private func sendNow(_ bytes: UnsafeRawBufferPointer, to address: SocketAddress?) throws(ConnectionError) -> Int? {

@@ -147,3 +147,138 @@ int csock_forward_signals_to(int fd) {
     if (sigaction(SIGINT, &action, NULL) != 0) return -1;
     return sigaction(SIGTERM, &action, NULL);
 }
+
+#include <netinet/udp.h>
+#include <sys/uio.h>
+#ifndef UDP_SEGMENT
+#define UDP_SEGMENT 103
+#endif
+#ifndef UDP_GRO
+#define UDP_GRO 104
+#endif
+
+static atomic_int gso_state = -1;  // -1 not probed yet, 0 absent, 1 present
+static atomic_int gro_state = -1;
+
+static int probe_udp_option(int option) {
+    int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return 0;
+    int value = option == UDP_SEGMENT ? 1400 : 1;
+    int ok = setsockopt(fd, IPPROTO_UDP, option, &value, sizeof value) == 0;
+    close(fd);
+    return ok;
+}
+
+int csock_udp_gso_state(void) {
+    int state = atomic_load(&gso_state);
+    if (state < 0) {
+        state = probe_udp_option(UDP_SEGMENT);
+        atomic_store(&gso_state, state);
+    }
+    return state;
+}
+
+int csock_udp_gro_state(void) {
+    int state = atomic_load(&gro_state);
+    if (state < 0) {
+        state = probe_udp_option(UDP_GRO);
+        atomic_store(&gro_state, state);
+    }
+    return state;
+}
+
+enum { batch_limit = 64, gso_bytes_limit = 65000 };
+
+/// One segmented sendmsg of datagrams [first, first + n): all `lengths[first]` bytes but the last (which may
+/// be shorter). Returns 0 or -1 (errno set).
+static int send_segmented(
+    int fd, const void *const *bases, const size_t *lengths, int first, int n, const struct sockaddr *addr,
+    socklen_t addr_len, int flags) {
+    struct iovec iov[batch_limit];
+    for (int i = 0; i < n; i++) {
+        iov[i].iov_base = (void *)bases[first + i];
+        iov[i].iov_len = lengths[first + i];
+    }
+    union {
+        char buffer[CMSG_SPACE(sizeof(uint16_t))];
+        struct cmsghdr align;
+    } control;
+    memset(&control, 0, sizeof control);
+    struct msghdr message;
+    memset(&message, 0, sizeof message);
+    message.msg_name = (void *)addr;
+    message.msg_namelen = addr ? addr_len : 0;
+    message.msg_iov = iov;
+    message.msg_iovlen = (size_t)n;
+    message.msg_control = control.buffer;
+    message.msg_controllen = sizeof control.buffer;
+    struct cmsghdr *header = CMSG_FIRSTHDR(&message);
+    header->cmsg_level = IPPROTO_UDP;
+    header->cmsg_type = UDP_SEGMENT;
+    header->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+    uint16_t segment = (uint16_t)lengths[first];
+    memcpy(CMSG_DATA(header), &segment, sizeof segment);
+    ssize_t sent;
+    do { sent = sendmsg(fd, &message, flags); } while (sent < 0 && errno == EINTR);
+    return sent < 0 ? -1 : 0;
+}
+
+/// sendmmsg of datagrams [first, first + n), n <= batch_limit. Returns how many went, or -1 (errno set).
+static int send_each(
+    int fd, const void *const *bases, const size_t *lengths, int first, int n, const struct sockaddr *addr,
+    socklen_t addr_len, int flags) {
+    struct iovec iov[batch_limit];
+    struct mmsghdr messages[batch_limit];
+    memset(messages, 0, sizeof(struct mmsghdr) * (size_t)n);
+    for (int i = 0; i < n; i++) {
+        iov[i].iov_base = (void *)bases[first + i];
+        iov[i].iov_len = lengths[first + i];
+        messages[i].msg_hdr.msg_iov = &iov[i];
+        messages[i].msg_hdr.msg_iovlen = 1;
+        messages[i].msg_hdr.msg_name = (void *)addr;
+        messages[i].msg_hdr.msg_namelen = addr ? addr_len : 0;
+    }
+    int sent;
+    do { sent = sendmmsg(fd, messages, (unsigned)n, flags); } while (sent < 0 && errno == EINTR);
+    return sent;
+}
+
+int csock_send_datagrams(
+    int fd, const void *const *bases, const size_t *lengths, int count, const struct sockaddr *addr,
+    socklen_t addr_len, int dont_wait, int gso) {
+    int flags = MSG_NOSIGNAL | (dont_wait ? MSG_DONTWAIT : 0);
+    int done = 0;
+    while (done < count) {
+        // The run of datagrams that can go as one segmented send: equal sizes, the last may be shorter.
+        int run = 1;
+        if (gso && csock_udp_gso_state() == 1 && lengths[done] > 0) {
+            size_t size = lengths[done], total = size;
+            // An empty datagram cannot be a segment (it would add no bytes): it ends the run.
+            while (done + run < count && run < batch_limit && lengths[done + run] > 0 && lengths[done + run] <= size
+                   && total + lengths[done + run] <= gso_bytes_limit) {
+                total += lengths[done + run];
+                run++;
+                if (lengths[done + run - 1] < size) break;
+            }
+        }
+        int result;
+        if (run > 1) {
+            result = send_segmented(fd, bases, lengths, done, run, addr, addr_len, flags);
+            if (result < 0 && (errno == EIO || errno == EINVAL || errno == ENOPROTOOPT || errno == EOPNOTSUPP)) {
+                // This socket's route cannot segment (no checksum offload, say): send these one by one.
+                result = send_each(fd, bases, lengths, done, run, addr, addr_len, flags);
+                if (result >= 0) { done += result; if (result < run) return done; continue; }
+            } else if (result == 0) {
+                done += run;
+                continue;
+            }
+        } else {
+            int n = count - done < batch_limit ? count - done : batch_limit;
+            if (gso && csock_udp_gso_state() == 1) n = 1;  // the next datagram starts a run of its own
+            result = send_each(fd, bases, lengths, done, n, addr, addr_len, flags);
+            if (result >= 0) { done += result; if (result < n) return done; continue; }
+        }
+        return done > 0 ? done : -1;
+    }
+    return done;
+}

@@ -43,6 +43,17 @@ public protocol Connection: AnyObject, Sendable {
     /// that the connection no longer refers to them.
     func send(contentsOf bytes: UnsafeRawBufferPointer) async throws(ConnectionError)
 
+    /// Sends several messages, in order, each as ``send(contentsOf:)`` sends one (UDP: one datagram each;
+    /// WebSocket: one binary message each; byte streams: the bytes of each, appended), in as few system calls as
+    /// the transport allows: on UDP, bsd, uv, runloop and async hand the batch to the kernel with sendmmsg(2),
+    /// and a run of equal-sized datagrams as one segmented send (UDP GSO) where the kernel has it, which is
+    /// what a bulk UDP sender wants. Other transports and backends send the buffers one by one.
+    ///
+    /// Each buffer must stay valid and unchanged until the call returns. Another task's concurrent send may
+    /// come between two messages of a batch, never inside one. When a datagram fails (ENOBUFS, say), the call
+    /// throws as ``send(contentsOf:)`` would: the datagrams before it were sent, the ones after it were not.
+    func send(batch: [UnsafeRawBufferPointer]) async throws(ConnectionError)
+
     /// Receives what is available, waiting for at least one byte (stream) or one message (UDP, WebSocket).
     ///
     /// - Parameter maximumLength: the most bytes a stream receive returns; message transports ignore it and
@@ -97,6 +108,16 @@ extension Connection {
     /// The portable form of ``send(contentsOf:)``: copies the bytes into a message.
     public func send(contentsOf bytes: UnsafeRawBufferPointer) async throws(ConnectionError) {
         try await send(Message(Array(bytes)))
+    }
+
+    /// The portable form of ``send(batch:)``: one ``send(contentsOf:)`` per buffer.
+    public func send(batch: [UnsafeRawBufferPointer]) async throws(ConnectionError) {
+        try await sendEach(batch)
+    }
+
+    /// One ``send(contentsOf:)`` per buffer, in order: what ``send(batch:)`` does where nothing batches.
+    public func sendEach(_ batch: [UnsafeRawBufferPointer]) async throws(ConnectionError) {
+        for bytes in batch { try await send(contentsOf: bytes) }
     }
 
     /// The portable form of ``receive(into:)``: receives a message and copies it into the buffer. A backend

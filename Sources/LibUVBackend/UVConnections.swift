@@ -296,6 +296,13 @@ final class UVUDPConnection: Connection, @unchecked Sendable {
         try await sendDatagram(message.bytes, on: udp, to: nil, loop: loop)
     }
 
+    func send(batch: [UnsafeRawBufferPointer]) async throws(ConnectionError) {
+        if closing.load(ordering: .relaxed) { throw .closed() }
+        // On the loop thread, straight to the socket; what it does not take then goes the way of every send.
+        let sent = loop.isOnLoopThread ? try udp.trySend(batch: batch, from: 0) : 0
+        for bytes in batch[sent...] { try await sendDatagram(Array(bytes), on: udp, to: nil, loop: loop) }
+    }
+
     func receive(maximumLength: Int) async throws(ConnectionError) -> Message? {
         guard let bytes = try await inbox.next() else { return nil }
         return Message(bytes)

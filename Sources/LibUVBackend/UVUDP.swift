@@ -103,6 +103,19 @@ public final class UVUDP: UVHandle, @unchecked Sendable {
         return try result.get()
     }
 
+    /// Sends datagrams straight on the socket, as few system calls as the kernel allows
+    /// (`Syscall.sendDatagrams`: sendmmsg, UDP GSO), when nothing is queued in libuv before them (so order is
+    /// kept). Returns how many went from `start` on: 0 when sends are queued or the socket buffer is full.
+    func trySend(batch: [UnsafeRawBufferPointer], from start: Int) throws(ConnectionError) -> Int {
+        guard !isClosing, uv_udp_get_send_queue_count(udp) == 0 else { return 0 }
+        var fd: uv_os_fd_t = -1
+        guard uv_fileno(csuv_handle(handle), &fd) == 0 else { return 0 }
+        switch try Syscall.sendDatagrams(fd, batch, from: start, dontWait: true) {
+        case .processed(let count): return count
+        case .wouldBlock: return 0
+        }
+    }
+
     /// `uv_udp_send`: queues one datagram (kept alive until the callback).
     public func send(
         _ bytes: [UInt8], to address: SocketAddress?, _ callback: @escaping (UVError?) -> Void

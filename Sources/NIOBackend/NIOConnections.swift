@@ -381,6 +381,25 @@ final class NIODatagramConnection: Connection, Sendable {
         }
     }
 
+    /// SwiftNIO's own batching: the datagrams are written on the event loop and flushed once, which its
+    /// datagram channel hands to the kernel with sendmmsg(2). (Its UDP GSO is a channel option fixing one
+    /// segment size for every send, so it is not used here.)
+    func send(batch: [UnsafeRawBufferPointer]) async throws(ConnectionError) {
+        if closed.load(ordering: .relaxed) { throw .closed() }
+        guard !batch.isEmpty else { return }
+        let buffers = batch.map { ByteBuffer(bytes: $0) }
+        let channel = channel
+        do {
+            try await channel.eventLoop.flatSubmit {
+                var writes = buffers.dropLast().map { channel.write($0) }
+                writes.append(channel.writeAndFlush(buffers[buffers.count - 1]))
+                return EventLoopFuture.andAllSucceed(writes, on: channel.eventLoop)
+            }.get()
+        } catch {
+            throw closed.load(ordering: .relaxed) ? .closed() : connectionError(error, "send")
+        }
+    }
+
     func receive(maximumLength: Int) async throws(ConnectionError) -> Message? {
         try await inbox.next().map(Message.init)
     }

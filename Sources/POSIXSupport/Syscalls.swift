@@ -289,6 +289,53 @@ public enum Syscall {
             { address.withSockAddr { Glibc.sendto(fd, buffer.baseAddress, buffer.count, flags, $0, $1) } })
     }
 
+    /// Sends `datagrams[start...]` in order, as few system calls as the kernel allows: runs of equal-sized
+    /// datagrams as one segmented send (UDP GSO) when ``udpSegmentationAvailable``, the rest by sendmmsg(2).
+    /// Returns how many of them left (at least one), `.wouldBlock` when none could (MSG_DONTWAIT when
+    /// `dontWait`); throws only when not even the first went.
+    public static func sendDatagrams(
+        _ fd: Int32, _ datagrams: [UnsafeRawBufferPointer], from start: Int = 0, to address: SocketAddress? = nil,
+        dontWait: Bool = false
+    ) throws(ConnectionError) -> IOResult<Int> {
+        let count = datagrams.count - start
+        guard count > 0 else { return .processed(0) }
+        return try withUnsafeTemporaryAllocation(of: UnsafeRawPointer?.self, capacity: count) {
+            (bases) throws(ConnectionError) -> IOResult<Int> in
+            try withUnsafeTemporaryAllocation(of: Int.self, capacity: count) {
+                (lengths) throws(ConnectionError) -> IOResult<Int> in
+                for index in 0..<count {
+                    let datagram = datagrams[start + index]
+                    // A zero-length datagram has no base address; any valid pointer does for it.
+                    bases[index] = datagram.baseAddress ?? UnsafeRawPointer(bitPattern: 1)
+                    lengths[index] = datagram.count
+                }
+                return try retryingIO(
+                    "sendmmsg",
+                    {
+                        let sent: Int32 =
+                            if let address {
+                                address.withSockAddr {
+                                    csock_send_datagrams(
+                                        fd, bases.baseAddress, lengths.baseAddress, Int32(count), $0, $1,
+                                        dontWait ? 1 : 0, 1)
+                                }
+                            } else {
+                                csock_send_datagrams(
+                                    fd, bases.baseAddress, lengths.baseAddress, Int32(count), nil, 0, dontWait ? 1 : 0,
+                                    1)
+                            }
+                        return Int(sent)
+                    })
+            }
+        }
+    }
+
+    /// Whether this kernel segments UDP sends (UDP_SEGMENT, "GSO"), probed once on a throwaway socket.
+    public static var udpSegmentationAvailable: Bool { csock_udp_gso_state() == 1 }
+    /// Whether this kernel can coalesce UDP receives (UDP_GRO), probed once; the backends do not use it (a
+    /// coalesced receive would have to be split again for `receive` to give one datagram).
+    public static var udpReceiveCoalescingAvailable: Bool { csock_udp_gro_state() == 1 }
+
     /// recvfrom(2) with MSG_TRUNC: returns the datagram's real size (above the buffer size when truncated) and
     /// its sender.
     public static func recvFrom(

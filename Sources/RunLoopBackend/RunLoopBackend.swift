@@ -443,6 +443,12 @@ final class RunLoopUDPConnection: Connection, DatagramSocketDelegate, @unchecked
         try await runDatagramSend { [socket] () throws(ConnectionError) in try socket.send(message.bytes) }
     }
 
+    func send(batch: [UnsafeRawBufferPointer]) async throws(ConnectionError) {
+        if closing.load(ordering: .relaxed) { throw .closed() }
+        if runLoop.isCurrent { return try socket.send(batch: batch) }
+        try await sendEach(batch)
+    }
+
     private func runDatagramSend(
         _ body: @escaping @Sendable () throws(ConnectionError) -> Void
     )

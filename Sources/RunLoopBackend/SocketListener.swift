@@ -186,6 +186,18 @@ public final class DatagramSocket: EpollHandler, @unchecked Sendable {
         try runLoop.loop.modify(fd, events: Syscall.epollIn | Syscall.epollOut)
     }
 
+    /// Sends datagrams to the connected peer, as few system calls as the kernel allows
+    /// (`Syscall.sendDatagrams`: sendmmsg, UDP GSO); what the socket buffer does not take is queued, in order,
+    /// as ``send(_:to:)`` queues it.
+    public func send(batch: [UnsafeRawBufferPointer]) throws(ConnectionError) {
+        guard !isClosed else { throw .closed() }
+        var sent = 0
+        if pending.isEmpty, case .processed(let count) = try Syscall.sendDatagrams(fd, batch, dontWait: true) {
+            sent = count
+        }
+        for bytes in batch[sent...] { try send(Array(bytes)) }
+    }
+
     private func trySend(_ bytes: [UInt8], to address: SocketAddress?) throws(ConnectionError) -> Bool {
         let result = try bytes.withBytes { (raw) throws(ConnectionError) in
             if let address { return try Syscall.sendTo(fd, raw, to: address, dontWait: true) }

@@ -10,7 +10,8 @@ struct PumpCommand: AsyncParsableCommand {
         discussion: """
             Writes --size bytes at a time for --time seconds (10 by default) or until --bytes went out, then asks \
             the sink what arrived: the rate counts bytes delivered, not bytes queued. udp: datagrams of --size \
-            bytes, each numbered; the sink's counts give received, lost and reordered. --interval prints what \
+            bytes, each numbered, handed over --batch at a time (sendmmsg, and UDP GSO where the kernel has it); \
+            the sink's counts give received, lost and reordered. --interval prints what \
             the sender wrote in each interval, as iperf3's -i does; SIGINT or SIGTERM ends the run early with \
             its summary. The CPU figure is this client's (the sink's is its own process's).
             """
@@ -34,6 +35,9 @@ struct PumpCommand: AsyncParsableCommand {
     @Option(help: "Print a line every this many seconds: what the sender wrote in that interval.")
     var interval: Double?
 
+    @Option(help: "udp: datagrams per send(batch:) (sendmmsg, UDP GSO); 1 sends each on its own.")
+    var batch: Int = PumpRunner.defaultBatch
+
     @Option(help: "Pin this client to a CPU.")
     var cpu: Int?
 
@@ -50,6 +54,7 @@ struct PumpCommand: AsyncParsableCommand {
         if time != nil && bytes != nil { throw ValidationError("give --time or --bytes, not both") }
         if let time, time <= 0 { throw ValidationError("--time must be more than 0 seconds") }
         if let bytes, bytes < 1 { throw ValidationError("--bytes must be at least 1") }
+        if batch < 1 || batch > 1024 { throw ValidationError("--batch must be 1 to 1024") }
         if let interval, interval <= 0 { throw ValidationError("--interval must be more than 0 seconds") }
         guard timeout > 0 else { throw ValidationError("--timeout must be more than 0 seconds") }
     }
@@ -71,6 +76,7 @@ struct PumpCommand: AsyncParsableCommand {
             seconds: bytes == nil ? (time ?? 10) : nil, json: json, line: Self.intervalLine)
         var runner = PumpRunner(size: size, totalBytes: bytes ?? Int.max / 2)
         runner.stop = control.stop
+        runner.batch = batch
         if let interval {
             runner.reportEvery = .milliseconds(Int64(interval * 1000))
             runner.onInterval = control.report

@@ -111,6 +111,49 @@ struct ReceiveIntoTests {
     }
 
     @Test(
+        "send(batch:) sends every buffer in order, as one message each (datagrams, WebSocket) or appended (streams)",
+        arguments: ConformanceCase.all, [true, false])
+    func batch(_ test: ConformanceCase, onItsExecutor: Bool) async throws {
+        // A lost datagram would leave the receive waiting: bounded well above the ~50 ms a case takes.
+        try await SocketTest.run(timeLimit: .seconds(15)) {
+            let listener = try await test.listen()
+            let client = try await test.connect(to: listener.localEndpoint)
+            try await client.send([0])
+            let server = try await listener.accept()
+            #expect(try await server.receive()?.bytes == [0])
+            // Runs of equal sizes (one segmented send each where the kernel has UDP GSO), a shorter one ending a
+            // run, an empty message between runs, a larger one starting a new run; small enough in all that a
+            // loopback UDP receive buffer holds it.
+            let sizes = [1000, 1000, 1000, 1000, 400, 1000, 1000, 0, 7, 7, 1200, 3]
+            let messages = sizes.enumerated().map { pattern($0.element, seed: UInt8($0.offset)) }
+            let owned = OwnedBuffer(count: sizes.reduce(0, +))
+            defer { owned.buffer.deallocate() }
+            var batch: [UnsafeRawBufferPointer] = []
+            var offset = 0
+            for message in messages {
+                let slot = UnsafeMutableRawBufferPointer(rebasing: owned.buffer[offset..<(offset + message.count)])
+                message.withUnsafeBytes { slot.copyMemory(from: $0) }
+                batch.append(UnsafeRawBufferPointer(slot))
+                offset += message.count
+            }
+            let executor = onItsExecutor ? client.preferredExecutor : nil
+            try await withTaskExecutorPreference(executor) { () async throws in
+                try await client.send(batch: batch)
+                try await client.send(batch: [])
+            }
+            // The connection no longer refers to the buffers once the call returned.
+            owned.buffer.initializeMemory(as: UInt8.self, repeating: 0xEE)
+            if test.transport.isByteStream {
+                #expect(try await server.receive(exactly: offset) == Array(messages.joined()))
+            } else {
+                for message in messages { #expect(try await server.receive()?.bytes == message) }
+            }
+            await closeBoth(client, server)
+            await listener.close()
+        }
+    }
+
+    @Test(
         "Cancelling a waiting receive(into:) returns promptly and loses nothing", arguments: ConformanceCase.all,
         [true, false])
     func cancel(_ test: ConformanceCase, onItsExecutor: Bool) async throws {

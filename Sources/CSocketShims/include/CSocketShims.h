@@ -75,4 +75,19 @@ int csock_pipe_cloexec(int fds[2]);
 /// thread reading the pipe can clean up outside the signal handler.
 int csock_forward_signals_to(int fd);
 
+/// Batched UDP sends. `csock_udp_gso_state()`: 1 when this kernel segments UDP (UDP_SEGMENT, "GSO"), 0 when
+/// it does not, probed once on a throwaway socket; `csock_udp_gro_state()` the same for UDP_GRO.
+int csock_udp_gso_state(void);
+int csock_udp_gro_state(void);
+
+/// Sends `count` datagrams, the i-th being `lengths[i]` bytes at `bases[i]`, in order, on `fd` (connected
+/// unless `addr` is given), with MSG_NOSIGNAL (and MSG_DONTWAIT when `dont_wait`). Runs of equal-sized
+/// datagrams go as one segmented send (UDP GSO: at most 64 segments and 65,000 bytes per call) when `gso` is
+/// non-zero and the kernel has it; the rest go by sendmmsg(2). Returns how many datagrams left (the first ones);
+/// -1 with errno set when not even the first went (EAGAIN when the socket buffer is full). A failure after the
+/// first datagram returns the count so far: sending the rest again reports it.
+int csock_send_datagrams(
+    int fd, const void *const *bases, const size_t *lengths, int count, const struct sockaddr *addr,
+    socklen_t addr_len, int dont_wait, int gso);
+
 #endif
