@@ -79,7 +79,7 @@ struct WebSocketCodecTests {
             return Int(state >> 33) % 3000 + 1
         }
         for role in [WebSocketRole.server, .client] {
-            let frames = [0, 1, 125, 126, 1000, 70_000, 3].enumerated().map { index, size in
+            let frames = [0, 1, 125, 126, 1000, 70_000, 300_000, 3].enumerated().map { index, size in
                 WebSocketFrame(
                     fin: index != 5, opcode: index == 6 ? .continuation : .binary,
                     payload: (0..<size).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ index) },
