@@ -169,23 +169,19 @@ static int probe_udp_option(int option) {
     return ok;
 }
 
-int csock_udp_gso_state(void) {
-    int state = atomic_load(&gso_state);
-    if (state < 0) {
-        state = probe_udp_option(UDP_SEGMENT);
-        atomic_store(&gso_state, state);
+/// The probe's answer for `option`, found once and kept in `state`.
+static int cached_probe(atomic_int *state, int option) {
+    int value = atomic_load(state);
+    if (value < 0) {
+        value = probe_udp_option(option);
+        atomic_store(state, value);
     }
-    return state;
+    return value;
 }
 
-int csock_udp_gro_state(void) {
-    int state = atomic_load(&gro_state);
-    if (state < 0) {
-        state = probe_udp_option(UDP_GRO);
-        atomic_store(&gro_state, state);
-    }
-    return state;
-}
+int csock_udp_gso_state(void) { return cached_probe(&gso_state, UDP_SEGMENT); }
+
+int csock_udp_gro_state(void) { return cached_probe(&gro_state, UDP_GRO); }
 
 enum { batch_limit = 64, gso_bytes_limit = 65000 };
 
