@@ -57,24 +57,43 @@ final class BSDConnection: Connection, @unchecked Sendable {
 
         deinit { scratch.deallocate() }
 
-        /// A receive on the reader thread (TCP, empty queue) reads the socket itself: one non-blocking recv(2),
-        /// so a reply that is already in the kernel is taken without suspending or polling.
-        func readNow(_ maximumLength: Int) -> ReceiveQueue<[UInt8]>.DirectRead {
+        /// A receive on the reader thread (TCP, empty queue) reads the socket itself: one non-blocking recv(2) of
+        /// up to a chunk, so a reply that is already in the kernel is taken without suspending or polling.
+        func readNow() -> ReceiveQueue<[UInt8]>.DirectRead {
             if closing.load(ordering: .relaxed) { return .nothing }
-            let limit = min(maximumLength, chunkSize)
             do {
-                switch try socket.tryReceive(into: UnsafeMutableRawBufferPointer(rebasing: scratch[..<limit])) {
+                switch try socket.tryReceive(into: scratch) {
                 case .wouldBlock: return .nothing
                 case .processed(0): return .end(.finished)
                 case .processed(let count):
-                    return .element([UInt8](UnsafeRawBufferPointer(rebasing: scratch[..<count])))
+                    return .element(
+                        [UInt8](UnsafeRawBufferPointer(rebasing: scratch[..<count])), drained: count < scratch.count)
                 }
             } catch {
                 return .end(.failed(error))
             }
         }
 
-        /// ``readNow(_:)`` into the caller's buffer (`Connection.receive(into:)`): no allocation, no copy.
+        /// A receive on the reader thread that would wait (the queue is idle and the last read emptied the
+        /// socket) waits right here, in the poll the reader loop would make, instead of suspending the task and
+        /// letting the loop poll, read, queue and resume it: the task goes on in the same job, as a blocking
+        /// recv(2) would. A job for this executor, a ``ReaderExecutor/wake()`` (close, room) or the task's
+        /// cancellation ends the poll early; the receive then waits as usual.
+        func waitInPlace() async {
+            guard inbox.sourceDrained, !Task.isCancelled, !closing.load(ordering: .relaxed), inbox.isIdle else {
+                return
+            }
+            let executor = executor
+            let fd = socket.descriptor
+            let revents = await withTaskCancellationHandler {
+                (try? executor.wait(socket: fd, events: Syscall.pollIn)) ?? 0
+            } onCancel: {
+                executor.wake()
+            }
+            if revents != 0 { inbox.sourceDrained = false }
+        }
+
+        /// ``readNow()`` into the caller's buffer (`Connection.receive(into:)`): no allocation, no copy.
         func readNow(into buffer: UnsafeMutableRawBufferPointer) -> DirectReadCount {
             if closing.load(ordering: .relaxed) { return .nothing }
             return DirectReadCount { () throws(ConnectionError) in try socket.tryReceive(into: buffer) }
@@ -117,7 +136,7 @@ final class BSDConnection: Connection, @unchecked Sendable {
                     return
                 }
                 let chunk = [UInt8](UnsafeRawBufferPointer(rebasing: buffer[..<count]))
-                _ = inbox.push(chunk)
+                _ = inbox.push(chunk, sourceDrained: !datagram && count < buffer.count)
             }
         }
 
@@ -191,7 +210,8 @@ final class BSDConnection: Connection, @unchecked Sendable {
         let core = core
         let bytes: [UInt8]?
         if transport == .tcp, core.executor.isCurrent {
-            bytes = try await core.inbox.next(maximumLength: maximumLength) { core.readNow($0) }
+            await core.waitInPlace()
+            bytes = try await core.inbox.next(maximumLength: maximumLength) { core.readNow() }
         } else {
             bytes = try await core.inbox.next(maximumLength: maximumLength)
         }
@@ -203,6 +223,7 @@ final class BSDConnection: Connection, @unchecked Sendable {
         let core = core
         let count: Int?
         if transport == .tcp, core.executor.isCurrent {
+            await core.waitInPlace()
             count = try await core.inbox.next(into: buffer) { core.readNow(into: $0) }
         } else {
             count = try await core.inbox.next(into: buffer)

@@ -72,6 +72,10 @@ public final class ReceiveQueue<Element: Sendable>: Sendable {
     @usableFromInline let split: (@Sendable (inout Element, Int) -> Element?)?
     @usableFromInline let join: (@Sendable (inout Element, Element) -> Void)?
     @usableFromInline let onSpaceAvailable: (@Sendable () -> Void)?
+    /// The producer's last read emptied its source (see ``push(_:sourceDrained:)``). Producer's thread only:
+    /// ``next(maximumLength:readingNow:)`` and ``next(into:readingNow:)`` read and set it there, and a backend
+    /// that waits for its source in place (on that thread) clears it when the source became readable.
+    public nonisolated(unsafe) var sourceDrained = false
 
     /// Creates a queue.
     /// - Parameters:
@@ -142,6 +146,17 @@ public final class ReceiveQueue<Element: Sendable>: Sendable {
         }
         if let (continuation, element) = resume { continuation.resume(returning: .success(element)) }
         return result
+    }
+
+    /// ``push(_:)`` for a producer that read `element` from a source (a socket) and knows whether that read
+    /// emptied it (a short read): then a receive on the producer's thread that finds the queue idle does not try
+    /// a read of its own that would find nothing (see ``next(maximumLength:readingNow:)``). Producer's thread
+    /// only.
+    @inlinable
+    @discardableResult
+    public func push(_ element: Element, sourceDrained: Bool) -> PushResult {
+        self.sourceDrained = sourceDrained
+        return push(element)
     }
 
     /// Reports an error that does not end the connection (for example an ICMP "port unreachable" on UDP): the
@@ -265,8 +280,9 @@ public final class ReceiveQueue<Element: Sendable>: Sendable {
 
     /// What a read on the producer's own thread found (see ``next(maximumLength:readingNow:)``).
     public enum DirectRead: Sendable {
-        /// Data, returned to the caller without queueing it.
-        case element(Element)
+        /// Data, returned to the caller without queueing it (what exceeds the receive's maximum length is queued
+        /// for the next); `drained`: the read emptied the source (it returned less than it asked for).
+        case element(Element, drained: Bool)
         /// Nothing to read now: the caller waits for the producer as usual.
         case nothing
         /// The stream ended (or failed) under the read: recorded as ``finish(_:)`` would.
@@ -278,16 +294,29 @@ public final class ReceiveQueue<Element: Sendable>: Sendable {
     /// not ended, it first calls `read` (for example one non-blocking recv(2)), so bytes that are already in the
     /// kernel are returned without a suspension, a continuation, a cancellation record or a trip through the
     /// producer's wait. Only that thread pushes, so nothing can be queued between the check and the read: order is
-    /// kept. `read` gets the receive's maximum length.
+    /// kept.
+    ///
+    /// `read` takes all it can (up to its buffer), not just the receive's maximum length: what exceeds it is
+    /// queued for the next receive, and a short read tells that the source is empty. When the last read on
+    /// this thread (this one, or a producer's ``push(_:sourceDrained:)``) emptied the source, the read is
+    /// skipped and the caller waits for the producer, whose own wait must report a source that still holds bytes
+    /// (level-triggered poll or epoll: a stale hint then costs a wait, never data): in a request-response
+    /// exchange that saves a read per message that would find nothing (EAGAIN).
     @inlinable
     public func next(
-        maximumLength: Int, readingNow read: (Int) -> DirectRead
+        maximumLength: Int, readingNow read: () -> DirectRead
     ) async throws(ConnectionError) -> Element? {
         let maximumLength = max(1, maximumLength)
-        if isIdle {
-            switch read(maximumLength) {
-            case .element(let element): return element
-            case .nothing: break
+        if !sourceDrained, isIdle {
+            switch read() {
+            case .element(var element, let drained):
+                sourceDrained = drained
+                if let split, weigh(element) > maximumLength, let prefix = split(&element, maximumLength) {
+                    push(element)
+                    return prefix
+                }
+                return element
+            case .nothing: sourceDrained = true
             case .end(let end): finish(end)
             }
         }
@@ -442,10 +471,12 @@ extension ReceiveQueue where Element == [UInt8] {
         readingNow read: ((UnsafeMutableRawBufferPointer) -> DirectReadCount)? = nil
     ) async throws(ConnectionError) -> Int? {
         try Received.requireRoom(buffer)
-        if let read, isIdle {
+        if let read, !sourceDrained, isIdle {
             switch read(buffer) {
-            case .count(let count): return count
-            case .nothing: break
+            case .count(let count):
+                sourceDrained = count < buffer.count
+                return count
+            case .nothing: sourceDrained = true
             case .end(let end): finish(end)
             }
         }

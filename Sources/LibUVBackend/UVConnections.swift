@@ -88,7 +88,8 @@ final class UVTCPConnection: Connection, @unchecked Sendable {
         { [inbox, tcp, weak self] result in
             switch result {
             case .data(let bytes):
-                if !inbox.push([UInt8](bytes)).hasSpace { self?.pauseReading() }
+                let drained = bytes.count < tcp.readBufferSize
+                if !inbox.push([UInt8](bytes), sourceDrained: drained).hasSpace { self?.pauseReading() }
             case .endOfStream:
                 inbox.finish(.finished)
                 tcp.readStop()
@@ -169,11 +170,11 @@ final class UVTCPConnection: Connection, @unchecked Sendable {
         if loop.isOnLoopThread {
             // On the loop (a task that prefers it): bytes already in the kernel are read here, without waiting
             // for the loop's next epoll and read callback.
-            bytes = try await inbox.next(maximumLength: maximumLength) { [tcp] limit in
+            bytes = try await inbox.next(maximumLength: maximumLength) { [tcp] in
                 do throws(ConnectionError) {
-                    switch try tcp.readNow(maximumLength: limit) {
+                    switch try tcp.readNow() {
                     case .wouldBlock: return .nothing
-                    case .processed(let bytes?): return .element(bytes)
+                    case .processed(let read?): return .element(read.bytes, drained: read.drained)
                     case .processed(nil): return .end(.finished)
                     }
                 } catch {

@@ -71,7 +71,8 @@ public final class UVTCP: UVHandle, @unchecked Sendable {
     private var onRead: ((UVReadResult) -> Void)?
     private var onConnection: ((UVError?) -> Void)?
     private var readBuffer: UnsafeMutableRawBufferPointer?
-    private let readBufferSize: Int
+    /// The size of the read buffer libuv reads into: a read callback with fewer bytes emptied the socket.
+    let readBufferSize: Int
 
     /// `uv_tcp_init` on `loop` (call on the loop thread). `readBufferSize` is what the alloc callback hands out
     /// for each read (one buffer per handle, reused: each read is consumed inside the read callback).
@@ -163,18 +164,19 @@ public final class UVTCP: UVHandle, @unchecked Sendable {
 
     /// On the loop thread, while reading: one non-blocking recv(2) on the handle's socket into its read buffer,
     /// for a receive that runs on the loop (libuv fills that buffer only inside its own read, which cannot be
-    /// running now). `.processed(nil)` is the end of the stream.
-    func readNow(maximumLength: Int) throws(ConnectionError) -> IOResult<[UInt8]?> {
+    /// running now). `.processed(nil)` is the end of the stream; `drained`: the read took less than the buffer.
+    func readNow() throws(ConnectionError) -> IOResult<(bytes: [UInt8], drained: Bool)?> {
         guard let readBuffer else { return .wouldBlock }
-        let limit = min(maximumLength, readBuffer.count)
-        switch try readNow(into: UnsafeMutableRawBufferPointer(rebasing: readBuffer[..<limit])) {
+        switch try readNow(into: readBuffer) {
         case .wouldBlock: return .wouldBlock
         case .processed(0): return .processed(nil)
-        case .processed(let count): return .processed([UInt8](UnsafeRawBufferPointer(rebasing: readBuffer[..<count])))
+        case .processed(let count):
+            return .processed(
+                ([UInt8](UnsafeRawBufferPointer(rebasing: readBuffer[..<count])), count < readBuffer.count))
         }
     }
 
-    /// ``readNow(maximumLength:)`` into a caller's buffer (`Connection.receive(into:)`); `.processed(0)` is the
+    /// ``readNow()`` into a caller's buffer (`Connection.receive(into:)`); `.processed(0)` is the
     /// end of the stream.
     func readNow(into buffer: UnsafeMutableRawBufferPointer) throws(ConnectionError) -> IOResult<Int> {
         guard !isClosing, readBuffer != nil else { return .wouldBlock }

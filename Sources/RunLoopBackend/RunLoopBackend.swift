@@ -215,7 +215,9 @@ final class RunLoopTCPConnection: Connection, SocketStreamDelegate, @unchecked S
         while inbox.hasSpace {
             let count = input.read(into: readBuffer)
             guard count > 0 else { break }
-            inbox.push([UInt8](UnsafeRawBufferPointer(rebasing: readBuffer[..<count])))
+            inbox.push(
+                [UInt8](UnsafeRawBufferPointer(rebasing: readBuffer[..<count])), sourceDrained: count < readBuffer.count
+            )
             if count < readBuffer.count { break }
         }
     }
@@ -303,12 +305,12 @@ final class RunLoopTCPConnection: Connection, SocketStreamDelegate, @unchecked S
         // On the run loop (a task that prefers it): read the stream here, as a delegate would, instead of waiting
         // for the loop's next hasBytesAvailable. An end or error found by the read reaches the queue through the
         // delegate before this returns.
-        return try await inbox.next(maximumLength: maximumLength) { [self] limit in
+        return try await inbox.next(maximumLength: maximumLength) { [self] in
             guard let input else { return .nothing }
-            let count = input.read(
-                into: UnsafeMutableRawBufferPointer(rebasing: readBuffer[..<min(limit, readBuffer.count)]))
+            let count = input.read(into: readBuffer)
             guard count > 0 else { return .nothing }
-            return .element([UInt8](UnsafeRawBufferPointer(rebasing: readBuffer[..<count])))
+            return .element(
+                [UInt8](UnsafeRawBufferPointer(rebasing: readBuffer[..<count])), drained: count < readBuffer.count)
         }.map(Message.init)
     }
 

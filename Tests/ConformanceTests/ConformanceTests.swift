@@ -546,6 +546,66 @@ struct ConformanceTests {
         }
     }
 
+    /// A receive that waits on the connection's own executor (where a backend may wait for the socket in place,
+    /// as bsd does) must not hold that executor: another task there still runs, and cancelling or closing ends
+    /// the wait at once, losing nothing.
+    @Test(
+        "On the connection's executor, a waiting receive lets other tasks run and ends when cancelled or closed",
+        arguments: ConformanceCase.all)
+    func waitingReceiveOnItsExecutor(_ test: ConformanceCase) async throws {
+        try await SocketTest.run {
+            let listener = try await test.listen()
+            let client = try await test.connect(to: listener.localEndpoint)
+            try await client.send([0])
+            let server = try await listener.accept()
+            let executor = server.preferredExecutor
+            let stream = test.transport.isByteStream
+            @Sendable func receiveOne(
+                _ connection: any Connection, _ count: Int
+            ) async throws(ConnectionError)
+                -> [UInt8]?
+            {
+                stream ? try await connection.receive(exactly: count) : try await connection.receive()?.bytes
+            }
+            #expect(try await Task(executorPreference: executor) { try await receiveOne(server, 1) }.value == [0])
+            for ending in ["cancel", "run another task, then cancel", "close"] {
+                let (started, didStart) = AsyncStream.makeStream(of: Void.self)
+                let waiting = Task(executorPreference: executor) { () throws(ConnectionError) -> Message? in
+                    didStart.yield()
+                    return try await server.receive()
+                }
+                for await _ in started { break }
+                if ending == "cancel" {
+                    waiting.cancel()
+                } else if ending.hasSuffix("cancel") {
+                    // Another task on the same executor runs while the receive waits.
+                    try await Task(executorPreference: executor) { try await server.send([5]) }.value
+                    #expect(try await receiveOne(client, 1) == [5])
+                    waiting.cancel()
+                } else {
+                    // The client reads meanwhile, so it answers a WebSocket close frame or TLS close_notify (UDP:
+                    // no close reaches the client, which is not waited for).
+                    let draining = Task { while test.transport != .udp, (try? await client.receive()) != nil {} }
+                    await server.close()
+                    await draining.value
+                }
+                let result = await waiting.result
+                if case .failure(let error) = result {
+                    #expect((error as? ConnectionError)?.kind == (ending == "close" ? .closed : .cancelled))
+                } else {
+                    Issue.record("a receive ended by \(ending) returned \(result)")
+                }
+                if ending != "close" {
+                    try await client.send([9, 8, 7])
+                    let next = try await Task(executorPreference: executor) { try await receiveOne(server, 3) }.value
+                    #expect(next == [9, 8, 7])
+                }
+            }
+            await client.close()
+            await listener.close()
+        }
+    }
+
     // MARK: Servers
 
     @Test("One server serves 100 concurrent clients", arguments: ConformanceCase.all)

@@ -101,4 +101,45 @@ struct ReceiveQueueTests {
         #expect(error?.kind == .refused)
         #expect(try await queue.next() == 5)
     }
+
+    @Test("A read on the producer's thread: the surplus waits for the next receive; a drained source is not read")
+    func directReads() async throws {
+        let queue = ReceiveQueue<[UInt8]>.byteStream(capacity: 100)
+        let reads = Atomic<Int>(0)
+        // Everything the read brought comes out, the part beyond the limit at the next receive, with no read.
+        let first = try await queue.next(maximumLength: 2) {
+            reads.add(1, ordering: .relaxed)
+            return .element([1, 2, 3, 4, 5], drained: false)
+        }
+        #expect(first == [1, 2])
+        let rest = try await queue.next(maximumLength: 10) {
+            reads.add(1, ordering: .relaxed)
+            return .nothing
+        }
+        #expect(rest == [3, 4, 5])
+        #expect(reads.load(ordering: .relaxed) == 1)
+        // A short read: the next receive does not read, it waits for the producer.
+        let short = try await queue.next(maximumLength: 10) {
+            reads.add(1, ordering: .relaxed)
+            return .element([6], drained: true)
+        }
+        #expect(short == [6])
+        let waiting = Task {
+            try await queue.next(maximumLength: 10) {
+                reads.add(1, ordering: .relaxed)
+                return .element([99], drained: true)
+            }
+        }
+        while queue.waitingReceivers == 0 { await Task.yield() }
+        #expect(reads.load(ordering: .relaxed) == 2)
+        // The producer's read filled its buffer: the receive after it reads again.
+        queue.push([7, 8], sourceDrained: false)
+        #expect(try await waiting.value == [7, 8])
+        let again = try await queue.next(maximumLength: 10) {
+            reads.add(1, ordering: .relaxed)
+            return .element([9], drained: true)
+        }
+        #expect(again == [9])
+        #expect(reads.load(ordering: .relaxed) == 3)
+    }
 }
