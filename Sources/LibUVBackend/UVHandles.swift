@@ -157,7 +157,13 @@ public final class UVTCP: UVHandle, @unchecked Sendable {
             onRead?(.data(UnsafeRawBufferPointer(start: buffer!.pointee.base, count: count)))
         } else if count < 0 {
             let error = UVError(Int32(count))
-            onRead?(error.isEOF ? .endOfStream : .failure(error))
+            if error.isEOF, let reset = pendingSocketError() {
+                // libuv reports a hang-up after a partial read as the end of the stream without reading on
+                // (uv__stream_io), so a reset that came right behind the data would pass for a FIN.
+                onRead?(.failure(reset))
+            } else {
+                onRead?(error.isEOF ? .endOfStream : .failure(error))
+            }
         }
         // count == 0 is "nothing read this time" (EAGAIN), not the end of the stream.
     }
@@ -183,6 +189,15 @@ public final class UVTCP: UVHandle, @unchecked Sendable {
         var fd: uv_os_fd_t = -1
         guard uv_fileno(csuv_handle(handle), &fd) == 0 else { return .wouldBlock }
         return try Syscall.recv(fd, buffer, dontWait: true)
+    }
+
+    /// The socket's pending error (SO_ERROR: a reset, say), if any; reading it clears it.
+    private func pendingSocketError() -> UVError? {
+        var fd: uv_os_fd_t = -1
+        guard uv_fileno(csuv_handle(handle), &fd) == 0, let code = try? Syscall.pendingError(fd), code != 0 else {
+            return nil
+        }
+        return UVError(-code)
     }
 
     /// On the loop thread: resets the connection (see `Syscall.resetConnection`), for an abort; the close that

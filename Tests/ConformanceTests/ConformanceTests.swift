@@ -442,6 +442,56 @@ struct ConformanceTests {
         }
     }
 
+    /// A receiver that emptied the kernel's queue and waits again, when data and the FIN (or a reset) then come
+    /// together: the receive after the data must find the end. The readiness that announced both is spent on the
+    /// data; a backend that waits for more readiness after a short read (to save a read that would find
+    /// nothing) must still see an end that is a state, not data. Repeated, on and off the connection's executor,
+    /// because it depends on both arriving before the receiver's loop looks.
+    @Test(
+        "Data followed at once by the end (FIN or reset) is followed by the end, on and off the executor",
+        arguments: ConformanceCase.streams)
+    func endRightBehindData(_ test: ConformanceCase) async throws {
+        try await SocketTest.run(timeLimit: .seconds(120)) {
+            let listener = try await test.listen()
+            for round in 0..<24 {
+                let resets = round % 4 == 3
+                let client = try await test.connect(to: listener.localEndpoint)
+                let server = try await listener.accept()
+                let executor = round % 2 == 0 ? server.preferredExecutor : nil
+                let receiving = Task(executorPreference: executor) { () -> ([UInt8], ConnectionError?) in
+                    var got: [UInt8] = []
+                    do throws(ConnectionError) {
+                        got = try await server.receive(exactly: 1)
+                        // The queue is empty now: this receive waits, then data and the end come together.
+                        while let message = try await server.receive() { got += message.bytes }
+                    } catch {
+                        return (got, error)
+                    }
+                    return (got, nil)
+                }
+                try await client.send([0])
+                try await client.send([1, 2, 3])
+                if resets {
+                    await client.abort()
+                } else {
+                    try await client.closeOutput()
+                }
+                let (got, error) = await receiving.value
+                if resets {
+                    // What came before a reset may be read first (Linux keeps it readable); the end is a reset.
+                    #expect([0, 1, 2, 3].starts(with: got), "round \(round): \(got)")
+                    #expect(error?.kind == .reset, "round \(round): \(String(describing: error))")
+                } else {
+                    #expect(got == [0, 1, 2, 3], "round \(round)")
+                    #expect(error == nil, "round \(round): \(String(describing: error))")
+                }
+                await client.close()
+                await server.close()
+            }
+            await listener.close()
+        }
+    }
+
     @Test(
         "abort() resets: the peer reads what came before, then gets reset; the aborted side is closed",
         arguments: ConformanceCase.all.filter { $0.transport != .udp })
