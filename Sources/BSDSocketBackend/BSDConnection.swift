@@ -9,8 +9,9 @@ import Synchronization
 ///   makes room, so a slow consumer slows the peer through TCP flow control instead of growing memory;
 /// - the reader thread is also the connection's ``preferredExecutor`` (``ReaderExecutor``): a task that prefers
 ///   it runs between reads on that thread, so a message the reader queues is taken without a thread hop, and a
-///   TCP receive there with nothing queued first tries one non-blocking recv(2) itself (no suspension, no poll,
-///   when the reply is already in the kernel);
+///   TCP receive there with nothing queued reads the socket itself: at once when its last read did not empty
+///   the socket, otherwise after waiting right there in the reader's poll (``Core/waitInPlace()``), so the task
+///   goes on in the same job as a blocking recv(2) would, with no suspension;
 /// - sends go through ``BSDWriter`` (a non-blocking attempt first, then a writer thread);
 /// - `close()` shuts the socket down (which wakes both threads), waits until they have finished, and only
 ///   then closes the descriptor.
