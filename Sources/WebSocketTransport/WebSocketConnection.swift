@@ -111,7 +111,7 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
         var failure: ConnectionError?
         /// close() was called here: a receive that finds the end reports `.closed`, not a clean end.
         var locallyClosed = false
-        var generator = SystemRandomNumberGenerator()
+        var maskingKeys = MaskingKeys()
         var sent = WebSocketTrafficCounts()
         var received = WebSocketTrafficCounts()
     }
@@ -382,7 +382,7 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
         if role == .client {
             state.withLock { shared in
                 for index in frames.indices {
-                    frames[index].maskingKey = UInt32.random(in: .min ... .max, using: &shared.generator)
+                    frames[index].maskingKey = shared.maskingKeys.next()
                 }
             }
         }

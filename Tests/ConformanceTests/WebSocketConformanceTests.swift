@@ -305,6 +305,49 @@ struct WebSocketConformanceTests {
     }
 
     @Test(
+        "A client masks every frame with a key of its own (300 frames: past a refill of the key buffer)",
+        arguments: ConformanceCase.ws)
+    func clientMaskingKeys(_ test: ConformanceCase) async throws {
+        try await SocketTest.run {
+            let listener = try await test.listenStream()
+            let count = 300
+            let rawServer = Task { () throws -> [UInt32?] in
+                let tcp = try await listener.accept()
+                var request: [UInt8] = []
+                while WebSocketHandshake.headLength(in: request) == nil, let chunk = try await tcp.receive() {
+                    request += chunk.bytes
+                }
+                let accepted = try WebSocketHandshake.acceptRequest(String(decoding: request, as: UTF8.self)).get()
+                try await tcp.send(Array(accepted.response.utf8))
+                var parser = WebSocketFrameParser(role: .server)
+                var keys: [UInt32?] = []
+                receiving: while let chunk = try await tcp.receive() {
+                    parser.feed(chunk.bytes)
+                    while let frame = try parser.nextFrame() {
+                        if frame.opcode == .close {
+                            try await tcp.send(
+                                WebSocketFrameEncoder.encode(WebSocketFrame(opcode: .close, payload: [])))
+                            break receiving
+                        }
+                        keys.append(frame.maskingKey)
+                    }
+                }
+                await tcp.close()
+                return keys
+            }
+            let client = try await test.connect(to: listener.localEndpoint.with(transport: test.transport))
+            for index in 0..<count { try await client.send(.text("message \(index)")) }
+            await client.close()
+            let keys = try await rawServer.value
+            #expect(keys.count == count)
+            #expect(keys.allSatisfy { $0 != nil }, "a client frame went unmasked")
+            // 300 keys of 32 random bits: two equal ones happen about once in 100,000 runs, three never.
+            #expect(Set(keys.compactMap { $0 }).count >= count - 1)
+            await listener.close()
+        }
+    }
+
+    @Test(
         "Frames sent in the same segment as the handshake request or response are not lost",
         arguments: ConformanceCase.ws)
     func framesWithTheHandshake(_ test: ConformanceCase) async throws {
