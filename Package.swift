@@ -73,14 +73,13 @@ let package = Package(
             dependencies: ["ConnectionCore", "POSIXSupport"],
             swiftSettings: strictSettings
         ),
-        // The reference a user would otherwise pick: SwiftNIO (NIOPosix channels, NIOWebSocket), behind Connection.
+        // The reference a user would otherwise pick: SwiftNIO (NIOPosix channels), behind Connection.
         .target(
             name: "NIOBackend",
             dependencies: [
-                "ConnectionCore", "POSIXSupport", "WebSocketCodec", "WebSocketTransport",
+                "ConnectionCore", "POSIXSupport",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
-                .product(name: "NIOWebSocket", package: "swift-nio"),
             ],
             swiftSettings: strictSettings
         ),

@@ -140,21 +140,8 @@ public final class BoundedListener: Listener, Sendable {
     }
 }
 
-/// A connection that wraps another to keep books on it (``BoundedListener``'s count and idle time). A layer that
-/// needs the backend's own connection underneath (the nio backend's native WebSocket framing) takes
-/// ``decorated`` and reports the traffic that bypasses the wrapper with ``noteActivity()``.
-public protocol ConnectionDecorator: Connection {
-    /// The connection inside.
-    var decorated: any Connection { get }
-    /// Traffic went over ``decorated`` directly.
-    func noteActivity()
-}
-
 /// An accepted connection counted by its ``BoundedListener`` until it is closed; forwards everything else.
-final class BoundedConnection: ConnectionDecorator, Sendable {
-    var decorated: any Connection { inner }
-    func noteActivity() { touch() }
-
+final class BoundedConnection: Connection, Sendable {
     private let inner: any Connection
     private let registry: BoundedListener.Registry
     private let tracksIdleness: Bool

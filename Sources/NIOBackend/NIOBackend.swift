@@ -13,9 +13,8 @@ import Synchronization
 /// Names are resolved by the same resolver as the other backends (so `.invalid` names fail without a DNS
 /// query); SwiftNIO then connects to the address.
 ///
-/// Over ws://, frames are parsed and written by SwiftNIO's `WebSocketFrameDecoder` and `WebSocketFrameEncoder`
-/// in the channel pipeline (see `NIOWebSocketLink.swift`); the opening handshake, the message state machine,
-/// pings and the close handshake are the ones every backend shares.
+/// Over ws:// and wss:// the WebSocket layer every backend shares runs over these channels' bytes (SwiftNIO's
+/// own WebSocket is the nio backend's native style over ws, in `NativeStyles`).
 public struct NIOBackend: ConnectionBackend {
     public let name = "nio"
     public let transports: Set<Transport> = [.tcp, .udp]

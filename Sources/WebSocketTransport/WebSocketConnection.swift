@@ -69,15 +69,12 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
     public let request: WebSocketRequest?
     /// The WebSocket options in force.
     public let webSocketOptions: WebSocketOptions
-    /// Whose code parses and encodes the frames: "SwiftNIO NIOWebSocket" for the nio backend's ws://, "SocketStyles
-    /// WebSocketCodec" otherwise (every other backend, and wss:// on every backend, whose TLS layer is ours).
-    public var framing: String { link.framing }
     /// permessage-deflate as the opening handshake agreed it; `nil` when messages go uncompressed.
     public let deflate: WebSocketDeflateAgreement?
 
     private let tcp: any Connection
-    /// What carries the frames: our parser over `tcp`, or the backend's own framing.
-    private let link: any WebSocketFrameLink
+    /// Our parser and encoder over `tcp`.
+    private let link: WebSocketFrameLink
     private let role: WebSocketRole
     private let state: Mutex<Shared>
     /// Open and close events, in order: `.opened` first, then `.closed` once (one consumer); with
@@ -122,7 +119,7 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
     public var received: WebSocketTrafficCounts { state.withLock { $0.received } }
 
     init(
-        tcp: any Connection, link: any WebSocketFrameLink, role: WebSocketRole, endpoint: Endpoint,
+        tcp: any Connection, link: WebSocketFrameLink, role: WebSocketRole, endpoint: Endpoint,
         subprotocol: String?, options: WebSocketOptions, deflate: WebSocketDeflateAgreement?,
         request: WebSocketRequest? = nil
     ) {
@@ -216,8 +213,9 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
             head, key: key, offeredProtocols: options.subprotocols, offeredDeflate: options.deflate)
         {
         case .success(let agreed):
-            let link = try await frameLink(
-                over: tcp, role: .client, leftover: leftover, options: options, compressed: agreed.deflate != nil)
+            let link = WebSocketFrameLink(
+                over: tcp, role: .client, maximumFrameSize: options.maximumFrameSize,
+                allowsCompressedFrames: agreed.deflate != nil, leftover: leftover)
             return WebSocketConnection(
                 tcp: tcp, link: link, role: .client, endpoint: endpoint, subprotocol: agreed.subprotocol,
                 options: options, deflate: agreed.deflate)
@@ -279,8 +277,9 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
         case .success(let accepted):
             try await tcp.send(Array(accepted.response.utf8))
             let endpoint = tcp.localEndpoint.with(transport: transport)
-            let link = try await frameLink(
-                over: tcp, role: .server, leftover: leftover, options: options, compressed: accepted.deflate != nil)
+            let link = WebSocketFrameLink(
+                over: tcp, role: .server, maximumFrameSize: options.maximumFrameSize,
+                allowsCompressedFrames: accepted.deflate != nil, leftover: leftover)
             return WebSocketConnection(
                 tcp: tcp, link: link, role: .server,
                 endpoint: Endpoint(
@@ -292,24 +291,6 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
                 .protocolViolation, "WebSocket handshake rejected (\(rejection.status)): \(rejection.reason)",
                 systemCode: .init(domain: "http", code: Int32(rejection.status), name: "HTTP \(rejection.status)"))
         }
-    }
-
-    /// The backend's own framing when its connection has one (nio), our parser and encoder otherwise.
-    /// `compressed`: permessage-deflate was agreed, so RSV1 may be set.
-    private static func frameLink(
-        over tcp: any Connection, role: WebSocketRole, leftover: [UInt8], options: WebSocketOptions, compressed: Bool
-    ) async throws(ConnectionError) -> any WebSocketFrameLink {
-        let decorator = tcp as? any ConnectionDecorator
-        if let framing = (decorator?.decorated ?? tcp) as? any WebSocketFramingConnection,
-            let link = try await framing.webSocketFrameLink(
-                role: role, maximumFrameSize: options.maximumFrameSize, allowsCompressedFrames: compressed,
-                leftover: leftover)
-        {
-            return decorator.map { ObservedFrameLink(link, observer: $0) } ?? link
-        }
-        return ByteStreamFrameLink(
-            over: tcp, role: role, maximumFrameSize: options.maximumFrameSize, allowsCompressedFrames: compressed,
-            leftover: leftover)
     }
 
     /// Reads an HTTP head (up to CRLF CRLF): the head and the bytes read past it, or why the bytes so far can

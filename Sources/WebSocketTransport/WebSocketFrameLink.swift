@@ -2,39 +2,13 @@ package import ConnectionCore
 import Synchronization
 package import WebSocketCodec
 
-/// What a ``WebSocketFrameLink`` read: a frame, a frame the RFC forbids (the connection fails with its close
+/// What ``WebSocketFrameLink/receive()`` read: a frame, a frame the RFC forbids (the connection fails with its close
 /// code), or nothing.
 package enum WebSocketLinkInput: Sendable {
     /// A whole frame, payload unmasked.
     case frame(WebSocketFrame)
     /// Bytes that are not a valid frame for this role.
     case invalid(WebSocketProtocolError)
-}
-
-/// What carries frames under a ``WebSocketConnection``: the seam between the framing (bytes on the wire) and
-/// everything above it (the state machine, pings, the close handshake), which is written once.
-///
-/// Every backend gets ``ByteStreamFrameLink`` (our parser and encoder over its TCP or TLS connection); a
-/// backend whose TCP connection frames natively offers its own link through ``WebSocketFramingConnection``
-/// (nio: SwiftNIO's `WebSocketFrameDecoder` and `WebSocketFrameEncoder` in the channel pipeline).
-package protocol WebSocketFrameLink: Sendable {
-    /// Whose code parses and encodes the frames (``WebSocketConnection/framing``).
-    var framing: String { get }
-    /// Sends frames in order; a client's frames carry their masking key (the link masks).
-    func send(_ frames: [WebSocketFrame]) async throws(ConnectionError)
-    /// The next frame; `nil` when the byte stream ended (whatever the state of the WebSocket).
-    func receive() async throws(ConnectionError) -> WebSocketLinkInput?
-}
-
-/// A TCP connection that can carry WebSocket frames in its own way after the opening handshake.
-package protocol WebSocketFramingConnection: Connection {
-    /// Switches the connection to frames. `leftover` holds bytes read past the handshake (the start of the first
-    /// frames). Returns `nil` when the connection cannot switch (it ended meanwhile): the caller then frames the
-    /// bytes itself, and loses nothing.
-    /// `allowsCompressedFrames`: permessage-deflate was agreed, RSV1 may be set.
-    func webSocketFrameLink(
-        role: WebSocketRole, maximumFrameSize: Int, allowsCompressedFrames: Bool, leftover: [UInt8]
-    ) async throws(ConnectionError) -> (any WebSocketFrameLink)?
 }
 
 /// Frames over any byte stream: our encoder out, our parser in.
@@ -46,7 +20,7 @@ package protocol WebSocketFramingConnection: Connection {
 /// buffer (10,000 idle WebSocket connections would otherwise hold 10,000 of them). Frames go out encoded (and
 /// masked) into a reused buffer, as large as the largest frame sent up to 64 KiB, and sent from it
 /// (`Connection.send(contentsOf:)`): a send allocates nothing and masks into memory that is in the cache.
-package final class ByteStreamFrameLink: WebSocketFrameLink, @unchecked Sendable {
+package final class WebSocketFrameLink: @unchecked Sendable {
     private let stream: any Connection
     private let parser: Mutex<WebSocketFrameParser>
     /// Used by the one receive in progress (``WebSocketConnection`` holds its receive lock around it); made
@@ -58,8 +32,6 @@ package final class ByteStreamFrameLink: WebSocketFrameLink, @unchecked Sendable
     /// than `largestWrite` are encoded into arrays of their own.
     private var writeBuffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 0, alignment: 16)
     private let largestWrite = 64 * 1024 + 14
-
-    package var framing: String { "SocketStyles WebSocketCodec" }
 
     package init(
         over stream: any Connection, role: WebSocketRole, maximumFrameSize: Int, allowsCompressedFrames: Bool,
@@ -118,30 +90,5 @@ package final class ByteStreamFrameLink: WebSocketFrameLink, @unchecked Sendable
                 }
             }
         }
-    }
-}
-
-/// A backend's own frame link under a ``ConnectionDecorator``: the frames bypass the decorator, so each one is
-/// reported to it (a listener's idle timeout must see WebSocket traffic as activity).
-package struct ObservedFrameLink: WebSocketFrameLink {
-    private let link: any WebSocketFrameLink
-    private let observer: any ConnectionDecorator
-
-    package init(_ link: any WebSocketFrameLink, observer: any ConnectionDecorator) {
-        self.link = link
-        self.observer = observer
-    }
-
-    package var framing: String { link.framing }
-
-    package func send(_ frames: [WebSocketFrame]) async throws(ConnectionError) {
-        try await link.send(frames)
-        observer.noteActivity()
-    }
-
-    package func receive() async throws(ConnectionError) -> WebSocketLinkInput? {
-        let input = try await link.receive()
-        observer.noteActivity()
-        return input
     }
 }

@@ -397,7 +397,7 @@ struct Compare: AsyncParsableCommand {
                 ? nil : "the C floor runs pingpong, pump, proxy and proxypump (the direct paths) only"
         }
         if scenario.kind == "native", target.native == nil {
-            return "native styles: every backend over tcp, and nio over ws (NIOWebSocket)"
+            return "native styles: every backend over tcp, and nio over ws (SwiftNIO's NIOWebSocket)"
         }
         if scenario.kind == "asyncchannel", target.asyncChannel == nil {
             return "NIOAsyncChannel is SwiftNIO's async/await bridge: nio over tcp only"

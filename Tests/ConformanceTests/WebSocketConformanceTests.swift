@@ -232,31 +232,6 @@ struct WebSocketConformanceTests {
     }
 
     @Test(
-        "Frames are carried by the backend's framing (NIOWebSocket for nio over ws, ours otherwise), both ends",
-        arguments: ConformanceCase.ws)
-    func framing(_ test: ConformanceCase) async throws {
-        try await SocketTest.run {
-            let expected =
-                test.backend == .nio && test.transport == .ws ? "SwiftNIO NIOWebSocket" : "SocketStyles WebSocketCodec"
-            let listener = try await test.listen()
-            let accepting = Task { try await listener.accept() }
-            let client = try #require(try await test.connect(to: listener.localEndpoint) as? WebSocketConnection)
-            let server = try #require(try await accepting.value as? WebSocketConnection)
-            #expect(client.framing == expected)
-            #expect(server.framing == expected)
-            try await client.send(.text("to the server"))
-            #expect(try await server.receive()?.text == "to the server")
-            try await server.send(Message(pattern(70_000)))
-            #expect(try await client.receive()?.bytes == pattern(70_000))
-            let closing = Task { try await server.receive() }
-            await client.close()
-            #expect(try await closing.value == nil)
-            await server.close()
-            await listener.close()
-        }
-    }
-
-    @Test(
         "Frames RFC 6455 forbids (unmasked, reserved bit, unknown opcode, long or split ping) get 1002; server lives",
         arguments: ConformanceCase.ws)
     func forbiddenFrames(_ test: ConformanceCase) async throws {
