@@ -7,14 +7,44 @@ import Synchronization
 /// A SwiftNIO event loop as a `TaskExecutor`, so a task that prefers it runs on the loop thread and is resumed
 /// by channel events without a thread hop (what ``Connection/preferredExecutor`` is for; SwiftNIO 2.101 has no
 /// such conformance of its own).
+///
+/// A job enqueued while a handler of ours delivers a read on the loop thread (``delivering(_:)``: a read resumes
+/// the task waiting in a receive) is kept in a loop-local list and run when that delivery returns, still inside
+/// the handler's `channelRead`: the task continues at once, as a native handler would, instead of going through
+/// the loop's task queue (a lock, a closure allocated per job, and the run of the queue after the tick's
+/// events). A job never runs inside `enqueue`. Any other job goes through `EventLoop.execute`.
 final class EventLoopTaskExecutor: TaskExecutor, @unchecked Sendable {
     let loop: any EventLoop
+    /// Loop thread only: jobs made ready during a delivery, and whether one is in progress.
+    private var localJobs: [UnownedJob] = []
+    private var collecting = false
 
     init(_ loop: any EventLoop) { self.loop = loop }
 
     func enqueue(_ job: consuming ExecutorJob) {
         let job = UnownedJob(job)
+        // `collecting` is only touched on the loop thread: test the thread first.
+        if loop.inEventLoop && collecting {
+            localJobs.append(job)
+            return
+        }
         loop.execute { [self] in job.runSynchronously(on: asUnownedTaskExecutor()) }
+    }
+
+    /// Runs `body` (a handler handing over what it read, on the loop thread), then the jobs it made ready and
+    /// those they make ready in turn, before returning.
+    func delivering<Result>(_ body: () -> Result) -> Result {
+        guard !collecting else { return body() }
+        collecting = true
+        defer { collecting = false }
+        let result = body()
+        var index = 0
+        while index < localJobs.count {
+            localJobs[index].runSynchronously(on: asUnownedTaskExecutor())
+            index += 1
+        }
+        localJobs.removeAll(keepingCapacity: true)
+        return result
     }
 
     private static let executors = Mutex<[ObjectIdentifier: EventLoopTaskExecutor]>([:])
@@ -37,13 +67,20 @@ final class StreamInboxHandler: ChannelInboundHandler, RemovableChannelHandler {
     /// Its name in the pipeline (a WebSocket replaces it with frame handlers after the handshake).
     static let name = "socketstyles.inbox"
     let inbox: ReceiveQueue<[UInt8]>
+    let executor: EventLoopTaskExecutor
 
-    init(inbox: ReceiveQueue<[UInt8]>) { self.inbox = inbox }
+    init(inbox: ReceiveQueue<[UInt8]>, executor: EventLoopTaskExecutor) {
+        self.inbox = inbox
+        self.executor = executor
+    }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         var buffer = Self.unwrapInboundIn(data)
         let bytes = buffer.readBytes(length: buffer.readableBytes) ?? []
-        if !inbox.push(bytes).hasSpace { try? context.channel.syncOptions?.setOption(.autoRead, value: false) }
+        // Reading stops before the waiting task runs: room it then makes turns reading back on.
+        executor.delivering {
+            if !inbox.push(bytes).hasSpace { try? context.channel.syncOptions?.setOption(.autoRead, value: false) }
+        }
     }
 
     func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
@@ -91,8 +128,12 @@ final class AcceptPause: ChannelInboundHandler {
     }
 }
 
-/// The result of a write future, read on the event loop right after the write (set and read on that thread only).
-private final class CompletedWrite: @unchecked Sendable {
+/// What a connection's sends on its event loop reuse (touched on that thread only, within one synchronous stretch
+/// of a send, so sends never share it across a suspension): the buffer the bytes are copied into, and the slot the
+/// write's future reports its result to when the socket took the bytes at once.
+private final class LoopWriter: @unchecked Sendable {
+    /// Reused while SwiftNIO holds no other reference to it (the write before completed): no allocation per send.
+    var buffer = ByteBuffer()
     var result: Result<Void, any Error>?
 }
 
@@ -106,6 +147,7 @@ final class NIOStreamConnection: Connection, Sendable {
     let inbox: ReceiveQueue<[UInt8]>
     private let closed = Atomic<Bool>(false)
     private let outputClosed = Atomic<Bool>(false)
+    private let loopWriter = LoopWriter()
 
     var preferredExecutor: (any TaskExecutor)? { EventLoopTaskExecutor.of(channel.eventLoop) }
 
@@ -150,7 +192,8 @@ final class NIOStreamConnection: Connection, Sendable {
                     let inbox = makeInbox(for: channel, options: options)
                     inboxBox.withLock { $0 = inbox }
                     try channel.pipeline.syncOperations.addHandler(
-                        StreamInboxHandler(inbox: inbox), name: StreamInboxHandler.name)
+                        StreamInboxHandler(inbox: inbox, executor: .of(channel.eventLoop)),
+                        name: StreamInboxHandler.name)
                     return channel.eventLoop.makeSucceededVoidFuture()
                 } catch {
                     return channel.eventLoop.makeFailedFuture(error)
@@ -166,40 +209,51 @@ final class NIOStreamConnection: Connection, Sendable {
     }
 
     func send(_ message: Message) async throws(ConnectionError) {
-        try await writeAndFlush(ByteBuffer(bytes: message.bytes))
+        try await write(message.bytes)
     }
 
-    /// Writes `items` (WebSocket frames, once the pipeline frames) in order, flushes once, and waits for the last.
-    func write<Item: Sendable>(_ items: [Item]) async throws(ConnectionError) {
-        guard let last = items.last else { return }
-        // A write that fails fails the ones after it: the last one's result says.
-        for item in items.dropLast() { channel.write(item, promise: nil) }
-        try await writeAndFlush(last)
+    func send(contentsOf bytes: UnsafeRawBufferPointer) async throws(ConnectionError) {
+        try await write(bytes)
     }
 
-    private func writeAndFlush<Item: Sendable>(_ item: Item) async throws(ConnectionError) {
+    /// On the event loop (a task that prefers it) the bytes are copied into the connection's reused buffer and
+    /// the write's result is read right after `writeAndFlush`, which has completed the promise when the socket took
+    /// the bytes at once: one allocation per send (the promise) and no suspension. Elsewhere, a buffer of its own
+    /// and a wait on the future.
+    private func write<Bytes: Sequence<UInt8>>(_ bytes: Bytes) async throws(ConnectionError) {
+        try checkOpen()
+        guard channel.eventLoop.inEventLoop else {
+            return try await written(channel.writeAndFlush(ByteBuffer(bytes: bytes)))
+        }
+        let writer = loopWriter
+        writer.buffer.clear()
+        writer.buffer.writeBytes(bytes)
+        let promise = channel.eventLoop.makePromise(of: Void.self)
+        channel.writeAndFlush(writer.buffer, promise: promise)
+        writer.result = nil
+        promise.futureResult.whenComplete { [writer] in writer.result = $0 }
+        switch writer.result {
+        case .success?: return
+        case .failure(let error)?: throw writeError(error)
+        case nil: try await written(promise.futureResult)
+        }
+    }
+
+    private func checkOpen() throws(ConnectionError) {
         if closed.load(ordering: .relaxed) { throw .closed() }
         if outputClosed.load(ordering: .relaxed) { throw .closed("the output was closed (half-close)") }
-        let promise = channel.eventLoop.makePromise(of: Void.self)
-        channel.writeAndFlush(item, promise: promise)
-        let future = promise.futureResult
-        // On the event loop (a task that prefers it), a write the socket takes at once has completed its promise
-        // before writeAndFlush returns: read the result there instead of suspending on the future.
-        if channel.eventLoop.inEventLoop {
-            let done = CompletedWrite()
-            future.whenComplete { done.result = $0 }
-            switch done.result {
-            case .success?: return
-            case .failure(let error)?:
-                throw closed.load(ordering: .relaxed) ? .closed() : connectionError(error, "write")
-            case nil: break
-            }
-        }
+    }
+
+    private func written(_ future: EventLoopFuture<Void>) async throws(ConnectionError) {
         do {
             try await future.get()
         } catch {
-            throw closed.load(ordering: .relaxed) ? .closed() : connectionError(error, "write")
+            throw writeError(error)
         }
+    }
+
+    private func writeError(_ error: any Error) -> ConnectionError {
+        closed.load(ordering: .relaxed) ? .closed() : connectionError(error, "write")
     }
 
     func receive(maximumLength: Int) async throws(ConnectionError) -> Message? {
@@ -265,7 +319,8 @@ final class NIOStreamListener: Listener, Sendable {
                     try NIOStreamConnection.configure(channel, options: options)
                     let inbox = NIOStreamConnection.makeInbox(for: channel, options: options)
                     try channel.pipeline.syncOperations.addHandler(
-                        StreamInboxHandler(inbox: inbox), name: StreamInboxHandler.name)
+                        StreamInboxHandler(inbox: inbox, executor: .of(channel.eventLoop)),
+                        name: StreamInboxHandler.name)
                     let connection = NIOStreamConnection(channel: channel, inbox: inbox, options: options)
                     if !accepted.push(connection).accepted { channel.close(promise: nil) }
                     return channel.eventLoop.makeSucceededVoidFuture()
@@ -298,14 +353,19 @@ final class DatagramInboxHandler: ChannelInboundHandler {
     typealias InboundIn = AddressedEnvelope<ByteBuffer>
     let deliver: (AddressedEnvelope<ByteBuffer>) -> Void
     let fail: (ConnectionError) -> Void
+    let executor: EventLoopTaskExecutor
 
-    init(deliver: @escaping (AddressedEnvelope<ByteBuffer>) -> Void, fail: @escaping (ConnectionError) -> Void) {
+    init(
+        executor: EventLoopTaskExecutor, deliver: @escaping (AddressedEnvelope<ByteBuffer>) -> Void,
+        fail: @escaping (ConnectionError) -> Void
+    ) {
+        self.executor = executor
         self.deliver = deliver
         self.fail = fail
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        deliver(Self.unwrapInboundIn(data))
+        executor.delivering { deliver(Self.unwrapInboundIn(data)) }
     }
 
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
@@ -353,6 +413,7 @@ final class NIODatagramConnection: Connection, Sendable {
                 do {
                     try configureDatagram(channel, options: options)
                     let handler = DatagramInboxHandler(
+                        executor: .of(channel.eventLoop),
                         deliver: { envelope in
                             var data = envelope.data
                             if inbox.hasSpace { inbox.push(data.readBytes(length: data.readableBytes) ?? []) }
@@ -448,6 +509,7 @@ final class NIODatagramListener: Listener, Sendable {
                 do {
                     try configureDatagram(channel, options: options)
                     let handler = DatagramInboxHandler(
+                        executor: .of(channel.eventLoop),
                         deliver: { envelope in
                             var data = envelope.data
                             box.withLock { $0 }?.deliver(
