@@ -172,6 +172,13 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
     private var failed = false
     private var endDelivered = false
     private var interest: UInt32 = 0
+    /// The socket reported an error or a hang-up while it still held bytes for the input (a reset right behind
+    /// data, or arriving while the delegate was not reading). Epoll reports that condition on every turn whatever
+    /// the interest, so the socket leaves epoll, and each re-armed stream gets its event on the next turn of the
+    /// run loop instead: the socket stays ready for good, and its reads return the bytes, then the end or the
+    /// error (read from the socket only then: SO_ERROR read earlier would clear it, and the reads would end clean).
+    private var broken = false
+    private var inputDeliveryScheduled = false
 
     init(endpoint: Endpoint, options: ConnectionOptions) {
         self.endpoint = endpoint
@@ -284,6 +291,11 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
 
     private func updateInterest() throws(ConnectionError) {
         guard fd >= 0, let runLoop, !failed else { return }
+        if broken {
+            if let input, input.streamStatus == .open, inputArmed, !endDelivered { scheduleInputDelivery() }
+            if let output, output.streamStatus == .open, outputArmed { scheduleSpaceDelivery() }
+            return
+        }
         var wanted: UInt32 = 0
         if connecting {
             wanted = Syscall.epollOut
@@ -310,6 +322,11 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
             if code != 0 { return fail(.errno(code, "connect to \(endpoint)")) }
             if events & Syscall.epollOut != 0 { didConnect() }
             return
+        }
+        if events & (Syscall.epollError | Syscall.epollHangUp) != 0, let input, input.streamStatus == .open,
+            !endDelivered, Syscall.bytesReadable(fd) > 0
+        {
+            return breakAway()
         }
         if events & Syscall.epollError != 0 {
             let code = (try? Syscall.pendingError(fd)) ?? 0
@@ -347,6 +364,33 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
             try updateInterest()
         } catch {
             fail(error)
+        }
+    }
+
+    /// The socket goes ``broken``: out of epoll, its streams served from the run loop.
+    private func breakAway() {
+        broken = true
+        outputHasSpace = true  // a write finds out the socket's state at once
+        if registered {
+            runLoop?.loop.unregister(fd)
+            registered = false
+        }
+        do throws(ConnectionError) {
+            try updateInterest()
+        } catch {
+            fail(error)
+        }
+    }
+
+    /// A due `hasBytesAvailable` on a ``broken`` socket: on the next turn of the run loop.
+    private func scheduleInputDelivery() {
+        guard !inputDeliveryScheduled, let runLoop else { return }
+        inputDeliveryScheduled = true
+        runLoop.perform { [self] in
+            inputDeliveryScheduled = false
+            guard !failed, let input, input.streamStatus == .open, inputArmed, !endDelivered else { return }
+            inputArmed = false
+            input.deliver(.hasBytesAvailable)
         }
     }
 

@@ -493,6 +493,51 @@ struct ConformanceTests {
     }
 
     @Test(
+        "Bytes the kernel holds when a reset comes are all read before the reset, reading paused meanwhile",
+        arguments: ConformanceCase.all.filter { $0.transport == .tcp })
+    func resetBehindHeldBytes(_ test: ConformanceCase) async throws {
+        try await SocketTest.run(timeLimit: .seconds(60)) {
+            var options = ConnectionOptions()
+            // The receiver reads at most a few KiB, then stops: the rest stays in its kernel when the reset comes.
+            options.readChunkSize = 4096
+            options.receiveQueueLimit = 4096
+            let listener = try await test.listen(options: options)
+            let address = try Syscall.resolve(listener.localEndpoint)[0]
+            let fd = try Syscall.socket(family: address.family, datagram: false)
+            defer { Syscall.close(fd) }
+            _ = try Syscall.connect(fd, to: address)
+            let server = try await listener.accept()
+            let sent = pattern(64 * 1024)
+            var offset = 0
+            while offset < sent.count {
+                let result = try sent[offset...].withUnsafeBytes { (bytes) throws(ConnectionError) in
+                    try Syscall.send(fd, bytes)
+                }
+                if case .processed(let count) = result { offset += count }
+            }
+            // Every byte acknowledged: all of it is in the receiver's kernel or its queue. Then the reset.
+            let deadline = ContinuousClock.now + .seconds(20)
+            while Syscall.bytesUnsent(fd) > 0 {
+                try #require(ContinuousClock.now < deadline, "the receiver's kernel never took the bytes")
+                try await Task.sleep(for: .milliseconds(2))
+            }
+            Syscall.resetConnection(fd)
+            var got: [UInt8] = []
+            var failure: ConnectionError?
+            do throws(ConnectionError) {
+                while let message = try await server.receive() { got += message.bytes }
+            } catch {
+                failure = error
+            }
+            let intact = got == sent
+            #expect(intact, "\(got.count) of \(sent.count) bytes, in order: \(sent.starts(with: got))")
+            #expect(failure?.kind == .reset, "\(String(describing: failure))")
+            await server.close()
+            await listener.close()
+        }
+    }
+
+    @Test(
         "abort() resets: the peer reads what came before, then gets reset; the aborted side is closed",
         arguments: ConformanceCase.all.filter { $0.transport != .udp })
     func abortResets(_ test: ConformanceCase) async throws {
