@@ -40,7 +40,9 @@ final class EventLoopTaskExecutor: TaskExecutor, @unchecked Sendable {
         let result = body()
         var index = 0
         while index < localJobs.count {
-            localJobs[index].runSynchronously(on: asUnownedTaskExecutor())
+            // Copied out first: the job may enqueue more (an access to the array held across it would overlap).
+            let job = localJobs[index]
+            job.runSynchronously(on: asUnownedTaskExecutor())
             index += 1
         }
         localJobs.removeAll(keepingCapacity: true)
