@@ -132,17 +132,12 @@ struct DeflateConformanceTests {
             // A raw server: agrees to deflate, sends the bomb, reads the client's close.
             let rawServer = Task { () throws -> [UInt8]? in
                 let tcp = try await listener.accept()
-                var request: [UInt8] = []
-                while WebSocketHandshake.headLength(in: request) == nil, let chunk = try await tcp.receive() {
-                    request += chunk.bytes
-                }
-                let accepted = try WebSocketHandshake.acceptRequest(
-                    String(decoding: request, as: UTF8.self), deflate: WebSocketDeflateOptions()
-                ).get()
-                try await tcp.send(
-                    Array(accepted.response.utf8)
-                        + WebSocketFrameEncoder.encode(WebSocketFrame(opcode: .binary, payload: bomb, rsv1: true)))
                 var parser = WebSocketFrameParser(role: .server)
+                parser.feed(
+                    try await answerWebSocketHandshake(
+                        on: tcp, deflate: WebSocketDeflateOptions(),
+                        along: WebSocketFrameEncoder.encode(WebSocketFrame(opcode: .binary, payload: bomb, rsv1: true)))
+                )
                 var close: [UInt8]?
                 while close == nil, let chunk = try? await tcp.receive() {
                     parser.feed(chunk.bytes)

@@ -288,13 +288,8 @@ struct WebSocketConformanceTests {
             let count = 300
             let rawServer = Task { () throws -> [UInt32?] in
                 let tcp = try await listener.accept()
-                var request: [UInt8] = []
-                while WebSocketHandshake.headLength(in: request) == nil, let chunk = try await tcp.receive() {
-                    request += chunk.bytes
-                }
-                let accepted = try WebSocketHandshake.acceptRequest(String(decoding: request, as: UTF8.self)).get()
-                try await tcp.send(Array(accepted.response.utf8))
                 var parser = WebSocketFrameParser(role: .server)
+                parser.feed(try await answerWebSocketHandshake(on: tcp))
                 var keys: [UInt32?] = []
                 receiving: while let chunk = try await tcp.receive() {
                     parser.feed(chunk.bytes)
@@ -341,14 +336,9 @@ struct WebSocketConformanceTests {
             let listener = try await test.listenStream()
             let rawServer = Task { () throws -> Void in
                 let tcp = try await listener.accept()
-                var request: [UInt8] = []
-                while WebSocketHandshake.headLength(in: request) == nil, let chunk = try await tcp.receive() {
-                    request += chunk.bytes
-                }
-                let accepted = try WebSocketHandshake.acceptRequest(String(decoding: request, as: UTF8.self)).get()
                 let first = WebSocketFrameEncoder.encode(WebSocketFrame(opcode: .text, payload: Array("hello".utf8)))
-                try await tcp.send(Array(accepted.response.utf8) + first)
                 var parser = WebSocketFrameParser(role: .server)
+                parser.feed(try await answerWebSocketHandshake(on: tcp, along: first))
                 while let chunk = try await tcp.receive() {
                     parser.feed(chunk.bytes)
                     if let frame = try parser.nextFrame(), frame.opcode == .close {
@@ -415,6 +405,26 @@ struct WebSocketConformanceTests {
             await listener.close()
         }
     }
+}
+
+/// The server's side of a WebSocket opening handshake done by hand on a raw stream (TCP or TLS), for tests whose
+/// server misbehaves on purpose: reads the request head, accepts it (agreeing to permessage-deflate when `deflate`
+/// is given), and sends the response with `along` in the same send. Returns the bytes read past the head.
+@discardableResult
+func answerWebSocketHandshake(
+    on stream: any Connection, deflate: WebSocketDeflateOptions? = nil, along: [UInt8] = []
+) async throws -> [UInt8] {
+    var request: [UInt8] = []
+    while WebSocketHandshake.headLength(in: request) == nil {
+        guard let chunk = try await stream.receive() else { throw ConnectionError(.closed) }
+        request += chunk.bytes
+    }
+    let length = WebSocketHandshake.headLength(in: request)!
+    let accepted = try WebSocketHandshake.acceptRequest(
+        String(decoding: request[..<length], as: UTF8.self), deflate: deflate
+    ).get()
+    try await stream.send(Array(accepted.response.utf8) + along)
+    return Array(request[length...])
 }
 
 /// A WebSocket client that sends raw frames (to break the protocol on purpose) over a backend's TCP.
@@ -512,12 +522,7 @@ struct WebSocketKeepAliveTests {
             let listener = try await Backend.bsd.listen(on: try Endpoint(url: "tcp://127.0.0.1:0"))
             let mute = Task { () -> (any Connection)? in
                 guard let tcp = try? await listener.accept() else { return nil }
-                var request: [UInt8] = []
-                while WebSocketHandshake.headLength(in: request) == nil, let chunk = try? await tcp.receive() {
-                    request += chunk.bytes
-                }
-                let accepted = try? WebSocketHandshake.acceptRequest(String(decoding: request, as: UTF8.self)).get()
-                try? await tcp.send(Array((accepted?.response ?? "").utf8))
+                _ = try? await answerWebSocketHandshake(on: tcp)
                 return tcp
             }
             var options = WebSocketOptions()
@@ -652,12 +657,7 @@ struct WebSocketPingTests {
         let listener = try await test.listenStream()
         let task = Task {
             guard let stream = try? await listener.accept() else { return }
-            var request: [UInt8] = []
-            while WebSocketHandshake.headLength(in: request) == nil, let chunk = try? await stream.receive() {
-                request += chunk.bytes
-            }
-            let accepted = try? WebSocketHandshake.acceptRequest(String(decoding: request, as: UTF8.self)).get()
-            try? await stream.send(Array((accepted?.response ?? "").utf8))
+            _ = try? await answerWebSocketHandshake(on: stream)
             await then(stream)
         }
         return (listener.localEndpoint.with(transport: test.transport), listener, task)
