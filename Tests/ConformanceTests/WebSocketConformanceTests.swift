@@ -414,17 +414,22 @@ struct WebSocketConformanceTests {
 func answerWebSocketHandshake(
     on stream: any Connection, deflate: WebSocketDeflateOptions? = nil, along: [UInt8] = []
 ) async throws -> [UInt8] {
-    var request: [UInt8] = []
-    while WebSocketHandshake.headLength(in: request) == nil {
-        guard let chunk = try await stream.receive() else { throw ConnectionError(.closed) }
-        request += chunk.bytes
-    }
-    let length = WebSocketHandshake.headLength(in: request)!
-    let accepted = try WebSocketHandshake.acceptRequest(
-        String(decoding: request[..<length], as: UTF8.self), deflate: deflate
-    ).get()
+    let (request, rest) = try await readHTTPHead(from: stream)
+    let accepted = try WebSocketHandshake.acceptRequest(request, deflate: deflate).get()
     try await stream.send(Array(accepted.response.utf8) + along)
-    return Array(request[length...])
+    return rest
+}
+
+/// Reads an HTTP head (request or response, up to CRLF CRLF) off a raw stream: the head and the bytes read past it.
+func readHTTPHead(from stream: any Connection) async throws -> (head: String, rest: [UInt8]) {
+    var bytes: [UInt8] = []
+    while true {
+        if let length = WebSocketHandshake.headLength(in: bytes) {
+            return (String(decoding: bytes[..<length], as: UTF8.self), Array(bytes[length...]))
+        }
+        guard let chunk = try await stream.receive() else { throw ConnectionError(.closed) }
+        bytes += chunk.bytes
+    }
 }
 
 /// A WebSocket client that sends raw frames (to break the protocol on purpose) over a backend's TCP.
@@ -447,19 +452,12 @@ struct RawWebSocketClient {
         try await tcp.send(
             Array(WebSocketHandshake.clientRequest(host: "127.0.0.1", path: "/", key: key, headers: extensions).utf8)
                 + withRequest)
-        var bytes: [UInt8] = []
-        while WebSocketHandshake.headLength(in: bytes) == nil {
-            guard let chunk = try await tcp.receive() else { throw ConnectionError(.closed) }
-            bytes += chunk.bytes
-        }
-        let length = WebSocketHandshake.headLength(in: bytes)!
-        let agreed = try WebSocketHandshake.validateResponse(
-            String(decoding: bytes[..<length], as: UTF8.self), key: key, offeredDeflate: deflate
-        ).get()
+        let (response, rest) = try await readHTTPHead(from: tcp)
+        let agreed = try WebSocketHandshake.validateResponse(response, key: key, offeredDeflate: deflate).get()
         var client = RawWebSocketClient(tcp: tcp)
         client.deflate = agreed.deflate
         client.parser.allowsCompressedFrames = agreed.deflate != nil
-        client.parser.feed(bytes[length...])
+        client.parser.feed(rest)
         return client
     }
 
