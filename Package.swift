@@ -38,6 +38,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
         .package(url: "https://github.com/HdrHistogram/hdrhistogram-swift", from: "0.2.0"),
         .package(url: "https://github.com/apple/swift-nio", from: "2.101.2"),
+        .package(url: "https://github.com/apple/swift-nio-ssl", from: "2.37.6"),
         .package(url: "https://github.com/OpenCombine/OpenCombine", from: "0.14.0"),
         .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
         // `swift package generate-documentation`: the DocC catalog in Sources/SocketStyles/SocketStyles.docc.
@@ -113,15 +114,16 @@ let package = Package(
             swiftSettings: strictSettings
         ),
         // Each backend written in its own style, without Connection (sockbench compare's native-SIZE): the price of
-        // the unified API.
+        // the unified API. nio's own style over tls and wss uses swift-nio-ssl, as a SwiftNIO user would.
         .target(
             name: "NativeStyles",
             dependencies: [
-                "SocketStyles", "BenchmarkDriver", "POSIXSupport", "NIOBackend",
+                "SocketStyles", "BenchmarkDriver", "POSIXSupport", "NIOBackend", "TLSTransport",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "NIOWebSocket", package: "swift-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
             ],
             swiftSettings: strictSettings
         ),

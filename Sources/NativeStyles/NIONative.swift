@@ -3,8 +3,10 @@ import ConnectionCore
 import NIOBackend
 import NIOCore
 import NIOPosix
+import NIOSSL
 import POSIXSupport
 import Synchronization
+import TLSTransport
 
 /// SwiftNIO by hand: a `ChannelInboundHandler` on the client writes the next probe from `channelRead`; the
 /// server's handler writes back what it reads and flushes at the end of each read burst. The same one-thread
@@ -56,7 +58,7 @@ enum NIONative {
         }
 
         func errorCaught(context: ChannelHandlerContext, error: any Error) {
-            finish(context, .failure(connectionError(error, "read")))
+            finish(context, .failure(NIOSSLNative.error(error, "read")))
         }
 
         func channelInactive(context: ChannelHandlerContext) {
@@ -85,18 +87,24 @@ enum NIONative {
         }
     }
 
+    /// tcp, or tls (swift-nio-ssl's handler in front of the ping handler, configured from `tls`).
     static func pingpong(
-        to endpoint: Endpoint, tally: PingPongTally
+        to endpoint: Endpoint, tally: PingPongTally, tls: TLSTransport.TLSConfiguration
     ) async throws(ConnectionError)
         -> PingRunner.Result
     {
         let address = try nioAddress(try await Syscall.resolveAsync(endpoint)[0], doing: "connect to \(endpoint)")
         let group = NIOBackend.sharedGroup
         let promise = group.next().makePromise(of: PingRunner.Result.self)
+        let secure = endpoint.transport.isSecure
         let bootstrap = ClientBootstrap(group: promise.futureResult.eventLoop)
             .channelOption(.socketOption(.tcp_nodelay), value: 1)
             .channelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
+                    if secure {
+                        try channel.pipeline.syncOperations.addHandler(
+                            try NIOSSLNative.clientHandler(for: endpoint, tls: tls))
+                    }
                     try channel.pipeline.syncOperations.addHandler(PingHandler(tally: tally, promise: promise))
                 }
             }
@@ -114,7 +122,7 @@ enum NIONative {
             channel = try await bootstrap.connect(to: address).get()
         } catch {
             promise.fail(error)
-            throw connectionError(error, "connect to \(endpoint)")
+            throw NIOSSLNative.error(error, "connect to \(endpoint)")
         }
         do {
             let result = try await promise.futureResult.get()
@@ -122,7 +130,7 @@ enum NIONative {
             return result
         } catch {
             try? await channel.closeFuture.get()
-            throw connectionError(error, "ping-pong with \(endpoint)")
+            throw NIOSSLNative.error(error, "ping-pong with \(endpoint)")
         }
     }
 }
@@ -171,15 +179,30 @@ final class NIONativeEchoServer: NativeEchoServer, Sendable {
         var all: [any Channel] { channels.withLock { Array($0.values) } }
     }
 
-    /// The tcp echo server.
-    static func start(on endpoint: Endpoint) async throws(ConnectionError) -> NIONativeEchoServer {
-        try await start(on: endpoint) { channel in try channel.pipeline.syncOperations.addHandler(EchoHandler()) }
+    /// The tcp echo server, or the tls one (swift-nio-ssl with the chain and key `tls` names).
+    static func start(
+        on endpoint: Endpoint, tls: TLSTransport.TLSConfiguration?
+    ) async throws(ConnectionError) -> NIONativeEchoServer {
+        try await start(on: endpoint, tls: tls) { channel in
+            try channel.pipeline.syncOperations.addHandler(EchoHandler())
+        }
     }
 
-    /// Listens on `endpoint`; `configure` sets up each accepted channel's pipeline (on its event loop).
+    /// Listens on `endpoint`; `configure` sets up each accepted channel's pipeline (on its event loop), behind a
+    /// swift-nio-ssl server handler when the transport is tls or wss.
     static func start(
-        on endpoint: Endpoint, configure: @escaping @Sendable (any Channel) throws -> Void
+        on endpoint: Endpoint, tls: TLSTransport.TLSConfiguration?,
+        configure: @escaping @Sendable (any Channel) throws -> Void
     ) async throws(ConnectionError) -> NIONativeEchoServer {
+        let sslContext: NIOSSLContext?
+        if endpoint.transport.isSecure {
+            guard let tls else {
+                throw ConnectionError(.tls, "a \(endpoint.transport):// server needs a certificate and a key")
+            }
+            sslContext = try NIOSSLNative.serverContext(tls)
+        } else {
+            sslContext = nil
+        }
         let address = try nioAddress(
             try await Syscall.resolveAsync(endpoint, passive: true)[0], doing: "listen on \(endpoint)")
         let children = ChannelGroup()
@@ -189,7 +212,12 @@ final class NIONativeEchoServer: NativeEchoServer, Sendable {
             .childChannelOption(.socketOption(.tcp_nodelay), value: 1)
             .childChannelInitializer { channel in
                 children.add(channel)
-                return channel.eventLoop.makeCompletedFuture { try configure(channel) }
+                return channel.eventLoop.makeCompletedFuture {
+                    if let sslContext {
+                        try channel.pipeline.syncOperations.addHandler(NIOSSLServerHandler(context: sslContext))
+                    }
+                    try configure(channel)
+                }
             }
         do {
             let channel = try await bootstrap.bind(to: address).get()

@@ -6,6 +6,7 @@ import NIOHTTP1
 import NIOPosix
 import NIOWebSocket
 import POSIXSupport
+import TLSTransport
 
 /// SwiftNIO's own WebSocket (NIOHTTP1's upgrade handlers + NIOWebSocket's frame codec) by hand: what a SwiftNIO
 /// user would write for ws://. The reference row for our WebSocket stack in `native-SIZE` over ws.
@@ -49,7 +50,7 @@ enum NIOWebSocketNative {
         }
 
         func errorCaught(context: ChannelHandlerContext, error: any Error) {
-            promise.fail(connectionError(error, "WebSocket upgrade"))
+            promise.fail(NIOSSLNative.error(error, "WebSocket upgrade"))
             context.close(promise: nil)
         }
     }
@@ -99,8 +100,9 @@ enum NIOWebSocketNative {
         }
     }
 
+    /// ws, or wss (swift-nio-ssl's handler in front of the HTTP handlers, configured from `tls`).
     static func pingpong(
-        to endpoint: Endpoint, tally: PingPongTally
+        to endpoint: Endpoint, tally: PingPongTally, tls: TLSTransport.TLSConfiguration
     ) async throws(ConnectionError)
         -> PingRunner.Result
     {
@@ -109,10 +111,15 @@ enum NIOWebSocketNative {
         let promise = loop.makePromise(of: PingRunner.Result.self)
         let hostHeader = "\(endpoint.host):\(endpoint.port)"
         let path = endpoint.path
+        let secure = endpoint.transport.isSecure
         let bootstrap = ClientBootstrap(group: loop)
             .channelOption(.socketOption(.tcp_nodelay), value: 1)
             .channelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
+                    if secure {
+                        try channel.pipeline.syncOperations.addHandler(
+                            try NIOSSLNative.clientHandler(for: endpoint, tls: tls))
+                    }
                     let requester = UpgradeRequester(host: hostHeader, path: path, promise: promise)
                     let boundRequester = NIOLoopBound(requester, eventLoop: channel.eventLoop)
                     let upgrader = NIOWebSocketClientUpgrader(maxFrameSize: maximumFrameSize) { channel, _ in
@@ -196,8 +203,10 @@ enum NIOWebSocketNativeEchoServer {
         }
     }
 
-    static func start(on endpoint: Endpoint) async throws(ConnectionError) -> NIONativeEchoServer {
-        try await NIONativeEchoServer.start(on: endpoint) { channel in
+    static func start(
+        on endpoint: Endpoint, tls: TLSTransport.TLSConfiguration?
+    ) async throws(ConnectionError) -> NIONativeEchoServer {
+        try await NIONativeEchoServer.start(on: endpoint, tls: tls) { channel in
             let reject = RejectHandler()
             let boundReject = NIOLoopBound(reject, eventLoop: channel.eventLoop)
             let upgrader = NIOWebSocketServerUpgrader(

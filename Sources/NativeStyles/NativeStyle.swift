@@ -28,32 +28,33 @@ extension Backend {
         }
     }
 
-    /// The transports this backend has a style of its own for: tcp for all; ws for nio (NIOWebSocket).
-    public var nativeTransports: [Transport] { self == .nio ? [.tcp, .ws] : [.tcp] }
+    /// The transports this backend has a style of its own for: tcp for all; for nio also ws (NIOWebSocket), tls
+    /// and wss (swift-nio-ssl).
+    public var nativeTransports: [Transport] { self == .nio ? [.tcp, .ws, .tls, .wss] : [.tcp] }
 
     static func nativeUnsupported(_ transport: Transport) -> ConnectionError {
         ConnectionError(
             .unsupported,
-            "native style over \(transport): every backend has one for tcp; only nio has a WebSocket of its own (NIOWebSocket, ws)"
+            "native style over \(transport): every backend has one for tcp; only nio has WebSocket and TLS of its own (NIOWebSocket, swift-nio-ssl)"
         )
     }
 
-    /// `warmup` then `count` TCP round trips of `size` bytes to an echo server, written in this backend's own
-    /// style, timed by a ``PingPongTally``.
+    /// `warmup` then `count` round trips of `size` bytes to an echo server, written in this backend's own style,
+    /// timed by a ``PingPongTally``. `tls` configures the client of tls:// and wss:// (nio only: swift-nio-ssl).
     public func nativePingPong(
-        to endpoint: Endpoint, size: Int, count: Int, warmup: Int
+        to endpoint: Endpoint, size: Int, count: Int, warmup: Int, tls: TLSConfiguration = TLSConfiguration()
     ) async throws(ConnectionError) -> PingRunner.Result {
+        guard nativeTransports.contains(endpoint.transport) else { throw Self.nativeUnsupported(endpoint.transport) }
         let tally = PingPongTally(size: size, count: count, warmup: warmup)
-        if endpoint.transport == .ws, self == .nio {
-            return try await NIOWebSocketNative.pingpong(to: endpoint, tally: tally)
-        }
-        guard endpoint.transport == .tcp else { throw Self.nativeUnsupported(endpoint.transport) }
         switch self {
         case .bsd: return try await BSDNative.pingpong(to: endpoint, tally: tally)
         case .uv: return try await UVNative.pingpong(to: endpoint, tally: tally)
         case .runloop: return try await RunLoopNative.pingpong(to: endpoint, tally: tally)
         case .async: return try await AsyncNative.pingpong(to: endpoint, tally: tally)
-        case .nio: return try await NIONative.pingpong(to: endpoint, tally: tally)
+        case .nio:
+            return endpoint.transport == .ws || endpoint.transport == .wss
+                ? try await NIOWebSocketNative.pingpong(to: endpoint, tally: tally, tls: tls)
+                : try await NIONative.pingpong(to: endpoint, tally: tally, tls: tls)
         }
     }
 
@@ -77,15 +78,20 @@ extension Backend {
         .unsupported, "NIOAsyncChannel is SwiftNIO's: the asyncchannel style is nio over tcp only")
 
     /// A TCP echo server written in this backend's own style.
-    public func nativeEchoServer(on endpoint: Endpoint) async throws(ConnectionError) -> any NativeEchoServer {
-        if endpoint.transport == .ws, self == .nio { return try await NIOWebSocketNativeEchoServer.start(on: endpoint) }
-        guard endpoint.transport == .tcp else { throw Self.nativeUnsupported(endpoint.transport) }
+    /// `tls` names the certificate chain and key of a tls:// or wss:// server (nio only: swift-nio-ssl).
+    public func nativeEchoServer(
+        on endpoint: Endpoint, tls: TLSConfiguration? = nil
+    ) async throws(ConnectionError) -> any NativeEchoServer {
+        guard nativeTransports.contains(endpoint.transport) else { throw Self.nativeUnsupported(endpoint.transport) }
         switch self {
         case .bsd: return try BSDNativeEchoServer(on: endpoint)
         case .uv: return try await UVNativeEchoServer.start(on: endpoint)
         case .runloop: return try await RunLoopNativeEchoServer.start(on: endpoint)
         case .async: return try AsyncNativeEchoServer(on: endpoint)
-        case .nio: return try await NIONativeEchoServer.start(on: endpoint)
+        case .nio:
+            return endpoint.transport == .ws || endpoint.transport == .wss
+                ? try await NIOWebSocketNativeEchoServer.start(on: endpoint, tls: tls)
+                : try await NIONativeEchoServer.start(on: endpoint, tls: tls)
         }
     }
 }

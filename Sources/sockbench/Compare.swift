@@ -397,7 +397,7 @@ struct Compare: AsyncParsableCommand {
                 ? nil : "the C floor runs pingpong, pump, proxy and proxypump (the direct paths) only"
         }
         if scenario.kind == "native", target.native == nil {
-            return "native styles: every backend over tcp, and nio over ws (SwiftNIO's NIOWebSocket)"
+            return "native styles: every backend over tcp; nio also over ws (NIOWebSocket), tls and wss (swift-nio-ssl)"
         }
         if scenario.kind == "asyncchannel", target.asyncChannel == nil {
             return "NIOAsyncChannel is SwiftNIO's async/await bridge: nio over tcp only"
@@ -446,7 +446,7 @@ struct Compare: AsyncParsableCommand {
             return try await runFloorPump(endpoint: endpoint, size: size, totalBytes: plan.pumpBytes)
         case .native(let size):
             let result = try await backend.nativePingPong(
-                to: endpoint, size: size, count: plan.pingpongCount, warmup: plan.pingpongWarmup)
+                to: endpoint, size: size, count: plan.pingpongCount, warmup: plan.pingpongWarmup, tls: tls)
             return Self.measurement(result, size: size, count: plan.pingpongCount)
         case .asyncChannel(let size):
             let result = try await backend.asyncChannelPingPong(

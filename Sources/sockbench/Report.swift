@@ -94,7 +94,7 @@ struct Report: Codable {
         self.rows = rows
         notes = [
             "Every backend is measured through the unified Connection on both ends (client here, server in its own process), except native-SIZE: the same tcp ping-pong written in the backend's own style on both ends (x native = the price of the unified API), and proxy-SIZE: the C client and C echo server with one relay between them written in the backend's own style (sockbench proxy --native, in its own process on the server's CPU); the C floor's proxy row is the direct path. Its CPU figures are the client's and the relay's (the C echo server is not counted).",
-            "SwiftNIO (nio) runs with TCP_NODELAY and a 64 KiB UDP buffer like every other backend (its defaults differ); its tls/wss use the same OpenSSL layer as the others, so TLS numbers compare connection styles, not TLS libraries. Its ws and wss frames go through the shared WebSocket codec like every backend's; SwiftNIO's own WebSocket (NIOHTTP1 upgrade and NIOWebSocket handlers on both ends) is nio's native ws row.",
+            "SwiftNIO (nio) runs with TCP_NODELAY and a 64 KiB UDP buffer like every other backend (its defaults differ); its tls/wss use the same OpenSSL layer as the others, so TLS numbers compare connection styles, not TLS libraries; nio's native tls and wss rows are swift-nio-ssl (BoringSSL in SwiftNIO's pipeline), what a SwiftNIO user would write. Its ws and wss frames go through the shared WebSocket codec like every backend's; SwiftNIO's own WebSocket (NIOHTTP1 upgrade and NIOWebSocket handlers on both ends) is nio's native ws row.",
             "iperf3 and sockperf rows (when installed) are those tools measured in the same run with the same pinning: iperf3's single TCP stream and UDP sender, sockperf's ping-pong (its --full-rtt round trips).",
             "CPU time per side is read from each process's CPU-time clock (clock_getcpuclockid: every thread, nanoseconds); cost per message is (client + server CPU) / messages over the window. Context switches: the client from getrusage (every thread), the server summed over its live threads in /proc/PID/task (a server thread that ended in the window is not counted); peak memory from /proc/PID/status. All figures per repetition, medians across repetitions.",
         ]
@@ -400,14 +400,18 @@ struct Report: Codable {
             lines.append(
                 "- The price of the unified API (tcp pingpong-\(size) p50 through Connection / the same backend written in its own style, both ends): "
                     + prices.map { "\($0.0) \(fixed($0.1))x" }.joined(separator: ", ") + ".")
-            if let nioWebSocket = p50("nio", "ws", .native(size: size)) {
-                let ws = rows.filter { $0.scenario == .pingpong(size: size) && $0.transport == "ws" }.compactMap {
-                    row in
-                    row.median.latency.map { (row.backend, Double($0.p50) / max(1, nioWebSocket)) }
-                }
+            let references = [
+                ("ws", "SwiftNIO's own WebSocket (NIOHTTP1 upgrade and NIOWebSocket handlers"),
+                ("tls", "SwiftNIO with swift-nio-ssl (its TLS handler in front of the echo handlers"),
+                ("wss", "SwiftNIO's own WebSocket over swift-nio-ssl (NIOSSL, NIOHTTP1 and NIOWebSocket handlers"),
+            ]
+            for (transport, written) in references {
+                guard let reference = p50("nio", transport, .native(size: size)) else { continue }
+                let ratios = rows.filter { $0.scenario == .pingpong(size: size) && $0.transport == transport }
+                    .compactMap { row in row.median.latency.map { (row.backend, Double($0.p50) / max(1, reference)) } }
                 lines.append(
-                    "- ws pingpong-\(size) p50 against SwiftNIO's own WebSocket written natively (NIOHTTP1 upgrade and NIOWebSocket handlers on both ends, no Connection; \(microseconds(UInt64(nioWebSocket))) us): "
-                        + ws.map { "\($0.0) \(fixed($0.1))x" }.joined(separator: ", ") + ".")
+                    "- \(transport) pingpong-\(size) p50 against \(written) on both ends, no Connection; \(microseconds(UInt64(reference))) us): "
+                        + ratios.map { "\($0.0) \(fixed($0.1))x" }.joined(separator: ", ") + ".")
             }
             let floors = rows.filter { $0.scenario == .native(size: size) && $0.transport == "tcp" }.compactMap { row in
                 floor(for: row).flatMap { floor in row.median.latency.map { (row.backend, Double($0.p50) / floor) } }

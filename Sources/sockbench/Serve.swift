@@ -29,7 +29,7 @@ struct Serve: AsyncParsableCommand {
 
     @Flag(
         help:
-            "Serve in the backend's own style instead of through Listener/Connection (tcp; nio also ws, with NIOWebSocket): the server side of `compare`'s native-SIZE."
+            "Serve in the backend's own style instead of through Listener/Connection (tcp; nio also ws with NIOWebSocket, tls and wss with swift-nio-ssl): the server side of `compare`'s native-SIZE."
     )
     var native = false
 
@@ -119,15 +119,16 @@ struct Serve: AsyncParsableCommand {
 extension Serve {
     func serveNative(_ endpoint: Endpoint, _ backend: Backend) async throws {
         let flag = asyncChannel ? "--async-channel" : "--native"
-        guard !sink, tls.cert == nil, !(native && asyncChannel) else {
-            throw fail("\(flag) serves a plain tcp echo (no --sink, no TLS, not both --native and --async-channel)")
+        guard !sink, !(native && asyncChannel) else {
+            throw fail("\(flag) serves an echo (no --sink, not both --native and --async-channel)")
         }
+        let tlsConfiguration = try tls.configuration(for: endpoint.transport)
         let server: any NativeEchoServer
         do throws(ConnectionError) {
             server =
                 asyncChannel
                 ? try await backend.asyncChannelEchoServer(on: endpoint)
-                : try await backend.nativeEchoServer(on: endpoint)
+                : try await backend.nativeEchoServer(on: endpoint, tls: tlsConfiguration)
         } catch {
             throw fail(error.description)
         }

@@ -186,3 +186,84 @@ struct NIOWebSocketNativeTests {
         #expect(error?.kind == .unsupported)
     }
 }
+
+/// swift-nio-ssl, the nio backend's native style over tls and wss: its client and server must interoperate with
+/// our OpenSSL layer both ways, verify the server's certificate, and fail clearly without a trusted one.
+@Suite("Native style: swift-nio-ssl", .timeLimit(.minutes(10)))
+struct NIOSSLNativeTests {
+    @Test("swift-nio-ssl client and server: every round trip echoed, small and large", arguments: ["tls", "wss"])
+    func ownServer(scheme: String) async throws {
+        try await SocketTest.run {
+            let certificates = try TestCertificates.make()
+            defer { certificates.remove() }
+            let server = try await Backend.nio.nativeEchoServer(
+                on: try Endpoint(url: "\(scheme)://127.0.0.1:0"), tls: certificates.server.server)
+            #expect(server.localEndpoint.transport.rawValue == scheme)
+            for size in [64, 300_000] {
+                let result = try await Backend.nio.nativePingPong(
+                    to: server.localEndpoint, size: size, count: 20, warmup: 2, tls: certificates.client)
+                #expect(result.latency.count == 20)
+            }
+            await server.stop()
+        }
+    }
+
+    @Test(
+        "swift-nio-ssl client against our TLS server, and our client against the swift-nio-ssl server",
+        arguments: ["tls", "wss"])
+    func interop(scheme: String) async throws {
+        try await SocketTest.run {
+            let certificates = try TestCertificates.make()
+            defer { certificates.remove() }
+            let ours = try await EchoServer.start(
+                .async, on: try Endpoint(url: "\(scheme)://127.0.0.1:0"), tls: certificates.server.server)
+            let first = try await Backend.nio.nativePingPong(
+                to: ours.endpoint, size: 1000, count: 50, warmup: 0, tls: certificates.client)
+            #expect(first.latency.count == 50)
+            await ours.stop()
+
+            let theirs = try await Backend.nio.nativeEchoServer(
+                on: try Endpoint(url: "\(scheme)://127.0.0.1:0"), tls: certificates.server.server)
+            let connection = try await Backend.bsd.connect(to: theirs.localEndpoint, tls: certificates.client)
+            let second = try await PingRunner(size: 1000, count: 50, warmup: 0).run(on: connection)
+            #expect(second.latency.count == 50)
+            await connection.close()
+            await theirs.stop()
+        }
+    }
+
+    @Test(
+        "An untrusted certificate fails the swift-nio-ssl client (certificate rejected); the server serves the next client"
+    )
+    func untrusted() async throws {
+        try await SocketTest.run {
+            let certificates = try TestCertificates.make()
+            defer { certificates.remove() }
+            let server = try await Backend.nio.nativeEchoServer(
+                on: try Endpoint(url: "tls://127.0.0.1:0"), tls: certificates.selfSigned.server)
+            let error = await #expect(throws: ConnectionError.self) {
+                _ = try await Backend.nio.nativePingPong(
+                    to: server.localEndpoint, size: 64, count: 5, warmup: 0, tls: certificates.client)
+            }
+            #expect(error?.kind == .certificateRejected, "\(String(describing: error))")
+            var insecure = certificates.client
+            insecure.verification = .insecureNoVerification
+            let result = try await Backend.nio.nativePingPong(
+                to: server.localEndpoint, size: 64, count: 5, warmup: 0, tls: insecure)
+            #expect(result.latency.count == 5)
+            await server.stop()
+        }
+    }
+
+    @Test("A tls server without a certificate, or another backend over tls: a clear error")
+    func misconfigured() async throws {
+        let missing = await #expect(throws: ConnectionError.self) {
+            _ = try await Backend.nio.nativeEchoServer(on: try Endpoint(url: "tls://127.0.0.1:0"))
+        }
+        #expect(missing?.kind == .tls)
+        let other = await #expect(throws: ConnectionError.self) {
+            _ = try await Backend.bsd.nativeEchoServer(on: try Endpoint(url: "tls://127.0.0.1:0"))
+        }
+        #expect(other?.kind == .unsupported)
+    }
+}
