@@ -486,93 +486,83 @@ struct Report: Codable {
     /// The issue's targets, checked against this run's ratios: each says met or missed, with the figures.
     func targets() -> [String] {
         var lines: [String] = []
-        func verdict(_ pairs: [(String, Double)], limit: (String) -> Double, atMost: Bool = true) -> String {
-            let missed = pairs.filter { atMost ? $0.1 > limit($0.0) : $0.1 < limit($0.0) }.map(\.0)
-            let figures = pairs.map { "\($0.0) \(fixed($0.1))x" }.joined(separator: ", ")
-            return (missed.isEmpty ? "met" : "MISSED by \(missed.joined(separator: ", "))") + " (\(figures))"
-        }
-        let backends = plan.backends
-        if let floor = p50(Self.floorName, "tcp", .pingpong(size: 64)) {
-            let native = backends.compactMap { b in p50(b, "tcp", .native(size: 64)).map { (b, $0 / floor) } }
-            if !native.isEmpty {
-                lines.append(
-                    "- Target, 64 B tcp round trip in native style <= 1.3x the C floor (bsd <= 1.1x): "
-                        + verdict(native, limit: { $0 == "bsd" ? 1.1 : 1.3 }) + ".")
-            }
-            let unified = backends.compactMap { b in p50(b, "tcp", .pingpong(size: 64)).map { (b, $0 / floor) } }
-            if !unified.isEmpty {
-                lines.append(
-                    "- Target, the same through Connection <= 1.5x the floor (nio <= 1.6x): "
-                        + verdict(unified, limit: { $0 == "nio" ? 1.6 : 1.5 }) + ".")
-            }
-        }
-        for transport in plan.transports {
-            guard let nio = p50("nio", transport, .pingpong(size: 64)) else { continue }
-            let ratios = backends.filter { $0 != "nio" }.compactMap { b in
-                p50(b, transport, .pingpong(size: 64)).map { (b, $0 / nio) }
-            }
-            guard !ratios.isEmpty else { continue }
+        /// One target's line, when the run measured it: met, or which backends missed it, and every ratio.
+        func target(
+            _ text: String, _ ratios: [(String, Double)], atLeast: Bool = false, limit: (String) -> Double
+        ) {
+            guard !ratios.isEmpty else { return }
+            let missed = ratios.filter { atLeast ? $0.1 < limit($0.0) : $0.1 > limit($0.0) }.map(\.0)
+            let figures = ratios.map { "\($0.0) \(fixed($0.1))x" }.joined(separator: ", ")
             lines.append(
-                "- Target, \(transport) round trip through Connection at or below SwiftNIO's: "
-                    + verdict(ratios, limit: { _ in 1.0 }) + ".")
+                "- Target, \(text): " + (missed.isEmpty ? "met" : "MISSED by \(missed.joined(separator: ", "))")
+                    + " (\(figures)).")
+        }
+        /// `value` of each backend that has one.
+        func each(_ backends: [String], _ value: (String) -> Double?) -> [(String, Double)] {
+            backends.compactMap { backend in value(backend).map { (backend, $0) } }
         }
         func pump(_ backend: String, _ transport: String, _ size: Int) -> ScenarioResult? {
             rows.first { $0.backend == backend && $0.transport == transport && $0.scenario == .pump(size: size) }?
                 .median
         }
+        let backends = plan.backends
+        if let floor = p50(Self.floorName, "tcp", .pingpong(size: 64)) {
+            target(
+                "64 B tcp round trip in native style <= 1.3x the C floor (bsd <= 1.1x)",
+                each(backends) { p50($0, "tcp", .native(size: 64)).map { $0 / floor } },
+                limit: { $0 == "bsd" ? 1.1 : 1.3 })
+            target(
+                "the same through Connection <= 1.5x the floor (nio <= 1.6x)",
+                each(backends) { p50($0, "tcp", .pingpong(size: 64)).map { $0 / floor } },
+                limit: { $0 == "nio" ? 1.6 : 1.5 })
+        }
+        for transport in plan.transports {
+            guard let nio = p50("nio", transport, .pingpong(size: 64)) else { continue }
+            target(
+                "\(transport) round trip through Connection at or below SwiftNIO's",
+                each(backends.filter { $0 != "nio" }) { p50($0, transport, .pingpong(size: 64)).map { $0 / nio } },
+                limit: { _ in 1.0 })
+        }
         // The bulk targets hold for every backend but nio (SwiftNIO's own path is the reference, not ours to tune).
         let ours = backends.filter { $0 != "nio" }
         let bulkReference =
             pump("iperf3", "tcp", 65536).map { ("iperf3", $0) }
-            ?? pump(Self.floorName, "tcp", 65536)
-            .map { (Self.floorName, $0) }
+            ?? pump(Self.floorName, "tcp", 65536).map { (Self.floorName, $0) }
         if let (name, reference) = bulkReference, let rate = reference.bytesPerSecond, rate > 0 {
-            let ratios = ours.compactMap { b in pump(b, "tcp", 65536)?.bytesPerSecond.map { (b, $0 / rate) } }
-            if !ratios.isEmpty {
-                lines.append(
-                    "- Target, tcp pump in 64 KiB writes >= 0.9x \(name)'s single stream (every backend but nio): "
-                        + verdict(ratios, limit: { _ in 0.9 }, atMost: false) + ".")
-            }
+            target(
+                "tcp pump in 64 KiB writes >= 0.9x \(name)'s single stream (every backend but nio)",
+                each(ours) { pump($0, "tcp", 65536)?.bytesPerSecond.map { $0 / rate } }, atLeast: true,
+                limit: { _ in 0.9 })
         }
         if let floor = pump(Self.floorName, "tcp", 1400)?.bytesPerSecond, floor > 0 {
-            let ratios = ours.compactMap { b in pump(b, "tcp", 1400)?.bytesPerSecond.map { (b, $0 / floor) } }
-            if !ratios.isEmpty {
-                lines.append(
-                    "- Target, tcp pump in 1,400-byte writes >= 0.7x the C floor's (every backend but nio): "
-                        + verdict(ratios, limit: { _ in 0.7 }, atMost: false) + ".")
-            }
+            target(
+                "tcp pump in 1,400-byte writes >= 0.7x the C floor's (every backend but nio)",
+                each(ours) { pump($0, "tcp", 1400)?.bytesPerSecond.map { $0 / floor } }, atLeast: true,
+                limit: { _ in 0.7 })
         }
         if let floor = pump(Self.floorName, "udp", 1400)?.messagesPerSecond, floor > 0 {
-            let ratios = ours.compactMap { b in pump(b, "udp", 1400)?.messagesPerSecond.map { (b, $0 / floor) } }
-            if !ratios.isEmpty {
-                lines.append(
-                    "- Target, udp 1,400-byte datagram send rate >= 0.9x the C sender (which makes one send(2) per "
-                        + "datagram; the backends send \(PumpRunner.defaultBatch) per send(batch:)): "
-                        + verdict(ratios, limit: { _ in 0.9 }, atMost: false) + ".")
-            }
+            target(
+                "udp 1,400-byte datagram send rate >= 0.9x the C sender (which makes one send(2) per datagram; the "
+                    + "backends send \(PumpRunner.defaultBatch) per send(batch:))",
+                each(ours) { pump($0, "udp", 1400)?.messagesPerSecond.map { $0 / floor } }, atLeast: true,
+                limit: { _ in 0.9 })
         }
-        let wsPump = ours.compactMap { b -> (String, Double)? in
-            guard let ws = pump(b, "ws", 65536)?.bytesPerSecond, let tcp = pump(b, "tcp", 65536)?.bytesPerSecond,
-                tcp > 0
-            else { return nil }
-            return (b, ws / tcp)
-        }
-        if !wsPump.isEmpty {
-            lines.append(
-                "- Target, ws pump in 64 KiB messages >= 0.8x the same backend's tcp pump (every backend but nio): "
-                    + verdict(wsPump, limit: { _ in 0.8 }, atMost: false) + ".")
-        }
-        let ws = backends.compactMap { b -> (String, Double)? in
-            guard let ws = p50(b, "ws", .pingpong(size: 64)), let tcp = p50(b, "tcp", .pingpong(size: 64)) else {
-                return nil
-            }
-            return (b, ws / tcp)
-        }
-        if !ws.isEmpty {
-            lines.append(
-                "- Target, WebSocket echo <= 1.25x the same backend's tcp round trip (64 B here): "
-                    + verdict(ws, limit: { _ in 1.25 }) + ".")
-        }
+        target(
+            "ws pump in 64 KiB messages >= 0.8x the same backend's tcp pump (every backend but nio)",
+            each(ours) { backend in
+                guard let ws = pump(backend, "ws", 65536)?.bytesPerSecond,
+                    let tcp = pump(backend, "tcp", 65536)?.bytesPerSecond, tcp > 0
+                else { return nil }
+                return ws / tcp
+            }, atLeast: true, limit: { _ in 0.8 })
+        target(
+            "WebSocket echo <= 1.25x the same backend's tcp round trip (64 B here)",
+            each(backends) { backend in
+                guard let ws = p50(backend, "ws", .pingpong(size: 64)),
+                    let tcp = p50(backend, "tcp", .pingpong(size: 64))
+                else { return nil }
+                return ws / tcp
+            }, limit: { _ in 1.25 })
         return lines
     }
 
