@@ -92,6 +92,37 @@ func expectConnectionError<R>(
     }
 }
 
+/// The cancellation rule of every receive: on a connection that has delivered a first byte, a receive that is
+/// waiting (`receive`, in a task on the connection's own executor when `onItsExecutor`) is cancelled; it must end with `.cancelled`, and the
+/// bytes sent after it must reach the next receives (`readBack`, asked for 3 bytes): cancelling lost nothing.
+func expectCancelledReceiveLosesNothing(
+    _ test: ConformanceCase, onItsExecutor: Bool = false,
+    receive: @escaping @Sendable (any Connection) async throws -> Void,
+    readBack: (any Connection) async throws -> [UInt8], sourceLocation: SourceLocation = #_sourceLocation
+) async throws {
+    let listener = try await test.listen()
+    let client = try await test.connect(to: listener.localEndpoint)
+    try await client.send([0])
+    let server = try await listener.accept()
+    #expect(try await server.receive()?.bytes == [0], sourceLocation: sourceLocation)
+    let waiting = Task(executorPreference: onItsExecutor ? server.preferredExecutor : nil) {
+        try await receive(server)
+    }
+    waiting.cancel()
+    if case .failure(let error) = await waiting.result {
+        #expect((error as? ConnectionError)?.kind == .cancelled, "\(error)", sourceLocation: sourceLocation)
+    } else {
+        Issue.record("a cancelled receive returned instead of throwing", sourceLocation: sourceLocation)
+    }
+    try await client.send([9, 8, 7])
+    #expect(try await readBack(server) == [9, 8, 7], sourceLocation: sourceLocation)
+    // Both at once: each answers the other's WebSocket close frame (or TLS close_notify) while it waits.
+    async let closedClient: Void = client.close()
+    await server.close()
+    await closedClient
+    await listener.close()
+}
+
 /// A deterministic payload in which every byte depends on its position and the seed, so that a lost, repeated
 /// or reordered byte shows.
 func pattern(_ count: Int, seed: UInt8 = 0) -> [UInt8] {
