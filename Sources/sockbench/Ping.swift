@@ -62,7 +62,7 @@ struct Ping: AsyncParsableCommand {
 
     @Flag(
         help:
-            "Ping in the backend's own style instead of through Connection (tcp; nio also ws): compare with `serve --native`."
+            "Ping in the backend's own style instead of through Connection (tcp; nio also ws, tls and wss): compare with `serve --native`."
     )
     var native = false
 
@@ -98,11 +98,12 @@ struct Ping: AsyncParsableCommand {
         let control = RunControl<PingRunner.Interval>(seconds: time, json: json, line: Self.intervalLine)
         do throws(ConnectionError) {
             if native {
-                guard nodelay, tls.configuration == TLSConfiguration() else {
-                    throw ConnectionError(.unsupported, "--native pings plain tcp (nio: also ws) with TCP_NODELAY")
+                guard nodelay else {
+                    throw ConnectionError(
+                        .unsupported, "--native pings with TCP_NODELAY, as every native style sets it")
                 }
                 result = try await backend.nativePingPong(
-                    to: endpoint, size: size, count: count ?? 10_000, warmup: warmup)
+                    to: endpoint, size: size, count: count ?? 10_000, warmup: warmup, tls: tls.configuration)
             } else {
                 var tlsConfiguration = tls.configuration
                 var webSocket = WebSocketOptions()
