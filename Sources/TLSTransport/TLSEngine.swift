@@ -155,14 +155,24 @@ final class TLSEngine: Sendable {
         case failed(ConnectionError)
     }
 
+    /// The most plaintext one TLS record carries.
+    private static let largestRecord = 16 * 1024
+
     /// Decrypts up to `maximumLength` bytes. `hasOutput` is `true` when OpenSSL queued ciphertext to send in
     /// reply (a TLS 1.3 KeyUpdate answer, for example).
+    ///
+    /// The array is made at the size of what can come out, not of `maximumLength` (a server's receive asks for
+    /// 64 KiB and an echo brings 64 bytes): the plaintext OpenSSL holds, or else the ciphertext waiting in the
+    /// input (plaintext is never longer), at most one record (16 KiB; a read returns one record at most).
     func read(maximumLength: Int) -> (result: ReadResult, hasOutput: Bool) {
         session.withLock { session in
             ERR_clear_error()
             var count = 0
             var status: Int32 = 0
-            let bytes = [UInt8](unsafeUninitializedCapacity: max(maximumLength, 1)) { buffer, initialized in
+            let held = Int(SSL_pending(session.ssl))
+            let available = held > 0 ? held : min(cssl_bio_pending(session.input), Self.largestRecord)
+            let bytes = [UInt8](unsafeUninitializedCapacity: max(min(maximumLength, available), 1)) {
+                buffer, initialized in
                 status = SSL_read_ex(session.ssl, buffer.baseAddress, buffer.count, &count)
                 initialized = status == 1 ? count : 0
             }

@@ -49,6 +49,32 @@ struct TLSTests {
         #expect(try await client.receive(exactly: 5) == Array("hello".utf8))
     }
 
+    @Test(
+        "A small record read with a large limit is held in an array of its size; large records arrive whole, within the limit",
+        arguments: ConformanceCase.tls)
+    func readSizes(_ test: ConformanceCase) async throws {
+        try await SocketTest.run {
+            let listener = try await test.listen()
+            let client = try await test.connect(to: listener.localEndpoint)
+            try await client.send(pattern(64))
+            let server = try await listener.accept()
+            // receive() asks for the read chunk size (64 KiB); the array must not be made at that size.
+            let small = try #require(try await server.receive())
+            #expect(small.bytes == pattern(64))
+            #expect(small.bytes.capacity < 4096, "a 64-byte message held \(small.bytes.capacity) bytes")
+            let large = pattern(100_000, seed: 7)
+            try await client.send(large)
+            let first = try #require(try await server.receive(maximumLength: 3000))
+            #expect(first.bytes.count <= 3000 && first.bytes == Array(large[..<first.bytes.count]))
+            let rest = try await server.receive(exactly: large.count - first.bytes.count)
+            #expect(first.bytes + rest == large)
+            async let closedClient: Void = client.close()
+            await server.close()
+            await closedClient
+            await listener.close()
+        }
+    }
+
     @Test("A missing certificate, key or CA file is named in the error, with the reason")
     func missingFiles() async throws {
         try await SocketTest.run {
