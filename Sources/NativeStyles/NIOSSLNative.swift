@@ -15,7 +15,7 @@ enum NIOSSLNative {
         for endpoint: Endpoint, tls: TLSTransport.TLSConfiguration
     ) throws(ConnectionError) -> NIOSSLClientHandler {
         var configuration = NIOSSL.TLSConfiguration.makeClientConfiguration()
-        configuration.minimumTLSVersion = tls.minimumVersion == .tls13 ? .tlsv13 : .tlsv12
+        configuration.minimumTLSVersion = minimumVersion(tls)
         switch tls.trustRoots {
         case .system: configuration.trustRoots = .default
         case .file(let path): configuration.trustRoots = .file(path)
@@ -50,11 +50,16 @@ enum NIOSSLNative {
             let certificates = try NIOSSLCertificate.fromPEMFile(chain).map { NIOSSLCertificateSource.certificate($0) }
             var configuration = NIOSSL.TLSConfiguration.makeServerConfiguration(
                 certificateChain: certificates, privateKey: .privateKey(try NIOSSLPrivateKey(file: key, format: .pem)))
-            configuration.minimumTLSVersion = tls.minimumVersion == .tls13 ? .tlsv13 : .tlsv12
+            configuration.minimumTLSVersion = minimumVersion(tls)
             return try NIOSSLContext(configuration: configuration)
         } catch {
             throw ConnectionError(.tls, "swift-nio-ssl server with \(chain) and \(key): \(error)")
         }
+    }
+
+    /// Our lowest accepted version as swift-nio-ssl's.
+    private static func minimumVersion(_ tls: TLSTransport.TLSConfiguration) -> TLSVersion {
+        tls.minimumVersion == .tls13 ? .tlsv13 : .tlsv12
     }
 
     /// A pipeline error as a ``ConnectionError``: swift-nio-ssl's as `.certificateRejected` (the peer's

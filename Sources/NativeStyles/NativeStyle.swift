@@ -77,7 +77,7 @@ extension Backend {
     static let asyncChannelUnsupported = ConnectionError(
         .unsupported, "NIOAsyncChannel is SwiftNIO's: the asyncchannel style is nio over tcp only")
 
-    /// A TCP echo server written in this backend's own style.
+    /// An echo server written in this backend's own style (tcp; for nio also ws, tls and wss).
     /// `tls` names the certificate chain and key of a tls:// or wss:// server (nio only: swift-nio-ssl).
     public func nativeEchoServer(
         on endpoint: Endpoint, tls: TLSConfiguration? = nil
