@@ -84,13 +84,20 @@ public struct ResourceUsage: Sendable, Codable, Hashable {
         return usage
     }
 
+    /// `now - then`, or 0 when the count went down.
+    static func increase(_ now: UInt64, since then: UInt64) -> UInt64 { now >= then ? now - then : 0 }
+
     /// What was used between `earlier` and this reading (peak memory and threads are kept as read now).
     public func since(_ earlier: ResourceUsage) -> ResourceUsage {
         var delta = self
         delta.userNanoseconds = userNanoseconds &- earlier.userNanoseconds
         delta.systemNanoseconds = systemNanoseconds &- earlier.systemNanoseconds
-        delta.voluntaryContextSwitches = voluntaryContextSwitches &- earlier.voluntaryContextSwitches
-        delta.involuntaryContextSwitches = involuntaryContextSwitches &- earlier.involuntaryContextSwitches
+        // Another process's switches are the sum over its live threads: a thread that ended between the two
+        // readings takes its count with it, so the sum can go down. Such a delta counts from 0, never wraps.
+        delta.voluntaryContextSwitches = Self.increase(
+            voluntaryContextSwitches, since: earlier.voluntaryContextSwitches)
+        delta.involuntaryContextSwitches = Self.increase(
+            involuntaryContextSwitches, since: earlier.involuntaryContextSwitches)
         if let now = cpuClockNanoseconds, let then = earlier.cpuClockNanoseconds {
             delta.cpuClockNanoseconds = now &- then
         } else {
