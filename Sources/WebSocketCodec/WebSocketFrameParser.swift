@@ -17,6 +17,9 @@ public enum WebSocketRole: Sendable, Hashable {
 /// reads that bring it (no buffer of raw frames that is copied out and unmasked later). A violation is thrown
 /// by ``nextFrame()`` after the frames before it; nothing after it is parsed. Set ``allowsCompressedFrames`` and
 /// ``maximumFrameSize`` before feeding the bytes they apply to.
+///
+/// A receive into a caller's buffer (``feed(_:placingInto:)``) goes one step further: the payload of a message in
+/// one frame is unmasked straight into that buffer, with no array of its own (``takePlaced()``).
 public struct WebSocketFrameParser: Sendable {
     /// Whose frames this parser reads: `.server` parses what clients send (masked).
     public let role: WebSocketRole
@@ -47,6 +50,10 @@ public struct WebSocketFrameParser: Sendable {
     private var readyHead = 0
     /// The violation found; thrown once the frames before it were returned.
     private var failure: WebSocketProtocolError?
+    /// The current frame's payload goes to the caller's buffer (`destination[..<filled]` so far), not to `payload`.
+    private var placing = false
+    /// A frame whose payload was placed in the caller's buffer, not yet taken.
+    private var placed: (opcode: WebSocketOpcode, count: Int)?
 
     /// A parser for the given end of the connection.
     public init(role: WebSocketRole, maximumFrameSize: Int = 16 * 1024 * 1024 + 1024) {
@@ -68,6 +75,54 @@ public struct WebSocketFrameParser: Sendable {
     /// Adds received bytes from a buffer the caller keeps (a read buffer): payloads are copied out of it as
     /// they are parsed, so it can be reused as soon as this returns.
     public mutating func feed(_ input: UnsafeRawBufferPointer) {
+        precondition(!placing, "a frame is being placed: feed(_:placingInto:) with the same buffer, or stopPlacing")
+        feed(input, destination: nil)
+    }
+
+    /// Adds received bytes as ``feed(_:)`` does, but places the payload of the next message that comes in one
+    /// frame (FIN, text or binary, not compressed) and fits in `destination` there, unmasked, instead of in a
+    /// frame: when no parsed frame is waiting, the first such frame whose header arrives is placed, and
+    /// ``takePlaced()`` returns it once complete. One frame at most; the bytes after it are parsed as usual.
+    ///
+    /// A frame may take several calls to arrive: each must pass the same buffer, until ``takePlaced()`` returns
+    /// it or ``stopPlacing(copyingFrom:)`` copies its bytes so far into the parser (a receive that is cancelled
+    /// or fails loses nothing).
+    public mutating func feed(_ input: UnsafeRawBufferPointer, placingInto destination: UnsafeMutableRawBufferPointer) {
+        feed(input, destination: placed == nil ? destination : nil)
+    }
+
+    /// The frame placed by ``feed(_:placingInto:)``, once all of its payload is in the buffer: its opcode and
+    /// length. Frames parsed before it come first (``nextFrame()``); it comes before those parsed after it.
+    public mutating func takePlaced() -> (opcode: WebSocketOpcode, count: Int)? {
+        defer { placed = nil }
+        return placed
+    }
+
+    /// A frame waits to be returned by ``takePlaced()``.
+    public var hasPlaced: Bool { placed != nil }
+
+    /// Ends placing: a frame partly placed in `destination` (the buffer the last ``feed(_:placingInto:)`` was
+    /// given) is copied into the parser and goes on as an ordinary frame. Does nothing when no frame is partly
+    /// placed. A frame already complete must have been taken (``takePlaced()``).
+    public mutating func stopPlacing(copyingFrom destination: UnsafeRawBufferPointer) {
+        precondition(placed == nil, "a placed frame was not taken")
+        guard placing, let frame = current else { return }
+        placing = false
+        let sofar = UnsafeRawBufferPointer(rebasing: destination[..<filled])
+        guard frame.length - filled <= 256 * 1024 else {
+            // As in `feed`: a declared size is not allocated ahead of the bytes that make it.
+            payload = Array(sofar)
+            return
+        }
+        payload = [UInt8](unsafeUninitializedCapacity: frame.length) { out, initialized in
+            UnsafeMutableRawBufferPointer(rebasing: UnsafeMutableRawBufferPointer(out)[..<filled]).copyMemory(
+                from: sofar)
+            initialized = frame.length  // the tail is written by the pieces still to come, as in `feed`
+        }
+    }
+
+    private mutating func feed(_ input: UnsafeRawBufferPointer, destination: UnsafeMutableRawBufferPointer?) {
+        var destination = destination
         var offset = 0
         let count = input.count
         while offset < count, failure == nil {
@@ -76,7 +131,11 @@ public struct WebSocketFrameParser: Sendable {
                 let slice = UnsafeRawBufferPointer(rebasing: input[offset..<(offset + take)])
                 offset += take
                 let at = filled
-                if filled == 0 && take == frame.length {
+                if placing, let destination {
+                    Self.place(
+                        slice, into: UnsafeMutableRawBufferPointer(rebasing: destination[at..<(at + take)]),
+                        key: frame.key, offset: at)
+                } else if filled == 0 && take == frame.length {
                     // The whole payload is here: one pass into an array of its size.
                     payload = [UInt8](unsafeUninitializedCapacity: take) { out, initialized in
                         Self.place(slice, into: UnsafeMutableRawBufferPointer(out), key: frame.key, offset: 0)
@@ -117,7 +176,10 @@ public struct WebSocketFrameParser: Sendable {
                     }
                 }
                 filled += take
-                if filled == frame.length { completeFrame() }
+                if filled == frame.length {
+                    completeFrame()
+                    if placed != nil { destination = nil }
+                }
                 continue
             }
             // The header: the first two bytes say how long the rest of it is.
@@ -131,7 +193,8 @@ public struct WebSocketFrameParser: Sendable {
                     try checkFirstTwoBytes()
                     if fullHeaderLength() > 2 { continue }
                 }
-                try finishHeader()
+                try finishHeader(room: destination?.count)
+                if placed != nil { destination = nil }
             } catch {
                 failure = error
             }
@@ -203,7 +266,8 @@ public struct WebSocketFrameParser: Sendable {
         }
     }
 
-    private mutating func finishHeader() throws(WebSocketProtocolError) {
+    /// `room`: the size of the caller's buffer a message in one frame may be placed in (`nil`: none).
+    private mutating func finishHeader(room: Int?) throws(WebSocketProtocolError) {
         let first = headerBytes[0]
         var length = UInt64(headerBytes[1] & 0x7F)
         var next = 2
@@ -226,14 +290,30 @@ public struct WebSocketFrameParser: Sendable {
         if headerBytes[1] & 0x80 != 0 {
             key = (next..<(next + 4)).reduce(UInt32(0)) { $0 << 8 | UInt32(headerBytes[$1]) }
         }
-        current = Header(
+        let header = Header(
             fin: first & 0x80 != 0, rsv1: first & 0x40 != 0, opcode: WebSocketOpcode(rawValue: first & 0x0F), key: key,
             length: Int(length))
+        current = header
+        if let room {
+            // Frames parsed before it are returned first; a fragment or a compressed message goes through the
+            // state machine's reassembly, and so does anything larger than the buffer (it throws too large there).
+            placing =
+                readyHead == ready.count && header.fin && (header.opcode == .binary || header.opcode == .text)
+                && !header.rsv1 && header.length <= room
+        }
         if length == 0 { completeFrame() }
     }
 
     private mutating func completeFrame() {
         guard let frame = current else { return }
+        if placing {
+            placed = (frame.opcode, frame.length)
+            placing = false
+            filled = 0
+            current = nil
+            headerBytes = HeaderBytes()
+            return
+        }
         ready.append(
             WebSocketFrame(
                 fin: frame.fin, opcode: frame.opcode, payload: payload, maskingKey: frame.key, rsv1: frame.rsv1))

@@ -92,6 +92,32 @@ public struct WebSocketStateMachine: Sendable {
         }
     }
 
+    /// What to do with a message whose one frame (FIN, text or binary, not compressed) the caller received
+    /// into a buffer of its own (``WebSocketFrameParser/feed(_:placingInto:)``).
+    public enum PlacedOutcome: Sendable, Hashable {
+        /// The message is good: the buffer holds it.
+        case deliver
+        /// Act as for a frame (``receive(_:)``): a violation, or nothing when the connection is closing.
+        case actions([Action])
+    }
+
+    /// Handles a message in one frame that the caller received into its own buffer, by the rules
+    /// ``receive(_:)`` applies to the same frame: it must not interrupt a fragmented message, must fit
+    /// ``maximumMessageSize``, and text must be valid UTF-8.
+    public mutating func receivePlaced(text: Bool, payload: UnsafeRawBufferPointer) -> PlacedOutcome {
+        guard state != .closed else { return .actions([]) }
+        guard fragmentIsText == nil else {
+            return .actions(fail(.protocolError, "a new message began before the fragmented one ended"))
+        }
+        guard payload.count <= maximumMessageSize else {
+            return .actions(fail(.messageTooBig, "a message exceeds the limit of \(maximumMessageSize) bytes"))
+        }
+        if text && !UTF8Validator.isValid(payload) {
+            return .actions(fail(.invalidFramePayloadData, "invalid UTF-8 in a text message"))
+        }
+        return state == .open ? .deliver : .actions([])
+    }
+
     private mutating func appendFragment(_ frame: WebSocketFrame) -> [Action] {
         let isText = fragmentIsText!
         if fragmentIsCompressed {

@@ -443,13 +443,13 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
         while state.withLock({ $0.pingsInFlight.contains(id) && !$0.tcpClosed && $0.failure == nil }) {
             if state.withLock({ $0.pendingBytes }) >= tcp.options.receiveQueueLimit { return }
             do throws(ConnectionError) {
-                switch try await readOne(duringClose: false) {
-                case .message(let message):
+                switch try await readOne(duringClose: false, placingInto: nil) {
+                case .delivered(.message(let message)):
                     state.withLock { shared in
                         shared.pending.append(message)
                         shared.pendingBytes += message.bytes.count
                     }
-                case .nothing: continue
+                case .delivered(.placed), .nothing: continue
                 case .end: return
                 }
             } catch {
@@ -461,10 +461,35 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
     // MARK: Receiving
 
     public func receive(maximumLength: Int) async throws(ConnectionError) -> Message? {
-        try await receive(duringClose: false)
+        switch try await receive(duringClose: false) {
+        case .message(let message): return message
+        case .placed, nil: return nil  // nothing is placed without a buffer
+        }
     }
 
-    private func receive(duringClose: Bool) async throws(ConnectionError) -> Message? {
+    /// Receives one message into the caller's buffer. A message that comes in one frame (uncompressed) is
+    /// unmasked straight from the read buffer into it: no array of its own and no second copy, which is most of
+    /// what a WebSocket server's bulk receive costs over TCP's. Other messages (fragmented, compressed, or read
+    /// meanwhile by a ping) are received as ``receive(maximumLength:)`` receives them and copied in. A message
+    /// larger than the buffer is lost with `.messageTooLarge`, as the contract says.
+    public func receive(into buffer: UnsafeMutableRawBufferPointer) async throws(ConnectionError) -> Received? {
+        try Received.requireRoom(buffer)
+        switch try await receive(duringClose: false, placingInto: buffer) {
+        case .message(let message): return try Received.copy(message, into: buffer)
+        case .placed(let received): return received
+        case nil: return nil
+        }
+    }
+
+    /// A message received: in an array of its own, or already in the receive's buffer.
+    private enum Delivery {
+        case message(Message)
+        case placed(Received)
+    }
+
+    private func receive(
+        duringClose: Bool, placingInto destination: UnsafeMutableRawBufferPointer? = nil
+    ) async throws(ConnectionError) -> Delivery? {
         await receiveLock.enter()
         defer { receiveLock.leave() }
         while true {
@@ -474,9 +499,9 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
                 shared.pendingBytes -= message.bytes.count
                 return message
             }
-            if let buffered { return buffered }
-            switch try await readOne(duringClose: duringClose) {
-            case .message(let message): return message
+            if let buffered { return .message(buffered) }
+            switch try await readOne(duringClose: duringClose, placingInto: destination) {
+            case .delivered(let delivery): return delivery
             case .nothing: continue
             case .end: return nil
             }
@@ -484,15 +509,18 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
     }
 
     private enum ReadOutcome {
-        case message(Message)
+        case delivered(Delivery)
         /// A frame that completed no message (a control frame, a fragment), or the end just seen.
         case nothing
         /// The end of the stream, reported (once; after it, receives throw).
         case end
     }
 
-    /// Reads and handles one frame (holding the receive lock).
-    private func readOne(duringClose: Bool) async throws(ConnectionError) -> ReadOutcome {
+    /// Reads and handles one frame (holding the receive lock); with a `destination`, a message in one frame is
+    /// placed there.
+    private func readOne(
+        duringClose: Bool, placingInto destination: UnsafeMutableRawBufferPointer?
+    ) async throws(ConnectionError) -> ReadOutcome {
         if let failure = state.withLock({ $0.failure }) { throw failure }
         if state.withLock({ $0.tcpClosed }) {
             _ = try endOfStream(duringClose: duringClose)
@@ -500,7 +528,7 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
         }
         let received: WebSocketLinkInput?
         do throws(ConnectionError) {
-            received = try await link.receive()
+            received = try await link.receive(placingInto: destination)
         } catch {
             // The connection may have been failed meanwhile (a keep-alive timeout closes TCP): say why.
             throw state.withLock { $0.failure } ?? error
@@ -513,7 +541,22 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
                 for case .deliver(_, let payload) in actions { shared.received.count(payload.count, onWire: 0) }
                 return actions
             }
-            return try await handle(actions).map(ReadOutcome.message) ?? .nothing
+            return try await handle(actions).map { .delivered(.message($0)) } ?? .nothing
+        case .placed(let text, let count):
+            guard let destination else { preconditionFailure("a frame was placed without a buffer") }
+            let payload = UnsafeRawBufferPointer(rebasing: destination[..<count])
+            let outcome = state.withLock { shared in
+                let outcome = shared.machine.receivePlaced(text: text, payload: payload)
+                shared.received.payloadBytes += count
+                if outcome == .deliver { shared.received.count(count, onWire: 0) }
+                return outcome
+            }
+            switch outcome {
+            case .deliver: return .delivered(.placed(Received(count: count, kind: text ? .text : .binary)))
+            case .actions(let actions):
+                try await handle(actions)
+                return .nothing
+            }
         case .invalid(let error):
             try await handle(state.withLock { $0.machine.failFromParser(error) })
             return .nothing

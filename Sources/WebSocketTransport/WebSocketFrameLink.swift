@@ -9,13 +9,17 @@ package enum WebSocketLinkInput: Sendable {
     case frame(WebSocketFrame)
     /// Bytes that are not a valid frame for this role.
     case invalid(WebSocketProtocolError)
+    /// A message in one frame whose payload is in the receive's buffer (``WebSocketFrameLink/receive(placingInto:)``),
+    /// unmasked: `count` bytes at its start.
+    case placed(text: Bool, count: Int)
 }
 
 /// Frames over any byte stream: our encoder out, our parser in.
 ///
 /// Reads of a bulk transfer go into the link's own buffer (`Connection.receive(into:)`: the backends that can
 /// read straight into it allocate nothing per read), and the parser copies each payload out of it once,
-/// unmasking on the way. The buffer (the stream's read chunk size, 64 KiB) is made when a read first brings 16 KiB
+/// unmasking on the way: into an array of its own, or, for a receive into the caller's buffer, a message that
+/// comes in one frame straight into that buffer. The buffer (the stream's read chunk size, 64 KiB) is made when a read first brings 16 KiB
 /// or more; until then a read is an ordinary receive, so an idle connection, waiting in a receive, holds no read
 /// buffer (10,000 idle WebSocket connections would otherwise hold 10,000 of them). Frames go out encoded (and
 /// masked) into a reused buffer, as large as the largest frame sent up to 64 KiB, and sent from it
@@ -68,27 +72,47 @@ package final class WebSocketFrameLink: @unchecked Sendable {
         }
     }
 
-    package func receive() async throws(ConnectionError) -> WebSocketLinkInput? {
+    /// The next frame. With a `destination` (a receive into the caller's buffer), a message that comes in one
+    /// frame and fits is unmasked straight into it (`.placed`) instead of into an array of its own; a frame
+    /// only partly there when this returns otherwise (cancelled, failed) is copied into the parser, so nothing
+    /// is lost and the buffer is no longer referred to.
+    package func receive(
+        placingInto destination: UnsafeMutableRawBufferPointer? = nil
+    ) async throws(ConnectionError)
+        -> WebSocketLinkInput?
+    {
+        defer {
+            if let destination { parser.withLock { $0.stopPlacing(copyingFrom: UnsafeRawBufferPointer(destination)) } }
+        }
         while true {
-            // Whole frames already parsed first.
+            // Whole frames already parsed first: a placed one precedes every frame still in the parser.
             do throws(WebSocketProtocolError) {
-                if let frame = try parser.withLock({ (parser) throws(WebSocketProtocolError) in try parser.nextFrame() }
-                ) {
-                    return .frame(frame)
+                let next = try parser.withLock { (parser) throws(WebSocketProtocolError) -> WebSocketLinkInput? in
+                    if let placed = parser.takePlaced() {
+                        return .placed(text: placed.opcode == .text, count: placed.count)
+                    }
+                    return try parser.nextFrame().map(WebSocketLinkInput.frame)
                 }
+                if let next { return next }
             } catch {
                 return .invalid(error)
             }
             if let buffer = readBuffer {
                 guard let received = try await stream.receive(into: buffer) else { return nil }
-                parser.withLock { $0.feed(UnsafeRawBufferPointer(rebasing: buffer[..<received.count])) }
+                feed(UnsafeRawBufferPointer(rebasing: buffer[..<received.count]), placingInto: destination)
             } else {
                 guard let chunk = try await stream.receive(maximumLength: largestRead) else { return nil }
-                parser.withLock { $0.feed(chunk.bytes) }
+                chunk.bytes.withUnsafeBytes { feed($0, placingInto: destination) }
                 if chunk.bytes.count >= Self.bulkRead {
                     readBuffer = .allocate(byteCount: largestRead, alignment: 16)
                 }
             }
+        }
+    }
+
+    private func feed(_ bytes: UnsafeRawBufferPointer, placingInto destination: UnsafeMutableRawBufferPointer?) {
+        parser.withLock { parser in
+            if let destination { parser.feed(bytes, placingInto: destination) } else { parser.feed(bytes) }
         }
     }
 }

@@ -407,6 +407,153 @@ struct WebSocketConformanceTests {
     }
 }
 
+/// Receives into a caller's buffer over WebSocket: a message in one frame is unmasked straight into it.
+@Suite("WebSocket receive(into:)", .timeLimit(.minutes(5)))
+struct WebSocketReceiveIntoTests {
+    @Test(
+        "Whole messages land in the buffer; a ping between them is answered; invalid UTF-8 in placed text gets 1007",
+        arguments: ConformanceCase.ws)
+    func placed(_ test: ConformanceCase) async throws {
+        try await SocketTest.run {
+            let (server, _, listener, rawClient) = try await Self.serverOverObservedStream(test)
+            var raw = rawClient
+            let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 2000, alignment: 1)
+            defer { buffer.deallocate() }
+            // Three frames in one send: the parser has the ping waiting when the second message's header comes.
+            let frames = [
+                WebSocketFrame(opcode: .binary, payload: pattern(1500, seed: 1)),
+                WebSocketFrame(opcode: .ping, payload: [7]),
+                WebSocketFrame(opcode: .text, payload: Array("héllo".utf8)),
+                WebSocketFrame(opcode: .binary, payload: pattern(2000, seed: 2)),
+            ]
+            try await raw.tcp.send(frames.flatMap { RawWebSocketClient.masked($0) })
+            for (frame, kind) in [(frames[0], Message.Kind.binary), (frames[2], .text), (frames[3], .binary)] {
+                let got = try #require(try await server.receive(into: buffer))
+                #expect(got.kind == kind)
+                #expect(Array(UnsafeRawBufferPointer(rebasing: buffer[..<got.count])) == frame.payload)
+            }
+            let pong = try await raw.nextFrame()
+            #expect(pong.opcode == .pong && pong.payload == [7])
+            #expect(server.received.messages == 3 && server.received.messageBytes == 1500 + 6 + 2000)
+            #expect(server.received.payloadBytes == 1500 + 6 + 2000)
+            try await raw.sendFrame(WebSocketFrame(opcode: .text, payload: [0x48, 0xC3, 0x28]))
+            await expectConnectionError(.protocolViolation) { () throws(ConnectionError) in
+                try await server.receive(into: buffer)
+            }
+            try await raw.expectClose(.invalidFramePayloadData)
+            await raw.close()
+            await server.abort()
+            await listener.close()
+        }
+    }
+
+    @Test(
+        "A receive(into:) cancelled with a message partly in its buffer loses nothing: the next receive gets it whole",
+        arguments: ConformanceCase.ws)
+    func cancelledMidMessage(_ test: ConformanceCase) async throws {
+        try await SocketTest.run {
+            let (server, stream, listener, raw) = try await Self.serverOverObservedStream(test)
+            let owned = UnsafeMutableRawBufferPointer.allocate(byteCount: 4000, alignment: 1)
+            defer { owned.deallocate() }
+            let buffer = SendableBuffer(owned)
+            let payload = pattern(3000, seed: 3)
+            let bytes = RawWebSocketClient.masked(WebSocketFrame(opcode: .binary, payload: payload))
+            let half = 8 + 1200  // the header (2 + 2 + 4) and 1,200 bytes of payload
+            let deliveredBefore = stream.delivered
+            var entries = stream.entered.makeAsyncIterator()
+            let waiting = Task { try await server.receive(into: buffer.pointer) }
+            try await raw.tcp.send(Array(bytes[..<half]))
+            // The receive took the first part and waits for more: what it holds is in its buffer now.
+            while let delivered = await entries.next(), delivered < deliveredBefore + half {}
+            waiting.cancel()
+            await expectConnectionError(.cancelled) { () throws(ConnectionError) in
+                do { return try await waiting.value } catch let error as ConnectionError { throw error } catch {
+                    throw ConnectionError(.closed, "\(error)")
+                }
+            }
+            owned.initializeMemory(as: UInt8.self, repeating: 0xEE)  // its owner reuses the buffer meanwhile
+            try await raw.tcp.send(Array(bytes[half...]))
+            let got = try #require(try await server.receive(into: owned))
+            #expect(got.count == payload.count)
+            #expect(Array(UnsafeRawBufferPointer(rebasing: owned[..<got.count])) == payload)
+            await raw.close()
+            await server.abort()
+            await listener.close()
+        }
+    }
+
+    /// A WebSocket server connection whose stream reports each receive it enters, and a raw client for it.
+    static func serverOverObservedStream(
+        _ test: ConformanceCase
+    ) async throws -> (
+        server: WebSocketConnection, stream: ObservedStream, listener: any Listener, raw: RawWebSocketClient
+    ) {
+        let listener = try await test.listenStream()
+        let endpoint = listener.localEndpoint.with(transport: test.transport)
+        async let raw = RawWebSocketClient.connect(test, to: endpoint)
+        let stream = ObservedStream(try await listener.accept())
+        let server = try await WebSocketConnection.server(over: stream, transport: test.transport)
+        return (server, stream, listener, try await raw)
+    }
+}
+
+/// A caller's buffer handed to the task that receives into it while the test waits (never both at once).
+struct SendableBuffer: @unchecked Sendable {
+    let pointer: UnsafeMutableRawBufferPointer
+    init(_ pointer: UnsafeMutableRawBufferPointer) { self.pointer = pointer }
+}
+
+/// A stream that reports each receive as it enters it, with the bytes its receives have returned so far: a test
+/// sees a reader that took some bytes and now waits for more, without sleeping.
+final class ObservedStream: Connection, Sendable {
+    private let inner: any Connection
+    private let deliveredBytes = Mutex(0)
+    let entered: AsyncStream<Int>
+    private let enteredSink: AsyncStream<Int>.Continuation
+
+    init(_ inner: any Connection) {
+        self.inner = inner
+        (entered, enteredSink) = AsyncStream.makeStream(of: Int.self)
+    }
+
+    var delivered: Int { deliveredBytes.withLock { $0 } }
+    var transport: Transport { inner.transport }
+    var localEndpoint: Endpoint { inner.localEndpoint }
+    var remoteEndpoint: Endpoint { inner.remoteEndpoint }
+    var options: ConnectionOptions { inner.options }
+    var preferredExecutor: (any TaskExecutor)? { inner.preferredExecutor }
+
+    func send(_ message: Message) async throws(ConnectionError) { try await inner.send(message) }
+    func send(contentsOf bytes: UnsafeRawBufferPointer) async throws(ConnectionError) {
+        try await inner.send(contentsOf: bytes)
+    }
+    func send(batch: [UnsafeRawBufferPointer]) async throws(ConnectionError) { try await inner.send(batch: batch) }
+
+    func receive(maximumLength: Int) async throws(ConnectionError) -> Message? {
+        enteredSink.yield(delivered)
+        let message = try await inner.receive(maximumLength: maximumLength)
+        deliveredBytes.withLock { $0 += message?.bytes.count ?? 0 }
+        return message
+    }
+
+    func receive(into buffer: UnsafeMutableRawBufferPointer) async throws(ConnectionError) -> Received? {
+        enteredSink.yield(delivered)
+        let received = try await inner.receive(into: buffer)
+        deliveredBytes.withLock { $0 += received?.count ?? 0 }
+        return received
+    }
+
+    func closeOutput() async throws(ConnectionError) { try await inner.closeOutput() }
+    func close() async {
+        enteredSink.finish()
+        await inner.close()
+    }
+    func abort() async {
+        enteredSink.finish()
+        await inner.abort()
+    }
+}
+
 /// The server's side of a WebSocket opening handshake done by hand on a raw stream (TCP or TLS), for tests whose
 /// server misbehaves on purpose: reads the request head, accepts it (agreeing to permessage-deflate when `deflate`
 /// is given), and sends the response with `along` in the same send. Returns the bytes read past the head.
@@ -462,9 +609,14 @@ struct RawWebSocketClient {
     }
 
     func sendFrame(_ frame: WebSocketFrame) async throws {
+        try await tcp.send(Self.masked(frame))
+    }
+
+    /// A frame as a client sends it: masked (with a fixed key).
+    static func masked(_ frame: WebSocketFrame) -> [UInt8] {
         var masked = frame
         masked.maskingKey = 0x1234_5678
-        try await tcp.send(WebSocketFrameEncoder.encode(masked))
+        return WebSocketFrameEncoder.encode(masked)
     }
 
     mutating func nextFrame() async throws -> WebSocketFrame {

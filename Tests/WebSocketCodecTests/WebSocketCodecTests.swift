@@ -105,6 +105,110 @@ struct WebSocketCodecTests {
         }
     }
 
+    @Test(
+        "Placing into a caller's buffer: whole messages that fit are placed, the rest parsed as frames, in order, across any pieces and interruptions"
+    )
+    func placing() throws {
+        var state: UInt64 = 7
+        func next(_ bound: Int) -> Int {
+            state = state &* 6_364_136_223_846_793_005 &+ 1_442_695_040_888_963_407
+            return Int(state >> 33) % bound
+        }
+        struct Seen: Equatable {
+            var fin: Bool
+            var opcode: WebSocketOpcode
+            var payload: [UInt8]
+        }
+        for role in [WebSocketRole.server, .client] {
+            // Sizes around the buffer's 5,000 bytes; a fragmented message (3-4), a ping between whole ones, text.
+            let shapes: [(Int, WebSocketOpcode, Bool)] = [
+                (0, .binary, true), (5_000, .binary, true), (5_001, .binary, true), (1_200, .text, true),
+                (700, .binary, false), (900, .continuation, true), (4, .ping, true), (70_000, .binary, true),
+                (3_000, .binary, true), (1, .binary, true),
+            ]
+            let frames = shapes.enumerated().map { index, shape in
+                WebSocketFrame(
+                    fin: shape.2, opcode: shape.1,
+                    payload: (0..<shape.0).map {
+                        UInt8(truncatingIfNeeded: shape.1 == .text ? 97 + $0 % 26 : $0 &* 7 &+ index)
+                    },
+                    maskingKey: role == .server ? UInt32(truncatingIfNeeded: 0x9E37_79B9 &* (index + 1)) : nil)
+            }
+            let expected = frames.map { Seen(fin: $0.fin, opcode: $0.opcode, payload: $0.payload) }
+            let stream = frames.flatMap(WebSocketFrameEncoder.encode)
+            for round in 0..<30 {
+                var parser = WebSocketFrameParser(role: role)
+                var seen: [Seen] = []
+                var placedCount = 0
+                let destination = UnsafeMutableRawBufferPointer.allocate(byteCount: 5_000, alignment: 1)
+                defer { destination.deallocate() }
+                var offset = 0
+                while offset < stream.count {
+                    let piece = min(round == 0 ? 1 : next(9_000) + 1, stream.count - offset)
+                    stream[offset..<(offset + piece)].withUnsafeBytes { parser.feed($0, placingInto: destination) }
+                    offset += piece
+                    if let placed = parser.takePlaced() {
+                        placedCount += 1
+                        seen.append(
+                            Seen(fin: true, opcode: placed.opcode, payload: Array(destination[..<placed.count])))
+                    }
+                    while let frame = try parser.nextFrame() {
+                        seen.append(Seen(fin: frame.fin, opcode: frame.opcode, payload: frame.payload))
+                    }
+                    if next(3) == 0 {
+                        // A receive that ends (cancelled) with a frame partly placed: the parser keeps its bytes,
+                        // and the buffer is reused and scribbled on by someone else meanwhile.
+                        parser.stopPlacing(copyingFrom: UnsafeRawBufferPointer(destination))
+                        destination.initializeMemory(as: UInt8.self, repeating: 0xEE)
+                    }
+                }
+                #expect(seen == expected, "role \(role), round \(round)")
+                #expect(placedCount >= 1)
+                #expect(parser.bufferedCount == 0)
+            }
+        }
+    }
+
+    @Test("A placed message gets the state machine's checks: UTF-8, size, a fragmented message in progress")
+    func placedChecks() {
+        var machine = WebSocketStateMachine(role: .server, maximumMessageSize: 10)
+        let good: [UInt8] = Array("héllo".utf8)
+        good.withUnsafeBytes { #expect(machine.receivePlaced(text: true, payload: $0) == .deliver) }
+        [UInt8]([0xC3, 0x28]).withUnsafeBytes { bytes in
+            guard case .actions(let actions) = machine.receivePlaced(text: true, payload: bytes) else {
+                Issue.record("invalid UTF-8 was delivered")
+                return
+            }
+            #expect(
+                actions.contains(
+                    .send(WebSocketStateMachine.closeFrame(.invalidFramePayloadData, "invalid UTF-8 in a text message"))
+                ))
+        }
+        var sized = WebSocketStateMachine(role: .server, maximumMessageSize: 10)
+        [UInt8](repeating: 1, count: 11).withUnsafeBytes { bytes in
+            guard case .actions(let actions) = sized.receivePlaced(text: false, payload: bytes) else {
+                Issue.record("a message above the limit was delivered")
+                return
+            }
+            #expect(
+                actions.contains {
+                    if case .failed(let error) = $0 { error.closeCode == .messageTooBig } else { false }
+                })
+        }
+        var fragmented = WebSocketStateMachine(role: .server)
+        #expect(fragmented.receive(WebSocketFrame(fin: false, opcode: .binary, payload: [1], maskingKey: 1)) == [])
+        [UInt8]([2]).withUnsafeBytes { bytes in
+            guard case .actions(let actions) = fragmented.receivePlaced(text: false, payload: bytes) else {
+                Issue.record("a new message inside a fragmented one was delivered")
+                return
+            }
+            #expect(
+                actions.contains {
+                    if case .failed(let error) = $0 { error.closeCode == .protocolError } else { false }
+                })
+        }
+    }
+
     @Test("Bytes fed one at a time give the same frames")
     func dripFeed() throws {
         var stream: [UInt8] = []
