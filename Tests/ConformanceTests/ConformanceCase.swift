@@ -68,6 +68,18 @@ struct ConformanceCase: Sendable, CustomTestStringConvertible {
         try await EchoServer.start(backend, on: anyPort, tls: serverTLS)
     }
 
+    /// A listener, a client connected to it, and the server's end, accepted after the client sent `first`: a
+    /// UDP listener yields a peer only on its first datagram, so every transport opens the same way. `first` is
+    /// still to be received at the server's end.
+    func connectedPair(
+        sending first: [UInt8] = [0]
+    ) async throws -> (listener: any Listener, client: any Connection, server: any Connection) {
+        let listener = try await listen()
+        let client = try await connect(to: listener.localEndpoint)
+        try await client.send(first)
+        return (listener, client, try await listener.accept())
+    }
+
     /// An echo server with these WebSocket options.
     func echoServer(webSocket: WebSocketOptions) async throws(ConnectionError) -> EchoServer {
         let server = EchoServer(listener: try await listen(webSocket: webSocket))
@@ -100,10 +112,7 @@ func expectCancelledReceiveLosesNothing(
     receive: @escaping @Sendable (any Connection) async throws -> Void,
     readBack: (any Connection) async throws -> [UInt8], sourceLocation: SourceLocation = #_sourceLocation
 ) async throws {
-    let listener = try await test.listen()
-    let client = try await test.connect(to: listener.localEndpoint)
-    try await client.send([0])
-    let server = try await listener.accept()
+    let (listener, client, server) = try await test.connectedPair()
     #expect(try await server.receive()?.bytes == [0], sourceLocation: sourceLocation)
     let waiting = Task(executorPreference: onItsExecutor ? server.preferredExecutor : nil) {
         try await receive(server)

@@ -317,10 +317,7 @@ struct ConformanceTests {
     @Test("UDP keeps each datagram separate", arguments: ConformanceCase.udp)
     func udpBoundaries(_ test: ConformanceCase) async throws {
         try await SocketTest.run {
-            let listener = try await test.listen()
-            let client = try await test.connect(to: listener.localEndpoint)
-            try await client.send([1])
-            let server = try await listener.accept()
+            let (listener, client, server) = try await test.connectedPair(sending: [1])
             #expect(try await server.receive()?.bytes == [1])
             // Sizes chosen so that a joined or split datagram would be visible.
             for size in [10, 1, 300, 0, 7] {
@@ -634,10 +631,7 @@ struct ConformanceTests {
         arguments: ConformanceCase.all)
     func waitingReceiveOnItsExecutor(_ test: ConformanceCase) async throws {
         try await SocketTest.run {
-            let listener = try await test.listen()
-            let client = try await test.connect(to: listener.localEndpoint)
-            try await client.send([0])
-            let server = try await listener.accept()
+            let (listener, client, server) = try await test.connectedPair()
             let executor = server.preferredExecutor
             let stream = test.transport.isByteStream
             @Sendable func receiveOne(

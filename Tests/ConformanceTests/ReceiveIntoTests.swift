@@ -69,10 +69,7 @@ struct ReceiveIntoTests {
         arguments: ConformanceCase.messages, [true, false])
     func messages(_ test: ConformanceCase, onItsExecutor: Bool) async throws {
         try await SocketTest.run {
-            let listener = try await test.listen()
-            let client = try await test.connect(to: listener.localEndpoint)
-            try await client.send([0])  // UDP: the listener yields the peer on its first datagram
-            let server = try await listener.accept()
+            let (listener, client, server) = try await test.connectedPair()
             let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 1000, alignment: 1)
             defer { buffer.deallocate() }
             try await withTaskExecutorPreference(onItsExecutor ? server.preferredExecutor : nil) { () async throws in
@@ -116,10 +113,7 @@ struct ReceiveIntoTests {
     func batch(_ test: ConformanceCase, onItsExecutor: Bool) async throws {
         // A lost datagram would leave the receive waiting: bounded well above the ~50 ms a case takes.
         try await SocketTest.run(timeLimit: .seconds(15)) {
-            let listener = try await test.listen()
-            let client = try await test.connect(to: listener.localEndpoint)
-            try await client.send([0])
-            let server = try await listener.accept()
+            let (listener, client, server) = try await test.connectedPair()
             #expect(try await server.receive()?.bytes == [0])
             // Runs of equal sizes (one segmented send each where the kernel has UDP GSO), a shorter one ending a
             // run, an empty message between runs, a larger one starting a new run; small enough in all that a

@@ -54,10 +54,7 @@ struct TLSTests {
         arguments: ConformanceCase.tls)
     func readSizes(_ test: ConformanceCase) async throws {
         try await SocketTest.run {
-            let listener = try await test.listen()
-            let client = try await test.connect(to: listener.localEndpoint)
-            try await client.send(pattern(64))
-            let server = try await listener.accept()
+            let (listener, client, server) = try await test.connectedPair(sending: pattern(64))
             // receive() asks for the read chunk size (64 KiB); the array must not be made at that size.
             let small = try #require(try await server.receive())
             #expect(small.bytes == pattern(64))
