@@ -166,16 +166,27 @@ final class AsyncUDPListener: Listener, Sendable {
             send: { bytes, address throws(ConnectionError) in try await socket.send(bytes, to: address) })
     }
 
+    /// Reads up to 16 datagrams per recvmmsg(2) and sorts them by sender.
     private func run() async {
+        let batch = DatagramBatch(slotSize: options.maxDatagramSize)
         while true {
-            let datagram: (bytes: [UInt8], from: SocketAddress)
             do throws(ConnectionError) {
-                datagram = try await socket.receiveFrom()
+                _ = try await socket.receive(into: batch)
             } catch {
                 if error.kind == .closed || error.kind == .cancelled { return }
-                continue  // a stale ICMP error or an oversized datagram: the socket lives on
+                continue  // a stale ICMP error: the socket lives on
             }
-            peers.deliver(datagram.bytes, from: datagram.from)
+            for index in 0..<batch.count {
+                guard let from = try? batch.sender(index) else { continue }  // not an IP sender: nobody to serve
+                let length = batch.length(index)
+                if length > batch.slotSize {
+                    peers.deliverFailure(
+                        ConnectionError(.messageTooLarge, "a \(length)-byte datagram exceeds \(batch.slotSize) bytes"),
+                        from: from)
+                } else {
+                    peers.deliver([UInt8](batch.bytes(index)), from: from)
+                }
+            }
         }
     }
 

@@ -351,19 +351,15 @@ public final class AsyncSocket: Sendable {
 
     // MARK: Datagram servers
 
-    /// recvfrom on an unconnected UDP socket: one datagram and its sender.
-    func receiveFrom() async throws(ConnectionError) -> (bytes: [UInt8], from: SocketAddress) {
+    /// recvmmsg on an unconnected UDP socket: the datagrams that are there (at least one, waiting for it), up to
+    /// the batch's capacity, with their senders. Returns how many.
+    func receive(into batch: DatagramBatch) async throws(ConnectionError) -> Int {
         if !readGate.tryEnter() { await readGate.enter() }
         defer { readGate.leave() }
         let fd = try usableDescriptor()
         while true {
-            switch try Syscall.recvFrom(fd, scratch, dontWait: true) {
-            case .processed(let (count, from)):
-                if count > scratch.count {
-                    throw ConnectionError(
-                        .messageTooLarge, "a \(count)-byte datagram did not fit in \(scratch.count) bytes")
-                }
-                return ([UInt8](UnsafeRawBufferPointer(rebasing: scratch[..<count])), from)
+            switch try batch.receive(fd, dontWait: true) {
+            case .processed(let count): return count
             case .wouldBlock:
                 try await readiness.waitReadable()
                 _ = try usableDescriptor()

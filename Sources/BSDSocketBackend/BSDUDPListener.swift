@@ -2,7 +2,7 @@ import ConnectionCore
 import POSIXSupport
 import Synchronization
 
-/// A UDP "listener" in the blocking style: one bound socket and one reader thread blocking in `recvfrom(2)`.
+/// A UDP "listener" in the blocking style: one bound socket and one reader thread blocking in `recvmmsg(2)`.
 /// Datagrams are sorted by sender: the first datagram from a new address makes a new per-peer connection
 /// (returned by ``accept()``); sends on that connection go back to that address with `sendto(2)`.
 ///
@@ -37,16 +37,14 @@ final class BSDUDPListener: Listener, @unchecked Sendable {
         PosixThread.spawn(name: "bsd-urecv-\(socket.descriptor)") { [self] in receiveLoop() }
     }
 
+    /// Reads with recvmmsg(2), up to 16 datagrams per call (blocking until the first), and sorts them by sender.
     private func receiveLoop() {
         defer { lease.release() }
         let capacity = options.maxDatagramSize
-        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: capacity, alignment: 16)
-        defer { buffer.deallocate() }
+        let batch = DatagramBatch(slotSize: capacity)
         while true {
-            let received: (count: Int, from: SocketAddress)
             do {
-                guard case .processed(let result) = try Syscall.recvFrom(socket.descriptor, buffer) else { continue }
-                received = result
+                guard case .processed = try batch.receive(socket.descriptor, dontWait: false) else { continue }
             } catch {
                 if closing.load(ordering: .acquiring) { return }
                 if error.kind == .refused { continue }  // a stale ICMP error for an earlier sendto
@@ -54,12 +52,16 @@ final class BSDUDPListener: Listener, @unchecked Sendable {
                 return
             }
             if closing.load(ordering: .acquiring) { return }
-            if received.count > capacity {
-                peers.deliverFailure(
-                    ConnectionError(.messageTooLarge, "a \(received.count)-byte datagram exceeds \(capacity) bytes"),
-                    from: received.from)
-            } else {
-                peers.deliver([UInt8](UnsafeRawBufferPointer(rebasing: buffer[..<received.count])), from: received.from)
+            for index in 0..<batch.count {
+                guard let from = try? batch.sender(index) else { continue }  // not an IP sender: nobody to serve
+                let length = batch.length(index)
+                if length > capacity {
+                    peers.deliverFailure(
+                        ConnectionError(.messageTooLarge, "a \(length)-byte datagram exceeds \(capacity) bytes"),
+                        from: from)
+                } else {
+                    peers.deliver([UInt8](batch.bytes(index)), from: from)
+                }
             }
         }
     }
@@ -73,7 +75,7 @@ final class BSDUDPListener: Listener, @unchecked Sendable {
         }
         peers.close()
         writer.stop()
-        try? socket.shutdown(.both)  // wakes the thread blocked in recvfrom(2)
+        try? socket.shutdown(.both)  // wakes the thread blocked in recvmmsg(2)
         lease.release()
         await lease.closed()
     }

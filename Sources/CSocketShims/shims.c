@@ -278,3 +278,31 @@ int csock_send_datagrams(
     }
     return done;
 }
+
+size_t csock_sockaddr_storage_size(void) { return sizeof(struct sockaddr_storage); }
+
+int csock_recv_datagrams(
+    int fd, void *base, size_t slot, int count, unsigned *lengths, void *addrs, socklen_t *addr_lens, int dont_wait) {
+    enum { receive_limit = 64 };
+    if (count > receive_limit) count = receive_limit;
+    struct iovec iov[receive_limit];
+    struct mmsghdr messages[receive_limit];
+    memset(messages, 0, sizeof(struct mmsghdr) * (size_t)count);
+    for (int i = 0; i < count; i++) {
+        iov[i].iov_base = (char *)base + (size_t)i * slot;
+        iov[i].iov_len = slot;
+        messages[i].msg_hdr.msg_iov = &iov[i];
+        messages[i].msg_hdr.msg_iovlen = 1;
+        messages[i].msg_hdr.msg_name = (struct sockaddr_storage *)addrs + i;
+        messages[i].msg_hdr.msg_namelen = sizeof(struct sockaddr_storage);
+    }
+    // MSG_TRUNC: each msg_len is the datagram's real length, so a cut one shows.
+    int flags = MSG_TRUNC | (dont_wait ? MSG_DONTWAIT : MSG_WAITFORONE);
+    int received;
+    do { received = recvmmsg(fd, messages, (unsigned)count, flags, NULL); } while (received < 0 && errno == EINTR);
+    for (int i = 0; i < received; i++) {
+        lengths[i] = messages[i].msg_len;
+        addr_lens[i] = messages[i].msg_hdr.msg_namelen;
+    }
+    return received;
+}

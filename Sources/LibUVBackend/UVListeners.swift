@@ -105,7 +105,7 @@ final class UVUDPListener: Listener, @unchecked Sendable {
         self.options = options
         let udp: UVUDP
         do throws(UVError) {
-            udp = try UVUDP(loop: loop, bufferSize: options.maxDatagramSize)
+            udp = try UVUDP(loop: loop, bufferSize: options.maxDatagramSize, batch: 16)
         } catch {
             throw error.connectionError("uv_udp_init")
         }

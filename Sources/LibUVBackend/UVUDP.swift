@@ -14,15 +14,26 @@ public enum UVDatagramResult {
 public final class UVUDP: UVHandle, @unchecked Sendable {
     private var onReceive: ((UVDatagramResult) -> Void)?
     private var buffer: UnsafeMutableRawBufferPointer?
+    /// The largest datagram delivered whole.
     private let bufferSize: Int
+    /// Datagrams per read: above 1, libuv reads them with recvmmsg(2) (`UV_UDP_RECVMMSG`) into as many chunks of
+    /// the buffer, each of libuv's largest datagram (64 KiB), and calls back once per datagram.
+    private let batch: Int
+    private static let chunk = 64 * 1024
 
-    /// `uv_udp_init` (call on the loop thread). `bufferSize` bounds the datagrams received whole.
-    public init(loop: UVLoop, bufferSize: Int = 65_536) throws(UVError) {
+    /// `uv_udp_init_ex` (call on the loop thread). `bufferSize` bounds the datagrams received whole; `batch` > 1
+    /// reads up to that many datagrams per system call (a server's socket, where floods arrive).
+    public init(loop: UVLoop, bufferSize: Int = 65_536, batch: Int = 1) throws(UVError) {
         self.bufferSize = bufferSize
+        self.batch = max(1, batch)
         super.init(loop: loop, size: MemoryLayout<uv_udp_t>.size)
-        try UVError.check(uv_udp_init(loop.raw, udp))
+        let flags = self.batch > 1 ? UInt32(UV_UDP_RECVMMSG.rawValue) : 0
+        try UVError.check(uv_udp_init_ex(loop.raw, udp, UInt32(AF_UNSPEC) | flags))
         attach()
     }
+
+    /// The receive buffer's size: one datagram, or `batch` of libuv's chunks.
+    private var bufferCapacity: Int { batch > 1 ? batch * Self.chunk : bufferSize }
 
     var udp: UnsafeMutablePointer<uv_udp_t> { handle.assumingMemoryBound(to: uv_udp_t.self) }
 
@@ -48,7 +59,7 @@ public final class UVUDP: UVHandle, @unchecked Sendable {
     /// `uv_udp_recv_start`.
     public func receiveStart(_ onReceive: @escaping (UVDatagramResult) -> Void) throws(UVError) {
         self.onReceive = onReceive
-        if buffer == nil { buffer = .allocate(byteCount: bufferSize, alignment: 16) }
+        if buffer == nil { buffer = .allocate(byteCount: bufferCapacity, alignment: 16) }
         try UVError.check(uv_udp_recv_start(udp, uvUDPAllocate, uvUDPReceive))
     }
 
@@ -58,7 +69,7 @@ public final class UVUDP: UVHandle, @unchecked Sendable {
     }
 
     fileprivate func allocate() -> uv_buf_t {
-        uv_buf_init(buffer!.baseAddress!.assumingMemoryBound(to: CChar.self), UInt32(bufferSize))
+        uv_buf_init(buffer!.baseAddress!.assumingMemoryBound(to: CChar.self), UInt32(bufferCapacity))
     }
 
     fileprivate func didReceive(
@@ -72,7 +83,8 @@ public final class UVUDP: UVHandle, @unchecked Sendable {
         // count == 0 with no address: "nothing more for now", not a datagram.
         guard let from, let sender = SocketAddress(UnsafeRawPointer(from), length: MemoryLayout<sockaddr_storage>.size)
         else { return }
-        let truncated = flags & UInt32(UV_UDP_PARTIAL.rawValue) != 0
+        // A recvmmsg chunk holds any datagram; one above `bufferSize` is refused as a cut one would be.
+        let truncated = flags & UInt32(UV_UDP_PARTIAL.rawValue) != 0 || count > bufferSize
         onReceive?(
             .datagram(
                 UnsafeRawBufferPointer(start: data!.pointee.base, count: count), from: sender,

@@ -59,7 +59,7 @@ public enum Syscall {
     }
 
     @inline(__always)
-    private static func retryingIO(
+    static func retryingIO(
         _ operation: @autoclosure () -> String, _ body: () -> Int
     )
         throws(ConnectionError) -> IOResult<Int>

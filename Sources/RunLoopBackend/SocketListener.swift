@@ -98,8 +98,8 @@ public protocol DatagramSocketDelegate: AnyObject {
     func datagramSocket(_ socket: DatagramSocket, didFail error: ConnectionError)
 }
 
-/// A UDP socket scheduled in a run loop: one read event per datagram, with the sender's address. Use on the
-/// run loop's thread.
+/// A UDP socket scheduled in a run loop: one read event per datagram, with the sender's address. A bound socket
+/// (a server) reads up to 16 datagrams per recvmmsg(2); a connected one, one. Use on the run loop's thread.
 public final class DatagramSocket: EpollHandler, @unchecked Sendable {
     /// Receives the datagrams (held weakly).
     public weak var delegate: (any DatagramSocketDelegate)?
@@ -109,7 +109,7 @@ public final class DatagramSocket: EpollHandler, @unchecked Sendable {
     public let peer: SocketAddress?
     private let fd: Int32
     private let runLoop: SocketRunLoop
-    private var buffer: UnsafeMutableRawBufferPointer
+    private let batch: DatagramBatch
     private var pending: [(bytes: [UInt8], to: SocketAddress?)] = []
     private var isClosed = false
 
@@ -140,7 +140,7 @@ public final class DatagramSocket: EpollHandler, @unchecked Sendable {
         self.fd = fd
         self.peer = connect ? address : nil
         self.runLoop = runLoop
-        self.buffer = .allocate(byteCount: options.maxDatagramSize, alignment: 16)
+        self.batch = DatagramBatch(capacity: connect ? 1 : 16, slotSize: options.maxDatagramSize)
         do throws(ConnectionError) {
             try runLoop.loop.register(fd, events: Syscall.epollIn, handler: self)
         } catch {
@@ -152,7 +152,6 @@ public final class DatagramSocket: EpollHandler, @unchecked Sendable {
 
     deinit {
         close()
-        buffer.deallocate()
     }
 
     public func epollReady(_ events: UInt32) {
@@ -160,19 +159,25 @@ public final class DatagramSocket: EpollHandler, @unchecked Sendable {
         guard events & (Syscall.epollIn | Syscall.epollError) != 0 else { return }
         while !isClosed {
             do throws(ConnectionError) {
-                guard case .processed(let (count, from)) = try Syscall.recvFrom(fd, buffer, dontWait: true) else {
-                    return
-                }
-                if count > buffer.count {
-                    delegate?.datagramSocket(
-                        self, didFail: ConnectionError(.messageTooLarge, "a \(count)-byte datagram was truncated"))
-                    continue
-                }
-                delegate?.datagramSocket(
-                    self, didReceive: [UInt8](UnsafeRawBufferPointer(rebasing: buffer[..<count])), from: from)
+                guard case .processed = try batch.receive(fd, dontWait: true) else { return }
             } catch {
                 delegate?.datagramSocket(self, didFail: error)
-                if error.kind != .refused && error.kind != .unsupported { return }
+                if error.kind != .refused { return }
+                continue
+            }
+            for index in 0..<batch.count where !isClosed {
+                let length = batch.length(index)
+                if length > batch.slotSize {
+                    delegate?.datagramSocket(
+                        self, didFail: ConnectionError(.messageTooLarge, "a \(length)-byte datagram was truncated"))
+                    continue
+                }
+                do throws(ConnectionError) {
+                    delegate?.datagramSocket(
+                        self, didReceive: [UInt8](batch.bytes(index)), from: try batch.sender(index))
+                } catch {
+                    delegate?.datagramSocket(self, didFail: error)
+                }
             }
         }
     }

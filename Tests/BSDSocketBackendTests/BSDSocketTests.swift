@@ -85,6 +85,50 @@ struct BSDSocketTests {
         }
     }
 
+    @Test(
+        "recvmmsg (DatagramBatch) takes a burst in batches: every datagram in order, its length and sender; one larger than a slot shows its real length"
+    )
+    func datagramBatch() throws {
+        let server = try Syscall.socket(family: .ipv4, datagram: true)
+        let clients = try [
+            Syscall.socket(family: .ipv4, datagram: true), Syscall.socket(family: .ipv4, datagram: true),
+        ]
+        defer { for fd in [server] + clients { Syscall.close(fd) } }
+        try Syscall.bind(server, to: .loopbackIPv4(port: 0))
+        let address = try Syscall.localAddress(server)
+        // 41 datagrams from two senders, sizes 0-99, one of 150 bytes (more than a 100-byte slot).
+        var sent: [(port: UInt16, bytes: [UInt8])] = []
+        for index in 0..<41 {
+            let size = index == 20 ? 150 : (index * 37) % 100
+            let bytes = (0..<size).map { UInt8(truncatingIfNeeded: $0 &* 13 &+ index) }
+            let client = clients[index % 2]
+            _ = try bytes.withUnsafeBytes { raw in try Syscall.sendTo(client, raw, to: address) }
+            sent.append((try Syscall.localAddress(client).port, bytes))
+        }
+        // Loopback delivers at sendto: all 41 wait in the socket now, so receives never block.
+        let batch = DatagramBatch(capacity: 16, slotSize: 100)
+        var received: [(port: UInt16, length: Int, bytes: [UInt8])] = []
+        var perCall: [Int] = []
+        while received.count < sent.count {
+            guard case .processed(let count) = try batch.receive(server, dontWait: true) else {
+                Issue.record("only \(received.count) of \(sent.count) datagrams arrived")
+                return
+            }
+            perCall.append(count)
+            for index in 0..<count {
+                received.append((try batch.sender(index).port, batch.length(index), Array(batch.bytes(index))))
+            }
+        }
+        #expect(perCall == [16, 16, 9])
+        #expect(received.map(\.port) == sent.map(\.port))
+        #expect(received.map(\.length) == sent.map(\.bytes.count))
+        #expect(received.map(\.bytes) == sent.map { Array($0.bytes.prefix(100)) })
+        guard case .wouldBlock = try batch.receive(server, dontWait: true) else {
+            Issue.record("a datagram nobody sent")
+            return
+        }
+    }
+
     @Test("A signal that interrupts a blocked recv (EINTR) is retried, not reported")
     func eintrIsRetried() async throws {
         try await SocketTest.run {

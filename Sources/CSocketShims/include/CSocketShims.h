@@ -90,4 +90,15 @@ int csock_send_datagrams(
     int fd, const void *const *bases, const size_t *lengths, int count, const struct sockaddr *addr,
     socklen_t addr_len, int dont_wait, int gso);
 
+/// Receives up to `count` datagrams (at most 64) with one recvmmsg(2): the i-th into `slot` bytes at
+/// `base + i * slot`, its real length in `lengths[i]` (MSG_TRUNC: larger than `slot` when it was cut), its
+/// sender in the i-th `struct sockaddr_storage` at `addrs` (`addr_lens[i]` bytes). Waits for the first datagram
+/// unless `dont_wait`, never for the others. Returns how many came, or -1 with errno set (EAGAIN when none is
+/// there and `dont_wait`).
+int csock_recv_datagrams(
+    int fd, void *base, size_t slot, int count, unsigned *lengths, void *addrs, socklen_t *addr_lens, int dont_wait);
+
+/// sizeof(struct sockaddr_storage).
+size_t csock_sockaddr_storage_size(void);
+
 #endif
