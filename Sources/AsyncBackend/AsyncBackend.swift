@@ -169,9 +169,17 @@ final class AsyncUDPListener: Listener, Sendable {
     /// Reads up to 16 datagrams per recvmmsg(2) and sorts them by sender.
     private func run() async {
         let batch = DatagramBatch(slotSize: options.maxDatagramSize)
+        var sinceYield = 0
         while true {
+            // A receive that finds datagrams waiting does not suspend: under a flood this loop would keep the
+            // reactor from every other task (those that consume the datagrams among them). It steps aside every
+            // 32 datagrams, as libuv's loop does.
+            if sinceYield >= 32 {
+                sinceYield = 0
+                await Task.yield()
+            }
             do throws(ConnectionError) {
-                _ = try await socket.receive(into: batch)
+                sinceYield += try await socket.receive(into: batch)
             } catch {
                 if error.kind == .closed || error.kind == .cancelled { return }
                 continue  // a stale ICMP error: the socket lives on

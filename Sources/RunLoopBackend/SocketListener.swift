@@ -157,7 +157,11 @@ public final class DatagramSocket: EpollHandler, @unchecked Sendable {
     public func epollReady(_ events: UInt32) {
         if events & Syscall.epollOut != 0 { flush() }
         guard events & (Syscall.epollIn | Syscall.epollError) != 0 else { return }
-        while !isClosed {
+        // At most 32 datagrams per readiness (as libuv reads): a flood must not keep the run loop from the
+        // rest of its work (the tasks that consume these datagrams among it). Level-triggered: epoll reports
+        // what is left on the next turn.
+        var taken = 0
+        while !isClosed && taken < 32 {
             do throws(ConnectionError) {
                 guard case .processed = try batch.receive(fd, dontWait: true) else { return }
             } catch {
@@ -165,6 +169,7 @@ public final class DatagramSocket: EpollHandler, @unchecked Sendable {
                 if error.kind != .refused { return }
                 continue
             }
+            taken += max(1, batch.count)
             for index in 0..<batch.count where !isClosed {
                 let length = batch.length(index)
                 if length > batch.slotSize {
