@@ -2,7 +2,9 @@
 // Built by scripts/fuzz together with Sources/WebSocketCodec as one module (hence no import).
 //
 // Checked beyond "no crash": the same bytes give the same frames (or the same error) whether they arrive at once
-// or in two pieces; every frame parsed re-encodes to bytes that parse to the same frame; the state machine never
+// or in two pieces, and whether or not messages are placed into a caller's buffer (`feed(_:placingInto:)`, with
+// placing stopped between the pieces when the second byte is odd, as a cancelled receive stops it); every frame
+// parsed re-encodes to bytes that parse to the same frame; the state machine never
 // puts a frame on the wire that the peer's parser would refuse. When the last byte is odd, permessage-deflate is
 // agreed (RSV1 allowed, compressed messages inflated): no message is ever delivered above the size limit, however
 // far its compressed bytes would inflate.
@@ -16,6 +18,10 @@ public func fuzzFrames(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
         let split = parse(
             bytes, role: role, splitAt: bytes.isEmpty ? 0 : Int(bytes[0]) % bytes.count, deflate: deflate)
         precondition(whole.frames == split.frames && whole.error == split.error, "chunking changed the result")
+        let placed = parsePlacing(bytes, role: role, deflate: deflate)
+        precondition(
+            placed.frames == whole.frames.map(Parsed.init) && placed.error == whole.error,
+            "placing into a caller's buffer changed the result")
         var machine = WebSocketStateMachine(
             role: role, maximumMessageSize: 4096, deflate: deflate ? WebSocketDeflateAgreement() : nil)
         for frame in whole.frames {
@@ -50,6 +56,57 @@ private func parse(
             while let frame = try parser.nextFrame() { frames.append(frame) }
         } catch {
             return (frames, "\(error)")
+        }
+    }
+    return (frames, nil)
+}
+
+/// A frame as a receive sees it (a placed message has no masking key to compare).
+private struct Parsed: Equatable {
+    var fin: Bool
+    var opcode: WebSocketOpcode
+    var rsv1: Bool
+    var payload: [UInt8]
+
+    init(_ frame: WebSocketFrame) {
+        self.init(fin: frame.fin, opcode: frame.opcode, rsv1: frame.rsv1, payload: frame.payload)
+    }
+
+    init(fin: Bool, opcode: WebSocketOpcode, rsv1: Bool, payload: [UInt8]) {
+        self.fin = fin
+        self.opcode = opcode
+        self.rsv1 = rsv1
+        self.payload = payload
+    }
+}
+
+/// ``parse`` in two pieces cut at `bytes[0]`, placing messages into a buffer of `bytes[1] * 8` bytes.
+private func parsePlacing(
+    _ bytes: [UInt8], role: WebSocketRole, deflate: Bool
+) -> (frames: [Parsed], error: String?) {
+    var parser = WebSocketFrameParser(role: role, maximumFrameSize: 2048)
+    parser.allowsCompressedFrames = deflate
+    let cut = bytes.isEmpty ? 0 : Int(bytes[0]) % bytes.count
+    let room = bytes.count > 1 ? Int(bytes[1]) * 8 : 0
+    let stops = bytes.count > 1 && bytes[1] & 1 == 1
+    let destination = UnsafeMutableRawBufferPointer.allocate(byteCount: max(room, 1), alignment: 1)
+    defer { destination.deallocate() }
+    let buffer = UnsafeMutableRawBufferPointer(rebasing: destination[..<room])
+    var frames: [Parsed] = []
+    for piece in [bytes[..<cut], bytes[cut...]] {
+        Array(piece).withUnsafeBytes { parser.feed($0, placingInto: buffer) }
+        if let message = parser.takePlaced() {
+            frames.append(
+                Parsed(fin: true, opcode: message.opcode, rsv1: false, payload: Array(buffer[..<message.count])))
+        }
+        do {
+            while let frame = try parser.nextFrame() { frames.append(Parsed(frame)) }
+        } catch {
+            return (frames, "\(error)")
+        }
+        if stops {
+            parser.stopPlacing(copyingFrom: UnsafeRawBufferPointer(buffer))
+            buffer.initializeMemory(as: UInt8.self, repeating: 0xEE)
         }
     }
     return (frames, nil)

@@ -79,7 +79,7 @@ public struct WebSocketFrameParser: Sendable {
         feed(input, destination: nil)
     }
 
-    /// Adds received bytes as ``feed(_:)`` does, but places the payload of the next message that comes in one
+    /// Adds received bytes as ``feed(_:)-(UnsafeRawBufferPointer)`` does, but places the payload of the next message that comes in one
     /// frame (FIN, text or binary, not compressed) and fits in `destination` there, unmasked, instead of in a
     /// frame: when no parsed frame is waiting, the first such frame whose header arrives is placed, and
     /// ``takePlaced()`` returns it once complete. One frame at most; the bytes after it are parsed as usual.
