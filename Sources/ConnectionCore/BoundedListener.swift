@@ -153,24 +153,51 @@ final class BoundedConnection: Connection, Sendable {
     private let closedForIdleness = Mutex<Duration?>(nil)
     private let released = Atomic<Bool>(false)
 
+    // Fixed for the connection's life: kept here, so that reading them (`receive()` reads `options` every time)
+    // does not go through the inner connection.
+    let transport: Transport
+    let localEndpoint: Endpoint
+    let remoteEndpoint: Endpoint
+    let options: ConnectionOptions
+
     init(_ inner: any Connection, registry: BoundedListener.Registry, tracksIdleness: Bool) {
         self.inner = inner
         self.registry = registry
         self.tracksIdleness = tracksIdleness
+        transport = inner.transport
+        localEndpoint = inner.localEndpoint
+        remoteEndpoint = inner.remoteEndpoint
+        options = inner.options
     }
 
     deinit { release() }
 
-    var transport: Transport { inner.transport }
-    var localEndpoint: Endpoint { inner.localEndpoint }
-    var remoteEndpoint: Endpoint { inner.remoteEndpoint }
-    var options: ConnectionOptions { inner.options }
     var preferredExecutor: (any TaskExecutor)? { inner.preferredExecutor }
 
     func send(_ message: Message) async throws(ConnectionError) {
         touch()  // a send held up by a slow reader is not idleness
         do throws(ConnectionError) {
             try await inner.send(message)
+        } catch {
+            throw explained(error)
+        }
+        touch()
+    }
+
+    func send(contentsOf bytes: UnsafeRawBufferPointer) async throws(ConnectionError) {
+        touch()
+        do throws(ConnectionError) {
+            try await inner.send(contentsOf: bytes)
+        } catch {
+            throw explained(error)
+        }
+        touch()
+    }
+
+    func send(batch: [UnsafeRawBufferPointer]) async throws(ConnectionError) {
+        touch()
+        do throws(ConnectionError) {
+            try await inner.send(batch: batch)
         } catch {
             throw explained(error)
         }

@@ -54,7 +54,12 @@ public final class ReceiveQueue<Element: Sendable>: Sendable {
         @usableFromInline var items: [Item] = []
         @usableFromInline var head = 0
         @usableFromInline var weight = 0
-        @usableFromInline var end: End?
+        @usableFromInline var end: End? {
+            didSet { ended = end != nil }
+        }
+        /// `end != nil`, kept as a flag: the checks on every push and receive read it without copying the
+        /// `End` (and the error in it) out of the state.
+        @usableFromInline var ended = false
         @usableFromInline var endReported = false
         @usableFromInline var waiters: [Waiter] = []
         @usableFromInline var nextID: UInt64 = 0
@@ -125,7 +130,7 @@ public final class ReceiveQueue<Element: Sendable>: Sendable {
     @discardableResult
     public func push(_ element: Element) -> PushResult {
         let (resume, result): ((Continuation, Element)?, PushResult) = state.withLock { state in
-            if state.end != nil { return (nil, PushResult(accepted: false, hasSpace: false)) }
+            if state.ended { return (nil, PushResult(accepted: false, hasSpace: false)) }
             if state.isEmpty, !state.waiters.isEmpty {
                 var element = element
                 let first = state.waiters[0]
@@ -164,7 +169,7 @@ public final class ReceiveQueue<Element: Sendable>: Sendable {
     @inlinable
     public func pushFailure(_ error: ConnectionError) {
         let waiter: Continuation? = state.withLock { state in
-            if state.end != nil { return nil }
+            if state.ended { return nil }
             if state.isEmpty, !state.waiters.isEmpty { return state.waiters.removeFirst().continuation }
             append(.failure(error), to: &state)
             return nil
@@ -176,7 +181,7 @@ public final class ReceiveQueue<Element: Sendable>: Sendable {
     @inlinable
     public func finish(_ end: End) {
         let resumes: [(Continuation, Result<Element?, ConnectionError>)] = state.withLock { state in
-            guard state.end == nil else { return [] }
+            guard !state.ended else { return [] }
             state.end = end
             guard state.isEmpty else { return [] }
             let waiters = state.waiters
@@ -216,7 +221,7 @@ public final class ReceiveQueue<Element: Sendable>: Sendable {
     /// Nothing queued, nobody waiting, not ended: a read on the producer's own thread may go straight to the
     /// caller (see ``next(maximumLength:readingNow:)``).
     @inlinable
-    public var isIdle: Bool { state.withLock { $0.isEmpty && $0.waiters.isEmpty && $0.end == nil } }
+    public var isIdle: Bool { state.withLock { $0.isEmpty && $0.waiters.isEmpty && !$0.ended } }
 
     /// How many receivers are waiting now (for tests and diagnostics).
     @inlinable
@@ -224,7 +229,7 @@ public final class ReceiveQueue<Element: Sendable>: Sendable {
 
     /// `true` once ``finish(_:)`` or ``close(_:)`` was called.
     @inlinable
-    public var isEnded: Bool { state.withLock { $0.end != nil } }
+    public var isEnded: Bool { state.withLock { $0.ended } }
 
     // MARK: Consumer
 
@@ -351,7 +356,7 @@ public final class ReceiveQueue<Element: Sendable>: Sendable {
                 return .success(element)
             }
         }
-        if state.end != nil { return Self.takeEnd(&state) }
+        if state.ended { return Self.takeEnd(&state) }
         return nil
     }
 
