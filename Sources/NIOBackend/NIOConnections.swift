@@ -64,17 +64,27 @@ final class EventLoopTaskExecutor: TaskExecutor, @unchecked Sendable {
 }
 
 /// Reads of a TCP channel into a bounded queue; reading stops (autoRead off) while the queue is full.
-final class StreamInboxHandler: ChannelInboundHandler, RemovableChannelHandler {
+/// `@unchecked Sendable`: made in a channel initializer and handed to its connection, which touches `context`
+/// only on the channel's event loop, as the pipeline does.
+final class StreamInboxHandler: ChannelInboundHandler, RemovableChannelHandler, @unchecked Sendable {
     typealias InboundIn = ByteBuffer
     /// Its name in the pipeline (a WebSocket replaces it with frame handlers after the handshake).
     static let name = "socketstyles.inbox"
     let inbox: ReceiveQueue<[UInt8]>
     let executor: EventLoopTaskExecutor
 
+    /// Its context while it is in the pipeline (loop thread only): a send on the loop writes there, to the head of
+    /// the pipeline, instead of through the channel (which checks the thread and starts from the tail).
+    private(set) var context: ChannelHandlerContext?
+
     init(inbox: ReceiveQueue<[UInt8]>, executor: EventLoopTaskExecutor) {
         self.inbox = inbox
         self.executor = executor
     }
+
+    func handlerAdded(context: ChannelHandlerContext) { self.context = context }
+
+    func handlerRemoved(context: ChannelHandlerContext) { self.context = nil }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         var buffer = Self.unwrapInboundIn(data)
@@ -147,16 +157,19 @@ final class NIOStreamConnection: Connection, Sendable {
     let options: ConnectionOptions
     let channel: any Channel
     let inbox: ReceiveQueue<[UInt8]>
+    /// Touched on the channel's event loop only (its `context`).
+    private let handler: StreamInboxHandler
     private let closed = Atomic<Bool>(false)
     private let outputClosed = Atomic<Bool>(false)
     private let loopWriter = LoopWriter()
 
     var preferredExecutor: (any TaskExecutor)? { EventLoopTaskExecutor.of(channel.eventLoop) }
 
-    /// Wraps an active channel whose pipeline holds a ``StreamInboxHandler`` for `inbox`.
-    init(channel: any Channel, inbox: ReceiveQueue<[UInt8]>, options: ConnectionOptions) {
+    /// Wraps an active channel whose pipeline holds `handler`, the ``StreamInboxHandler`` that fills its inbox.
+    init(channel: any Channel, handler: StreamInboxHandler, options: ConnectionOptions) {
         self.channel = channel
-        self.inbox = inbox
+        self.handler = handler
+        self.inbox = handler.inbox
         self.options = options
         localEndpoint = endpoint(channel.localAddress, .tcp)
         remoteEndpoint = endpoint(channel.remoteAddress, .tcp)
@@ -185,17 +198,16 @@ final class NIOStreamConnection: Connection, Sendable {
         to address: NIOCore.SocketAddress, endpoint: Endpoint, options: ConnectionOptions,
         group: MultiThreadedEventLoopGroup
     ) async throws(ConnectionError) -> NIOStreamConnection {
-        let inboxBox = Mutex<ReceiveQueue<[UInt8]>?>(nil)
+        let handlerBox = Mutex<StreamInboxHandler?>(nil)
         let bootstrap = ClientBootstrap(group: group)
             .connectTimeout(.nanoseconds(Int64(options.connectTimeout.wholeNanoseconds)))
             .channelInitializer { channel in
                 do {
                     try configure(channel, options: options)
-                    let inbox = makeInbox(for: channel, options: options)
-                    inboxBox.withLock { $0 = inbox }
-                    try channel.pipeline.syncOperations.addHandler(
-                        StreamInboxHandler(inbox: inbox, executor: .of(channel.eventLoop)),
-                        name: StreamInboxHandler.name)
+                    let handler = StreamInboxHandler(
+                        inbox: makeInbox(for: channel, options: options), executor: .of(channel.eventLoop))
+                    handlerBox.withLock { $0 = handler }
+                    try channel.pipeline.syncOperations.addHandler(handler, name: StreamInboxHandler.name)
                     return channel.eventLoop.makeSucceededVoidFuture()
                 } catch {
                     return channel.eventLoop.makeFailedFuture(error)
@@ -203,8 +215,8 @@ final class NIOStreamConnection: Connection, Sendable {
             }
         do {
             let channel = try await bootstrap.connect(to: address).get()
-            guard let inbox = inboxBox.withLock({ $0 }) else { throw ConnectionError(.system, "no inbox") }
-            return NIOStreamConnection(channel: channel, inbox: inbox, options: options)
+            guard let handler = handlerBox.withLock({ $0 }) else { throw ConnectionError(.system, "no inbox") }
+            return NIOStreamConnection(channel: channel, handler: handler, options: options)
         } catch {
             throw connectionError(error, "connect to \(endpoint)")
         }
@@ -231,7 +243,11 @@ final class NIOStreamConnection: Connection, Sendable {
         writer.buffer.clear()
         writer.buffer.writeBytes(bytes)
         let promise = channel.eventLoop.makePromise(of: Void.self)
-        channel.writeAndFlush(writer.buffer, promise: promise)
+        if let context = handler.context {
+            context.writeAndFlush(NIOAny(writer.buffer), promise: promise)
+        } else {
+            channel.writeAndFlush(writer.buffer, promise: promise)
+        }
         writer.result = nil
         promise.futureResult.whenComplete { [writer] in writer.result = $0 }
         switch writer.result {
@@ -319,11 +335,11 @@ final class NIOStreamListener: Listener, Sendable {
             .childChannelInitializer { channel in
                 do {
                     try NIOStreamConnection.configure(channel, options: options)
-                    let inbox = NIOStreamConnection.makeInbox(for: channel, options: options)
-                    try channel.pipeline.syncOperations.addHandler(
-                        StreamInboxHandler(inbox: inbox, executor: .of(channel.eventLoop)),
-                        name: StreamInboxHandler.name)
-                    let connection = NIOStreamConnection(channel: channel, inbox: inbox, options: options)
+                    let handler = StreamInboxHandler(
+                        inbox: NIOStreamConnection.makeInbox(for: channel, options: options),
+                        executor: .of(channel.eventLoop))
+                    try channel.pipeline.syncOperations.addHandler(handler, name: StreamInboxHandler.name)
+                    let connection = NIOStreamConnection(channel: channel, handler: handler, options: options)
                     if !accepted.push(connection).accepted { channel.close(promise: nil) }
                     return channel.eventLoop.makeSucceededVoidFuture()
                 } catch {
