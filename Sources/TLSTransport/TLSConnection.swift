@@ -118,19 +118,35 @@ public final class TLSConnection: Connection, Sendable {
     // MARK: Sending
 
     public func send(_ message: Message) async throws(ConnectionError) {
+        let bytes = message.bytes
+        try await sendEncrypted(count: bytes.count) { (range) throws(ConnectionError) in
+            try engine.encrypt(bytes[range])
+        }
+    }
+
+    /// Encrypts straight from the caller's bytes: no array of the plaintext is made.
+    public func send(contentsOf bytes: UnsafeRawBufferPointer) async throws(ConnectionError) {
+        try await sendEncrypted(count: bytes.count) { (range) throws(ConnectionError) in
+            try engine.encrypt(UnsafeRawBufferPointer(rebasing: bytes[range]))
+        }
+    }
+
+    /// Sends `count` bytes of plaintext, `writeChunk` at a time: `encrypt` turns a range of them into records.
+    private func sendEncrypted(
+        count: Int, _ encrypt: (Range<Int>) throws(ConnectionError) -> [UInt8]
+    ) async throws(ConnectionError) {
         await sendGate.enter()
         defer { sendGate.leave() }
         let state = flags.withLock { $0 }
         if state.closed { throw .closed() }
         if state.outputClosed { throw .closed("the output is closed (closeOutput sent close_notify)") }
-        let bytes = message.bytes
         var offset = 0
         repeat {
-            let end = min(offset + Self.writeChunk, bytes.count)
-            let ciphertext = try engine.encrypt(bytes[offset..<end])
+            let end = min(offset + Self.writeChunk, count)
+            let ciphertext = try encrypt(offset..<end)
             if !ciphertext.isEmpty { try await tcp.send(Message(ciphertext)) }
             offset = end
-        } while offset < bytes.count
+        } while offset < count
     }
 
     /// Sends ciphertext OpenSSL produced while reading (replies to post-handshake messages).

@@ -204,20 +204,27 @@ final class TLSEngine: Sendable {
 
     /// Encrypts `bytes` (at most a few records' worth at a time is best) and returns the ciphertext to send.
     func encrypt(_ bytes: ArraySlice<UInt8>) throws(ConnectionError) -> [UInt8] {
+        let result: Result<[UInt8], ConnectionError> = bytes.withUnsafeBytes { buffer in
+            Result { () throws(ConnectionError) in try encrypt(buffer) }
+        }
+        return try result.get()
+    }
+
+    /// Encrypts bytes the caller keeps; returns the records to send.
+    func encrypt(_ bytes: UnsafeRawBufferPointer) throws(ConnectionError) -> [UInt8] {
+        // Passed into the lock as an address: only read, and only while this call runs (the caller keeps the
+        // bytes valid until it returns).
+        let address = UInt(bitPattern: bytes.baseAddress)
+        let count = bytes.count
         let result: Result<[UInt8], ConnectionError> = session.withLock { session in
             ERR_clear_error()
-            let failure: ConnectionError? = bytes.withUnsafeBytes { buffer in
-                var offset = 0
-                while offset < buffer.count {
-                    var written = 0
-                    let status = SSL_write_ex(
-                        session.ssl, buffer.baseAddress! + offset, buffer.count - offset, &written)
-                    guard status == 1 else { return TLSErrors.failure("TLS write failed") }
-                    offset += written
-                }
-                return nil
+            var offset = 0
+            while offset < count, let base = UnsafeRawPointer(bitPattern: address) {
+                var written = 0
+                let status = SSL_write_ex(session.ssl, base + offset, count - offset, &written)
+                guard status == 1 else { return .failure(TLSErrors.failure("TLS write failed")) }
+                offset += written
             }
-            if let failure { return .failure(failure) }
             return .success(Self.drainOutput(session))
         }
         return try result.get()

@@ -163,25 +163,43 @@ public enum WebSocketFrameEncoder {
 
     /// The frame's size on the wire: header and payload.
     public static func encodedSize(_ frame: WebSocketFrame) -> Int {
-        let length = frame.payload.count
+        encodedSize(payloadLength: frame.payload.count, masked: frame.maskingKey != nil)
+    }
+
+    /// The size on the wire of a frame carrying `payloadLength` bytes, masked or not.
+    public static func encodedSize(payloadLength length: Int, masked: Bool) -> Int {
         let extended = length < 126 ? 0 : length <= 0xFFFF ? 2 : 8
-        return 2 + extended + (frame.maskingKey == nil ? 0 : 4) + length
+        return 2 + extended + (masked ? 4 : 0) + length
     }
 
     /// Encodes the frame into the start of `buffer` (at least ``encodedSize(_:)`` bytes: a sender's reused
     /// buffer) and returns the count written. The payload is masked on the way in: one pass, not a copy and
     /// then a second pass.
     public static func encode(_ frame: WebSocketFrame, into buffer: UnsafeMutableRawBufferPointer) -> Int {
-        let length = frame.payload.count
-        let total = encodedSize(frame)
+        frame.payload.withUnsafeBytes { payload in
+            encode(
+                fin: frame.fin, opcode: frame.opcode, rsv1: frame.rsv1, rsv2: frame.rsv2, rsv3: frame.rsv3,
+                maskingKey: frame.maskingKey, payload: payload, into: buffer)
+        }
+    }
+
+    /// Encodes a frame whose payload lies in memory the caller keeps (a send from borrowed bytes) into the start
+    /// of `buffer` (at least ``encodedSize(payloadLength:masked:)`` bytes), masking it on the way when
+    /// `maskingKey` is set, and returns the count written.
+    public static func encode(
+        fin: Bool = true, opcode: WebSocketOpcode, rsv1: Bool = false, rsv2: Bool = false, rsv3: Bool = false,
+        maskingKey: UInt32?, payload: UnsafeRawBufferPointer, into buffer: UnsafeMutableRawBufferPointer
+    ) -> Int {
+        let length = payload.count
+        let total = encodedSize(payloadLength: length, masked: maskingKey != nil)
         precondition(buffer.count >= total, "the buffer is smaller than the frame")
-        var first = frame.opcode.rawValue
-        if frame.fin { first |= 0x80 }
-        if frame.rsv1 { first |= 0x40 }
-        if frame.rsv2 { first |= 0x20 }
-        if frame.rsv3 { first |= 0x10 }
+        var first = opcode.rawValue
+        if fin { first |= 0x80 }
+        if rsv1 { first |= 0x40 }
+        if rsv2 { first |= 0x20 }
+        if rsv3 { first |= 0x10 }
         buffer[0] = first
-        let maskBit: UInt8 = frame.maskingKey == nil ? 0 : 0x80
+        let maskBit: UInt8 = maskingKey == nil ? 0 : 0x80
         var next = 2
         if length < 126 {
             buffer[1] = maskBit | UInt8(length)
@@ -197,17 +215,15 @@ public enum WebSocketFrameEncoder {
             }
             next = 10
         }
-        if let key = frame.maskingKey {
+        if let key = maskingKey {
             for index in 0..<4 { buffer[next + index] = UInt8(truncatingIfNeeded: key >> UInt32(24 - 8 * index)) }
             next += 4
         }
         let rest = UnsafeMutableRawBufferPointer(rebasing: buffer[next..<total])
-        frame.payload.withUnsafeBytes { payload in
-            if let key = frame.maskingKey {
-                WebSocketMasking.copy(payload, to: rest, key: key)
-            } else {
-                rest.copyMemory(from: payload)
-            }
+        if let key = maskingKey {
+            WebSocketMasking.copy(payload, to: rest, key: key)
+        } else if length > 0 {
+            rest.copyMemory(from: payload)
         }
         return total
     }

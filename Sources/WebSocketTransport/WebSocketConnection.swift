@@ -346,6 +346,26 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
                 compressed: true))
     }
 
+    /// Sends one binary message from bytes the caller keeps: masked (client) straight from them into the frame
+    /// link's reused send buffer, with no array of the message made. A message that is compressed
+    /// (permessage-deflate) or split into fragments (``WebSocketOptions/fragmentSize``) goes the way
+    /// ``send(_:)`` sends it.
+    public func send(contentsOf bytes: UnsafeRawBufferPointer) async throws(ConnectionError) {
+        let compress = deflate != nil && bytes.count >= (webSocketOptions.deflate?.minimumSize ?? .max)
+        guard !compress, bytes.count <= max(1, webSocketOptions.fragmentSize) else {
+            return try await send(Message(Array(bytes)))
+        }
+        try state.withLock { (shared) throws(ConnectionError) in
+            if let failure = shared.failure { throw failure }
+            guard shared.machine.state == .open else { throw .closed("the WebSocket is closing or closed") }
+            shared.sent.count(bytes.count, onWire: bytes.count)
+        }
+        await sendLock.enter()
+        defer { sendLock.leave() }
+        let key: UInt32? = role == .client ? state.withLock { $0.maskingKeys.next() } : nil
+        try await link.send(binary: bytes, maskingKey: key)
+    }
+
     /// Sends text.
     public func send(text: String) async throws(ConnectionError) {
         try await send(.text(text))
