@@ -76,7 +76,7 @@ public struct WebSocketFrameParser: Sendable {
     /// they are parsed, so it can be reused as soon as this returns.
     public mutating func feed(_ input: UnsafeRawBufferPointer) {
         precondition(!placing, "a frame is being placed: feed(_:placingInto:) with the same buffer, or stopPlacing")
-        feed(input, destination: nil)
+        feed(input, destination: nil, stoppingAfterPlaced: false)
     }
 
     /// Adds received bytes as ``feed(_:)-(UnsafeRawBufferPointer)`` does, but places the payload of the next message that comes in one
@@ -88,7 +88,18 @@ public struct WebSocketFrameParser: Sendable {
     /// it or ``stopPlacing(copyingFrom:)`` copies its bytes so far into the parser (a receive that is cancelled
     /// or fails loses nothing).
     public mutating func feed(_ input: UnsafeRawBufferPointer, placingInto destination: UnsafeMutableRawBufferPointer) {
-        feed(input, destination: placed == nil ? destination : nil)
+        feed(input, destination: placed == nil ? destination : nil, stoppingAfterPlaced: false)
+    }
+
+    /// ``feed(_:placingInto:)`` that stops right after the placed frame is complete and returns how many bytes
+    /// of `input` it took: the rest (the start of the next frame, say) stays with the caller, to be fed with the
+    /// buffer of the next receive, where its payload can be placed too, instead of being parsed into an array of
+    /// its own now. Takes nothing while a placed frame waits for ``takePlaced()``.
+    public mutating func feedUntilPlaced(
+        _ input: UnsafeRawBufferPointer, placingInto destination: UnsafeMutableRawBufferPointer
+    ) -> Int {
+        guard placed == nil else { return 0 }
+        return feed(input, destination: destination, stoppingAfterPlaced: true)
     }
 
     /// The frame placed by ``feed(_:placingInto:)``, once all of its payload is in the buffer: its opcode and
@@ -121,7 +132,11 @@ public struct WebSocketFrameParser: Sendable {
         }
     }
 
-    private mutating func feed(_ input: UnsafeRawBufferPointer, destination: UnsafeMutableRawBufferPointer?) {
+    /// Parses `input`; returns how many of its bytes were taken (all of them unless `stoppingAfterPlaced`).
+    @discardableResult
+    private mutating func feed(
+        _ input: UnsafeRawBufferPointer, destination: UnsafeMutableRawBufferPointer?, stoppingAfterPlaced: Bool
+    ) -> Int {
         var destination = destination
         var offset = 0
         let count = input.count
@@ -178,7 +193,10 @@ public struct WebSocketFrameParser: Sendable {
                 filled += take
                 if filled == frame.length {
                     completeFrame()
-                    if placed != nil { destination = nil }
+                    if placed != nil {
+                        if stoppingAfterPlaced { return offset }
+                        destination = nil
+                    }
                 }
                 continue
             }
@@ -194,11 +212,16 @@ public struct WebSocketFrameParser: Sendable {
                     if fullHeaderLength() > 2 { continue }
                 }
                 try finishHeader(room: destination?.count)
-                if placed != nil { destination = nil }
+                if placed != nil {
+                    if stoppingAfterPlaced { return offset }
+                    destination = nil
+                }
             } catch {
                 failure = error
             }
         }
+        // After a violation nothing more is parsed: the rest counts as taken.
+        return count
     }
 
     /// Copies payload bytes into their place, unmasking them on the way when the frame is masked.

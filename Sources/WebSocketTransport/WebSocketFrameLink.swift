@@ -30,6 +30,9 @@ package final class WebSocketFrameLink: @unchecked Sendable {
     /// Used by the one receive in progress (``WebSocketConnection`` holds its receive lock around it); made
     /// once a read brings `bulkRead` bytes or more.
     private var readBuffer: UnsafeMutableRawBufferPointer?
+    /// Bytes in `readBuffer` read from the stream but not yet given to the parser (the rest of a read, after a
+    /// message placed in a receive's buffer).
+    private var pending = 0..<0
     private let largestRead: Int
     private static let bulkRead = 16 * 1024
     /// Used by the one send in progress (``WebSocketConnection`` holds its send lock around it); frames larger
@@ -56,20 +59,43 @@ package final class WebSocketFrameLink: @unchecked Sendable {
 
     package func send(_ frames: [WebSocketFrame]) async throws(ConnectionError) {
         for frame in frames {
-            let size = WebSocketFrameEncoder.encodedSize(frame)
-            guard size <= largestWrite else {
+            guard WebSocketFrameEncoder.encodedSize(frame) <= largestWrite else {
                 try await stream.send(WebSocketFrameEncoder.encode(frame))
                 continue
             }
-            // Encoded (and masked) into the link's reused buffer, which stays in the cache, and sent from there.
-            if writeBuffer.count < size {
-                writeBuffer.deallocate()
-                writeBuffer = .allocate(byteCount: max(size, min(2 * writeBuffer.count, largestWrite)), alignment: 16)
-            }
-            let buffer = writeBuffer
+            let buffer = sendBuffer(holding: WebSocketFrameEncoder.encodedSize(frame))
             let count = WebSocketFrameEncoder.encode(frame, into: buffer)
             try await stream.send(contentsOf: UnsafeRawBufferPointer(rebasing: buffer[..<count]))
         }
+    }
+
+    /// Sends one whole binary message from bytes the caller keeps (``Connection/send(contentsOf:)``): the
+    /// header and the payload, masked with `maskingKey` when set, are encoded into the link's reused buffer and
+    /// sent from it, so the payload is read once and no array is made. A frame larger than that buffer is
+    /// encoded into an array of its own.
+    package func send(binary payload: UnsafeRawBufferPointer, maskingKey: UInt32?) async throws(ConnectionError) {
+        let size = WebSocketFrameEncoder.encodedSize(payloadLength: payload.count, masked: maskingKey != nil)
+        guard size <= largestWrite else {
+            let frame = [UInt8](unsafeUninitializedCapacity: size) { out, initialized in
+                initialized = WebSocketFrameEncoder.encode(
+                    opcode: .binary, maskingKey: maskingKey, payload: payload, into: UnsafeMutableRawBufferPointer(out))
+            }
+            return try await stream.send(Message(frame))
+        }
+        let buffer = sendBuffer(holding: size)
+        let count = WebSocketFrameEncoder.encode(
+            opcode: .binary, maskingKey: maskingKey, payload: payload, into: buffer)
+        try await stream.send(contentsOf: UnsafeRawBufferPointer(rebasing: buffer[..<count]))
+    }
+
+    /// The reused send buffer, grown to hold `size` bytes (at most `largestWrite`); frames are encoded (and
+    /// masked) into it, where they stay in the cache, and sent from there.
+    private func sendBuffer(holding size: Int) -> UnsafeMutableRawBufferPointer {
+        if writeBuffer.count < size {
+            writeBuffer.deallocate()
+            writeBuffer = .allocate(byteCount: max(size, min(2 * writeBuffer.count, largestWrite)), alignment: 16)
+        }
+        return writeBuffer
     }
 
     /// The next frame. With a `destination` (a receive into the caller's buffer), a message that comes in one
@@ -98,8 +124,21 @@ package final class WebSocketFrameLink: @unchecked Sendable {
                 return .invalid(error)
             }
             if let buffer = readBuffer {
-                guard let received = try await stream.receive(into: buffer) else { return nil }
-                feed(UnsafeRawBufferPointer(rebasing: buffer[..<received.count]), placingInto: destination)
+                if pending.isEmpty {
+                    guard let received = try await stream.receive(into: buffer) else { return nil }
+                    pending = 0..<received.count
+                }
+                // Fed up to the end of a message placed in `destination`: what follows it waits in the read
+                // buffer for the next receive, whose buffer its payload then goes to.
+                let input = UnsafeRawBufferPointer(rebasing: buffer[pending])
+                let taken = parser.withLock { parser in
+                    guard let destination else {
+                        parser.feed(input)
+                        return input.count
+                    }
+                    return parser.feedUntilPlaced(input, placingInto: destination)
+                }
+                pending = (pending.lowerBound + taken)..<pending.upperBound
             } else {
                 guard let chunk = try await stream.receive(maximumLength: largestRead) else { return nil }
                 chunk.bytes.withUnsafeBytes { feed($0, placingInto: destination) }

@@ -148,6 +148,46 @@ struct ReceiveIntoTests {
     }
 
     @Test(
+        "WebSocket: messages sent with send(contentsOf:) from a reused buffer arrive whole and in order through receive(into:), back to back, both ways",
+        arguments: ConformanceCase.ws)
+    func webSocketBulk(_ test: ConformanceCase) async throws {
+        try await SocketTest.run {
+            let (listener, client, server) = try await test.connectedPair()
+            #expect(try await server.receive()?.bytes == [0])
+            // 64 KiB messages (the frame link's send buffer holds one; reads of 64 KiB then end inside the next
+            // message, whose start waits in the link for the next receive), larger ones (encoded into an array of
+            // their own), tiny and empty ones between them.
+            let sizes = [65_536, 65_536, 70_000, 1, 0, 65_536, 100_000, 3, 65_536, 65_536]
+            for (sender, receiver) in [(client, server), (server, client)] {
+                async let sent: Void = {
+                    let reused = OwnedBuffer(count: sizes.max()!)
+                    defer { reused.buffer.deallocate() }
+                    for (index, size) in sizes.enumerated() {
+                        pattern(size, seed: UInt8(index)).withUnsafeBytes { reused.buffer.copyMemory(from: $0) }
+                        try await sender.send(contentsOf: UnsafeRawBufferPointer(rebasing: reused.buffer[..<size]))
+                        // The connection no longer refers to the bytes once the send returned.
+                        reused.buffer.initializeMemory(as: UInt8.self, repeating: 0xEE)
+                    }
+                }()
+                let buffer = OwnedBuffer(count: 128 * 1024)
+                defer { buffer.buffer.deallocate() }
+                try await withTaskExecutorPreference(receiver.preferredExecutor) { () async throws in
+                    for (index, size) in sizes.enumerated() {
+                        let got = try await receiver.receive(into: buffer.buffer)
+                        #expect(got == Received(count: size, kind: .binary), "message \(index)")
+                        #expect(
+                            Array(UnsafeRawBufferPointer(rebasing: buffer.buffer[..<(got?.count ?? 0)]))
+                                == pattern(size, seed: UInt8(index)), "message \(index)")
+                    }
+                }
+                try await sent
+            }
+            await closeBoth(client, server)
+            await listener.close()
+        }
+    }
+
+    @Test(
         "Cancelling a waiting receive(into:) returns promptly and loses nothing", arguments: ConformanceCase.all,
         [true, false])
     func cancel(_ test: ConformanceCase, onItsExecutor: Bool) async throws {

@@ -106,9 +106,9 @@ struct WebSocketCodecTests {
     }
 
     @Test(
-        "Placing into a caller's buffer: whole messages that fit are placed, the rest parsed as frames, in order, across any pieces and interruptions"
-    )
-    func placing() throws {
+        "Placing into a caller's buffer: whole messages that fit are placed, the rest parsed as frames, in order, across any pieces and interruptions",
+        arguments: [false, true])
+    func placing(untilPlaced: Bool) throws {
         var state: UInt64 = 7
         func next(_ bound: Int) -> Int {
             state = state &* 6_364_136_223_846_793_005 &+ 1_442_695_040_888_963_407
@@ -144,8 +144,16 @@ struct WebSocketCodecTests {
                 defer { destination.deallocate() }
                 var offset = 0
                 while offset < stream.count {
-                    let piece = min(round == 0 ? 1 : next(9_000) + 1, stream.count - offset)
-                    stream[offset..<(offset + piece)].withUnsafeBytes { parser.feed($0, placingInto: destination) }
+                    var piece = min(round == 0 ? 1 : next(9_000) + 1, stream.count - offset)
+                    stream[offset..<(offset + piece)].withUnsafeBytes { bytes in
+                        // feedUntilPlaced takes the piece only up to the end of a placed message: the rest is fed
+                        // again (as the frame link keeps it in its read buffer for the next receive).
+                        if untilPlaced {
+                            piece = parser.feedUntilPlaced(bytes, placingInto: destination)
+                        } else {
+                            parser.feed(bytes, placingInto: destination)
+                        }
+                    }
                     offset += piece
                     if let placed = parser.takePlaced() {
                         placedCount += 1
