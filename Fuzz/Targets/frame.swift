@@ -92,18 +92,33 @@ private func parsePlacing(
     let destination = UnsafeMutableRawBufferPointer.allocate(byteCount: max(room, 1), alignment: 1)
     defer { destination.deallocate() }
     let buffer = UnsafeMutableRawBufferPointer(rebasing: destination[..<room])
+    // Odd inputs feed each piece only up to the end of a placed message and feed the rest again after taking it
+    // (`feedUntilPlaced`, as the frame link does); even ones feed each piece whole.
+    let untilPlaced = bytes.count > 2 && bytes[2] & 1 == 1
     var frames: [Parsed] = []
-    for piece in [bytes[..<cut], bytes[cut...]] {
-        Array(piece).withUnsafeBytes { parser.feed($0, placingInto: buffer) }
-        if let message = parser.takePlaced() {
-            frames.append(
-                Parsed(fin: true, opcode: message.opcode, rsv1: false, payload: Array(buffer[..<message.count])))
-        }
-        do {
-            while let frame = try parser.nextFrame() { frames.append(Parsed(frame)) }
-        } catch {
-            return (frames, "\(error)")
-        }
+    for piece in [Array(bytes[..<cut]), Array(bytes[cut...])] {
+        var offset = 0
+        repeat {
+            let taken = piece[offset...].withUnsafeBytes { input in
+                guard untilPlaced else {
+                    parser.feed(input, placingInto: buffer)
+                    return input.count
+                }
+                return parser.feedUntilPlaced(input, placingInto: buffer)
+            }
+            offset += taken
+            if let message = parser.takePlaced() {
+                frames.append(
+                    Parsed(fin: true, opcode: message.opcode, rsv1: false, payload: Array(buffer[..<message.count])))
+            } else if taken == 0 && offset < piece.count {
+                return (frames, "feedUntilPlaced took nothing with no placed message waiting")
+            }
+            do {
+                while let frame = try parser.nextFrame() { frames.append(Parsed(frame)) }
+            } catch {
+                return (frames, "\(error)")
+            }
+        } while offset < piece.count
         if stops {
             parser.stopPlacing(copyingFrom: UnsafeRawBufferPointer(buffer))
             buffer.initializeMemory(as: UInt8.self, repeating: 0xEE)
