@@ -12,10 +12,12 @@ import Synchronization
 ///   are all 0xFF asks for the counts: received, reordered, bytes (3 x 8 bytes).
 public enum PumpSink {
     static let endText = "pump-end"
+    /// `WebSocketOptions.maximumMessageSize`'s default: a sink receives any message its WebSocket accepts.
+    static let largestWebSocketMessage = 64 * 1024 * 1024
     static let statsRequest = [UInt8](repeating: 0xFF, count: 8)
 
-    /// Serves one connection until it ends. Byte streams and datagrams are received into one buffer
-    /// (`Connection.receive(into:)`), so the sink allocates nothing per read.
+    /// Serves one connection until it ends. Everything is received into a buffer the sink owns
+    /// (`Connection.receive(into:)`), so it allocates nothing per read or message.
     public static func serve(_ connection: any Connection) async {
         let buffer = UnsafeMutableRawBufferPointer.allocate(
             byteCount: max(connection.options.readChunkSize, connection.options.maxDatagramSize), alignment: 16)
@@ -39,13 +41,21 @@ public enum PumpSink {
                     if sequence < highest { reordered += 1 } else { highest = sequence }
                 }
             case .ws, .wss:
+                // Whole messages, each into one buffer as large as the largest message a WebSocket accepts by
+                // default; only the pages the messages reach are ever touched.
+                let messages = UnsafeMutableRawBufferPointer.allocate(
+                    byteCount: largestWebSocketMessage, alignment: 16)
+                defer { messages.deallocate() }
                 var bytes: UInt64 = 0
-                while let message = try await connection.receive() {
-                    if message.kind == .text, message.text == endText {
+                while let message = try await connection.receive(into: messages) {
+                    if message.kind == .text,
+                        String(decoding: UnsafeRawBufferPointer(rebasing: messages[..<message.count]), as: UTF8.self)
+                            == endText
+                    {
                         try await connection.send(.text(String(bytes)))
                         bytes = 0
                     } else {
-                        bytes += UInt64(message.bytes.count)
+                        bytes += UInt64(message.count)
                     }
                 }
             default:
