@@ -174,56 +174,43 @@ final class BoundedConnection: Connection, Sendable {
 
     var preferredExecutor: (any TaskExecutor)? { inner.preferredExecutor }
 
+    // A send touches before and after: one held up by a slow reader is not idleness.
     func send(_ message: Message) async throws(ConnectionError) {
-        touch()  // a send held up by a slow reader is not idleness
-        do throws(ConnectionError) {
-            try await inner.send(message)
-        } catch {
-            throw explained(error)
-        }
         touch()
+        try await forwarded { () throws(ConnectionError) in try await inner.send(message) }
     }
 
     func send(contentsOf bytes: UnsafeRawBufferPointer) async throws(ConnectionError) {
         touch()
-        do throws(ConnectionError) {
-            try await inner.send(contentsOf: bytes)
-        } catch {
-            throw explained(error)
-        }
-        touch()
+        try await forwarded { () throws(ConnectionError) in try await inner.send(contentsOf: bytes) }
     }
 
     func send(batch: [UnsafeRawBufferPointer]) async throws(ConnectionError) {
         touch()
-        do throws(ConnectionError) {
-            try await inner.send(batch: batch)
-        } catch {
-            throw explained(error)
-        }
-        touch()
+        try await forwarded { () throws(ConnectionError) in try await inner.send(batch: batch) }
     }
 
     func receive(maximumLength: Int) async throws(ConnectionError) -> Message? {
-        let message: Message?
-        do throws(ConnectionError) {
-            message = try await inner.receive(maximumLength: maximumLength)
-        } catch {
-            throw explained(error)
-        }
-        touch()
-        return message
+        try await forwarded { () throws(ConnectionError) in try await inner.receive(maximumLength: maximumLength) }
     }
 
     func receive(into buffer: UnsafeMutableRawBufferPointer) async throws(ConnectionError) -> Received? {
-        let received: Received?
+        try await forwarded { () throws(ConnectionError) in try await inner.receive(into: buffer) }
+    }
+
+    /// Runs an operation of the inner connection: touches once it is done, and says when a `.closed` was the
+    /// idle timeout's.
+    private func forwarded<Value>(
+        _ operation: () async throws(ConnectionError) -> Value
+    ) async throws(ConnectionError) -> Value {
+        let value: Value
         do throws(ConnectionError) {
-            received = try await inner.receive(into: buffer)
+            value = try await operation()
         } catch {
             throw explained(error)
         }
         touch()
-        return received
+        return value
     }
 
     func closeOutput() async throws(ConnectionError) { try await inner.closeOutput() }
