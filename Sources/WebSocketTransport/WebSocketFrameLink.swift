@@ -19,11 +19,15 @@ package enum WebSocketLinkInput: Sendable {
 /// Reads of a bulk transfer go into the link's own buffer (`Connection.receive(into:)`: the backends that can
 /// read straight into it allocate nothing per read), and the parser copies each payload out of it once,
 /// unmasking on the way: into an array of its own, or, for a receive into the caller's buffer, a message that
-/// comes in one frame straight into that buffer. The buffer (the stream's read chunk size, 64 KiB) is made when a read first brings 16 KiB
-/// or more; until then a read is an ordinary receive, so an idle connection, waiting in a receive, holds no read
-/// buffer (10,000 idle WebSocket connections would otherwise hold 10,000 of them). Frames go out encoded (and
-/// masked) into a reused buffer, as large as the largest frame sent up to 64 KiB, and sent from it
-/// (`Connection.send(contentsOf:)`): a send allocates nothing and masks into memory that is in the cache.
+/// comes in one frame straight into that buffer. A read is parsed only up to the end of such a placed message:
+/// the rest (the start of the next one) stays in the read buffer for the next receive, which places it in its
+/// own buffer, so a bulk stream received into a caller's buffer never makes an array. The buffer (the
+/// stream's read chunk size, 64 KiB) is made when a read first brings 16 KiB or more; until then a read is an
+/// ordinary receive, so an idle connection, waiting in a receive, holds no read buffer (10,000 idle WebSocket
+/// connections would otherwise hold 10,000 of them). Frames go out encoded (and masked) into a reused buffer,
+/// as large as the largest frame sent up to 64 KiB, and sent from it (`Connection.send(contentsOf:)`): a send
+/// allocates nothing and masks into memory that is in the cache; a message sent from the caller's bytes is
+/// masked straight from them.
 package final class WebSocketFrameLink: @unchecked Sendable {
     private let stream: any Connection
     private let parser: Mutex<WebSocketFrameParser>
