@@ -250,3 +250,35 @@ let package = Package(
     ],
     swiftLanguageModes: [.v6]
 )
+
+// `SOCKETSTYLES_TEST_TARGETS=A,B swift test ...` builds the test targets named and only what they depend on, so a
+// run of a few suites in a build of its own (scripts/sanitize --tests, which CI uses for both sanitizers) does not
+// compile every other target: SwiftPM builds every test target of a package before it runs any.
+if let names = Context.environment["SOCKETSTYLES_TEST_TARGETS"] {
+    var needed = Set(names.split(separator: ",").map(String.init))
+    let unknown = needed.subtracting(package.targets.filter { $0.type == .test }.map(\.name))
+    precondition(unknown.isEmpty, "SOCKETSTYLES_TEST_TARGETS names no test target: \(unknown.sorted())")
+    var packages = Set<String>()
+    var queue = Array(needed)
+    while let name = queue.popLast() {
+        for dependency in package.targets.first(where: { $0.name == name })?.dependencies ?? [] {
+            switch dependency {
+            case .targetItem(let target, _), .byNameItem(let target, _):
+                if needed.insert(target).inserted { queue.append(target) }
+            case .productItem(_, let owner, _, _):
+                if let owner { packages.insert(owner) }
+            @unknown default:
+                break
+            }
+        }
+    }
+    package.targets.removeAll { !needed.contains($0.name) }
+    package.products.removeAll { product in
+        let targets = (product as? Product.Library)?.targets ?? (product as? Product.Executable)?.targets ?? []
+        return !targets.allSatisfy(needed.contains)
+    }
+    package.dependencies.removeAll { dependency in
+        guard case .sourceControl(_, let location, _) = dependency.kind else { return false }
+        return !packages.contains(String(location.split(separator: "/").last ?? ""))
+    }
+}
