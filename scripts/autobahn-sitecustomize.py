@@ -1,11 +1,18 @@
-# Installed by scripts/autobahn as the sitecustomize module of its CPython 2.7 virtualenv (wstest's interpreter).
+# Installed by scripts/autobahn as the sitecustomize module of its CPython 2.7 virtualenv (wstest's interpreter):
+# two changes to where wstest spends its CPU in the permessage-deflate cases (12 and 13), with the same messages,
+# the same checks and nothing different on the wire. CI runs four of those runs, and wstest's own CPU (13-20
+# minutes a run, py-spy) was most of CI's time.
 #
-# That CPython was built without OpenSSL (2.7 predates OpenSSL 3), so its hashlib.sha1 is the builtin _sha: 80-150
-# MB/s here. wstest's permessage-deflate cases (12 and 13) hash every message they send and every echo they
-# receive, about 22 GB a run, and that hashing was a fifth of wstest's CPU time (py-spy). This gives hashlib the
-# same SHA-1 from the system's libcrypto (one-shot EVP calls through ctypes, 5x faster). Digests are identical
-# and nothing on the wire changes. Without libcrypto, hashlib is left as it was.
+# 1. SHA-1 from libcrypto. That CPython was built without OpenSSL (2.7 predates OpenSSL 3), so hashlib.sha1 is the
+#    builtin _sha, 80-150 MB/s here; the cases hash every message sent and every echo received, about 22 GB a run,
+#    a fifth of wstest's CPU. hashlib.sha1 becomes the same SHA-1 through ctypes and libcrypto's EVP calls (5x
+#    faster), checked against a known digest first; without libcrypto it is left as it was.
+# 2. The test file decoded once per case, not once per message. Before each message, a case over a text file
+#    (162 of the 216) decodes the whole 190-260 KB file as UTF-8 to cut the message from it: another eighth of
+#    wstest's CPU. After a case's init, its test data is a str whose decode() remembers its one result; the
+#    message cut from it is the same.
 import hashlib
+import sys
 
 try:
     import ctypes
@@ -73,3 +80,47 @@ try:
         hashlib.sha1 = _SHA1
 except Exception:  # no libcrypto, or an API it lacks: the builtin stays
     pass
+
+
+class _DecodedOnce(str):
+    """A str whose decode() is computed once (the test data of one case, immutable)."""
+
+    def decode(self, *arguments):
+        cache = self.__dict__.setdefault("_decoded", {})
+        if arguments not in cache:
+            cache[arguments] = str.decode(self, *arguments)
+        return cache[arguments]
+
+
+def _decode_test_data_once(module):
+    def wrap(init):
+        def init_then_wrap(self):
+            init(self)
+            self.testData = _DecodedOnce(self.testData)
+
+        return init_then_wrap
+
+    for case in list(getattr(module, "Case12_X_X", [])) + list(getattr(module, "Case13_X_X", [])):
+        case.init = wrap(case.__dict__["init"])
+
+
+class _AfterImport(object):
+    """Runs a function on a module once it is imported (Python 2's import hook protocol)."""
+
+    def __init__(self, name, then):
+        self.name, self.then = name, then
+
+    def find_module(self, fullname, path=None):
+        return self if fullname == self.name else None
+
+    def load_module(self, fullname):
+        sys.meta_path.remove(self)  # let the normal import find it
+        try:
+            module = __import__(fullname, fromlist=["*"])
+        finally:
+            sys.meta_path.insert(0, self)
+        self.then(module)
+        return module
+
+
+sys.meta_path.insert(0, _AfterImport("autobahntestsuite.case.case12_x_x", _decode_test_data_once))
