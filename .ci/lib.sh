@@ -5,6 +5,7 @@
 #                                    LIMIT seconds, saying so with NAME
 #   ci_lane NAME LIMIT FUNCTION      the same in the background: its output goes to a log, printed by ci_join
 #   ci_join NAME                     wait for a lane, print its output, fail if it failed
+#   ci_renice N NAME...              give running lanes (and what they start later) the niceness N
 #   ci_deadline SECONDS              stop the whole run after SECONDS, naming the steps it was in
 #   ci_table                         print every step's start, wall time, CPU time and status
 #
@@ -106,12 +107,23 @@ ci_join() {
     local status=0 key
     key=$(ci_key "$1")
     wait "$(cat "$ci_dir/$key.pid")" || status=$?
+    touch "$ci_dir/$key.joined"
     echo "== $1 (ran in the background):"
     sed 's/^/   /' "$ci_dir/$key.log"
     [[ $status == 0 ]] || {
         echo "== CI failed in step '$1'"
         exit 1
     }
+}
+
+ci_renice() {
+    local nice=$1 name pids
+    shift
+    for name in "$@"; do
+        pids=$(ci_descendants "$(cat "$ci_dir/$(ci_key "$name").pid")")
+        # shellcheck disable=SC2086
+        [[ -z $pids ]] || renice -n "$nice" -p $pids >/dev/null 2>&1 || true
+    done
 }
 
 ci_deadline() {
@@ -136,6 +148,13 @@ ci_finish() {
     if compgen -G "$ci_dir/running/*" >/dev/null; then
         echo "== stopped unfinished: $(cat "$ci_dir"/running/* | paste -sd ';')"
     fi
+    # The end of each lane's output that was not printed by ci_join (a lane still running, or the run failed).
+    local log
+    for log in "$ci_dir"/*.log; do
+        [[ -e $log && ! -e ${log%.log}.joined ]] || continue
+        echo "== the last lines of a lane that was not joined ($(basename "$log" .log)):"
+        tail -20 "$log" | sed 's/^/   /'
+    done
     ci_table
     rm -rf "$ci_dir"
     exit "$status"
