@@ -1,0 +1,73 @@
+internal import CSocketShims
+public import ConnectionCore
+internal import Glibc
+
+// accept, connect, and poll(2) for one descriptor.
+extension Syscall {
+    /// accept4(2), close-on-exec. Returns `nil` on EAGAIN (non-blocking listeners).
+    public static func accept(
+        _ fd: Int32, nonBlocking: Bool = false
+    ) throws(ConnectionError)
+        -> (fd: Int32, peer: SocketAddress)?
+    {
+        var storage = sockaddr_storage()
+        var length = socklen_t(MemoryLayout<sockaddr_storage>.size)
+        while true {
+            let result = withUnsafeMutablePointer(to: &storage) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                    csock_accept4(fd, $0, &length, nonBlocking ? 1 : 0)
+                }
+            }
+            if result >= 0 {
+                guard let peer = withUnsafeBytes(of: &storage, { SocketAddress($0.baseAddress!, length: Int(length)) })
+                else {
+                    _ = Glibc.close(result)
+                    throw ConnectionError(.unsupported, "accept: not an IP peer")
+                }
+                return (result, peer)
+            }
+            let code = Glibc.errno
+            switch code {
+            case EINTR, ECONNABORTED: continue  // a client that gave up before we accepted it: take the next one
+            case EAGAIN, EWOULDBLOCK: return nil
+            default: throw .errno(code, "accept")
+            }
+        }
+    }
+
+    /// connect(2). Returns `true` when connected, `false` when the connect is in progress (EINPROGRESS on a
+    /// non-blocking socket, or EINTR on a blocking one): wait for writability, then read ``pendingError(_:)``.
+    public static func connect(_ fd: Int32, to address: SocketAddress) throws(ConnectionError) -> Bool {
+        let result = address.withSockAddr { Glibc.connect(fd, $0, $1) }
+        if result == 0 { return true }
+        let code = Glibc.errno
+        if code == EINPROGRESS || code == EINTR || code == EALREADY { return false }
+        throw .errno(code, "connect to \(address)")
+    }
+
+    /// poll(2) on one descriptor. Returns the revents, 0 on time-out. `timeoutMilliseconds` < 0 waits forever.
+    public static func poll(_ fd: Int32, events: Int16, timeoutMilliseconds: Int32) throws(ConnectionError) -> Int16 {
+        try poll(fd, events, -1, 0, timeoutMilliseconds: timeoutMilliseconds).0
+    }
+
+    /// poll(2) on two descriptors (a negative descriptor is left out, as poll does). Returns each one's revents,
+    /// both 0 on time-out. `timeoutMilliseconds` < 0 (the default) waits until one of them is ready.
+    public static func poll(
+        _ first: Int32, _ firstEvents: Int16, _ second: Int32, _ secondEvents: Int16, timeoutMilliseconds: Int32 = -1
+    ) throws(ConnectionError) -> (Int16, Int16) {
+        var fds = (
+            pollfd(fd: first, events: firstEvents, revents: 0), pollfd(fd: second, events: secondEvents, revents: 0)
+        )
+        let count = try withUnsafeMutableBytes(of: &fds) { (raw) throws(ConnectionError) -> Int in
+            let pointer = raw.baseAddress!.assumingMemoryBound(to: pollfd.self)
+            return try retrying("poll", { Int(Glibc.poll(pointer, 2, timeoutMilliseconds)) })
+        }
+        return count == 0 ? (0, 0) : (fds.0.revents, fds.1.revents)
+    }
+
+    /// POLLIN, POLLOUT, POLLERR and POLLHUP, for ``poll(_:events:timeoutMilliseconds:)``.
+    public static let pollIn = Int16(POLLIN)
+    public static let pollOut = Int16(POLLOUT)
+    public static let pollError = Int16(POLLERR)
+    public static let pollHangUp = Int16(POLLHUP)
+}
