@@ -141,9 +141,12 @@ ci_deadline() {
 
 # At the end of the run, passed or not: the table, and nothing left running (a lane still busy when a step failed).
 ci_finish() {
-    local status=$? pid
-    for pid in $(ci_descendants $$); do
-        [[ $pid == "$BASHPID" ]] || kill -TERM "$pid" 2>/dev/null || true
+    local status=$? pid signal
+    for signal in TERM KILL; do
+        for pid in $(ci_descendants $$); do
+            [[ $pid == "$BASHPID" ]] || kill -s "$signal" "$pid" 2>/dev/null || true
+        done
+        [[ $signal == KILL ]] || [[ -z $(pgrep -P $$) ]] || sleep 5
     done
     if compgen -G "$ci_dir/running/*" >/dev/null; then
         echo "== stopped unfinished: $(cat "$ci_dir"/running/* | paste -sd ';')"
