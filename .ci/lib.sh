@@ -5,7 +5,6 @@
 #                                    LIMIT seconds, saying so with NAME
 #   ci_lane NAME LIMIT FUNCTION      the same in the background: its output goes to a log, printed by ci_join
 #   ci_join NAME                     wait for a lane, print its output, fail if it failed
-#   ci_renice N NAME...              give running lanes (and what they start later) the niceness N
 #   ci_deadline SECONDS              stop the whole run after SECONDS, naming the steps it was in
 #   ci_table                         print every step's start, wall time, CPU time and status
 #
@@ -114,16 +113,6 @@ ci_join() {
         echo "== CI failed in step '$1'"
         exit 1
     }
-}
-
-ci_renice() {
-    local nice=$1 name pids
-    shift
-    for name in "$@"; do
-        pids=$(ci_descendants "$(cat "$ci_dir/$(ci_key "$name").pid")")
-        # shellcheck disable=SC2086
-        [[ -z $pids ]] || renice -n "$nice" -p $pids >/dev/null 2>&1 || true
-    done
 }
 
 ci_deadline() {
