@@ -132,24 +132,10 @@ final class AsyncUDPListener: Listener, Sendable {
         async throws(ConnectionError) -> AsyncUDPListener
     {
         let address = try await Syscall.resolveAsync(endpoint, passive: true)[0]
-        let fd = try Syscall.socket(family: address.family, datagram: true, nonBlocking: true)
-        let socket: AsyncSocket
-        do throws(ConnectionError) {
-            if address.family == .ipv6 { try Syscall.setIPv6Only(fd, true) }
-            try Syscall.setBufferSizes(fd, receive: options.receiveBufferSize, send: options.sendBufferSize)
-            do throws(ConnectionError) {
-                try Syscall.bind(fd, to: address)
-            } catch {
-                throw ConnectionError(
-                    error.kind, "listen on \(endpoint): \(error.detail)", systemCode: error.systemCode)
-            }
-            let local = try Syscall.localAddress(fd).endpoint(.udp)
-            socket = try AsyncSocket(
-                adopting: fd, transport: .udp, local: local, remote: nil, options: options, reactor: reactor)
-        } catch {
-            Syscall.close(fd)
-            throw error
-        }
+        let (bound, local) = try Socket.listen(on: address, transport: .udp, options: options, describing: endpoint)
+        let socket = try AsyncSocket(
+            adopting: bound, transport: .udp, local: local.endpoint(.udp), remote: nil, options: options,
+            reactor: reactor)
         let listener = AsyncUDPListener(socket: socket, options: options)
         let task = Task(executorPreference: reactor) { await listener.run() }
         listener.pump.withLock { $0 = task }

@@ -21,7 +21,7 @@ public final class AsyncListener: AsyncSequence, Sendable {
     public let reactor: AsyncReactor
     private let readiness = SocketReadiness()
     private let gate = AsyncGate()
-    private let descriptor: Atomic<Int32>
+    private let descriptor: SocketDescriptor
 
     /// Binds and listens (non-blocking). Port 0 picks a free port.
     public init(
@@ -30,36 +30,16 @@ public final class AsyncListener: AsyncSequence, Sendable {
         throws(ConnectionError)
     {
         guard endpoint.transport == .tcp else { throw ConnectionError(.unsupported, "AsyncListener listens on tcp") }
-        let address = try Syscall.resolve(endpoint, passive: true)[0]
-        let fd = try Syscall.socket(family: address.family, datagram: false, nonBlocking: true)
-        do throws(ConnectionError) {
-            if address.family == .ipv6 { try Syscall.setIPv6Only(fd, true) }
-            try Syscall.setReuseAddress(fd, options.reuseAddress)
-            do throws(ConnectionError) {
-                try Syscall.bind(fd, to: address)
-            } catch {
-                throw ConnectionError(
-                    error.kind, "listen on \(endpoint): \(error.detail)", systemCode: error.systemCode)
-            }
-            try Syscall.listen(fd, backlog: options.backlog)
-            localEndpoint = try Syscall.localAddress(fd).endpoint(.tcp)
-            try reactor.loop.register(
-                fd, events: Syscall.epollIn | Syscall.epollEdgeTriggered, handler: readiness)
-        } catch {
-            Syscall.close(fd)
-            throw error
-        }
+        let (socket, local) = try Socket.listen(on: endpoint, options: options)
+        try reactor.loop.register(socket.raw, events: Syscall.epollIn | Syscall.epollEdgeTriggered, handler: readiness)
+        localEndpoint = local.endpoint(.tcp)
         self.options = options
         self.reactor = reactor
-        self.descriptor = Atomic(fd)
+        self.descriptor = socket
     }
 
     deinit {
-        let fd = descriptor.exchange(-1, ordering: .acquiringAndReleasing)
-        if fd >= 0 {
-            reactor.loop.unregister(fd)
-            Syscall.close(fd)
-        }
+        descriptor.close(beforeClosing: reactor.loop.unregister)
     }
 
     /// Waits for the next client. Throws `.closed` after ``close()``, `.cancelled` when the task is cancelled.
@@ -67,7 +47,7 @@ public final class AsyncListener: AsyncSequence, Sendable {
         await gate.enter()
         defer { gate.leave() }
         while true {
-            let fd = descriptor.load(ordering: .acquiring)
+            let fd = descriptor.raw
             guard fd >= 0 else { throw .closed("the listener is closed") }
             let next: (fd: Int32, peer: SocketAddress)?
             do throws(ConnectionError) {
@@ -90,15 +70,16 @@ public final class AsyncListener: AsyncSequence, Sendable {
                 try await readiness.waitReadable()
                 continue
             }
+            let socket = SocketDescriptor(adopting: client)
             do throws(ConnectionError) {
                 try Syscall.setNoDelay(client, options.tcpNoDelay)
                 try Syscall.setBufferSizes(client, receive: options.receiveBufferSize, send: options.sendBufferSize)
                 let local = try Syscall.localAddress(client).endpoint(.tcp)
                 return try AsyncSocket(
-                    adopting: client, transport: .tcp, local: local, remote: peer.endpoint(.tcp), options: options,
+                    adopting: socket, transport: .tcp, local: local, remote: peer.endpoint(.tcp), options: options,
                     reactor: reactor)
             } catch {
-                Syscall.close(client)
+                socket.close()
                 if error.kind == .reset { continue }  // the client left already
                 throw error
             }
@@ -109,11 +90,7 @@ public final class AsyncListener: AsyncSequence, Sendable {
     public func close() async {
         readiness.close(.closed("the listener is closed"))
         await gate.enter()
-        let fd = descriptor.exchange(-1, ordering: .acquiringAndReleasing)
-        if fd >= 0 {
-            reactor.loop.unregister(fd)
-            Syscall.close(fd)
-        }
+        descriptor.close(beforeClosing: reactor.loop.unregister)
         gate.leave()
     }
 

@@ -53,7 +53,7 @@ public final class AsyncSocket: Sendable {
     private let writeGate = AsyncGate()
     /// Serialises `close()`: every caller returns after the one close has finished.
     private let closeGate = AsyncGate()
-    private let descriptor = Atomic<Int32>(-1)
+    private let descriptor: SocketDescriptor
     private let life: Mutex<Life>
     private let stateContinuation: AsyncStream<State>.Continuation
     // Used only inside the read gate.
@@ -79,14 +79,17 @@ public final class AsyncSocket: Sendable {
         (stateUpdates, stateContinuation) = AsyncStream.makeStream(
             of: State.self, bufferingPolicy: .bufferingNewest(16))
         life = Mutex(Life(state: .setup))
+        descriptor = SocketDescriptor()
         scratch = .allocate(
             byteCount: endpoint.transport == .udp ? options.maxDatagramSize : options.readChunkSize, alignment: 16)
         stateContinuation.yield(.setup)
     }
 
-    /// A socket around a descriptor that is already connected or bound (accepted connections, UDP servers).
+    /// A socket around a descriptor that is already connected or bound (accepted connections, UDP servers). It
+    /// owns `socket` from here, also when it throws.
     init(
-        adopting fd: Int32, transport: Transport, local: Endpoint, remote: Endpoint?, options: ConnectionOptions,
+        adopting socket: SocketDescriptor, transport: Transport, local: Endpoint, remote: Endpoint?,
+        options: ConnectionOptions,
         reactor: AsyncReactor
     ) throws(ConnectionError) {
         self.transport = transport
@@ -98,17 +101,13 @@ public final class AsyncSocket: Sendable {
         life = Mutex(Life(state: .ready, local: local, remote: remote))
         scratch = .allocate(
             byteCount: transport == .udp ? options.maxDatagramSize : options.readChunkSize, alignment: 16)
-        descriptor.store(fd, ordering: .releasing)
+        descriptor = socket
         stateContinuation.yield(.ready)
-        try reactor.loop.register(fd, events: Self.watchedEvents, handler: readiness)
+        try reactor.loop.register(socket.raw, events: Self.watchedEvents, handler: readiness)
     }
 
     deinit {
-        let fd = descriptor.exchange(-1, ordering: .acquiringAndReleasing)
-        if fd >= 0 {
-            reactor.loop.unregister(fd)
-            Syscall.close(fd)
-        }
+        descriptor.close(beforeClosing: reactor.loop.unregister)
         scratch.deallocate()
         stateContinuation.finish()
     }
@@ -126,7 +125,7 @@ public final class AsyncSocket: Sendable {
     public var remoteEndpoint: Endpoint? { life.withLock { $0.remote } }
 
     /// The descriptor (-1 before ``start()`` and after ``close()``).
-    public var fileDescriptor: Int32 { descriptor.load(ordering: .acquiring) }
+    public var fileDescriptor: Int32 { descriptor.raw }
 
     private func set(_ state: State) {
         life.withLock { $0.state = state }
@@ -142,18 +141,11 @@ public final class AsyncSocket: Sendable {
         set(.preparing)
         do throws(ConnectionError) {
             let addresses = try await Syscall.resolveAsync(endpoint)
-            var lastError = ConnectionError(.hostNotFound, "no address for \(endpoint)")
-            for address in addresses {
-                do throws(ConnectionError) {
-                    try await connect(to: address)
-                    set(.ready)
-                    return
-                } catch {
-                    if error.kind == .cancelled || error.kind == .timedOut { throw error }
-                    lastError = error
-                }
+            try await Socket.connect(toFirstOf: addresses, endpoint: endpoint, options: options) {
+                (address, deadline) async throws(ConnectionError) in
+                try await connect(to: address, deadline: deadline)
             }
-            throw lastError
+            set(.ready)
         } catch {
             if error.kind == .cancelled {
                 life.withLock { $0.closing = true }
@@ -165,17 +157,15 @@ public final class AsyncSocket: Sendable {
         }
     }
 
-    private func connect(to address: SocketAddress) async throws(ConnectionError) {
-        let datagram = transport == .udp
-        let fd = try Syscall.socket(family: address.family, datagram: datagram, nonBlocking: true)
-        var registered = false
+    private func connect(to address: SocketAddress, deadline: UInt64) async throws(ConnectionError) {
+        let (socket, connected) = try Socket.startConnect(to: address, transport: transport, options: options)
+        let fd = socket.raw
+        try reactor.loop.register(fd, events: Self.watchedEvents, handler: readiness)
         do throws(ConnectionError) {
-            if !datagram { try Syscall.setNoDelay(fd, options.tcpNoDelay) }
-            try Syscall.setBufferSizes(fd, receive: options.receiveBufferSize, send: options.sendBufferSize)
-            try reactor.loop.register(fd, events: Self.watchedEvents, handler: readiness)
-            registered = true
-            if try !Syscall.connect(fd, to: address) {
-                try await withDeadline(options.connectTimeout, what: "connect to \(endpoint) (\(address))") {
+            if !connected {
+                let now = MonotonicClock.nanoseconds()
+                let left = Duration.nanoseconds(Int64(clamping: deadline > now ? deadline - now : 0))
+                try await withDeadline(left, what: "connect to \(endpoint) (\(address))") {
                     (expired) async throws(ConnectionError) in
                     // Writability may be remembered from before; the handshake is over only when poll agrees.
                     while true {
@@ -184,8 +174,7 @@ public final class AsyncSocket: Sendable {
                         if try Syscall.poll(fd, events: Syscall.pollOut, timeoutMilliseconds: 0) != 0 { return }
                     }
                 }
-                let code = try Syscall.pendingError(fd)
-                if code != 0 { throw .errno(code, "connect to \(endpoint) (\(address))") }
+                try Socket.finishConnect(socket, to: address, endpoint: endpoint)
             }
             let local = try Syscall.localAddress(fd).endpoint(transport)
             let remote = try Syscall.peerAddress(fd).endpoint(transport)
@@ -193,12 +182,12 @@ public final class AsyncSocket: Sendable {
                 $0.local = local
                 $0.remote = remote
             }
-            descriptor.store(fd, ordering: .releasing)
         } catch {
-            if registered { reactor.loop.unregister(fd) }
-            Syscall.close(fd)
+            socket.close(beforeClosing: reactor.loop.unregister)
             throw error
         }
+        guard let owned = socket.release() else { return }
+        descriptor.adopt(owned)
     }
 
     /// Runs `body`, failing it with `.timedOut` after `timeout` (a reactor timer wakes the waiting task).
@@ -341,7 +330,7 @@ public final class AsyncSocket: Sendable {
     }
 
     private func usableDescriptor() throws(ConnectionError) -> Int32 {
-        let fd = descriptor.load(ordering: .acquiring)
+        let fd = descriptor.raw
         if fd < 0 || life.withLock({ $0.closing }) {
             throw fd < 0 && !life.withLock({ $0.closing })
                 ? ConnectionError(.unsupported, "the socket is not started") : .closed()
@@ -388,7 +377,7 @@ public final class AsyncSocket: Sendable {
     public func abort() async {
         life.withLock { life in
             // Under the lock, no close has started, so the descriptor is still ours.
-            let fd = descriptor.load(ordering: .acquiring)
+            let fd = descriptor.raw
             if !life.closing, transport == .tcp, fd >= 0 { Syscall.resetConnection(fd) }
         }
         await close()
@@ -409,11 +398,7 @@ public final class AsyncSocket: Sendable {
         // Wait for operations inside a system call to leave, so the descriptor number is not reused under them.
         await readGate.enter()
         await writeGate.enter()
-        let fd = descriptor.exchange(-1, ordering: .acquiringAndReleasing)
-        if fd >= 0 {
-            reactor.loop.unregister(fd)
-            Syscall.close(fd)
-        }
+        descriptor.close(beforeClosing: reactor.loop.unregister)
         writeGate.leave()
         readGate.leave()
         set(.cancelled)

@@ -19,22 +19,19 @@ import Synchronization
 ///    under it.
 /// 3. Sends never raise SIGPIPE (MSG_NOSIGNAL): a vanished peer is a `.reset` error.
 public final class BSDSocket: @unchecked Sendable {
-    /// The descriptor, for `poll` or socket options of your own.
+    /// The descriptor, for `poll` or socket options of your own (the number stays after ``close()``).
     public let descriptor: Int32
     /// `.tcp` or `.udp`.
     public let transport: Transport
     /// IPv4 or IPv6.
     public let family: SocketAddress.Family
-    private let closed = Atomic<Bool>(false)
+    private let owner: SocketDescriptor
 
-    init(descriptor: Int32, transport: Transport, family: SocketAddress.Family) {
-        self.descriptor = descriptor
+    init(_ owner: SocketDescriptor, transport: Transport, family: SocketAddress.Family) {
+        self.owner = owner
+        self.descriptor = owner.raw
         self.transport = transport
         self.family = family
-    }
-
-    deinit {
-        if !closed.load(ordering: .relaxed) { Syscall.close(descriptor) }
     }
 
     // MARK: Making sockets
@@ -57,52 +54,21 @@ public final class BSDSocket: @unchecked Sendable {
         guard endpoint.transport == .tcp || endpoint.transport == .udp else {
             throw ConnectionError(.unsupported, "BSDSocket speaks tcp and udp, not \(endpoint.transport)")
         }
-        let deadline = MonotonicClock.nanoseconds() + options.connectTimeout.wholeNanoseconds
         let addresses = try Syscall.resolve(endpoint)
-        var lastError = ConnectionError(.hostNotFound, "no address for \(endpoint)")
-        for address in addresses {
-            do {
-                return try connect(
-                    to: address, endpoint: endpoint, options: options, deadline: deadline, attempt: attempt)
-            } catch {
-                if error.kind == .cancelled || error.kind == .timedOut { throw error }
-                lastError = error
+        return try Socket.connect(toFirstOf: addresses, endpoint: endpoint, options: options) {
+            (address, deadline) throws(ConnectionError) in
+            let (owner, connected) = try Socket.startConnect(
+                to: address, transport: endpoint.transport, options: options)
+            if !connected {
+                try attempt.begin(owner.raw)
+                defer { attempt.end() }
+                try Socket.waitConnected(
+                    owner, to: address, endpoint: endpoint, deadline: deadline, isCancelled: { attempt.isCancelled })
             }
+            // Non-blocking while connecting so that the wait can be bounded; blocking from here, in this style.
+            try Syscall.setNonBlocking(owner.raw, false)
+            return BSDSocket(owner, transport: endpoint.transport, family: address.family)
         }
-        throw lastError
-    }
-
-    private static func connect(
-        to address: SocketAddress, endpoint: Endpoint, options: ConnectionOptions, deadline: UInt64,
-        attempt: ConnectAttempt
-    ) throws(ConnectionError) -> BSDSocket {
-        let datagram = endpoint.transport == .udp
-        let fd = try Syscall.socket(family: address.family, datagram: datagram, nonBlocking: !datagram)
-        let socket = BSDSocket(descriptor: fd, transport: endpoint.transport, family: address.family)
-        try socket.apply(options)
-        if datagram {
-            _ = try Syscall.connect(fd, to: address)
-            return socket
-        }
-        try attempt.begin(fd)
-        defer { attempt.end() }
-        // Non-blocking connect so that the wait can be bounded, then back to blocking for the blocking style.
-        if try !Syscall.connect(fd, to: address) {
-            while true {
-                let now = MonotonicClock.nanoseconds()
-                guard now < deadline else {
-                    throw ConnectionError(.timedOut, "connect to \(endpoint) (\(address)) took longer than the timeout")
-                }
-                let waitMilliseconds = Int32(clamping: (deadline - now + 999_999) / 1_000_000)
-                let events = try Syscall.poll(fd, events: Syscall.pollOut, timeoutMilliseconds: waitMilliseconds)
-                if attempt.isCancelled { throw .cancelled("connect to \(endpoint) was cancelled") }
-                if events != 0 { break }
-            }
-            let code = try Syscall.pendingError(fd)
-            if code != 0 { throw .errno(code, "connect to \(endpoint) (\(address))") }
-        }
-        try Syscall.setNonBlocking(fd, false)
-        return socket
     }
 
     /// Resolves `endpoint` and binds: for TCP also listens (SO_REUSEADDR per `options`); for UDP, a socket
@@ -116,20 +82,8 @@ public final class BSDSocket: @unchecked Sendable {
         guard endpoint.transport == .tcp || endpoint.transport == .udp else {
             throw ConnectionError(.unsupported, "BSDSocket speaks tcp and udp, not \(endpoint.transport)")
         }
-        let address = try Syscall.resolve(endpoint, passive: true)[0]
-        let datagram = endpoint.transport == .udp
-        let fd = try Syscall.socket(family: address.family, datagram: datagram)
-        let socket = BSDSocket(descriptor: fd, transport: endpoint.transport, family: address.family)
-        if address.family == .ipv6 { try Syscall.setIPv6Only(fd, true) }
-        if !datagram { try Syscall.setReuseAddress(fd, options.reuseAddress) }
-        try Syscall.setBufferSizes(fd, receive: options.receiveBufferSize, send: options.sendBufferSize)
-        do {
-            try Syscall.bind(fd, to: address)
-        } catch {
-            throw ConnectionError(error.kind, "listen on \(endpoint): \(error.detail)", systemCode: error.systemCode)
-        }
-        if !datagram { try Syscall.listen(fd, backlog: options.backlog) }
-        return socket
+        let (owner, local) = try Socket.listen(on: endpoint, options: options, nonBlocking: false)
+        return BSDSocket(owner, transport: endpoint.transport, family: local.family)
     }
 
     private func apply(_ options: ConnectionOptions) throws(ConnectionError) {
@@ -143,7 +97,7 @@ public final class BSDSocket: @unchecked Sendable {
         guard let (fd, peer) = try Syscall.accept(descriptor) else {
             throw ConnectionError(.system, "accept on a blocking socket returned EAGAIN")
         }
-        let socket = BSDSocket(descriptor: fd, transport: .tcp, family: peer.family)
+        let socket = BSDSocket(SocketDescriptor(adopting: fd), transport: .tcp, family: peer.family)
         try socket.apply(options)
         return socket
     }
@@ -246,11 +200,11 @@ public final class BSDSocket: @unchecked Sendable {
 
     /// Closes the descriptor. A second call does nothing.
     public func close() {
-        if !closed.exchange(true, ordering: .acquiringAndReleasing) { Syscall.close(descriptor) }
+        owner.close()
     }
 
     /// `true` once ``close()`` was called.
-    public var isClosed: Bool { closed.load(ordering: .acquiring) }
+    public var isClosed: Bool { owner.isClosed }
 
     /// The bound address (with the real port).
     public var localAddress: SocketAddress {

@@ -40,19 +40,11 @@ public final class LibUVBackend: ConnectionBackend, Sendable {
     {
         try check(endpoint)
         let addresses = try await Syscall.resolveAsync(endpoint)
-        var lastError = ConnectionError(.hostNotFound, "no address for \(endpoint)")
-        for address in addresses {
-            do throws(ConnectionError) {
-                if endpoint.transport == .udp {
-                    return try await connectUDP(to: address, options: options)
-                }
-                return try await connectTCP(to: address, endpoint: endpoint, options: options)
-            } catch {
-                if error.kind == .cancelled || error.kind == .timedOut { throw error }
-                lastError = error
-            }
+        return try await Socket.connect(toFirstOf: addresses, endpoint: endpoint, options: options) {
+            (address, deadline) async throws(ConnectionError) -> any Connection in
+            if endpoint.transport == .udp { return try await connectUDP(to: address, options: options) }
+            return try await connectTCP(to: address, endpoint: endpoint, options: options, deadline: deadline)
         }
-        throw lastError
     }
 
     /// Loop-confined state of one connect attempt.
@@ -75,7 +67,7 @@ public final class LibUVBackend: ConnectionBackend, Sendable {
     }
 
     private func connectTCP(
-        to address: SocketAddress, endpoint: Endpoint, options: ConnectionOptions
+        to address: SocketAddress, endpoint: Endpoint, options: ConnectionOptions, deadline: UInt64
     )
         async throws(ConnectionError) -> any Connection
     {
@@ -116,7 +108,8 @@ public final class LibUVBackend: ConnectionBackend, Sendable {
                         }
                         let timer = try UVTimer(loop: loop)
                         attempt.timer = timer
-                        let milliseconds = max(1, options.connectTimeout.milliseconds)
+                        let now = MonotonicClock.nanoseconds()
+                        let milliseconds = max(1, (deadline > now ? deadline - now : 0) / 1_000_000)
                         try timer.start(milliseconds: milliseconds) {
                             // libuv has no connect timeout: closing the handle cancels the connect request.
                             attempt.timedOut = true

@@ -33,12 +33,21 @@ public struct NIOBackend: ConnectionBackend {
     ) async throws(ConnectionError) -> any Connection {
         try check(endpoint)
         let addresses = try await Syscall.resolveAsync(endpoint)
-        let address = try nioAddress(addresses[0], doing: "connect to \(endpoint)")
-        if endpoint.transport == .udp {
-            return try await NIODatagramConnection.connect(
-                to: address, endpoint: endpoint, options: options, group: group)
+        let group = group
+        return try await Socket.connect(toFirstOf: addresses, endpoint: endpoint, options: options) {
+            (resolved, deadline) async throws(ConnectionError) -> any Connection in
+            let address = try nioAddress(resolved, doing: "connect to \(endpoint)")
+            if endpoint.transport == .udp {
+                return try await NIODatagramConnection.connect(
+                    to: address, endpoint: endpoint, options: options, group: group)
+            }
+            // SwiftNIO's connect timeout is per channel: what is left of the whole connect's.
+            let now = MonotonicClock.nanoseconds()
+            var attempt = options
+            attempt.connectTimeout = .nanoseconds(Int64(clamping: max(deadline > now ? deadline - now : 0, 1_000_000)))
+            return try await NIOStreamConnection.connect(
+                to: address, endpoint: endpoint, options: attempt, group: group)
         }
-        return try await NIOStreamConnection.connect(to: address, endpoint: endpoint, options: options, group: group)
     }
 
     public func listen(
@@ -46,11 +55,14 @@ public struct NIOBackend: ConnectionBackend {
     ) async throws(ConnectionError) -> any Listener {
         try check(endpoint)
         let resolved = try await Syscall.resolveAsync(endpoint, passive: true)[0]
+        // Bound with the recipe every backend shares (so a taken address reads the same, and a failed bind leaves
+        // nothing open); SwiftNIO adopts the bound socket.
+        let (socket, _) = try Socket.listen(
+            on: resolved, transport: endpoint.transport, options: options, describing: endpoint)
         if endpoint.transport == .udp {
-            return try await NIODatagramListener.bind(to: resolved, endpoint: endpoint, options: options, group: group)
+            return try await NIODatagramListener.adopt(socket, endpoint: endpoint, options: options, group: group)
         }
-        let address = try nioAddress(resolved, doing: "listen on \(endpoint)")
-        return try await NIOStreamListener.bind(to: address, endpoint: endpoint, options: options, group: group)
+        return try await NIOStreamListener.adopt(socket, endpoint: endpoint, options: options, group: group)
     }
 
     private func check(_ endpoint: Endpoint) throws(ConnectionError) {

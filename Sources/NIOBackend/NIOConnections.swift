@@ -318,14 +318,14 @@ final class NIOStreamListener: Listener, Sendable {
         localEndpoint = endpoint(serverChannel.localAddress, .tcp)
     }
 
-    static func bind(
-        to address: NIOCore.SocketAddress, endpoint: Endpoint, options: ConnectionOptions,
+    /// Hands a socket bound and listening (``Socket/listen(on:transport:options:nonBlocking:describing:)``) to
+    /// SwiftNIO's server channel.
+    static func adopt(
+        _ socket: SocketDescriptor, endpoint: Endpoint, options: ConnectionOptions,
         group: MultiThreadedEventLoopGroup
     ) async throws(ConnectionError) -> NIOStreamListener {
         let accepted = ReceiveQueue<any Connection>(capacity: 1024)
         let bootstrap = ServerBootstrap(group: group)
-            .serverChannelOption(.backlog, value: options.backlog)
-            .serverChannelOption(.socketOption(.so_reuseaddr), value: options.reuseAddress ? 1 : 0)
             .serverChannelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
                     try channel.pipeline.syncOperations.addHandler(
@@ -346,8 +346,10 @@ final class NIOStreamListener: Listener, Sendable {
                     return channel.eventLoop.makeFailedFuture(error)
                 }
             }
+        guard let fd = socket.release() else { throw .closed("the listening socket was closed") }
         do {
-            let channel = try await bootstrap.bind(to: address).get()
+            // From here SwiftNIO owns the descriptor, and closes it also when this fails.
+            let channel = try await bootstrap.withBoundSocket(fd).get()
             return NIOStreamListener(serverChannel: channel, accepted: accepted)
         } catch {
             throw connectionError(error, "listen on \(endpoint)")
@@ -507,20 +509,12 @@ final class NIODatagramListener: Listener, Sendable {
         localEndpoint = demultiplexer.localEndpointForListener
     }
 
-    /// Binds with the same system calls as every other backend (so a taken address reads the same, and a
-    /// failed bind leaves nothing open), then hands the bound socket to SwiftNIO.
-    static func bind(
-        to address: POSIXSupport.SocketAddress, endpoint requested: Endpoint, options: ConnectionOptions,
+    /// Hands a bound socket (``Socket/listen(on:transport:options:nonBlocking:describing:)``) to SwiftNIO.
+    static func adopt(
+        _ socket: SocketDescriptor, endpoint requested: Endpoint, options: ConnectionOptions,
         group: MultiThreadedEventLoopGroup
     ) async throws(ConnectionError) -> NIODatagramListener {
-        let fd = try Syscall.socket(family: address.family, datagram: true)
-        do throws(ConnectionError) {
-            if address.family == .ipv6 { try Syscall.setIPv6Only(fd, true) }
-            try Syscall.bind(fd, to: address)
-        } catch {
-            Syscall.close(fd)
-            throw ConnectionError(error.kind, "listen on \(requested): \(error.detail)", systemCode: error.systemCode)
-        }
+        guard let fd = socket.release() else { throw .closed("the bound socket was closed") }
         let box = Mutex<DatagramDemultiplexer<NIOCore.SocketAddress>?>(nil)
         let bootstrap = DatagramBootstrap(group: group)
             .channelInitializer { channel in

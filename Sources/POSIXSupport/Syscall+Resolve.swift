@@ -1,6 +1,7 @@
 internal import CSocketShims
 public import ConnectionCore
 internal import Glibc
+import Synchronization
 
 // Name resolution: getaddrinfo(3), on the caller's thread or on a thread of its own.
 extension Syscall {
@@ -16,6 +17,12 @@ extension Syscall {
                 throw ConnectionError(
                     .hostNotFound, "'\(name)' does not resolve (the .invalid domain never does, RFC 6761)",
                     systemCode: .init(domain: "gai", code: EAI_NONAME, name: "EAI_NONAME"))
+            }
+            if let pinned = HostPins.addresses(for: trimmed) {
+                return try pinned.map { (host) throws(ConnectionError) in
+                    try resolve(
+                        Endpoint(transport: endpoint.transport, host: host, port: endpoint.port), passive: passive)[0]
+                }
             }
         }
         var hints = addrinfo()
@@ -88,7 +95,7 @@ extension Syscall {
     ) async throws(ConnectionError)
         -> [SocketAddress]
     {
-        if case .name = endpoint.host {
+        if case .name(let name) = endpoint.host, HostPins.addresses(for: name) == nil {
             let result: Result<[SocketAddress], ConnectionError> = await PosixThread.spawnAndAwait(name: "resolve") {
                 deliver in
                 deliver(Result { () throws(ConnectionError) in try resolve(endpoint, passive: passive) })
@@ -96,5 +103,48 @@ extension Syscall {
             return try result.get()
         }
         return try resolve(endpoint, passive: passive)
+    }
+}
+
+/// Names this process resolves itself, before the system resolver is asked: what curl's `--resolve` does for one
+/// command, for the whole process. A pinned name resolves to its addresses in the order given, on every backend
+/// (all of them resolve through ``Syscall/resolve(_:passive:)``). For tests and for trying a server under its
+/// production name before DNS points there.
+///
+/// ```swift
+/// try HostPins.pin("api.example.test", to: ["127.0.0.2", "127.0.0.1"])   // tried in this order
+/// defer { HostPins.unpin("api.example.test") }
+/// ```
+public enum HostPins {
+    private static let table = Mutex<[String: [Endpoint.Host]]>([:])
+
+    /// Makes `name` resolve to `addresses` (IPv4 or IPv6 literals), in this order. Throws `.invalidEndpoint` for
+    /// an address that is not a literal.
+    public static func pin(_ name: String, to addresses: [String]) throws(ConnectionError) {
+        var hosts: [Endpoint.Host] = []
+        for address in addresses {
+            let bracketed = address.contains(":") ? "[\(address)]" : address
+            let endpoint = try Endpoint(url: "tcp://\(bracketed):1")
+            guard case .name = endpoint.host else {
+                hosts.append(endpoint.host)
+                continue
+            }
+            throw ConnectionError(.invalidEndpoint, "pin \(name): '\(address)' is not an IP address")
+        }
+        guard !hosts.isEmpty else { throw ConnectionError(.invalidEndpoint, "pin \(name): no address given") }
+        table.withLock { $0[key(name)] = hosts }
+    }
+
+    /// Lets the system resolve `name` again.
+    public static func unpin(_ name: String) {
+        _ = table.withLock { $0.removeValue(forKey: key(name)) }
+    }
+
+    static func addresses(for name: String) -> [Endpoint.Host]? {
+        table.withLock { $0[key(name)] }
+    }
+
+    private static func key(_ name: String) -> String {
+        (name.hasSuffix(".") ? String(name.dropLast()) : name).lowercased()
     }
 }

@@ -38,10 +38,13 @@ public final class RunLoopBackend: ConnectionBackend, Sendable {
         }
         if endpoint.transport == .udp {
             let addresses = try await Syscall.resolveAsync(endpoint)
-            let resolved = addresses[0].endpoint(.udp)
-            return try await onRunLoop { () throws(ConnectionError) -> any Connection in
-                let socket = try DatagramSocket(resolved, connect: true, runLoop: self.runLoop, options: options)
-                return RunLoopUDPConnection(socket: socket, runLoop: self.runLoop, options: options)
+            return try await Socket.connect(toFirstOf: addresses, endpoint: endpoint, options: options) {
+                (address, _) async throws(ConnectionError) -> any Connection in
+                let resolved = address.endpoint(.udp)
+                return try await onRunLoop { () throws(ConnectionError) -> any Connection in
+                    let socket = try DatagramSocket(resolved, connect: true, runLoop: self.runLoop, options: options)
+                    return RunLoopUDPConnection(socket: socket, runLoop: self.runLoop, options: options)
+                }
             }
         }
         let connection = RunLoopTCPConnection(runLoop: runLoop, options: options)

@@ -7,44 +7,26 @@ public import POSIXSupport
 public final class SocketListener: EpollHandler, @unchecked Sendable {
     /// The bound address (the real port when 0 was asked).
     public let localEndpoint: Endpoint
+    private let socket: SocketDescriptor
     private let fd: Int32
     private let runLoop: SocketRunLoop
     private let options: ConnectionOptions
     private let onAccept: (SocketInputStream, SocketOutputStream) -> Void
-    private var isClosed = false
+    private var isClosed: Bool { socket.isClosed }
 
     /// Binds, listens and starts delivering connections on `runLoop` (call on its thread).
     public init(
         on endpoint: Endpoint, runLoop: SocketRunLoop, options: ConnectionOptions = ConnectionOptions(),
         onAccept: @escaping (SocketInputStream, SocketOutputStream) -> Void
     ) throws(ConnectionError) {
-        let address = try Syscall.resolve(endpoint, passive: true)[0]
-        let fd = try Syscall.socket(family: address.family, datagram: false, nonBlocking: true)
-        do throws(ConnectionError) {
-            if address.family == .ipv6 { try Syscall.setIPv6Only(fd, true) }
-            try Syscall.setReuseAddress(fd, options.reuseAddress)
-            do throws(ConnectionError) {
-                try Syscall.bind(fd, to: address)
-            } catch {
-                throw ConnectionError(
-                    error.kind, "listen on \(endpoint): \(error.detail)", systemCode: error.systemCode)
-            }
-            try Syscall.listen(fd, backlog: options.backlog)
-            localEndpoint = try Syscall.localAddress(fd).endpoint(.tcp)
-        } catch {
-            Syscall.close(fd)
-            throw error
-        }
-        self.fd = fd
+        let (socket, local) = try Socket.listen(on: endpoint, options: options)
+        localEndpoint = local.endpoint(.tcp)
+        self.socket = socket
+        self.fd = socket.raw
         self.runLoop = runLoop
         self.options = options
         self.onAccept = onAccept
-        do throws(ConnectionError) {
-            try runLoop.loop.register(fd, events: Syscall.epollIn, handler: self)
-        } catch {
-            Syscall.close(fd)
-            throw error
-        }
+        try runLoop.loop.register(fd, events: Syscall.epollIn, handler: self)
     }
 
     public func epollReady(_ events: UInt32) {
@@ -83,10 +65,7 @@ public final class SocketListener: EpollHandler, @unchecked Sendable {
 
     /// Stops listening and closes the socket (call on the run loop's thread).
     public func close() {
-        guard !isClosed else { return }
-        isClosed = true
-        runLoop.loop.unregister(fd)
-        Syscall.close(fd)
+        socket.close(beforeClosing: runLoop.loop.unregister)
     }
 }
 
@@ -107,47 +86,31 @@ public final class DatagramSocket: EpollHandler, @unchecked Sendable {
     public let localEndpoint: Endpoint
     /// The fixed peer, for a connected socket.
     public let peer: SocketAddress?
+    private let socket: SocketDescriptor
     private let fd: Int32
     private let runLoop: SocketRunLoop
     private let batch: DatagramBatch
     private var pending: [(bytes: [UInt8], to: SocketAddress?)] = []
-    private var isClosed = false
+    private var isClosed: Bool { socket.isClosed }
 
     /// A socket bound to `endpoint` (a server), or connected to it when `connect` is true (a client).
     public init(
         _ endpoint: Endpoint, connect: Bool, runLoop: SocketRunLoop, options: ConnectionOptions = ConnectionOptions()
     ) throws(ConnectionError) {
         let address = try Syscall.resolve(endpoint, passive: !connect)[0]
-        let fd = try Syscall.socket(family: address.family, datagram: true, nonBlocking: true)
-        do throws(ConnectionError) {
-            try Syscall.setBufferSizes(fd, receive: options.receiveBufferSize, send: options.sendBufferSize)
-            if connect {
-                _ = try Syscall.connect(fd, to: address)
-            } else {
-                if address.family == .ipv6 { try Syscall.setIPv6Only(fd, true) }
-                do throws(ConnectionError) {
-                    try Syscall.bind(fd, to: address)
-                } catch {
-                    throw ConnectionError(
-                        error.kind, "listen on \(endpoint): \(error.detail)", systemCode: error.systemCode)
-                }
-            }
-            localEndpoint = try Syscall.localAddress(fd).endpoint(.udp)
-        } catch {
-            Syscall.close(fd)
-            throw error
+        let socket: SocketDescriptor
+        if connect {
+            socket = try Socket.startConnect(to: address, transport: .udp, options: options).descriptor
+        } else {
+            socket = try Socket.listen(on: address, transport: .udp, options: options, describing: endpoint).descriptor
         }
-        self.fd = fd
+        localEndpoint = try Syscall.localAddress(socket.raw).endpoint(.udp)
+        self.socket = socket
+        self.fd = socket.raw
         self.peer = connect ? address : nil
         self.runLoop = runLoop
         self.batch = DatagramBatch(capacity: connect ? 1 : 16, slotSize: options.maxDatagramSize)
-        do throws(ConnectionError) {
-            try runLoop.loop.register(fd, events: Syscall.epollIn, handler: self)
-        } catch {
-            isClosed = true
-            Syscall.close(fd)
-            throw error
-        }
+        try runLoop.loop.register(fd, events: Syscall.epollIn, handler: self)
     }
 
     deinit {
@@ -227,9 +190,6 @@ public final class DatagramSocket: EpollHandler, @unchecked Sendable {
 
     /// Closes the socket.
     public func close() {
-        guard !isClosed else { return }
-        isClosed = true
-        runLoop.loop.unregister(fd)
-        Syscall.close(fd)
+        socket.close(beforeClosing: runLoop.loop.unregister)
     }
 }

@@ -159,6 +159,9 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
     private var keepOutput: SocketOutputStream?
     private var connecting = false
     private var connected = false
+    /// While connecting: the addresses left to try, and the one being tried.
+    private var attempts: ConnectAttempts?
+    private var connectingTo: SocketAddress?
     private var inputArmed = true
     private var outputArmed = true
     /// Input interest taken off epoll: a readable event came while `hasBytesAvailable` was not re-armed (the
@@ -257,23 +260,51 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
 
     private func startConnect(_ addresses: Result<[SocketAddress], ConnectionError>) {
         do throws(ConnectionError) {
-            let address = try addresses.get()[0]
-            fd = try Syscall.socket(family: address.family, datagram: false, nonBlocking: true)
-            try Syscall.setNoDelay(fd, options.tcpNoDelay)
-            try Syscall.setBufferSizes(fd, receive: options.receiveBufferSize, send: options.sendBufferSize)
-            if try Syscall.connect(fd, to: address) {
-                didConnect()
-            } else {
-                try updateInterest()
-            }
+            attempts = ConnectAttempts(try addresses.get(), endpoint: endpoint, timeout: options.connectTimeout)
         } catch {
-            fail(error)
+            return fail(error)
         }
+        connectToNextAddress()
+    }
+
+    /// Connects to the next resolved address, after a failed one (the rule every backend follows:
+    /// ``ConnectAttempts``). Gives up with the last error when none is left.
+    private func connectToNextAddress() {
+        while connecting, var attempts {
+            do throws(ConnectionError) {
+                guard let address = try attempts.next() else { return fail(attempts.lastError) }
+                self.attempts = attempts
+                connectingTo = address
+                let (socket, connected) = try Socket.startConnect(to: address, transport: .tcp, options: options)
+                fd = socket.release() ?? -1
+                if connected { return didConnect() }
+                return try updateInterest()
+            } catch {
+                dropAttempt()
+                do throws(ConnectionError) {
+                    try attempts.failed(error)
+                    self.attempts = attempts
+                } catch {
+                    return fail(error)
+                }
+            }
+        }
+    }
+
+    /// Closes the socket of a connect attempt that failed.
+    private func dropAttempt() {
+        guard fd >= 0 else { return }
+        if registered { runLoop?.loop.unregister(fd) }
+        registered = false
+        interest = 0
+        Syscall.close(fd)
+        fd = -1
     }
 
     private func didConnect() {
         connecting = false
         connected = true
+        attempts = nil
         // Darwin's order: the input stream's openCompleted, then the output stream's.
         for stream in [input as SocketStream?, output as SocketStream?].compactMap({ $0 })
         where stream.streamStatus == .opening {
@@ -319,7 +350,16 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
     func epollReady(_ events: UInt32) {
         if connecting {
             let code = (try? Syscall.pendingError(fd)) ?? 0
-            if code != 0 { return fail(.errno(code, "connect to \(endpoint)")) }
+            if code != 0 {
+                let address = connectingTo.map { " (\($0))" } ?? ""
+                dropAttempt()
+                do throws(ConnectionError) {
+                    try attempts?.failed(.errno(code, "connect to \(endpoint)\(address)"))
+                } catch {
+                    return fail(error)
+                }
+                return connectToNextAddress()
+            }
             if events & Syscall.epollOut != 0 { didConnect() }
             return
         }

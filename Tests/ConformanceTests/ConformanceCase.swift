@@ -29,9 +29,17 @@ struct ConformanceCase: Sendable, CustomTestStringConvertible {
 
     /// Throwaway certificates for this test process (made with `openssl` on first use, deleted at exit).
     static let certificates: TestCertificates = {
-        let certificates = try! TestCertificates.make()
+        let certificates = try! TestCertificates.make(extraServerHosts: [twoAddresses])
         atexit { ConformanceCase.certificates.remove() }
         return certificates
+    }()
+
+    /// A name that resolves to two loopback addresses, 127.0.0.2 first, then 127.0.0.1 (pinned for the whole
+    /// process on first use; the test certificate names it).
+    static let twoAddresses: String = {
+        let name = "two-addresses.test"
+        try! HostPins.pin(name, to: ["127.0.0.2", "127.0.0.1"])
+        return name
     }()
 
     /// The client's TLS configuration: full verification against the test CA.
