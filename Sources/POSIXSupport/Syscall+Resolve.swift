@@ -140,7 +140,8 @@ public enum HostPins {
         _ = table.withLock { $0.removeValue(forKey: key(name)) }
     }
 
-    static func addresses(for name: String) -> [Endpoint.Host]? {
+    /// The pinned addresses of `name`, `nil` when it is not pinned.
+    package static func addresses(for name: String) -> [Endpoint.Host]? {
         table.withLock { $0[key(name)] }
     }
 
