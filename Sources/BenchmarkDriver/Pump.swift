@@ -9,7 +9,8 @@ import Synchronization
 ///   endian) and closes.
 /// - WebSocket: the sender sends the text message `pump-end`; the sink answers with the byte count as text.
 /// - UDP: each datagram starts with its sequence number (8 bytes, big endian); a datagram whose first 8 bytes
-///   are all 0xFF asks for the counts: received, reordered, bytes (3 x 8 bytes).
+///   are all 0xFF asks for the counts: received, reordered, bytes, and the nanoseconds from the first datagram
+///   received to the last (4 x 8 bytes; the receiver's own window, as iperf3 reports the receiver's rate).
 public enum PumpSink {
     static let endText = "pump-end"
     /// `WebSocketOptions.maximumMessageSize`'s default: a sink receives any message its WebSocket accepts.
@@ -29,13 +30,18 @@ public enum PumpSink {
                 var reordered: UInt64 = 0
                 var bytes: UInt64 = 0
                 var highest: UInt64 = 0
+                var first: UInt64 = 0
+                var last: UInt64 = 0
                 while let datagram = try await connection.receive(into: buffer) {
                     guard datagram.count >= 8 else { continue }
                     let sequence = UInt64(bigEndian: buffer.loadUnaligned(as: UInt64.self))
                     if sequence == .max {  // the stats request: eight 0xFF bytes
-                        try await connection.send(encode(received) + encode(reordered) + encode(bytes))
+                        try await connection.send(
+                            encode(received) + encode(reordered) + encode(bytes) + encode(last &- first))
                         continue
                     }
+                    last = MonotonicClock.nanoseconds()
+                    if received == 0 { first = last }
                     received += 1
                     bytes += UInt64(datagram.count)
                     if sequence < highest { reordered += 1 } else { highest = sequence }
@@ -264,7 +270,17 @@ public struct PumpRunner: Sendable {
         }
         measurement.messagesPerSecond = Double(count - sendErrors) / (Double(sendElapsed) / 1e9)
         measurement.bytesPerSecond = Double(received * size) / (Double(sendElapsed) / 1e9)
+        if stats.count >= 32 {
+            measurement.receivedPerSecond = Self.goodput(received, over: PumpSink.decode(stats, at: 24))
+        }
         return measurement
+    }
+
+    /// Datagrams per second over the sink's own window (first to last datagram received); `nil` for fewer than
+    /// two datagrams, whose window says nothing.
+    public static func goodput(_ received: Int, over nanoseconds: UInt64) -> Double? {
+        guard received > 1, nanoseconds > 0 else { return nil }
+        return Double(received - 1) / (Double(nanoseconds) / 1e9)
     }
 
     /// The next message within `limit`, or `nil`.

@@ -90,6 +90,14 @@ public enum Scenario: Sendable, Hashable, Codable, CustomStringConvertible {
     /// The kind without parameters: `pingpong`, `native`, `asyncchannel`, `proxy`, `proxypump`, `rate`, `pump`, `connect`, `fanin`.
     public var kind: String { String(description.prefix(while: { $0 != "-" })) }
 
+    /// Closed-loop round trips counted per repetition (what `--count` or `--seconds` sets).
+    public var countsRoundTrips: Bool {
+        switch self {
+        case .pingpong, .native, .asyncChannel, .proxy, .json: true
+        default: false
+        }
+    }
+
     public init(from decoder: any Decoder) throws {
         let name = try decoder.singleValueContainer().decode(String.self)
         self = try Scenario(name: name)
@@ -144,6 +152,11 @@ public struct ScenarioResult: Sendable, Codable {
     public var client: ResourceUsage?
     /// The server process during the window (peak memory: so far).
     public var server: ResourceUsage?
+    /// What else used the measured CPUs during the window (`nil` where /proc/stat could not be read).
+    public var cpuShare: CPUShare?
+    /// UDP pump: datagrams the sink received per second of the send window (goodput; what iperf3 reports as the
+    /// receiver's rate).
+    public var receivedPerSecond: Double?
 
     public init() {}
 

@@ -136,7 +136,7 @@ int cfloor_sink(int fd, int datagram, int stop_fd) {
     static unsigned char buffer[65536];
     if (datagram) {
         /* Counts are per sender (each pump connects a socket of its own): a new sender starts from zero. */
-        uint64_t received = 0, reordered = 0, bytes = 0, highest = 0;
+        uint64_t received = 0, reordered = 0, bytes = 0, highest = 0, first_ns = 0, last_ns = 0;
         struct sockaddr_storage sender;
         socklen_t sender_len = 0;
         for (;;) {
@@ -148,17 +148,20 @@ int cfloor_sink(int fd, int datagram, int stop_fd) {
             if (len != sender_len || memcmp(&from, &sender, len) != 0) {
                 memcpy(&sender, &from, len);
                 sender_len = len;
-                received = reordered = bytes = highest = 0;
+                received = reordered = bytes = highest = first_ns = last_ns = 0;
             }
             if (memcmp(buffer, stats_request, 8) == 0) {
-                unsigned char answer[24];
+                unsigned char answer[32];
                 put_be64(answer, received);
                 put_be64(answer + 8, reordered);
                 put_be64(answer + 16, bytes);
+                put_be64(answer + 24, last_ns - first_ns);
                 sendto(fd, answer, sizeof answer, MSG_NOSIGNAL, (struct sockaddr *)&from, len);
                 continue;
             }
             uint64_t sequence = get_be64(buffer);
+            last_ns = now_ns();
+            if (received == 0) first_ns = last_ns;
             received++;
             bytes += (uint64_t)n;
             if (sequence < highest) reordered++; else highest = sequence;
@@ -226,6 +229,7 @@ int cfloor_pump(int fd, int datagram, int size, uint64_t total_bytes, cfloor_pum
         if (n >= 24) {
             result->delivered = get_be64(answer);
             result->reordered = get_be64(answer + 8);
+            if (n >= 32) result->receive_ns = get_be64(answer + 24);
             goto done;
         }
     }

@@ -32,8 +32,17 @@ struct Compare: AsyncParsableCommand {
     )
     var scenarios: String?
 
-    @Option(help: "pingpong: measured round trips per repetition.")
+    @Option(help: "pingpong: measured round trips per repetition (fixed; default: as many as --seconds takes).")
     var count: Int?
+
+    @Option(
+        help:
+            "pingpong: seconds of round trips per repetition; the count is calibrated once per row (default 0.5, --full 1)."
+    )
+    var seconds: Double?
+
+    @Option(help: "pingpong: interleaved slices each repetition's seconds are measured in (default 5).")
+    var slices: Int = 5
 
     @Option(help: "pingpong: round trips before measuring, per repetition.")
     var warmup: Int = 500
@@ -72,7 +81,12 @@ struct Compare: AsyncParsableCommand {
         var transports: [String]
         var scenarios: [Scenario]
         var repetitions: Int
+        /// Round trips per repetition when fixed (--count), and of each row's calibration run otherwise.
         var pingpongCount: Int
+        /// Seconds of round trips per repetition (the count calibrated per row), `nil` when --count fixes it.
+        var pingpongSeconds: Double?
+        /// Round-trip scenarios: the passes over every target each repetition is measured in (1 with --count).
+        var slices = 1
         var pingpongWarmup: Int
         var rateSeconds: Double
         var pumpBytes: Int
@@ -134,7 +148,8 @@ struct Compare: AsyncParsableCommand {
         return Plan(
             backends: chosenBackends.map(\.rawValue), transports: chosenTransports.map(\.rawValue),
             scenarios: chosenScenarios, repetitions: repetitions ?? (full ? 5 : 3),
-            pingpongCount: count ?? (full ? 10_000 : 2_000), pingpongWarmup: warmup, rateSeconds: full ? 2 : 0.5,
+            pingpongCount: count ?? 2_000, pingpongSeconds: count == nil ? (seconds ?? (full ? 1 : 0.5)) : nil,
+            slices: count == nil ? max(1, slices) : 1, pingpongWarmup: warmup, rateSeconds: full ? 2 : 0.5,
             pumpBytes: full ? 1024 << 20 : 256 << 20, connectCount: full ? 200 : 30, faninCount: full ? 500 : 100,
             placement: placement, serverCPU: serverCPU, clientCPU: clientCPU,
             options:
@@ -299,60 +314,119 @@ struct Compare: AsyncParsableCommand {
                     proxy: try relay(to: proxyUpstream), proxyPump: try relay(to: proxySink)))
         }
 
+        /// The server a scenario runs against, and other local processes of the measurement.
+        func serverOf(_ scenario: Scenario, _ target: Target) -> (any ServerHandle, [any ServerHandle]) {
+            let server: any ServerHandle =
+                switch scenario.kind {
+                case "pump": target.sink!
+                case "native": target.native!
+                case "asyncchannel": target.asyncChannel!
+                case "proxy": target.proxy ?? target.echo
+                case "proxypump": target.proxyPump ?? proxySink!
+                default: target.echo
+                }
+            return (server, [proxyUpstream, proxySink].compactMap { $0 })
+        }
+        // Round trips per slice, by time: one calibration run per row (it is also the row's warm-up).
+        var roundTrips: [String: Int] = [:]
+        if let seconds = plan.pingpongSeconds {
+            let slice = seconds / Double(plan.slices)
+            let calibrated = plan.scenarios.filter(\.countsRoundTrips)
+            if !calibrated.isEmpty {
+                Console.error(
+                    "  calibrating round trips: \(seconds) s per repetition, in \(plan.slices) interleaved slices ...")
+            }
+            for scenario in calibrated {
+                for target in targets where skipReason(scenario, target) == nil {
+                    let (server, also) = serverOf(scenario, target)
+                    let probe = try await measureWatched(
+                        scenario, target, server: server, also: also, plan: plan, tls: clientTLS,
+                        roundTrips: plan.pingpongCount)
+                    let perRoundTrip = Double(max(1, probe.elapsedNanoseconds)) / Double(plan.pingpongCount)
+                    roundTrips[Report.key(scenario, target.backend, target.transport)] = min(
+                        2_000_000, max(plan.pingpongCount / 4, Int(slice * 1e9 / perRoundTrip)))
+                }
+            }
+        }
+
         var runs: [String: [ScenarioResult]] = [:]
         var skipped: [String: String] = [:]
         let started = Date()
+        /// One pass: every target measured once in `scenario`, one after another in `order`. Returns the
+        /// measurements by row key.
+        func pass(_ scenario: Scenario, order: [Target], label: String) async throws -> [String: ScenarioResult] {
+            var results: [String: ScenarioResult] = [:]
+            for target in order {
+                let key = Report.key(scenario, target.backend, target.transport)
+                if let reason = skipReason(scenario, target) {
+                    skipped[key] = reason
+                    continue
+                }
+                let (server, also) = serverOf(scenario, target)
+                let measurement = try await measureWatched(
+                    scenario, target, server: server, also: also, plan: plan, tls: clientTLS,
+                    roundTrips: roundTrips[key] ?? plan.pingpongCount)
+                results[key] = measurement
+                Console.error(
+                    String(
+                        format: "  [%@ %4.0fs] %-14@ %-12@ %@", label, Date().timeIntervalSince(started),
+                        scenario.description, target.name, Report.brief(scenario, measurement)))
+            }
+            return results
+        }
+        /// The foreign share of a pass (its windows together), `nil` when it was not disturbed.
+        func disturbed(_ results: some Collection<ScenarioResult>) -> Double? {
+            guard let share = CPUShare.combined(results.compactMap(\.cpuShare)), share.isDisturbed else { return nil }
+            return share.foreignShare
+        }
+        // Each repetition measures every target in turn, the order rotated; round-trip scenarios do it in
+        // `slices` short passes, so that a row and the rows it is compared with are measured seconds apart at
+        // most: this VM's CPU runs at different speeds for seconds at a time (a spin loop took 17 to 40 ms), and
+        // only neighbours in time compare. A pass in which something else used the measured CPUs is measured
+        // again at the end, whole (its rows are compared with each other).
+        var redo: [(scenario: Scenario, slot: Int, order: [Target])] = []
+        var slots: [Scenario: Int] = [:]
+        var cycle = 0
         for repetition in 0..<plan.repetitions {
             for scenario in plan.scenarios {
-                // Rotate the order each repetition so no backend always runs first (or last).
-                let order = targets.indices.map { targets[($0 + repetition) % targets.count] }
-                for target in order {
-                    let key = Report.key(scenario, target.backend, target.transport)
-                    if let reason = skipReason(scenario, target) {
-                        skipped[key] = reason
-                        continue
-                    }
-                    let server =
-                        switch scenario.kind {
-                        case "pump": target.sink!
-                        case "native": target.native!
-                        case "asyncchannel": target.asyncChannel!
-                        case "proxy": target.proxy ?? target.echo
-                        case "proxypump": target.proxyPump ?? proxySink!
-                        default: target.echo
-                        }
-                    let clientBefore = ResourceUsage.read()
-                    let serverBefore = await server.usage()
-                    // Usage at the end of the measured window: taken before the connection closes where the
-                    // scenario allows (a bsd server's reader thread, and its counts, end with the connection).
-                    let windowEnd = Mutex<(client: ResourceUsage?, server: ResourceUsage?)?>(nil)
-                    let endWindow: () async -> Void = {
-                        let client = ResourceUsage.read()
-                        let server = await server.usage()
-                        windowEnd.withLock { $0 = (client, server) }
-                    }
-                    do throws(ConnectionError) {
-                        var measurement = try await measure(
-                            scenario, target, server: server, plan: plan, tls: clientTLS, endWindow: endWindow)
-                        if windowEnd.withLock({ $0 }) == nil { await endWindow() }
-                        let (clientAfter, serverAfter) = windowEnd.withLock { $0 }!
-                        if let after = clientAfter, let clientBefore {
-                            measurement.client = after.since(clientBefore)
-                        }
-                        if let after = serverAfter, let serverBefore {
-                            measurement.server = after.since(serverBefore)
-                        }
-                        runs[key, default: []].append(measurement)
+                let passes = scenario.countsRoundTrips && plan.pingpongSeconds != nil ? plan.slices : 1
+                for slice in 0..<passes {
+                    let order = targets.indices.map { targets[($0 + cycle) % targets.count] }
+                    cycle += 1
+                    let label =
+                        passes == 1
+                        ? "\(repetition + 1)/\(plan.repetitions)" : "\(repetition + 1)/\(plan.repetitions).\(slice + 1)"
+                    let results = try await pass(scenario, order: order, label: label)
+                    for (key, result) in results { runs[key, default: []].append(result) }
+                    let slot = slots[scenario, default: 0]
+                    slots[scenario] = slot + 1
+                    if let share = disturbed(results.values) {
                         Console.error(
-                            String(
-                                format: "  [%d/%d %4.0fs] %-14@ %-12@ %@", repetition + 1, plan.repetitions,
-                                Date().timeIntervalSince(started), scenario.description, target.name,
-                                Report.brief(scenario, measurement)))
-                    } catch {
-                        throw fail("\(scenario) \(target.name): \(error)")
+                            "  that pass was disturbed: foreign use of the measured CPUs \(fixed(share * 100, 1))%")
+                        redo.append((scenario, slot, order))
                     }
                 }
             }
+        }
+        for round in 1...2 where !redo.isEmpty {
+            Console.error(
+                "  re-measuring \(redo.count) pass(es) taken under foreign CPU load (round \(round) of 2)")
+            var still: [(scenario: Scenario, slot: Int, order: [Target])] = []
+            for entry in redo {
+                let again = try await pass(entry.scenario, order: entry.order, label: "again")
+                let before = entry.order.compactMap {
+                    runs[Report.key(entry.scenario, $0.backend, $0.transport)]?[entry.slot]
+                }
+                let worstBefore = disturbed(before) ?? 0
+                let worstAgain = disturbed(again.values)
+                if worstAgain == nil || worstAgain! < worstBefore {
+                    for (key, result) in again where runs[key]?.indices.contains(entry.slot) == true {
+                        runs[key]![entry.slot] = result
+                    }
+                }
+                if worstAgain != nil { still.append(entry) }
+            }
+            redo = still
         }
         var external: [String] = []
         if baselines, agent == nil {
@@ -371,6 +445,74 @@ struct Compare: AsyncParsableCommand {
         // The agent stops its servers when the control connection ends.
         await agent?.close()
     }
+
+    /// The CPUs a run's processes are pinned to (every CPU with `--placement none`).
+    static func watchedCPUs(_ plan: Plan) -> Set<Int>? {
+        guard let client = plan.clientCPU else { return nil }
+        return Set([client] + (plan.serverCPU.map { [$0] } ?? []))
+    }
+
+    /// One measurement with the client's and the server's resource use over its window, and what else used the
+    /// measured CPUs meanwhile (``CPUShare``).
+    /// `also`: other local processes of the measurement (the upstream a relay forwards to) whose CPU time counts
+    /// as the run's own.
+    func measureWatched(
+        _ scenario: Scenario, _ target: Target, server: any ServerHandle, also: [any ServerHandle], plan: Plan,
+        tls: TLSConfiguration, roundTrips: Int
+    ) async throws -> ScenarioResult {
+        let cpus = Self.watchedCPUs(plan)
+        let cpuBefore = CPUTimes.read(cpus: cpus)
+        let clientBefore = ResourceUsage.read()
+        let serverBefore = await server.usage()
+        var othersBefore: [ResourceUsage?] = []
+        for other in also { othersBefore.append(await other.usage()) }
+        let windowStart = MonotonicClock.nanoseconds()
+        // Usage at the end of the measured window: taken before the connection closes where the scenario allows
+        // (a bsd server's reader thread, and its counts, end with the connection).
+        struct WindowEnd: Sendable {
+            var client: ResourceUsage?
+            var server: ResourceUsage?
+            var cpu: CPUTimes?
+            var others: UInt64
+            var at: UInt64
+        }
+        let windowEnd = Mutex<WindowEnd?>(nil)
+        let endWindow: () async -> Void = {
+            let client = ResourceUsage.read()
+            let server = await server.usage()
+            var others: UInt64 = 0
+            for (other, before) in zip(also, othersBefore) {
+                if let after = await other.usage(), let before { others += after.since(before).cpuNanoseconds }
+            }
+            let cpu = CPUTimes.read(cpus: cpus)
+            windowEnd.withLock {
+                $0 = WindowEnd(
+                    client: client, server: server, cpu: cpu, others: others, at: MonotonicClock.nanoseconds())
+            }
+        }
+        do throws(ConnectionError) {
+            var measurement = try await measure(
+                scenario, target, server: server, plan: plan, tls: tls, roundTrips: roundTrips, endWindow: endWindow)
+            if windowEnd.withLock({ $0 }) == nil { await endWindow() }
+            let end = windowEnd.withLock { $0 }!
+            if let after = end.client, let clientBefore { measurement.client = after.since(clientBefore) }
+            if let after = end.server, let serverBefore { measurement.server = after.since(serverBefore) }
+            // The measured processes: with a remote server, only the client runs on the watched CPUs.
+            let measured =
+                (measurement.client?.cpuNanoseconds ?? 0)
+                + (agentless(server) ? (measurement.server?.cpuNanoseconds ?? 0) : 0) + end.others
+            if let cpuBefore, let cpuAfter = end.cpu {
+                measurement.cpuShare = CPUShare(
+                    windowNanoseconds: end.at &- windowStart, before: cpuBefore, after: cpuAfter,
+                    measuredNanoseconds: measured, cpus: cpus?.count ?? Syscall.cpuCount)
+            }
+            return measurement
+        } catch {
+            throw fail("\(scenario) \(target.name): \(error)")
+        }
+    }
+
+    private func agentless(_ server: any ServerHandle) -> Bool { !(server is RemoteServer) }
 
     /// Why a scenario does not apply to a target, or `nil`.
     func skipReason(_ scenario: Scenario, _ target: Target) -> String? {
@@ -407,15 +549,15 @@ struct Compare: AsyncParsableCommand {
 
     func measure(
         _ scenario: Scenario, _ target: Target, server: any ServerHandle, plan: Plan, tls: TLSConfiguration,
-        endWindow: () async -> Void
+        roundTrips: Int, endWindow: () async -> Void
     ) async throws(ConnectionError) -> ScenarioResult {
         let endpoint = server.endpoint
         guard let backend = target.backend else {
             switch scenario {
             case .pingpong(let size), .proxy(let size):
                 let result = try await runFloorPing(
-                    endpoint: endpoint, size: size, count: plan.pingpongCount, warmup: plan.pingpongWarmup)
-                return Self.measurement(result, size: size, count: plan.pingpongCount)
+                    endpoint: endpoint, size: size, count: roundTrips, warmup: plan.pingpongWarmup)
+                return Self.measurement(result, size: size, count: roundTrips)
             case .pump(let size), .proxyPump(let size):
                 _ = try await runFloorPump(endpoint: endpoint, size: size, totalBytes: plan.pumpBytes / 8)
                 return try await runFloorPump(endpoint: endpoint, size: size, totalBytes: plan.pumpBytes)
@@ -430,28 +572,28 @@ struct Compare: AsyncParsableCommand {
         case .pingpong(let size):
             let connection = try await connect()
             defer { Task { await connection.close() } }
-            let result = try await PingRunner(size: size, count: plan.pingpongCount, warmup: plan.pingpongWarmup).run(
+            let result = try await PingRunner(size: size, count: roundTrips, warmup: plan.pingpongWarmup).run(
                 on: connection)
             await endWindow()
             await connection.close()
-            return Self.measurement(result, size: size, count: plan.pingpongCount)
+            return Self.measurement(result, size: size, count: roundTrips)
         case .proxy(let size):
             // The C client, through the backend's relay, to the C echo server.
             let result = try await runFloorPing(
-                endpoint: endpoint, size: size, count: plan.pingpongCount, warmup: plan.pingpongWarmup)
-            return Self.measurement(result, size: size, count: plan.pingpongCount)
+                endpoint: endpoint, size: size, count: roundTrips, warmup: plan.pingpongWarmup)
+            return Self.measurement(result, size: size, count: roundTrips)
         case .proxyPump(let size):
             // The C pump, through the backend's relay, to the C sink; a short one first as the warm-up.
             _ = try await runFloorPump(endpoint: endpoint, size: size, totalBytes: plan.pumpBytes / 8)
             return try await runFloorPump(endpoint: endpoint, size: size, totalBytes: plan.pumpBytes)
         case .native(let size):
             let result = try await backend.nativePingPong(
-                to: endpoint, size: size, count: plan.pingpongCount, warmup: plan.pingpongWarmup, tls: tls)
-            return Self.measurement(result, size: size, count: plan.pingpongCount)
+                to: endpoint, size: size, count: roundTrips, warmup: plan.pingpongWarmup, tls: tls)
+            return Self.measurement(result, size: size, count: roundTrips)
         case .asyncChannel(let size):
             let result = try await backend.asyncChannelPingPong(
-                to: endpoint, size: size, count: plan.pingpongCount, warmup: plan.pingpongWarmup)
-            return Self.measurement(result, size: size, count: plan.pingpongCount)
+                to: endpoint, size: size, count: roundTrips, warmup: plan.pingpongWarmup)
+            return Self.measurement(result, size: size, count: roundTrips)
         case .rate(let perSecond):
             let connection = try await connect()
             let runner = RateRunner(perSecond: perSecond, duration: .milliseconds(Int(plan.rateSeconds * 1000)))
@@ -490,7 +632,7 @@ struct Compare: AsyncParsableCommand {
                 await connection.close()
                 throw ConnectionError(.unsupported, "the server did not agree to permessage-deflate")
             }
-            var runner = PingRunner(count: plan.pingpongCount, warmup: plan.pingpongWarmup)
+            var runner = PingRunner(count: roundTrips, warmup: plan.pingpongWarmup)
             runner.messageMaker = { .text(MarketData.book($0)) }
             let before = connection.sent
             do throws(ConnectionError) {
@@ -499,7 +641,7 @@ struct Compare: AsyncParsableCommand {
                 let sent = connection.sent
                 await connection.close()
                 let messages = Double(max(1, sent.messages - before.messages))
-                var measurement = Self.measurement(result, size: 0, count: plan.pingpongCount)
+                var measurement = Self.measurement(result, size: 0, count: roundTrips)
                 measurement.messageBytes = Double(sent.messageBytes - before.messageBytes) / messages
                 measurement.wireBytes = Double(sent.payloadBytes - before.payloadBytes) / messages
                 measurement.bytesPerSecond = result.roundTripsPerSecond * (measurement.messageBytes ?? 0)
@@ -520,132 +662,5 @@ struct Compare: AsyncParsableCommand {
         measurement.messagesPerSecond = result.roundTripsPerSecond
         measurement.bytesPerSecond = result.roundTripsPerSecond * Double(size)
         return measurement
-    }
-}
-
-/// A server `compare` measures against: a child process here, or one an agent runs on another host.
-protocol ServerHandle: AnyObject {
-    /// Where clients connect.
-    var endpoint: Endpoint { get }
-    /// The server process's CPU time, context switches and memory so far.
-    func usage() async -> ResourceUsage?
-    /// Stops it (an agent's servers stop when its control connection ends).
-    func stop()
-}
-
-/// A server an agent started on another host.
-final class RemoteServer: ServerHandle {
-    let endpoint: Endpoint
-    let id: String
-    let agent: AgentClient
-
-    init(endpoint: Endpoint, id: String, agent: AgentClient) {
-        self.endpoint = endpoint
-        self.id = id
-        self.agent = agent
-    }
-
-    func usage() async -> ResourceUsage? {
-        guard let json = try? await agent.request("usage \(id)") else { return nil }
-        return try? JSONDecoder().decode(ResourceUsage.self, from: Data(json.utf8))
-    }
-
-    func stop() {}
-}
-
-extension AgentClient {
-    /// Asks the agent for a server; its address is taken with the agent's host (the agent may listen on a
-    /// wildcard address).
-    func start(_ backend: Backend?, _ transport: Transport, _ mode: String) async throws -> any ServerHandle {
-        let answer = try await request("start \(backend?.rawValue ?? Report.floorName) \(transport) \(mode)")
-        let words = answer.split(separator: " ").map(String.init)
-        guard words.count == 2, var endpoint = try? Endpoint(url: words[1]) else {
-            throw fail("the agent answered '\(answer)'")
-        }
-        endpoint.host = host
-        return RemoteServer(endpoint: endpoint, id: words[0], agent: self)
-    }
-
-    /// The agent's throwaway CA, written to a temporary file (the caller deletes it).
-    func fetchCA() async throws -> String {
-        guard let pem = Data(base64Encoded: try await request("ca \(host.literal)")) else {
-            throw fail("the agent sent no CA")
-        }
-        let path = NSTemporaryDirectory() + "/sockbench-agent-ca-\(getpid()).pem"
-        try pem.write(to: URL(fileURLWithPath: path))
-        return path
-    }
-}
-
-extension Optional {
-    func asyncMap<T>(_ transform: (Wrapped) async throws -> T) async rethrows -> T? {
-        guard let value = self else { return nil }
-        return try await transform(value)
-    }
-}
-
-/// A `sockbench serve` child process. It stops when we close its standard input (or on SIGTERM), so it cannot
-/// outlive this process.
-final class ChildServer: ServerHandle {
-    let process: Process
-    let stdin: Pipe
-    let endpoint: Endpoint
-
-    private init(process: Process, stdin: Pipe, endpoint: Endpoint) {
-        self.process = process
-        self.stdin = stdin
-        self.endpoint = endpoint
-    }
-
-    var pid: Int32 { process.processIdentifier }
-
-    func usage() async -> ResourceUsage? { ResourceUsage.read(pid: pid) }
-
-    static func start(backend: Backend?, url: String, cpu: Int?, extraArguments: [String] = []) throws -> ChildServer {
-        try start(
-            command: backend.map { ["serve", url, "--backend", $0.rawValue] } ?? ["floor-serve", url], cpu: cpu,
-            extraArguments: extraArguments, label: "the \(backend?.rawValue ?? "C floor") server for \(url)")
-    }
-
-    /// Starts `sockbench COMMAND...` that prints `listening on URL` first and stops at the end of its input.
-    static func start(
-        command: [String], cpu: Int?, extraArguments: [String] = [], label: String
-    ) throws -> ChildServer {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: executablePath())
-        process.arguments =
-            command + ["--exit-on-stdin-eof", "--quiet"] + (cpu.map { ["--cpu", "\($0)"] } ?? []) + extraArguments
-        let input = Pipe()
-        let output = Pipe()
-        process.standardInput = input
-        process.standardOutput = output
-        try process.run()
-        // The first line is "listening on URL".
-        var line: [UInt8] = []
-        while true {
-            let byte = output.fileHandleForReading.readData(ofLength: 1)
-            if byte.isEmpty || byte.first == UInt8(ascii: "\n") { break }
-            line.append(byte.first!)
-        }
-        let text = String(decoding: line, as: UTF8.self)
-        guard text.hasPrefix("listening on "),
-            let endpoint = try? Endpoint(url: String(text.dropFirst("listening on ".count)))
-        else {
-            process.terminate()
-            throw fail("\(label) did not start (it said: '\(text)')")
-        }
-        return ChildServer(process: process, stdin: input, endpoint: endpoint)
-    }
-
-    func stop() {
-        try? stdin.fileHandleForWriting.close()
-        process.waitUntilExit()
-    }
-
-    static func executablePath() -> String {
-        var buffer = [CChar](repeating: 0, count: 4096)
-        let count = readlink("/proc/self/exe", &buffer, buffer.count - 1)
-        guard count > 0 else { return CommandLine.arguments[0] }
-        return String(decoding: buffer[..<count].map { UInt8(bitPattern: $0) }, as: UTF8.self)
     }
 }

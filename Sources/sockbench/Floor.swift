@@ -120,6 +120,7 @@ func runFloorPump(endpoint: Endpoint, size: Int, totalBytes: Int) async throws(C
             measurement.kernelReceiveBufferDrops = Int(after.receiveBufferErrors &- before.receiveBufferErrors)
         }
         measurement.bytesPerSecond = Double(Int(result.delivered) * size) / seconds
+        measurement.receivedPerSecond = PumpRunner.goodput(Int(result.delivered), over: result.receive_ns)
     } else {
         guard result.delivered == result.sent * UInt64(size) else {
             throw ConnectionError(

@@ -148,6 +148,7 @@ struct Report: Codable {
         result.messages = mid(runs.map(\.messages)) ?? 0
         result.lost = mid(runs.compactMap(\.lost))
         result.received = mid(runs.compactMap(\.received))
+        result.receivedPerSecond = mid(runs.compactMap(\.receivedPerSecond))
         result.reordered = mid(runs.compactMap(\.reordered))
         result.kernelReceiveBufferDrops = mid(runs.compactMap(\.kernelReceiveBufferDrops))
         result.elapsedNanoseconds = mid(runs.map(\.elapsedNanoseconds)) ?? 0
@@ -162,6 +163,13 @@ struct Report: Codable {
 
     /// One line for the live progress.
     static func brief(_ scenario: Scenario, _ m: ScenarioResult) -> String {
+        let share = m.cpuShare.map {
+            " [foreign cpu \(fixed($0.foreignShare * 100, 1))%]"
+        }
+        return briefFigures(scenario, m) + (share ?? "")
+    }
+
+    private static func briefFigures(_ scenario: Scenario, _ m: ScenarioResult) -> String {
         switch scenario.kind {
         case "pump", "proxypump":
             var text = "\(fixed((m.bytesPerSecond ?? 0) / 1e6, 1)) MB/s, \(Int(m.messagesPerSecond ?? 0)) msg/s"
@@ -184,48 +192,10 @@ struct Report: Codable {
 
     // MARK: Tables
 
-    /// The p50 of the C floor for the same transport in pingpong-SIZE (ws/tls/wss against tcp).
-    func floor(for row: ReportRow) -> Double? {
-        let size: Int
-        switch row.scenario {
-        case .pingpong(let value), .native(let value), .asyncChannel(let value), .proxy(let value): size = value
-        default: return nil
-        }
-        let transport = row.transport == "udp" ? "udp" : "tcp"
-        return p50(Self.floorName, transport, .pingpong(size: size))
-    }
-
     /// The median p50 of one row, nanoseconds.
     func p50(_ backend: String, _ transport: String, _ scenario: Scenario) -> Double? {
         rows.first { $0.backend == backend && $0.transport == transport && $0.scenario == scenario }
             .flatMap { $0.median.latency.map { Double($0.p50) } }
-    }
-
-    /// The price of the unified API: a tcp pingpong-SIZE row's p50 over the same backend's native-SIZE p50.
-    func unifiedPrice(for row: ReportRow) -> Double? {
-        guard case .pingpong(let size) = row.scenario, row.transport == "tcp",
-            let native = p50(row.backend, "tcp", .native(size: size)), let unified = row.median.latency?.p50
-        else { return nil }
-        return Double(unified) / max(1, native)
-    }
-
-    /// A pump row against the C floor's pump of the same size: MB/s delivered for tcp, datagrams sent per
-    /// second for udp (the sender's rate: what the UDP target compares).
-    func pumpFloorRatio(for row: ReportRow) -> Double? {
-        guard row.scenario.kind == "pump" || row.scenario.kind == "proxypump",
-            row.transport == "tcp" || row.transport == "udp",
-            let floor = rows.first(where: {
-                $0.backend == Self.floorName && $0.transport == row.transport && $0.scenario == row.scenario
-            })?.median
-        else { return nil }
-        let figure: (ScenarioResult) -> Double? = row.transport == "udp" ? \.messagesPerSecond : \.bytesPerSecond
-        guard let mine = figure(row.median), let theirs = figure(floor), theirs > 0 else { return nil }
-        return mine / theirs
-    }
-
-    /// nio's figure for the same scenario and transport.
-    func nio(for row: ReportRow) -> ScenarioResult? {
-        rows.first { $0.backend == "nio" && $0.transport == row.transport && $0.scenario == row.scenario }?.median
     }
 
     func cpuPerMessage(_ m: ScenarioResult) -> String {
@@ -238,17 +208,19 @@ struct Report: Codable {
         switch scenario.kind {
         case "pump", "proxypump":
             let header = [
-                "backend", "transport", "MB/s", "msg/s", "x floor", "spread MB/s", "sent", "received", "lost",
-                "reordered",
-                "kernel drops", "cpu us/msg", "client cpu ms", "server cpu ms",
+                "backend", "transport", "MB/s", "sent/s", "received/s", "x floor", "spread MB/s", "sent", "received",
+                "lost", "loss %", "reordered", "kernel drops", "cpu us/msg", "client cpu ms", "server cpu ms",
             ]
             let cells = selected.map { row -> [String] in
                 let m = row.median
                 return [
                     row.backend, row.transport, fixed((m.bytesPerSecond ?? 0) / 1e6, 1),
-                    "\(Int(m.messagesPerSecond ?? 0))", pumpFloorRatio(for: row).map { fixed($0) + "x" } ?? "-",
+                    "\(Int(m.messagesPerSecond ?? 0))", m.receivedPerSecond.map { "\(Int($0))" } ?? "-",
+                    pumpFloorRatio(for: row)?.text ?? "-",
                     "\(fixed(row.spread[0] / 1e6, 1))-\(fixed(row.spread[1] / 1e6, 1))", "\(m.messages)",
                     m.received.map(String.init) ?? "-", m.received == nil ? "-" : "\(m.lost ?? 0)",
+                    m.received == nil || m.messages == 0
+                        ? "-" : fixed(Double(m.lost ?? 0) * 100 / Double(m.messages), 1),
                     m.reordered.map(String.init) ?? "-", m.kernelReceiveBufferDrops.map(String.init) ?? "-",
                     cpuPerMessage(m), m.client.map { fixed(Double($0.cpuNanoseconds) / 1e6, 0) } ?? "-",
                     m.server.map { fixed(Double($0.cpuNanoseconds) / 1e6, 0) } ?? "-",
@@ -327,9 +299,8 @@ struct Report: Codable {
                 }()
                 var cells: [String] = [
                     row.backend, row.transport, microseconds(UInt64(p50)),
-                    floor(for: row).map { fixed(p50 / max(1, $0)) + "x" } ?? "-",
-                    nio(for: row).flatMap { $0.latency }.map { fixed(p50 / Double(max(1, $0.p50))) + "x" } ?? "-",
-                    unifiedPrice(for: row).map { fixed($0) + "x" } ?? "-",
+                    p50Ratio(row, over: floorRow(for: row))?.text ?? "-",
+                    p50Ratio(row, over: nioRow(for: row))?.text ?? "-", unifiedPrice(for: row)?.text ?? "-",
                     "\(microseconds(UInt64(row.spread[0])))-\(microseconds(UInt64(row.spread[1])))",
                     microseconds(m.latency?.p90 ?? 0), microseconds(m.latency?.p99 ?? 0),
                     microseconds(m.latency?.p999 ?? 0), microseconds(m.latency?.max ?? 0),
@@ -381,14 +352,13 @@ struct Report: Codable {
                 let candidates = rows.filter {
                     $0.scenario == ping && $0.transport == transport && Backend(rawValue: $0.backend) != nil
                 }
-                guard
-                    let best = candidates.min(by: {
-                        ($0.median.latency?.p50 ?? .max) < ($1.median.latency?.p50 ?? .max)
-                    })
-                else { continue }
-                let ordered = candidates.sorted { ($0.median.latency?.p50 ?? .max) < ($1.median.latency?.p50 ?? .max) }
-                    .map { "\($0.backend) \(microseconds($0.median.latency?.p50 ?? 0))" }.joined(separator: ", ")
-                lines.append("- \(ping) \(transport) p50, lowest first: \(ordered) us (lowest: \(best.backend)).")
+                guard !candidates.isEmpty else { continue }
+                let ordered = ranking(
+                    candidates, lowerIsBetter: true, figure: { $0.latency.map { Double($0.p50) } },
+                    show: { microseconds(UInt64($0)) })
+                lines.append(
+                    "- \(ping) \(transport) p50 us, lowest first (~: the ranges over the repetitions overlap, not distinguishable in this run): \(ordered)."
+                )
             }
         }
         for case .native(let size) in plan.scenarios {
@@ -399,7 +369,7 @@ struct Report: Codable {
             guard !prices.isEmpty else { continue }
             lines.append(
                 "- The price of the unified API (tcp pingpong-\(size) p50 through Connection / the same backend written in its own style, both ends): "
-                    + prices.map { "\($0.0) \(fixed($0.1))x" }.joined(separator: ", ") + ".")
+                    + prices.map { "\($0.0) \($0.1.text)" }.joined(separator: ", ") + ".")
             let references = [
                 ("ws", "SwiftNIO's own WebSocket (NIOHTTP1 upgrade and NIOWebSocket handlers"),
                 ("tls", "SwiftNIO with swift-nio-ssl (its TLS handler in front of the echo handlers"),
@@ -414,12 +384,12 @@ struct Report: Codable {
                         + ratios.map { "\($0.0) \(fixed($0.1))x" }.joined(separator: ", ") + ".")
             }
             let floors = rows.filter { $0.scenario == .native(size: size) && $0.transport == "tcp" }.compactMap { row in
-                floor(for: row).flatMap { floor in row.median.latency.map { (row.backend, Double($0.p50) / floor) } }
+                p50Ratio(row, over: floorRow(for: row)).map { (row.backend, $0) }
             }
             if !floors.isEmpty {
                 lines.append(
                     "- native-\(size) against the C floor: "
-                        + floors.map { "\($0.0) \(fixed($0.1))x" }.joined(separator: ", ")
+                        + floors.map { "\($0.0) \($0.1.text)" }.joined(separator: ", ")
                         + ".")
             }
         }
@@ -473,6 +443,7 @@ struct Report: Codable {
                 .map { "\($0.backend) \(fixed(($0.median.bytesPerSecond ?? 0) / 1e6, 0))" }.joined(separator: ", ")
             if !ordered.isEmpty { lines.append("- \(pump) tcp, MB/s, highest first: \(ordered).") }
         }
+        lines += disturbanceLines()
         lines += targets()
         lines += [
             "- Threads and style: bsd uses a reader thread per connection (plus a writer when a send would block): simplest code, most threads;",
@@ -480,89 +451,6 @@ struct Report: Codable {
             "- Backpressure: every backend stops reading when its receive queue is full and makes send wait while the kernel buffer is full.",
             "- Read the ratios from this run, never absolute numbers from another day: shared machines are noisy.",
         ]
-        return lines
-    }
-
-    /// The issue's targets, checked against this run's ratios: each says met or missed, with the figures.
-    func targets() -> [String] {
-        var lines: [String] = []
-        /// One target's line, when the run measured it: met, or which backends missed it, and every ratio.
-        func target(
-            _ text: String, _ ratios: [(String, Double)], atLeast: Bool = false, limit: (String) -> Double
-        ) {
-            guard !ratios.isEmpty else { return }
-            let missed = ratios.filter { atLeast ? $0.1 < limit($0.0) : $0.1 > limit($0.0) }.map(\.0)
-            let figures = ratios.map { "\($0.0) \(fixed($0.1))x" }.joined(separator: ", ")
-            lines.append(
-                "- Target, \(text): " + (missed.isEmpty ? "met" : "MISSED by \(missed.joined(separator: ", "))")
-                    + " (\(figures)).")
-        }
-        /// `value` of each backend that has one.
-        func each(_ backends: [String], _ value: (String) -> Double?) -> [(String, Double)] {
-            backends.compactMap { backend in value(backend).map { (backend, $0) } }
-        }
-        func pump(_ backend: String, _ transport: String, _ size: Int) -> ScenarioResult? {
-            rows.first { $0.backend == backend && $0.transport == transport && $0.scenario == .pump(size: size) }?
-                .median
-        }
-        let backends = plan.backends
-        if let floor = p50(Self.floorName, "tcp", .pingpong(size: 64)) {
-            target(
-                "64 B tcp round trip in native style <= 1.3x the C floor (bsd <= 1.1x)",
-                each(backends) { p50($0, "tcp", .native(size: 64)).map { $0 / floor } },
-                limit: { $0 == "bsd" ? 1.1 : 1.3 })
-            target(
-                "the same through Connection <= 1.5x the floor (nio <= 1.6x)",
-                each(backends) { p50($0, "tcp", .pingpong(size: 64)).map { $0 / floor } },
-                limit: { $0 == "nio" ? 1.6 : 1.5 })
-        }
-        for transport in plan.transports {
-            guard let nio = p50("nio", transport, .pingpong(size: 64)) else { continue }
-            target(
-                "\(transport) round trip through Connection at or below SwiftNIO's",
-                each(backends.filter { $0 != "nio" }) { p50($0, transport, .pingpong(size: 64)).map { $0 / nio } },
-                limit: { _ in 1.0 })
-        }
-        // The bulk targets hold for every backend but nio (SwiftNIO's own path is the reference, not ours to tune).
-        let ours = backends.filter { $0 != "nio" }
-        let bulkReference =
-            pump("iperf3", "tcp", 65536).map { ("iperf3", $0) }
-            ?? pump(Self.floorName, "tcp", 65536).map { (Self.floorName, $0) }
-        if let (name, reference) = bulkReference, let rate = reference.bytesPerSecond, rate > 0 {
-            target(
-                "tcp pump in 64 KiB writes >= 0.9x \(name)'s single stream (every backend but nio)",
-                each(ours) { pump($0, "tcp", 65536)?.bytesPerSecond.map { $0 / rate } }, atLeast: true,
-                limit: { _ in 0.9 })
-        }
-        if let floor = pump(Self.floorName, "tcp", 1400)?.bytesPerSecond, floor > 0 {
-            target(
-                "tcp pump in 1,400-byte writes >= 0.7x the C floor's (every backend but nio)",
-                each(ours) { pump($0, "tcp", 1400)?.bytesPerSecond.map { $0 / floor } }, atLeast: true,
-                limit: { _ in 0.7 })
-        }
-        if let floor = pump(Self.floorName, "udp", 1400)?.messagesPerSecond, floor > 0 {
-            target(
-                "udp 1,400-byte datagram send rate >= 0.9x the C sender (which makes one send(2) per datagram; the "
-                    + "backends send \(PumpRunner.defaultBatch) per send(batch:))",
-                each(ours) { pump($0, "udp", 1400)?.messagesPerSecond.map { $0 / floor } }, atLeast: true,
-                limit: { _ in 0.9 })
-        }
-        target(
-            "ws pump in 64 KiB messages >= 0.8x the same backend's tcp pump (every backend but nio)",
-            each(ours) { backend in
-                guard let ws = pump(backend, "ws", 65536)?.bytesPerSecond,
-                    let tcp = pump(backend, "tcp", 65536)?.bytesPerSecond, tcp > 0
-                else { return nil }
-                return ws / tcp
-            }, atLeast: true, limit: { _ in 0.8 })
-        target(
-            "WebSocket echo <= 1.25x the same backend's tcp round trip (64 B here)",
-            each(backends) { backend in
-                guard let ws = p50(backend, "ws", .pingpong(size: 64)),
-                    let tcp = p50(backend, "tcp", .pingpong(size: 64))
-                else { return nil }
-                return ws / tcp
-            }, limit: { _ in 1.25 })
         return lines
     }
 

@@ -114,7 +114,8 @@ struct ReportHTML {
                     by: { $0.median.latency.map { Double($0.p50) } }, lowest: true,
                     { row, p50 in
                         "p50 \(fixed(p50 / 1000, 1)) us"
-                            + (report.floor(for: row).map { ", \(fixed(p50 / $0))x the C floor" } ?? "")
+                            + (report.p50Ratio(row, over: report.floorRow(for: row)).map { ", \($0.text) the C floor" }
+                                ?? "")
                     })
                 {
                     lines.append(line)

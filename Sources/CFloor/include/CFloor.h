@@ -17,7 +17,7 @@ int cfloor_pingpong(int fd, int datagram, int size, int count, int warmup, uint6
 /* The sink for a pump (the protocol of sockbench's PumpSink): TCP counts bytes until the sender half-closes,
  * answers with the count (8 bytes, big endian) and closes, one client at a time; UDP counts datagrams (each
  * starts with an 8-byte big-endian sequence number) and answers a datagram of eight 0xFF bytes with received,
- * reordered and bytes (3 x 8 bytes). Returns when stop_fd becomes readable (or on error): -1 with errno set. */
+ * reordered, bytes, and the nanoseconds from the first datagram received to the last (4 x 8 bytes). Returns when stop_fd becomes readable (or on error): -1 with errno set. */
 int cfloor_sink(int fd, int datagram, int stop_fd);
 
 /* What a pump reported. */
@@ -27,6 +27,7 @@ typedef struct {
     uint64_t delivered;   /* TCP: bytes the sink counted; UDP: datagrams it received */
     uint64_t reordered;   /* UDP: datagrams that came after a later one */
     uint64_t send_ns;     /* from the first write to the last (UDP) or to the sink's answer (TCP) */
+    uint64_t receive_ns;  /* UDP: from the first datagram the sink received to the last, by the sink's clock */
 } cfloor_pump_result;
 
 /* One-way bulk on a connected blocking socket to a cfloor_sink: total_bytes in writes of `size` bytes (UDP:

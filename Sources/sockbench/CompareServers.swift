@@ -1,0 +1,130 @@
+import BenchmarkDriver
+import Foundation
+import SocketStyles
+
+/// A server `compare` measures against: a child process here, or one an agent runs on another host.
+protocol ServerHandle: AnyObject {
+    /// Where clients connect.
+    var endpoint: Endpoint { get }
+    /// The server process's CPU time, context switches and memory so far.
+    func usage() async -> ResourceUsage?
+    /// Stops it (an agent's servers stop when its control connection ends).
+    func stop()
+}
+
+/// A server an agent started on another host.
+final class RemoteServer: ServerHandle {
+    let endpoint: Endpoint
+    let id: String
+    let agent: AgentClient
+
+    init(endpoint: Endpoint, id: String, agent: AgentClient) {
+        self.endpoint = endpoint
+        self.id = id
+        self.agent = agent
+    }
+
+    func usage() async -> ResourceUsage? {
+        guard let json = try? await agent.request("usage \(id)") else { return nil }
+        return try? JSONDecoder().decode(ResourceUsage.self, from: Data(json.utf8))
+    }
+
+    func stop() {}
+}
+
+extension AgentClient {
+    /// Asks the agent for a server; its address is taken with the agent's host (the agent may listen on a
+    /// wildcard address).
+    func start(_ backend: Backend?, _ transport: Transport, _ mode: String) async throws -> any ServerHandle {
+        let answer = try await request("start \(backend?.rawValue ?? Report.floorName) \(transport) \(mode)")
+        let words = answer.split(separator: " ").map(String.init)
+        guard words.count == 2, var endpoint = try? Endpoint(url: words[1]) else {
+            throw fail("the agent answered '\(answer)'")
+        }
+        endpoint.host = host
+        return RemoteServer(endpoint: endpoint, id: words[0], agent: self)
+    }
+
+    /// The agent's throwaway CA, written to a temporary file (the caller deletes it).
+    func fetchCA() async throws -> String {
+        guard let pem = Data(base64Encoded: try await request("ca \(host.literal)")) else {
+            throw fail("the agent sent no CA")
+        }
+        let path = NSTemporaryDirectory() + "/sockbench-agent-ca-\(getpid()).pem"
+        try pem.write(to: URL(fileURLWithPath: path))
+        return path
+    }
+}
+
+extension Optional {
+    func asyncMap<T>(_ transform: (Wrapped) async throws -> T) async rethrows -> T? {
+        guard let value = self else { return nil }
+        return try await transform(value)
+    }
+}
+
+/// A `sockbench serve` child process. It stops when we close its standard input (or on SIGTERM), so it cannot
+/// outlive this process.
+final class ChildServer: ServerHandle {
+    let process: Process
+    let stdin: Pipe
+    let endpoint: Endpoint
+
+    private init(process: Process, stdin: Pipe, endpoint: Endpoint) {
+        self.process = process
+        self.stdin = stdin
+        self.endpoint = endpoint
+    }
+
+    var pid: Int32 { process.processIdentifier }
+
+    func usage() async -> ResourceUsage? { ResourceUsage.read(pid: pid) }
+
+    static func start(backend: Backend?, url: String, cpu: Int?, extraArguments: [String] = []) throws -> ChildServer {
+        try start(
+            command: backend.map { ["serve", url, "--backend", $0.rawValue] } ?? ["floor-serve", url], cpu: cpu,
+            extraArguments: extraArguments, label: "the \(backend?.rawValue ?? "C floor") server for \(url)")
+    }
+
+    /// Starts `sockbench COMMAND...` that prints `listening on URL` first and stops at the end of its input.
+    static func start(
+        command: [String], cpu: Int?, extraArguments: [String] = [], label: String
+    ) throws -> ChildServer {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: executablePath())
+        process.arguments =
+            command + ["--exit-on-stdin-eof", "--quiet"] + (cpu.map { ["--cpu", "\($0)"] } ?? []) + extraArguments
+        let input = Pipe()
+        let output = Pipe()
+        process.standardInput = input
+        process.standardOutput = output
+        try process.run()
+        // The first line is "listening on URL".
+        var line: [UInt8] = []
+        while true {
+            let byte = output.fileHandleForReading.readData(ofLength: 1)
+            if byte.isEmpty || byte.first == UInt8(ascii: "\n") { break }
+            line.append(byte.first!)
+        }
+        let text = String(decoding: line, as: UTF8.self)
+        guard text.hasPrefix("listening on "),
+            let endpoint = try? Endpoint(url: String(text.dropFirst("listening on ".count)))
+        else {
+            process.terminate()
+            throw fail("\(label) did not start (it said: '\(text)')")
+        }
+        return ChildServer(process: process, stdin: input, endpoint: endpoint)
+    }
+
+    func stop() {
+        try? stdin.fileHandleForWriting.close()
+        process.waitUntilExit()
+    }
+
+    static func executablePath() -> String {
+        var buffer = [CChar](repeating: 0, count: 4096)
+        let count = readlink("/proc/self/exe", &buffer, buffer.count - 1)
+        guard count > 0 else { return CommandLine.arguments[0] }
+        return String(decoding: buffer[..<count].map { UInt8(bitPattern: $0) }, as: UTF8.self)
+    }
+}

@@ -1,0 +1,149 @@
+import BenchmarkDriver
+
+/// One row's figure over another's, over the repetitions they share. Rows of one run are measured back to back in
+/// each repetition (backends interleaved), so repetition i of one row is paired with repetition i of the other:
+/// the ratio is the median of those paired ratios, and the range their lowest and highest.
+struct Ratio: Equatable {
+    var median: Double
+    var low: Double
+    var high: Double
+
+    init?(_ values: [Double]) {
+        let sorted = values.filter(\.isFinite).sorted()
+        guard !sorted.isEmpty else { return nil }
+        median = sorted[sorted.count / 2]
+        low = sorted.first!
+        high = sorted.last!
+    }
+
+    /// `1.21x`, or `1.21x (1.19-1.23)` when the repetitions differ.
+    var text: String {
+        fixed(low) == fixed(high) ? "\(fixed(median))x" : "\(fixed(median))x (\(fixed(low))-\(fixed(high)))"
+    }
+
+    /// Whether `limit` lies inside the range: the run cannot say on which side of it the ratio is.
+    func straddles(_ limit: Double) -> Bool { low <= limit && limit <= high }
+}
+
+extension Report {
+    /// The row of one backend x transport x scenario.
+    func row(_ backend: String, _ transport: String, _ scenario: Scenario) -> ReportRow? {
+        rows.first { $0.backend == backend && $0.transport == transport && $0.scenario == scenario }
+    }
+
+    /// `figure` of `row` over `figure` of `reference`, repetition by repetition (a reference measured once, as
+    /// iperf3's row, is used for every repetition).
+    func ratio(_ row: ReportRow?, over reference: ReportRow?, _ figure: (ScenarioResult) -> Double?) -> Ratio? {
+        guard let row, let reference, !row.repetitions.isEmpty, !reference.repetitions.isEmpty else { return nil }
+        let values = row.repetitions.indices.compactMap { index -> Double? in
+            let other = reference.repetitions[min(index, reference.repetitions.count - 1)]
+            guard let mine = figure(row.repetitions[index]), let theirs = figure(other), theirs > 0 else { return nil }
+            return mine / theirs
+        }
+        return Ratio(values)
+    }
+
+    /// p50 latency of `row` over `reference`'s.
+    func p50Ratio(_ row: ReportRow?, over reference: ReportRow?) -> Ratio? {
+        ratio(row, over: reference) { $0.latency.map { Double($0.p50) } }
+    }
+
+    /// The C floor's pingpong row for a latency row of the same size (ws/tls/wss against tcp).
+    func floorRow(for row: ReportRow) -> ReportRow? {
+        let size: Int
+        switch row.scenario {
+        case .pingpong(let value), .native(let value), .asyncChannel(let value), .proxy(let value): size = value
+        default: return nil
+        }
+        return self.row(Self.floorName, row.transport == "udp" ? "udp" : "tcp", .pingpong(size: size))
+    }
+
+    /// The price of the unified API: a tcp pingpong-SIZE row's p50 over the same backend's native-SIZE p50.
+    func unifiedPrice(for row: ReportRow) -> Ratio? {
+        guard case .pingpong(let size) = row.scenario, row.transport == "tcp" else { return nil }
+        return p50Ratio(row, over: self.row(row.backend, "tcp", .native(size: size)))
+    }
+
+    /// A pump row against the C floor's pump of the same size: MB/s delivered for tcp, datagrams received per
+    /// second at the sink for udp (goodput; what the UDP target compares).
+    func pumpFloorRatio(for row: ReportRow?) -> Ratio? {
+        guard let row, row.scenario.kind == "pump" || row.scenario.kind == "proxypump",
+            row.transport == "tcp" || row.transport == "udp"
+        else { return nil }
+        let floor = self.row(Self.floorName, row.transport, row.scenario)
+        return row.transport == "udp"
+            ? ratio(row, over: floor, \.receivedPerSecond) : ratio(row, over: floor, \.bytesPerSecond)
+    }
+
+    /// nio's row for the same scenario and transport.
+    func nioRow(for row: ReportRow) -> ReportRow? { self.row("nio", row.transport, row.scenario) }
+
+    // MARK: Ranking
+
+    /// Rows ordered by their median figure, best first; rows whose ranges over the repetitions overlap are joined
+    /// with "~" (not distinguishable in this run) instead of being ranked.
+    func ranking(
+        _ candidates: [ReportRow], lowerIsBetter: Bool, figure: (ScenarioResult) -> Double?,
+        show: (Double) -> String
+    ) -> String {
+        struct Entry {
+            var name: String
+            var median: Double
+            var low: Double
+            var high: Double
+        }
+        let entries = candidates.compactMap { row -> Entry? in
+            let values = row.repetitions.compactMap(figure)
+            guard let median = figure(row.median), let low = values.min(), let high = values.max() else {
+                return nil
+            }
+            return Entry(name: row.backend, median: median, low: low, high: high)
+        }.sorted { lowerIsBetter ? $0.median < $1.median : $0.median > $1.median }
+        var text = ""
+        for (index, entry) in entries.enumerated() {
+            if index > 0 {
+                let previous = entries[index - 1]
+                let overlap = entry.low <= previous.high && previous.low <= entry.high
+                text += overlap ? " ~ " : ", "
+            }
+            text += "\(entry.name) \(show(entry.median))"
+        }
+        return text
+    }
+
+    // MARK: Disturbance
+
+    /// What the run says about other load on the measured CPUs, judged per pass (every row of a scenario measured
+    /// once, one after another; its windows together): passes still disturbed after re-measuring, or that none
+    /// was, with the largest foreign share of a pass.
+    func disturbanceLines() -> [String] {
+        var largest: Double?
+        var named: [String] = []
+        for scenario in plan.scenarios {
+            let selected = rows.filter { $0.scenario == scenario && !$0.repetitions.contains { $0.cpuShare == nil } }
+            let passes = selected.map(\.repetitions.count).max() ?? 0
+            for index in 0..<passes {
+                let windows = selected.compactMap { row in
+                    row.repetitions.indices.contains(index) ? row.repetitions[index].cpuShare : nil
+                }
+                guard let share = CPUShare.combined(windows) else { continue }
+                largest = max(largest ?? 0, share.foreignShare)
+                if share.isDisturbed {
+                    named.append("\(scenario) pass \(index + 1) of \(passes) (\(fixed(share.foreignShare * 100, 0))%)")
+                }
+            }
+        }
+        guard let largest else {
+            return ["- Foreign load on the measured CPUs was not watched (/proc/stat unreadable, or an older run)."]
+        }
+        guard !named.isEmpty else {
+            return [
+                "- No pass was disturbed: other processes and the hypervisor used at most \(fixed(largest * 100, 1))% of the measured CPUs in any pass (a pass is disturbed at \(fixed(CPUShare.disturbedShare * 100, 0))% and 50 ms)."
+            ]
+        }
+        return [
+            "- DISTURBED: something else used the measured CPUs during these passes, and measuring them again did not find a quiet moment; the rows measured in them, and every ratio against those rows, are not to be trusted: "
+                + named.joined(separator: ", ") + "."
+        ]
+    }
+}

@@ -1,0 +1,122 @@
+import BenchmarkDriver
+
+/// A performance target the docs state (docs/benchmarks.md), as data: what is compared with what, and the limit.
+struct PerformanceTarget {
+    /// How the target reads in the report.
+    var text: String
+    /// `true`: the ratio must be at least the limit; `false`: at most.
+    var atLeast: Bool
+    /// The limit for a backend.
+    var limit: (String) -> Double
+    /// Which backends it applies to.
+    var appliesTo: (String) -> Bool = { _ in true }
+    /// The backend's ratio in this report, `nil` when the run did not measure it.
+    var ratio: (Report, String) -> Ratio?
+}
+
+extension Report {
+    /// Every backend but nio: SwiftNIO's own path is the reference, not ours to tune.
+    private static func ours(_ backend: String) -> Bool { backend != "nio" }
+
+    /// The targets the docs state, in the order the report lists them.
+    func performanceTargets() -> [PerformanceTarget] {
+        var targets: [PerformanceTarget] = []
+        let floorPing = row(Self.floorName, "tcp", .pingpong(size: 64))
+        targets.append(
+            PerformanceTarget(
+                text: "64 B tcp round trip in native style <= 1.3x the C floor (bsd <= 1.1x)", atLeast: false,
+                limit: { $0 == "bsd" ? 1.1 : 1.3 },
+                ratio: { report, backend in
+                    report.p50Ratio(report.row(backend, "tcp", .native(size: 64)), over: floorPing)
+                }
+            ))
+        targets.append(
+            PerformanceTarget(
+                text: "the same through Connection <= 1.5x the floor (nio <= 1.6x)", atLeast: false,
+                limit: { $0 == "nio" ? 1.6 : 1.5 },
+                ratio: { report, backend in
+                    report.p50Ratio(report.row(backend, "tcp", .pingpong(size: 64)), over: floorPing)
+                }))
+        for transport in plan.transports {
+            targets.append(
+                PerformanceTarget(
+                    text: "\(transport) round trip through Connection at or below SwiftNIO's", atLeast: false,
+                    limit: { _ in 1.0 }, appliesTo: Self.ours,
+                    ratio: { report, backend in
+                        report.p50Ratio(
+                            report.row(backend, transport, .pingpong(size: 64)),
+                            over: report.row("nio", transport, .pingpong(size: 64)))
+                    }))
+        }
+        let bulkReference =
+            row("iperf3", "tcp", .pump(size: 65536)).map { ("iperf3", $0) }
+            ?? row(Self.floorName, "tcp", .pump(size: 65536)).map { (Self.floorName, $0) }
+        if let (name, reference) = bulkReference {
+            targets.append(
+                PerformanceTarget(
+                    text: "tcp pump in 64 KiB writes >= 0.9x \(name)'s single stream (every backend but nio)",
+                    atLeast: true, limit: { _ in 0.9 }, appliesTo: Self.ours,
+                    ratio: { report, backend in
+                        report.ratio(report.row(backend, "tcp", .pump(size: 65536)), over: reference, \.bytesPerSecond)
+                    }))
+        }
+        targets.append(
+            PerformanceTarget(
+                text: "tcp pump in 1,400-byte writes >= 0.7x the C floor's (every backend but nio)", atLeast: true,
+                limit: { _ in 0.7 }, appliesTo: Self.ours,
+                ratio: { report, backend in report.pumpFloorRatio(for: report.row(backend, "tcp", .pump(size: 1400))) }
+            ))
+        targets.append(
+            PerformanceTarget(
+                text:
+                    "udp 1,400-byte datagrams received per second at the sink >= 0.9x the C floor's (goodput; every backend but nio; loss in the pump-1400 table)",
+                atLeast: true, limit: { _ in 0.9 }, appliesTo: Self.ours,
+                ratio: { report, backend in report.pumpFloorRatio(for: report.row(backend, "udp", .pump(size: 1400))) }
+            ))
+        targets.append(
+            PerformanceTarget(
+                text: "ws pump in 64 KiB messages >= 0.8x the same backend's tcp pump (every backend but nio)",
+                atLeast: true, limit: { _ in 0.8 }, appliesTo: Self.ours,
+                ratio: { report, backend in
+                    report.ratio(
+                        report.row(backend, "ws", .pump(size: 65536)),
+                        over: report.row(backend, "tcp", .pump(size: 65536)),
+                        \.bytesPerSecond)
+                }))
+        targets.append(
+            PerformanceTarget(
+                text: "WebSocket echo <= 1.25x the same backend's tcp round trip (64 B here)", atLeast: false,
+                limit: { _ in 1.25 },
+                ratio: { report, backend in
+                    report.p50Ratio(
+                        report.row(backend, "ws", .pingpong(size: 64)),
+                        over: report.row(backend, "tcp", .pingpong(size: 64)))
+                }))
+        return targets
+    }
+
+    /// The targets checked against this run's ratios: each says met or missed (by the median over the
+    /// repetitions), with every backend's ratio and range; a range that crosses the limit is said to.
+    func targets() -> [String] {
+        performanceTargets().compactMap { target in
+            let ratios = plan.backends.filter(target.appliesTo).compactMap { backend in
+                ratio(for: target, backend).map { (backend, $0) }
+            }
+            guard !ratios.isEmpty else { return nil }
+            let missed = ratios.filter { backend, ratio in
+                target.atLeast ? ratio.median < target.limit(backend) : ratio.median > target.limit(backend)
+            }.map(\.0)
+            let unsure = ratios.filter { backend, ratio in ratio.straddles(target.limit(backend)) }.map(\.0)
+            let figures = ratios.map { "\($0.0) \($0.1.text)" }.joined(separator: ", ")
+            return "- Target, \(target.text): "
+                + (missed.isEmpty ? "met" : "MISSED by \(missed.joined(separator: ", "))")
+                + " (\(figures))"
+                + (unsure.isEmpty
+                    ? "." : "; the repetitions of \(unsure.joined(separator: ", ")) fall on both sides of the limit.")
+        }
+    }
+
+    private func ratio(for target: PerformanceTarget, _ backend: String) -> Ratio? {
+        target.ratio(self, backend)
+    }
+}
