@@ -124,7 +124,7 @@ final class AsyncUDPListener: Listener, Sendable {
     let options: ConnectionOptions
     let socket: AsyncSocket
     private let peers: DatagramDemultiplexer<SocketAddress>
-    private let pump = Mutex<Task<Void, Never>?>(nil)
+    private let pump = Guarded<Task<Void, Never>?>(nil)
 
     static func start(
         on endpoint: Endpoint, options: ConnectionOptions, reactor: AsyncReactor

@@ -54,7 +54,7 @@ public final class AsyncSocket: Sendable {
     /// Serialises `close()`: every caller returns after the one close has finished.
     private let closeGate = AsyncGate()
     private let descriptor: SocketDescriptor
-    private let life: Mutex<Life>
+    private let life: Guarded<Life>
     private let stateContinuation: AsyncStream<State>.Continuation
     // Used only inside the read gate.
     nonisolated(unsafe) private var scratch: UnsafeMutableRawBufferPointer
@@ -78,7 +78,7 @@ public final class AsyncSocket: Sendable {
         self.reactor = reactor
         (stateUpdates, stateContinuation) = AsyncStream.makeStream(
             of: State.self, bufferingPolicy: .bufferingNewest(16))
-        life = Mutex(Life(state: .setup))
+        life = Guarded(Life(state: .setup))
         descriptor = SocketDescriptor()
         scratch = .allocate(
             byteCount: endpoint.transport == .udp ? options.maxDatagramSize : options.readChunkSize, alignment: 16)
@@ -98,7 +98,7 @@ public final class AsyncSocket: Sendable {
         self.reactor = reactor
         (stateUpdates, stateContinuation) = AsyncStream.makeStream(
             of: State.self, bufferingPolicy: .bufferingNewest(16))
-        life = Mutex(Life(state: .ready, local: local, remote: remote))
+        life = Guarded(Life(state: .ready, local: local, remote: remote))
         scratch = .allocate(
             byteCount: transport == .udp ? options.maxDatagramSize : options.readChunkSize, alignment: 16)
         descriptor = socket
@@ -196,7 +196,7 @@ public final class AsyncSocket: Sendable {
         _ body: (_ expired: () -> Bool) async throws(ConnectionError) -> Void
     ) async throws(ConnectionError) {
         let fired = Atomic<Bool>(false)
-        let timer = Mutex<UInt64?>(nil)
+        let timer = Guarded<UInt64?>(nil)
         let loop = reactor.loop
         let readiness = readiness
         loop.perform {

@@ -20,7 +20,7 @@ final class SocketReadiness: EpollHandler, Sendable {
         var closed: ConnectionError?
     }
 
-    private let state = Mutex(State())
+    private let state = Guarded(State())
 
     func epollReady(_ events: UInt32) {
         let readable = events & (Syscall.epollIn | Syscall.epollHangUp | Syscall.epollError | Syscall.epollReadHangUp)

@@ -224,7 +224,7 @@ final class ConnectAttempt: Sendable {
         var fd: Int32 = -1
         var cancelled = false
     }
-    private let state = Mutex(State())
+    private let state = Guarded(State())
 
     var isCancelled: Bool { state.withLock { $0.cancelled } }
 

@@ -188,7 +188,7 @@ final class DescriptorLease: Sendable {
         var users = 1
         var waiters: [CheckedContinuation<Void, Never>] = []
     }
-    private let state = Mutex(State())
+    private let state = Guarded(State())
     private let socket: BSDSocket
 
     init(socket: BSDSocket) { self.socket = socket }

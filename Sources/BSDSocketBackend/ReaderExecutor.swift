@@ -22,12 +22,12 @@ final class ReaderExecutor: TaskExecutor, @unchecked Sendable {
         var wakeFD: Int32
     }
 
-    private let state: Mutex<State>
+    private let state: Guarded<State>
     /// The reader thread's ``PosixThread/currentID`` while it runs (0 before and after).
     private let readerThread = Atomic<UInt>(0)
 
     init() throws(ConnectionError) {
-        state = Mutex(State(wakeFD: try Syscall.eventFD()))
+        state = Guarded(State(wakeFD: try Syscall.eventFD()))
     }
 
     /// An executor whose reader never started (made ahead for a connection that did not come) still closes its

@@ -20,9 +20,9 @@ public struct RateRunner: Sendable {
     }
 
     private final class Book: Sendable {
-        let times: Mutex<(intended: [UInt64], actual: [UInt64])>
+        let times: Guarded<(intended: [UInt64], actual: [UInt64])>
         init(count: Int) {
-            times = Mutex(([UInt64](repeating: 0, count: count), [UInt64](repeating: 0, count: count)))
+            times = Guarded(([UInt64](repeating: 0, count: count), [UInt64](repeating: 0, count: count)))
         }
     }
 

@@ -216,7 +216,7 @@ public struct PingRunner: Sendable {
             var lost = 0
             var finished = false
         }
-        let state = Mutex(State())
+        let state = Guarded(State())
     }
 
     private func runMessages(

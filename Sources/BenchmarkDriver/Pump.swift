@@ -285,7 +285,7 @@ public struct PumpRunner: Sendable {
 
     /// The next message within `limit`, or `nil`.
     private func receive(from connection: any Connection, within limit: Duration) async -> [UInt8]? {
-        let box = Mutex<[UInt8]?>(nil)
+        let box = Guarded<[UInt8]?>(nil)
         let reader = Task {
             if let message = try? await connection.receive() { box.withLock { $0 = message.bytes } }
         }

@@ -211,7 +211,7 @@ final class SoakState: @unchecked Sendable {
         var doneSending = false
         var finished = false
     }
-    private let counts = Mutex(Counts())
+    private let counts = Guarded(Counts())
 
     init(configuration: SoakRunner.Configuration, reliable: Bool) {
         self.configuration = configuration

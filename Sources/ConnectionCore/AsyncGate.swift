@@ -8,7 +8,7 @@ public final class AsyncGate: Sendable {
         var busy = false
         var waiters: [CheckedContinuation<Void, Never>] = []
     }
-    private let state = Mutex(State())
+    private let state = Guarded(State())
 
     public init() {}
 

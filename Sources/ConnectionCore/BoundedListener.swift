@@ -19,7 +19,7 @@ public enum BoundsLog {
         var unsaid: [Event: Int] = [:]
     }
 
-    private static let state = Mutex(State())
+    private static let state = Guarded(State())
     private static let interval: UInt64 = 10_000_000_000
     private static let processStart = ContinuousClock.now
 
@@ -64,7 +64,7 @@ public final class BoundedListener: Listener, Sendable {
     private let inner: any Listener
     private let options: ConnectionOptions
     let registry: Registry
-    private let sweeper = Mutex<Task<Void, Never>?>(nil)
+    private let sweeper = Guarded<Task<Void, Never>?>(nil)
 
     /// Connections handed out and not yet closed.
     public var openConnections: Int { registry.open.withLock { $0.count } }
@@ -74,7 +74,7 @@ public final class BoundedListener: Listener, Sendable {
     public var idleClosed: Int { registry.idleClosed.load(ordering: .relaxed) }
 
     final class Registry: Sendable {
-        let open = Mutex<[ObjectIdentifier: Weak]>([:])
+        let open = Guarded<[ObjectIdentifier: Weak]>([:])
         let refused = Atomic<Int>(0)
         let idleClosed = Atomic<Int>(0)
 
@@ -149,8 +149,8 @@ final class BoundedConnection: Connection, Sendable {
     /// read; a clock read per message measurably slowed a server's round trip).
     private let active = Atomic<Bool>(true)
     /// When a sweep first found the connection inactive (sweeper only).
-    private let quietSince = Mutex(ContinuousClock.now)
-    private let closedForIdleness = Mutex<Duration?>(nil)
+    private let quietSince = Guarded(ContinuousClock.now)
+    private let closedForIdleness = Guarded<Duration?>(nil)
     private let released = Atomic<Bool>(false)
 
     // Fixed for the connection's life: kept here, so that reading them (`receive()` reads `options` every time)

@@ -18,7 +18,7 @@ public func firstOf(
 
 /// True for the first caller of ``claim()`` only.
 public final class OnceFlag: Sendable {
-    private let flag = Mutex(false)
+    private let flag = Guarded(false)
 
     /// A flag not yet claimed.
     public init() {}
@@ -80,7 +80,7 @@ public func withDeadline<R: Sendable>(
     _ limit: Duration, closing connection: any Connection, _ what: String,
     _ operation: @escaping @Sendable () async throws(ConnectionError) -> R
 ) async throws(ConnectionError) -> R {
-    let outcome = Mutex<Result<R, ConnectionError>?>(nil)
+    let outcome = Guarded<Result<R, ConnectionError>?>(nil)
     let finished = await runBounded(by: limit, onTimeout: { await connection.close() }) {
         let result: Result<R, ConnectionError>
         do throws(ConnectionError) {

@@ -12,10 +12,10 @@ public final class DatagramDemultiplexer<Address: Hashable & Sendable>: Sendable
     public typealias Send = @Sendable ([UInt8], Address) async throws(ConnectionError) -> Void
 
     private let accepted = ReceiveQueue<any Connection>(capacity: 1024)
-    private let peers = Mutex<[Address: DatagramPeer<Address>]>([:])
+    private let peers = Guarded<[Address: DatagramPeer<Address>]>([:])
     private let droppedCount = Atomic<Int>(0)
     private let evictedCount = Atomic<Int>(0)
-    private let lastSweep = Mutex(ContinuousClock.now)
+    private let lastSweep = Guarded(ContinuousClock.now)
     let localEndpoint: Endpoint
     let options: ConnectionOptions
     let send: Send

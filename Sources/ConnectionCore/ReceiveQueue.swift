@@ -71,7 +71,7 @@ public final class ReceiveQueue<Element: Sendable>: Sendable {
         @inlinable var isEmpty: Bool { head == items.count }
     }
 
-    @usableFromInline let state: Mutex<State>
+    @usableFromInline let state: Guarded<State>
     @usableFromInline let capacity: Int
     @usableFromInline let weigh: @Sendable (Element) -> Int
     @usableFromInline let split: (@Sendable (inout Element, Int) -> Element?)?
@@ -99,7 +99,7 @@ public final class ReceiveQueue<Element: Sendable>: Sendable {
         join: (@Sendable (inout Element, Element) -> Void)? = nil,
         onSpaceAvailable: (@Sendable () -> Void)? = nil
     ) {
-        self.state = Mutex(State())
+        self.state = Guarded(State())
         self.capacity = max(1, capacity)
         self.weigh = weigh
         self.split = split

@@ -6,7 +6,7 @@ import Synchronization
 /// descriptor check: a client accepted by bsd's acceptor thread in the instant its listener closed was still open
 /// when `close()` returned.)
 package final class RefusedConnections: Sendable {
-    private let closing = Mutex<[Task<Void, Never>]>([])
+    private let closing = Guarded<[Task<Void, Never>]>([])
 
     package init() {}
 

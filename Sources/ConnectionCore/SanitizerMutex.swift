@@ -5,9 +5,8 @@ import Synchronization
 /// `Synchronization.Mutex` as ThreadSanitizer can see it. The standard library's Mutex locks with futex
 /// system calls inside the precompiled Synchronization module, which TSan does not instrument, so under TSan
 /// every access it guards is reported as a race. Built with `-DSOCKETSTYLES_TSAN` (`scripts/sanitize thread`),
-/// every module that uses `Mutex` declares `typealias Mutex = SanitizerMutex` (its own declaration wins over the
-/// imported one), so the whole package locks a `pthread_mutex_t`, whose lock and unlock TSan intercepts. Same API
-/// as the parts of `Synchronization.Mutex` the package uses.
+/// the package's lock type ``Guarded`` is this one, so the whole package locks a `pthread_mutex_t`, whose lock
+/// and unlock TSan intercepts. Same API as the parts of `Synchronization.Mutex` the package uses.
 public struct SanitizerMutex<Value: ~Copyable>: ~Copyable, @unchecked Sendable {
     private let lock: UnsafeMutablePointer<pthread_mutex_t>
     private let value: UnsafeMutablePointer<Value>

@@ -16,13 +16,13 @@ public final class UpgradingListener: Listener, Sendable {
     public let path: String
     private let inner: any Listener
     private let shared = Shared()
-    private let loop = Mutex<Task<Void, Never>?>(nil)
+    private let loop = Guarded<Task<Void, Never>?>(nil)
 
     private final class Shared: Sendable {
         let queue = ReceiveQueue<any Connection>(capacity: 1024)
-        let pending = Mutex<[ObjectIdentifier: any Connection]>([:])
+        let pending = Guarded<[ObjectIdentifier: any Connection]>([:])
         let rejected = Atomic<Int>(0)
-        let lastRejection = Mutex<ConnectionError?>(nil)
+        let lastRejection = Guarded<ConnectionError?>(nil)
     }
 
     /// Handshakes that failed so far.

@@ -1,4 +1,5 @@
 import BenchmarkDriver
+import ConnectionCore
 public import SocketStyles
 import Synchronization
 
@@ -10,9 +11,9 @@ import Synchronization
 public final class EchoServer: Sendable {
     /// The listener (its ``Listener/localEndpoint`` has the real port).
     public let listener: any Listener
-    private let connections = Mutex<[ObjectIdentifier: any Connection]>([:])
+    private let connections = Guarded<[ObjectIdentifier: any Connection]>([:])
     private let served = Atomic<Int>(0)
-    private let acceptLoop = Mutex<Task<Void, Never>?>(nil)
+    private let acceptLoop = Guarded<Task<Void, Never>?>(nil)
     /// What the server does with what it receives.
     public let mode: Mode
 

@@ -1,3 +1,4 @@
+import ConnectionCore
 import Foundation
 import POSIXSupport
 public import SocketStyles
@@ -46,8 +47,8 @@ public enum SocketTest {
         Syscall.openDescriptors().filter { !$0.hasSuffix("anon_inode:[timerfd]") && !$0.hasSuffix(" -> ?") }
     }
 
-    private static let warmedUp = Mutex(false)
-    private static let extraWarmUps = Mutex<[@Sendable () -> Void]>([])
+    private static let warmedUp = Guarded(false)
+    private static let extraWarmUps = Guarded<[@Sendable () -> Void]>([])
 
     /// Registers something that lives as long as the process once made (a signal handler, a shared loop),
     /// to be made before the next test counts descriptors. Suites call this from their initialiser, which
@@ -125,8 +126,8 @@ public func withTimeLimit<R: Sendable>(
 /// Who finished first in ``withTimeLimit(_:_:)``, and the two tasks racing.
 private final class TimeLimitRace: Sendable {
     let decided = OnceFlag()
-    let work = Mutex<Task<Void, Never>?>(nil)
-    let timer = Mutex<Task<Void, Never>?>(nil)
+    let work = Guarded<Task<Void, Never>?>(nil)
+    let timer = Guarded<Task<Void, Never>?>(nil)
 }
 
 /// Runs bodies one at a time, in arrival order, on ConnectionCore's ``AsyncGate``.

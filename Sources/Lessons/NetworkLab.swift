@@ -1,3 +1,4 @@
+import ConnectionCore
 import Foundation
 public import POSIXSupport
 import SocketStyles
@@ -75,7 +76,7 @@ public final class NetworkLab: @unchecked Sendable {
     }
 
     /// Namespace pairs alive now (their common prefix), removed on SIGINT/SIGTERM.
-    private static let live = Mutex<Set<String>>([])
+    private static let live = Guarded<Set<String>>([])
 
     /// Installs, once per process, the SIGINT/SIGTERM handling that removes every live lab's namespaces before
     /// exiting (a self-pipe and a thread: no work in the signal handler itself).

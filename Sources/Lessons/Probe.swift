@@ -1,4 +1,5 @@
 import BenchmarkDriver
+import ConnectionCore
 import Foundation
 import POSIXSupport
 public import SocketStyles
@@ -93,7 +94,7 @@ public enum LessonProbe {
         let connection = try await backend.connect(to: endpoint)
         let count = 300
         let size = 16
-        let arrivals = Mutex<[(sequence: Int, rtt: UInt64)]>([])
+        let arrivals = Guarded<[(sequence: Int, rtt: UInt64)]>([])
         let stream = endpoint.transport == .tcp
         // tcp and ws deliver everything, however late; a udp datagram may never come.
         let reliable = endpoint.transport != .udp

@@ -26,7 +26,7 @@ public final class UVLoop: @unchecked Sendable {
     private nonisolated(unsafe) var localJobs: [UnownedJob] = []
     private nonisolated(unsafe) var runningJobs: [UnownedJob] = []
     private nonisolated(unsafe) var localOpen = true
-    private let pending = Mutex(Pending())
+    private let pending = Guarded(Pending())
 
     private struct Pending {
         var blocks: [@Sendable () -> Void] = []
@@ -35,7 +35,7 @@ public final class UVLoop: @unchecked Sendable {
         var open = true
     }
     private let threadID = Atomic<UInt>(0)
-    private let state = Mutex(LoopState())
+    private let state = Guarded(LoopState())
     /// The thread's name, for `top -H` and debuggers.
     public let name: String
 

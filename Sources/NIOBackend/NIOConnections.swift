@@ -49,7 +49,7 @@ final class EventLoopTaskExecutor: TaskExecutor, @unchecked Sendable {
         return result
     }
 
-    private static let executors = Mutex<[ObjectIdentifier: EventLoopTaskExecutor]>([:])
+    private static let executors = Guarded<[ObjectIdentifier: EventLoopTaskExecutor]>([:])
 
     /// One executor per loop.
     static func of(_ loop: any EventLoop) -> EventLoopTaskExecutor {
@@ -198,7 +198,7 @@ final class NIOStreamConnection: Connection, Sendable {
         to address: NIOCore.SocketAddress, endpoint: Endpoint, options: ConnectionOptions,
         group: MultiThreadedEventLoopGroup
     ) async throws(ConnectionError) -> NIOStreamConnection {
-        let handlerBox = Mutex<StreamInboxHandler?>(nil)
+        let handlerBox = Guarded<StreamInboxHandler?>(nil)
         let bootstrap = ClientBootstrap(group: group)
             .connectTimeout(.nanoseconds(Int64(options.connectTimeout.wholeNanoseconds)))
             .channelInitializer { channel in
@@ -515,7 +515,7 @@ final class NIODatagramListener: Listener, Sendable {
         group: MultiThreadedEventLoopGroup
     ) async throws(ConnectionError) -> NIODatagramListener {
         guard let fd = socket.release() else { throw .closed("the bound socket was closed") }
-        let box = Mutex<DatagramDemultiplexer<NIOCore.SocketAddress>?>(nil)
+        let box = Guarded<DatagramDemultiplexer<NIOCore.SocketAddress>?>(nil)
         let bootstrap = DatagramBootstrap(group: group)
             .channelInitializer { channel in
                 do {

@@ -39,8 +39,8 @@ enum AsyncNative {
 final class AsyncNativeEchoServer: NativeEchoServer, Sendable {
     let localEndpoint: Endpoint
     private let listener: AsyncListener
-    private let acceptor: Mutex<Task<Void, Never>?> = Mutex(nil)
-    private let clients = Mutex<[ObjectIdentifier: AsyncSocket]>([:])
+    private let acceptor: Guarded<Task<Void, Never>?> = Guarded(nil)
+    private let clients = Guarded<[ObjectIdentifier: AsyncSocket]>([:])
 
     init(on endpoint: Endpoint) throws(ConnectionError) {
         listener = try AsyncListener(on: endpoint)
@@ -79,8 +79,8 @@ final class AsyncNativeEchoServer: NativeEchoServer, Sendable {
 final class AsyncNativeRelay: NativeRelay, Sendable {
     let localEndpoint: Endpoint
     private let listener: AsyncListener
-    private let acceptor: Mutex<Task<Void, Never>?> = Mutex(nil)
-    private let sockets = Mutex<[ObjectIdentifier: AsyncSocket]>([:])
+    private let acceptor: Guarded<Task<Void, Never>?> = Guarded(nil)
+    private let sockets = Guarded<[ObjectIdentifier: AsyncSocket]>([:])
     private let accepted = ClientCounter()
 
     var clients: Int { accepted.value }

@@ -168,7 +168,7 @@ final class NIONativeEchoServer: NativeEchoServer, Sendable {
 
     /// The accepted channels, so that ``stop()`` can close them.
     final class ChannelGroup: Sendable {
-        private let channels = Mutex<[ObjectIdentifier: any Channel]>([:])
+        private let channels = Guarded<[ObjectIdentifier: any Channel]>([:])
 
         func add(_ channel: any Channel) {
             let key = ObjectIdentifier(channel)

@@ -18,10 +18,10 @@ public final class EpollLoop: TaskExecutor, @unchecked Sendable {
     private let epoll: Int32
     private let wakeFD: Int32
     private static let wakeToken: UInt64 = .max
-    private let incoming = Mutex(Incoming())
+    private let incoming = Guarded(Incoming())
     private let loopThread = Atomic<UInt>(0)
     private let stopRequested = Atomic<Bool>(false)
-    private let handlers = Mutex<[Int32: any EpollHandler]>([:])
+    private let handlers = Guarded<[Int32: any EpollHandler]>([:])
     // Loop-confined.
     private var timers = TimerHeap()
     private var nextTimerID: UInt64 = 0

@@ -116,7 +116,7 @@ extension Syscall {
 /// defer { HostPins.unpin("api.example.test") }
 /// ```
 public enum HostPins {
-    private static let table = Mutex<[String: [Endpoint.Host]]>([:])
+    private static let table = Guarded<[String: [Endpoint.Host]]>([:])
 
     /// Makes `name` resolve to `addresses` (IPv4 or IPv6 literals), in this order. Throws `.invalidEndpoint` for
     /// an address that is not a literal.

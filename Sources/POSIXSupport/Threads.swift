@@ -51,7 +51,7 @@ public enum PosixThread {
     }
 
     private final class HandOff<Value: Sendable>: Sendable {
-        let value = Mutex<Value?>(nil)
+        let value = Guarded<Value?>(nil)
     }
 
     fileprivate static func run(_ raw: UnsafeMutableRawPointer) {
@@ -148,8 +148,8 @@ extension PosixThread {
 /// signal handler only writes to a self-pipe; a thread reading the pipe calls `handler` with the signal number.
 /// Installed once per process; later calls replace the handler.
 public enum SignalForwarder {
-    private static let handler = Mutex<(@Sendable (Int32) -> Void)?>(nil)
-    private static let installed = Mutex(false)
+    private static let handler = Guarded<(@Sendable (Int32) -> Void)?>(nil)
+    private static let installed = Guarded(false)
 
     public static func install(_ body: @escaping @Sendable (Int32) -> Void) {
         handler.withLock { $0 = body }

@@ -91,7 +91,7 @@ final class RunLoopTCPConnection: Connection, SocketStreamDelegate, @unchecked S
     let runLoop: SocketRunLoop
     private let inbox: ReceiveQueue<[UInt8]>
     private let closing = Atomic<Bool>(false)
-    private let endpoints = Mutex<(local: Endpoint?, remote: Endpoint?)>((nil, nil))
+    private let endpoints = Guarded<(local: Endpoint?, remote: Endpoint?)>((nil, nil))
     // Run-loop-confined.
     private var input: SocketInputStream?
     private var output: SocketOutputStream?

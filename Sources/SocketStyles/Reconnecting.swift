@@ -1,3 +1,4 @@
+import ConnectionCore
 import Synchronization
 
 /// Connection states as Network.framework's `NWConnection` reports them.
@@ -101,7 +102,7 @@ public final class ReconnectingConnection: Connection, Sendable {
 
     private let stateSink: AsyncStream<ConnectionState>.Continuation
     private let open: @Sendable () async throws(ConnectionError) -> any Connection
-    private let shared = Mutex(Shared())
+    private let shared = Guarded(Shared())
 
     private struct Shared {
         var state = ConnectionState.setup

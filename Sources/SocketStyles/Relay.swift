@@ -1,3 +1,4 @@
+import ConnectionCore
 import Synchronization
 
 /// Faults a ``Relay`` injects in one direction, in user space (no root, no netem): every figure is applied to
@@ -72,8 +73,8 @@ public final class Relay: Sendable {
     /// Where each client is relayed to.
     public let upstream: Endpoint
     private let listener: any Listener
-    private let acceptor = Mutex<Task<Void, Never>?>(nil)
-    private let pairs = Mutex<[UInt64: (any Connection, (any Connection)?)]>([:])
+    private let acceptor = Guarded<Task<Void, Never>?>(nil)
+    private let pairs = Guarded<[UInt64: (any Connection, (any Connection)?)]>([:])
     let counters = Counters()
 
     /// What the relay has done so far.
@@ -87,7 +88,7 @@ public final class Relay: Sendable {
     }
 
     final class Counters: Sendable {
-        let statistics = Mutex(Statistics())
+        let statistics = Guarded(Statistics())
         func update(_ change: (inout Statistics) -> Void) { statistics.withLock { change(&$0) } }
     }
 
@@ -310,12 +311,12 @@ final class FaultLine: Sendable {
 
     private let plan: FaultPlan
     private let capacity: Int
-    private let state: Mutex<State>
+    private let state: Guarded<State>
 
     init(plan: FaultPlan, seed: UInt64, capacity: Int) {
         self.plan = plan
         self.capacity = capacity
-        state = Mutex(State(random: SplitMix64(seed: seed)))
+        state = Guarded(State(random: SplitMix64(seed: seed)))
     }
 
     /// Queues a received message (or not: loss), at its due time.

@@ -1,3 +1,4 @@
+import ConnectionCore
 @preconcurrency public import OpenCombine
 public import SocketStyles
 import Synchronization
@@ -76,12 +77,12 @@ where Base.Element: Sendable {
         var waiter: CheckedContinuation<Bool, Never>?
         var task: Task<Void, Never>?
     }
-    private let state: Mutex<UncheckedSendable<State>>
+    private let state: Guarded<UncheckedSendable<State>>
     private let base: Base
 
     init(base: Base, subscriber: S) {
         self.base = base
-        state = Mutex(UncheckedSendable(State(subscriber: subscriber)))
+        state = Guarded(UncheckedSendable(State(subscriber: subscriber)))
     }
 
     var combineIdentifier: CombineIdentifier { CombineIdentifier(self) }

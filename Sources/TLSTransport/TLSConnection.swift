@@ -26,7 +26,7 @@ public final class TLSConnection: Connection, Sendable {
     private let engine: TLSEngine
     private let sendGate = AsyncGate()
     private let receiveGate = AsyncGate()
-    private let flags = Mutex(Flags())
+    private let flags = Guarded(Flags())
 
     private struct Flags {
         var closed = false

@@ -27,7 +27,7 @@ final class TLSContext: @unchecked Sendable {
         var role: TLSRole
         var configuration: TLSConfiguration
     }
-    private static let cache = Mutex<[Key: TLSContext]>([:])
+    private static let cache = Guarded<[Key: TLSContext]>([:])
 
     /// The context for `configuration` in `role`, made once.
     static func shared(_ role: TLSRole, _ configuration: TLSConfiguration) throws(ConnectionError) -> TLSContext {

@@ -20,7 +20,7 @@ final class TLSEngine: Sendable {
         deinit { SSL_free(ssl) }
     }
 
-    private let session: Mutex<Session>
+    private let session: Guarded<Session>
     let role: TLSRole
 
     /// A session of `context`; a client names the host it expects (checked and sent as SNI per the
@@ -67,7 +67,7 @@ final class TLSEngine: Sendable {
         } else {
             SSL_set_accept_state(ssl)
         }
-        session = Mutex(Session(ssl: ssl, input: input, output: output))
+        session = Guarded(Session(ssl: ssl, input: input, output: output))
     }
 
     /// What a handshake step needs next.

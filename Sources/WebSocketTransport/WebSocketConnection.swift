@@ -76,13 +76,13 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
     /// Our parser and encoder over `tcp`.
     private let link: WebSocketFrameLink
     private let role: WebSocketRole
-    private let state: Mutex<Shared>
+    private let state: Guarded<Shared>
     /// Open and close events, in order: `.opened` first, then `.closed` once (one consumer); with
     /// ``WebSocketOptions/reportsControlFrames``, also each ping and pong the peer sends. The newest 8 are kept
     /// for a consumer that falls behind, so `.closed` is never lost.
     public let events: AsyncStream<WebSocketEvent>
     private let eventSink: AsyncStream<WebSocketEvent>.Continuation
-    private let keepAlive = Mutex<Task<Void, Never>?>(nil)
+    private let keepAlive = Guarded<Task<Void, Never>?>(nil)
     private let closedEvent = OnceFlag()
     private let sendLock = AsyncGate()
     private let receiveLock = AsyncGate()
@@ -133,7 +133,7 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
         transport = endpoint.transport
         localEndpoint = tcp.localEndpoint.with(transport: endpoint.transport)
         remoteEndpoint = role == .client ? endpoint : tcp.remoteEndpoint.with(transport: endpoint.transport)
-        state = Mutex(
+        state = Guarded(
             Shared(
                 machine: WebSocketStateMachine(
                     role: role, maximumMessageSize: options.maximumMessageSize, deflate: deflate)))

@@ -30,7 +30,7 @@ package enum WebSocketLinkInput: Sendable {
 /// masked straight from them.
 package final class WebSocketFrameLink: @unchecked Sendable {
     private let stream: any Connection
-    private let parser: Mutex<WebSocketFrameParser>
+    private let parser: Guarded<WebSocketFrameParser>
     /// Used by the one receive in progress (``WebSocketConnection`` holds its receive lock around it); made
     /// once a read brings `bulkRead` bytes or more.
     private var readBuffer: UnsafeMutableRawBufferPointer?
@@ -52,7 +52,7 @@ package final class WebSocketFrameLink: @unchecked Sendable {
         var parser = WebSocketFrameParser(role: role, maximumFrameSize: maximumFrameSize)
         parser.allowsCompressedFrames = allowsCompressedFrames
         parser.feed(leftover)
-        self.parser = Mutex(parser)
+        self.parser = Guarded(parser)
         largestRead = max(Self.bulkRead, stream.options.readChunkSize)
     }
 

@@ -1,5 +1,6 @@
 import ArgumentParser
 import BenchmarkDriver
+import ConnectionCore
 import ConnectionTestKit
 import Foundation
 import Histogram
@@ -16,7 +17,7 @@ struct Compare: AsyncParsableCommand {
             then runs each scenario against each, backends interleaved and the order rotated, --repetitions \
             times, and reports the median with the spread. Client and server are pinned (--placement). \
             Scenarios: pingpong-SIZE, rate-PERSECOND, pump-SIZE, connect, fanin-N (docs/benchmarks.md says what \
-            each times). The quick default takes about a minute; --full goes deep.
+            each times). The quick default takes about three minutes; --full goes deep.
             """
     )
 
@@ -37,7 +38,7 @@ struct Compare: AsyncParsableCommand {
 
     @Option(
         help:
-            "pingpong: seconds of round trips per repetition; the count is calibrated once per row (default 0.5, --full 1)."
+            "pingpong: seconds of round trips per repetition; the count is calibrated once per row (default 0.25, --full 1)."
     )
     var seconds: Double?
 
@@ -148,7 +149,7 @@ struct Compare: AsyncParsableCommand {
         return Plan(
             backends: chosenBackends.map(\.rawValue), transports: chosenTransports.map(\.rawValue),
             scenarios: chosenScenarios, repetitions: repetitions ?? (full ? 5 : 3),
-            pingpongCount: count ?? 2_000, pingpongSeconds: count == nil ? (seconds ?? (full ? 1 : 0.5)) : nil,
+            pingpongCount: count ?? 2_000, pingpongSeconds: count == nil ? (seconds ?? (full ? 1 : 0.25)) : nil,
             slices: count == nil ? max(1, slices) : 1, pingpongWarmup: warmup, rateSeconds: full ? 2 : 0.5,
             pumpBytes: full ? 1024 << 20 : 256 << 20, connectCount: full ? 200 : 30, faninCount: full ? 500 : 100,
             placement: placement, serverCPU: serverCPU, clientCPU: clientCPU,
@@ -476,7 +477,7 @@ struct Compare: AsyncParsableCommand {
             var others: UInt64
             var at: UInt64
         }
-        let windowEnd = Mutex<WindowEnd?>(nil)
+        let windowEnd = Guarded<WindowEnd?>(nil)
         let endWindow: () async -> Void = {
             let client = ResourceUsage.read()
             let server = await server.usage()

@@ -1,4 +1,5 @@
 import BenchmarkDriver
+import ConnectionCore
 import Foundation
 import SocketStyles
 import Synchronization
@@ -8,7 +9,7 @@ import Synchronization
 /// error with `--json`, so standard output stays JSON).
 final class RunControl<Interval: Sendable>: Sendable {
     let stop = RunStop()
-    private final class Signalled: Sendable { let reason = Mutex<String?>(nil) }
+    private final class Signalled: Sendable { let reason = Guarded<String?>(nil) }
     private let signalled = Signalled()
     private let signals: Task<Void, Never>
     private let timer: Task<Void, Never>?

@@ -1,3 +1,4 @@
+import ConnectionCore
 import ConnectionTestKit
 import POSIXSupport
 import SocketStyles
@@ -187,7 +188,7 @@ struct ConformanceTests {
         try await SocketTest.run {
             let listener = try await test.listen()
             let client = test.backend.connection(to: listener.localEndpoint, tls: test.clientTLS)
-            let seen = Mutex<[ConnectionState]>([])
+            let seen = Guarded<[ConnectionState]>([])
             let watcher = Task { for await state in client.states { seen.withLock { $0.append(state) } } }
             try await client.send(Array("hi".utf8))  // queued until ready (udp: sent at once once connected)
             let server = try await listener.accept()
@@ -241,7 +242,7 @@ struct ConformanceTests {
             await listener.close()
             let client = ReconnectingConnection(
                 backend: test.backend, endpoint: endpoint, tls: test.clientTLS, policy: .never)
-            let seen = Mutex<[ConnectionState]>([])
+            let seen = Guarded<[ConnectionState]>([])
             let watcher = Task { for await state in client.states { seen.withLock { $0.append(state) } } }
             await expectConnectionError(.refused) { () throws(ConnectionError) in try await client.receive() }
             await expectConnectionError(.refused) { () throws(ConnectionError) in try await client.send([1]) }
@@ -782,7 +783,7 @@ struct ReconnectionTests {
                     $0.initialDelay = .milliseconds(20)
                     $0.maximumDelay = .milliseconds(100)
                 })
-            let seen = Mutex<[ConnectionState]>([])
+            let seen = Guarded<[ConnectionState]>([])
             let watcher = Task { for await state in client.states { seen.withLock { $0.append(state) } } }
             try await expectEcho(client, "one")
             #expect(client.state == .ready)

@@ -1,3 +1,4 @@
+import ConnectionCore
 import ConnectionTestKit
 import SocketStyles
 import Synchronization
@@ -507,7 +508,7 @@ struct SendableBuffer: @unchecked Sendable {
 /// sees a reader that took some bytes and now waits for more, without sleeping.
 final class ObservedStream: Connection, Sendable {
     private let inner: any Connection
-    private let deliveredBytes = Mutex(0)
+    private let deliveredBytes = Guarded(0)
     let entered: AsyncStream<Int>
     private let enteredSink: AsyncStream<Int>.Continuation
 

@@ -8,7 +8,7 @@ import Testing
 
 /// Records every delegate event as "in.event" / "out.event", and reads or writes only when told.
 final class Recorder: SocketStreamDelegate, @unchecked Sendable {
-    let events = Mutex<[String]>([])
+    let events = Guarded<[String]>([])
     var input: SocketInputStream?
     var output: SocketOutputStream?
 
@@ -140,7 +140,7 @@ struct RunLoopBackendTests {
     @Test("perform from another thread wakes a sleeping run loop; timers fire in order")
     func performAndTimers() async throws {
         try await SocketTest.run {
-            let order = Mutex<[Int]>([])
+            let order = Guarded<[Int]>([])
             await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
                 runLoop.perform { [runLoop] in
                     runLoop.schedule(after: .milliseconds(20)) { order.withLock { $0.append(2) } }

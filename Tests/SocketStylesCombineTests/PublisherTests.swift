@@ -1,3 +1,4 @@
+import ConnectionCore
 import ConnectionTestKit
 import OpenCombine
 import SocketStyles
@@ -81,7 +82,7 @@ struct PublisherTests {
     final class OneAtATime: Subscriber, @unchecked Sendable {
         typealias Input = Message
         typealias Failure = ConnectionError
-        let got = Mutex<[Message]>([])
+        let got = Guarded<[Message]>([])
         // Set in receive(subscription:), which runs inside subscribe(_:) before the test goes on.
         nonisolated(unsafe) var subscription: (any Subscription)?
         let arrivals: AsyncStream<Int>.Continuation

@@ -6,7 +6,7 @@ import Testing
 
 /// What a CapturingHandler was given.
 private final class Records: Sendable {
-    let list = Mutex<[CapturingHandler.Record]>([])
+    let list = Guarded<[CapturingHandler.Record]>([])
 }
 
 /// A LogHandler that keeps what it is given.
