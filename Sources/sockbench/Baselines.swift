@@ -109,6 +109,8 @@ enum Baselines {
             result.lost = lost
             result.messagesPerSecond = Double(packets) / seconds
             result.bytesPerSecond = Double((packets - lost) * size) / seconds
+            // iperf3's receiver counts over its own interval, as our sinks do (goodput).
+            result.receivedPerSecond = Double(packets - lost) / seconds
         } else {
             let received = end["sum_received"] as? [String: Any] ?? [:]
             let bits = received["bits_per_second"] as? Double ?? 0

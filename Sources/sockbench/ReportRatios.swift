@@ -32,9 +32,16 @@ extension Report {
     }
 
     /// `figure` of `row` over `figure` of `reference`, repetition by repetition (a reference measured once, as
-    /// iperf3's row, is used for every repetition).
+    /// iperf3's row, is used for every repetition; a row measured once is set against the reference's median).
     func ratio(_ row: ReportRow?, over reference: ReportRow?, _ figure: (ScenarioResult) -> Double?) -> Ratio? {
         guard let row, let reference, !row.repetitions.isEmpty, !reference.repetitions.isEmpty else { return nil }
+        if row.repetitions.count == 1, reference.repetitions.count > 1 {
+            // Measured once, apart from the passes (iperf3, sockperf): against the reference's median.
+            guard let mine = figure(row.repetitions[0]), let theirs = figure(reference.median), theirs > 0 else {
+                return nil
+            }
+            return Ratio([mine / theirs])
+        }
         let values = row.repetitions.indices.compactMap { index -> Double? in
             let other = reference.repetitions[min(index, reference.repetitions.count - 1)]
             guard let mine = figure(row.repetitions[index]), let theirs = figure(other), theirs > 0 else { return nil }
