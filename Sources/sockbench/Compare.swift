@@ -45,6 +45,12 @@ struct Compare: AsyncParsableCommand {
     @Option(help: "pingpong: interleaved slices each repetition's seconds are measured in (default 5).")
     var slices: Int = 5
 
+    @Option(
+        help:
+            "Rounds of measuring again the passes taken while something else used the measured CPUs (0: only name them)."
+    )
+    var remeasure: Int = 2
+
     @Option(help: "pingpong: round trips before measuring, per repetition.")
     var warmup: Int = 500
 
@@ -88,6 +94,8 @@ struct Compare: AsyncParsableCommand {
         var pingpongSeconds: Double?
         /// Round-trip scenarios: the passes over every target each repetition is measured in (1 with --count).
         var slices = 1
+        /// Rounds of measuring disturbed passes again (`nil` in reports made before there was a choice).
+        var remeasure: Int?
         var pingpongWarmup: Int
         var rateSeconds: Double
         var pumpBytes: Int
@@ -150,7 +158,8 @@ struct Compare: AsyncParsableCommand {
             backends: chosenBackends.map(\.rawValue), transports: chosenTransports.map(\.rawValue),
             scenarios: chosenScenarios, repetitions: repetitions ?? (full ? 5 : 3),
             pingpongCount: count ?? 2_000, pingpongSeconds: count == nil ? (seconds ?? (full ? 1 : 0.25)) : nil,
-            slices: count == nil ? max(1, slices) : 1, pingpongWarmup: warmup, rateSeconds: full ? 2 : 0.5,
+            slices: count == nil ? max(1, slices) : 1, remeasure: max(0, remeasure), pingpongWarmup: warmup,
+            rateSeconds: full ? 2 : 0.5,
             pumpBytes: full ? 1024 << 20 : 256 << 20, connectCount: full ? 200 : 30, faninCount: full ? 500 : 100,
             placement: placement, serverCPU: serverCPU, clientCPU: clientCPU,
             options:
@@ -409,9 +418,10 @@ struct Compare: AsyncParsableCommand {
                 }
             }
         }
-        for round in 1...2 where !redo.isEmpty {
+        for round in 0..<max(0, remeasure) where !redo.isEmpty {
             Console.error(
-                "  re-measuring \(redo.count) pass(es) taken under foreign CPU load (round \(round) of 2)")
+                "  re-measuring \(redo.count) pass(es) taken under foreign CPU load (round \(round + 1) of \(remeasure))"
+            )
             var still: [(scenario: Scenario, slot: Int, order: [Target])] = []
             for entry in redo {
                 let again = try await pass(entry.scenario, order: entry.order, label: "again")

@@ -148,8 +148,11 @@ extension Report {
                 "- No pass was disturbed: other processes and the hypervisor used at most \(fixed(largest * 100, 1))% of the measured CPUs in any pass (a pass is disturbed at \(fixed(CPUShare.disturbedShare * 100, 0))% and 50 ms)."
             ]
         }
+        let again =
+            plan.remeasure == 0
+            ? "they were not measured again (--remeasure 0)" : "measuring them again did not find a quiet moment"
         return [
-            "- DISTURBED: something else used the measured CPUs during these passes, and measuring them again did not find a quiet moment; the rows measured in them, and every ratio against those rows, are not to be trusted: "
+            "- DISTURBED: something else used the measured CPUs during these passes, and \(again); the rows measured in them, and every ratio against those rows, are not to be trusted: "
                 + named.joined(separator: ", ") + "."
         ]
     }
