@@ -279,7 +279,9 @@ struct Report: Codable {
                     "p99.9 us",
                     "max us", "rt/s", "lost", "cpu us/rt", "client", "server", "ctx sw/rt", "client", "server",
                     "threads",
-                ] + (scenario.kind == "fanin" ? ["server KiB/conn", "client KiB/conn"] : [])
+                ]
+                + (scenario.kind == "fanin"
+                    ? ["server KiB/conn", "client KiB/conn", "N x one rt", "p50 / (N x rt)", "p99.9"] : [])
             let cells = selected.map { row -> [String] in
                 let m = row.median
                 let p50 = Double(m.latency?.p50 ?? 0)
@@ -312,6 +314,7 @@ struct Report: Codable {
                 ]
                 if scenario.kind == "fanin" {
                     cells += [m.serverKiBPerConnection, m.clientKiBPerConnection].map { $0.map { fixed($0, 1) } ?? "-" }
+                    cells += faninExpectation(row)
                 }
                 return cells
             }

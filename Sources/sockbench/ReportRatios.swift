@@ -156,4 +156,25 @@ extension Report {
                 + named.joined(separator: ", ") + "."
         ]
     }
+
+    // MARK: Fan-in
+
+    /// What queueing predicts for a fan-in row: N connections in closed loop against one server take turns, so a
+    /// round trip waits for about N of them; with one connection's round trip (the same backend and transport's
+    /// pingpong-64 in this run) that is N x its p50. Returns that figure, the measured p50 over it, and the p99.9
+    /// judged against N x one connection's p99.9: within it, queueing behind the others explains it; above it,
+    /// "unexplained" (something else: a stall, a timer, the machine).
+    func faninExpectation(_ row: ReportRow) -> [String] {
+        guard case .fanin(let connections) = row.scenario,
+            let single = self.row(row.backend, row.transport, .pingpong(size: 64))?.median.latency,
+            let measured = row.median.latency
+        else { return ["-", "-", microseconds(row.median.latency?.p999 ?? 0)] }
+        let expected = Double(connections) * Double(single.p50)
+        let tail = microseconds(measured.p999)
+        let explained = Double(measured.p999) <= Double(connections) * Double(single.p999)
+        return [
+            microseconds(UInt64(expected)), fixed(Double(measured.p50) / max(1, expected)),
+            explained ? tail : "\(tail) unexplained",
+        ]
+    }
 }
