@@ -163,9 +163,9 @@ public final class AsyncSocket: Sendable {
         try reactor.loop.register(fd, events: Self.watchedEvents, handler: readiness)
         do throws(ConnectionError) {
             if !connected {
-                let now = MonotonicClock.nanoseconds()
-                let left = Duration.nanoseconds(Int64(clamping: deadline > now ? deadline - now : 0))
-                try await withDeadline(left, what: "connect to \(endpoint) (\(address))") {
+                try await withDeadline(
+                    Socket.timeLeft(until: deadline, atLeast: .zero), what: "connect to \(endpoint) (\(address))"
+                ) {
                     (expired) async throws(ConnectionError) in
                     // Writability may be remembered from before; the handshake is over only when poll agrees.
                     while true {

@@ -108,8 +108,7 @@ public final class LibUVBackend: ConnectionBackend, Sendable {
                         }
                         let timer = try UVTimer(loop: loop)
                         attempt.timer = timer
-                        let now = MonotonicClock.nanoseconds()
-                        let milliseconds = max(1, (deadline > now ? deadline - now : 0) / 1_000_000)
+                        let milliseconds = Socket.timeLeft(until: deadline).milliseconds
                         try timer.start(milliseconds: milliseconds) {
                             // libuv has no connect timeout: closing the handle cancels the connect request.
                             attempt.timedOut = true

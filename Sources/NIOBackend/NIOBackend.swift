@@ -42,9 +42,8 @@ public struct NIOBackend: ConnectionBackend {
                     to: address, endpoint: endpoint, options: options, group: group)
             }
             // SwiftNIO's connect timeout is per channel: what is left of the whole connect's.
-            let now = MonotonicClock.nanoseconds()
             var attempt = options
-            attempt.connectTimeout = .nanoseconds(Int64(clamping: max(deadline > now ? deadline - now : 0, 1_000_000)))
+            attempt.connectTimeout = Socket.timeLeft(until: deadline)
             return try await NIOStreamConnection.connect(
                 to: address, endpoint: endpoint, options: attempt, group: group)
         }

@@ -164,10 +164,14 @@ public struct ConnectAttempts: Sendable {
         if error.kind == .cancelled || error.kind == .timedOut { throw error }
         lastError = error
     }
+}
 
-    /// Time left before the deadline (at least 1 ms, for timers that take a positive duration).
-    public var remaining: Duration {
+extension Socket {
+    /// Time left until `deadline` (a ``MonotonicClock`` reading, as ``ConnectAttempts/deadline``), never less than
+    /// `atLeast`: what one connect attempt may still take (timers and SwiftNIO's connect timeout want a positive
+    /// duration).
+    public static func timeLeft(until deadline: UInt64, atLeast: Duration = .milliseconds(1)) -> Duration {
         let now = MonotonicClock.nanoseconds()
-        return .nanoseconds(Int64(clamping: max(deadline > now ? deadline - now : 0, 1_000_000)))
+        return max(.nanoseconds(Int64(clamping: deadline > now ? deadline - now : 0)), atLeast)
     }
 }

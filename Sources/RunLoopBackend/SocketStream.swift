@@ -291,7 +291,7 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
         }
     }
 
-    /// Closes the socket of a connect attempt that failed.
+    /// Closes the socket (and takes it off epoll): a connect attempt that failed, or the pair's end.
     private func dropAttempt() {
         guard fd >= 0 else { return }
         if registered { runLoop?.loop.unregister(fd) }
@@ -544,10 +544,7 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
 
     private func releaseSocket() {
         guard fd >= 0 else { return }
-        if registered { runLoop?.loop.unregister(fd) }
-        registered = false
-        Syscall.close(fd)
-        fd = -1
+        dropAttempt()
         connecting = false
     }
 }
