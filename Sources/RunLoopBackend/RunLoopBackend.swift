@@ -331,6 +331,11 @@ final class RunLoopTCPConnection: Connection, SocketStreamDelegate, @unchecked S
         if closing.load(ordering: .relaxed) { throw .closed() }
         let result: Result<Void, ConnectionError> = await withCheckedContinuation { continuation in
             runLoop.perform { [self] in
+                // Checked again here, on the loop: a close() that started after the check above may have run
+                // first and taken the output away, and then nothing would ever resume this half-close.
+                guard !closing.load(ordering: .relaxed), output != nil else {
+                    return continuation.resume(returning: .failure(.closed()))
+                }
                 guard !outputShut, shutdownAfterWrites == nil else {
                     return continuation.resume(returning: .success(()))
                 }

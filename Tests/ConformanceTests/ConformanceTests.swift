@@ -440,6 +440,28 @@ struct ConformanceTests {
         }
     }
 
+    /// close() from one task while others half-close and send: each call returns (done, or `.closed`), none is
+    /// left waiting. A half-close queued on the loop just after close() took the streams away once waited forever
+    /// (runloop), and hung a relay's stop under it. Repeated, because it depends on how the calls interleave.
+    @Test("close() racing closeOutput() and send(): every call returns", arguments: ConformanceCase.streams)
+    func closeRacesHalfCloseAndSend(_ test: ConformanceCase) async throws {
+        try await SocketTest.run {
+            let listener = try await test.listen()
+            for _ in 0..<100 {
+                let client = try await test.connect(to: listener.localEndpoint)
+                let server = try await listener.accept()
+                await withDiscardingTaskGroup { group in
+                    group.addTask { try? await client.closeOutput() }
+                    group.addTask { try? await client.send([1]) }
+                    group.addTask { await client.close() }
+                }
+                await expectConnectionError(.closed) { () throws(ConnectionError) in try await client.closeOutput() }
+                await server.close()
+            }
+            await listener.close()
+        }
+    }
+
     /// A receiver that emptied the kernel's queue and waits again, when data and the FIN (or a reset) then come
     /// together: the receive after the data must find the end. The readiness that announced both is spent on the
     /// data; a backend that waits for more readiness after a short read (to save a read that would find
