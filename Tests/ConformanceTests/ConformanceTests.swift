@@ -703,6 +703,48 @@ struct ConformanceTests {
         }
     }
 
+    /// A receive and the send whose reply it waits for, started together on the connection's executor (an
+    /// open-loop client's receiver and sender): however the executor batches their jobs, the receive must not
+    /// wait in a way that keeps the send from running. bsd once blocked its reader thread in poll(2) for the
+    /// reply while the send sat behind it in the same batch of jobs.
+    @Test(
+        "On the connection's executor, a receive started just before the send it waits for still gets its reply",
+        arguments: ConformanceCase.all)
+    func receiveStartedBeforeItsSend(_ test: ConformanceCase) async throws {
+        try await SocketTest.run(timeLimit: .seconds(20)) {
+            let (listener, client, server) = try await test.connectedPair()
+            let stream = test.transport.isByteStream
+            let first = try await stream ? server.receive(exactly: 1) : server.receive()?.bytes
+            #expect(first == [0])
+            for round in 0..<3 {
+                // The server answers the client's [7] with [7, round]: the reply needs the send.
+                let answering = Task {
+                    let asked = stream ? try await server.receive(exactly: 1) : try await server.receive()?.bytes
+                    try await server.send((asked ?? []) + [UInt8(round)])
+                }
+                let reply = try await Task(executorPreference: client.preferredExecutor) {
+                    try await withThrowingTaskGroup(of: [UInt8]?.self) { group in
+                        group.addTask {
+                            stream ? try await client.receive(exactly: 2) : try await client.receive()?.bytes
+                        }
+                        group.addTask {
+                            try await client.send([7])
+                            return nil
+                        }
+                        var reply: [UInt8]?
+                        while let result = try await group.next() { reply = reply ?? result }
+                        return reply
+                    }
+                }.value
+                #expect(reply == [7, UInt8(round)])
+                try await answering.value
+            }
+            await client.close()
+            await server.close()
+            await listener.close()
+        }
+    }
+
     // MARK: Servers
 
     @Test("One server serves 100 concurrent clients", arguments: ConformanceCase.all)
