@@ -19,97 +19,135 @@ public struct RateRunner: Sendable {
         self.warmup = warmup
     }
 
+    /// Messages in all, warm-up included.
+    public var total: Int { max(1, Int(Double(perSecond) * Double((duration + warmup).wholeNanoseconds) / 1e9)) }
+
+    /// Messages of the warm-up (not recorded).
+    public var skip: Int { Int(Double(perSecond) * Double(warmup.wholeNanoseconds) / 1e9) }
+
+    /// When each message was meant to go, went, and came back (0: not yet, or never).
     private final class Book: Sendable {
-        let times: Guarded<(intended: [UInt64], actual: [UInt64])>
+        let times: Guarded<(intended: [UInt64], actual: [UInt64], received: [UInt64])>
         init(count: Int) {
-            times = Guarded(([UInt64](repeating: 0, count: count), [UInt64](repeating: 0, count: count)))
+            let zeros = [UInt64](repeating: 0, count: count)
+            times = Guarded((zeros, zeros, zeros))
         }
     }
 
     public func run(on connection: any Connection) async throws(ConnectionError) -> ScenarioResult {
-        let outcome: Result<ScenarioResult, ConnectionError> = await withTaskExecutorPreference(
-            connection.preferredExecutor
-        ) {
-            do throws(ConnectionError) {
-                return .success(try await measure(connection))
-            } catch {
-                return .failure(error)
-            }
-        }
-        return try outcome.get()
-    }
-
-    private func measure(_ connection: any Connection) async throws(ConnectionError) -> ScenarioResult {
-        let total = max(1, Int(Double(perSecond) * Double((duration + warmup).wholeNanoseconds) / 1e9))
-        let skip = Int(Double(perSecond) * Double(warmup.wholeNanoseconds) / 1e9)
+        let total = total
         let interval = 1e9 / Double(perSecond)
         let book = Book(count: total)
         let stream = connection.transport.isByteStream
         let size = size
-        // The receiver: matches each echo to its sequence number and records both latencies.
-        let receiver = Task { () -> (Histogram<UInt64>, Histogram<UInt64>, Int, ConnectionError?) in
-            var corrected = LatencySummary.makeHistogram()
-            var uncorrected = LatencySummary.makeHistogram()
-            var received = 0
-            do throws(ConnectionError) {
-                while received < total {
-                    let bytes: [UInt8]
-                    if stream {
-                        bytes = try await connection.receive(exactly: size)
-                    } else {
-                        guard let message = try await connection.receive() else { break }
-                        bytes = message.bytes
+        let pacer = Pacer(start: MonotonicClock.nanoseconds() + 1_000_000, interval: interval, count: total)
+        defer { pacer.stop() }
+        enum Part { case receiver(ConnectionError?), sender(ConnectionError?), timer }
+        let failure: ConnectionError? = await withTaskGroup(of: Part.self) { group in
+            // The receiver, on the connection's executor (resumed by I/O without a hop), only notes when each echo
+            // came back (the latencies are worked out afterwards): a read, a clock and a store per echo, as in
+            // the C floor's client.
+            group.addTask(executorPreference: connection.preferredExecutor) {
+                var received = 0
+                do throws(ConnectionError) {
+                    while received < total {
+                        let bytes: [UInt8]
+                        if stream {
+                            bytes = try await connection.receive(exactly: size)
+                        } else {
+                            guard let message = try await connection.receive() else { break }
+                            bytes = message.bytes
+                        }
+                        let now = MonotonicClock.nanoseconds()
+                        let sequence = Int(PumpSink.decode(bytes, at: 0))
+                        guard sequence < total else { continue }
+                        let fresh = book.times.withLock { times in
+                            guard times.received[sequence] == 0 else { return false }
+                            times.received[sequence] = now
+                            return true
+                        }
+                        if fresh { received += 1 }
                     }
-                    let now = MonotonicClock.nanoseconds()
-                    let sequence = Int(PumpSink.decode(bytes, at: 0))
-                    guard sequence < total else { continue }
-                    received += 1
-                    guard sequence >= skip else { continue }
-                    let (intended, actual) = book.times.withLock { ($0.intended[sequence], $0.actual[sequence]) }
-                    _ = corrected.record(max(1, now &- intended))
-                    _ = uncorrected.record(max(1, now &- actual))
+                } catch {
+                    return .receiver(error.kind == .cancelled ? nil : error)
                 }
-            } catch {
-                return (corrected, uncorrected, received, error.kind == .cancelled ? nil : error)
+                return .receiver(nil)
             }
-            return (corrected, uncorrected, received, nil)
+            // The sender, on the connection's executor too: waits for each message's time on the pacer (never
+            // spins: a spinning sender would starve the event loop it may share with the receiver and, pinned, the
+            // server; timer lateness shows in the corrected latency, as it should), notes the time and sends.
+            group.addTask(executorPreference: connection.preferredExecutor) {
+                var payload = [UInt8](repeating: 0x5a, count: size)
+                for sequence in 0..<total {
+                    let intended = pacer.due(sequence)
+                    await pacer.wait(for: sequence)
+                    if Task.isCancelled { break }  // the receiver failed
+                    let now = MonotonicClock.nanoseconds()
+                    book.times.withLock {
+                        $0.intended[sequence] = intended
+                        $0.actual[sequence] = now
+                    }
+                    let encoded = PumpSink.encode(UInt64(sequence))
+                    for index in 0..<8 { payload[index] = encoded[index] }
+                    do throws(ConnectionError) {
+                        try await connection.send(payload)
+                    } catch {
+                        return .sender(error)
+                    }
+                }
+                return .sender(nil)
+            }
+            var sendFailure: ConnectionError?
+            var receiveFailure: ConnectionError?
+            while let part = await group.next() {
+                switch part {
+                case .sender(let failure):
+                    sendFailure = failure
+                    // Echoes still in flight get half a second; UDP datagrams that never come are counted as lost.
+                    group.addTask {
+                        try? await Task.sleep(for: .milliseconds(500))
+                        return .timer
+                    }
+                case .receiver(let failure):
+                    receiveFailure = failure
+                    group.cancelAll()
+                case .timer:
+                    group.cancelAll()
+                }
+            }
+            return sendFailure ?? receiveFailure
         }
-        var payload = [UInt8](repeating: 0x5a, count: size)
-        let start = MonotonicClock.nanoseconds() + 1_000_000
-        var sendFailure: ConnectionError?
-        for sequence in 0..<total {
-            let intended = start + UInt64(Double(sequence) * interval)
-            var now = MonotonicClock.nanoseconds()
-            // Sleep, never spin: a spinning sender would starve the event loop it may share with the receiver
-            // (and, pinned, the server). Timer lateness shows up in the corrected latency, as it should.
-            if intended > now { try? await Task.sleep(for: .nanoseconds(Int64(intended - now))) }
-            now = MonotonicClock.nanoseconds()
-            book.times.withLock {
-                $0.intended[sequence] = intended
-                $0.actual[sequence] = now
-            }
-            let encoded = PumpSink.encode(UInt64(sequence))
-            for index in 0..<8 { payload[index] = encoded[index] }
-            do throws(ConnectionError) {
-                try await connection.send(payload)
-            } catch {
-                sendFailure = error
-                break
-            }
+        if let failure { throw failure }
+        let times = book.times.withLock { $0 }
+        return result(intended: times.intended, actual: times.actual, received: times.received)
+    }
+
+    /// The figures of a run from when each message was meant to go, went and came back (0: never): latency
+    /// from the intended time (corrected) and from the actual one, past the warm-up; loss; the rate echoes came
+    /// back at over the sending time. Shared with the C floor's open-loop client, so both are summed up alike.
+    public func result(intended: [UInt64], actual: [UInt64], received: [UInt64]) -> ScenarioResult {
+        var corrected = LatencySummary.makeHistogram()
+        var uncorrected = LatencySummary.makeHistogram()
+        let count = min(intended.count, actual.count, received.count)
+        var echoed = 0
+        var lastSent: UInt64 = 0
+        for index in 0..<count where actual[index] != 0 {
+            lastSent = max(lastSent, actual[index])
+            guard received[index] != 0 else { continue }
+            echoed += 1
+            guard index >= skip else { continue }
+            _ = corrected.record(max(1, received[index] &- intended[index]))
+            _ = uncorrected.record(max(1, received[index] &- actual[index]))
         }
-        let sendEnd = MonotonicClock.nanoseconds()
-        // Echoes still in flight get half a second; UDP datagrams that never come are counted as lost.
-        _ = await runBounded(by: .milliseconds(500), onTimeout: { receiver.cancel() }) { _ = await receiver.value }
-        receiver.cancel()
-        let (corrected, uncorrected, received, receiveFailure) = await receiver.value
-        if let failure = sendFailure ?? receiveFailure { throw failure }
+        let first = intended.first ?? 0
+        let elapsed = max(1, lastSent &- first)
         var measurement = ScenarioResult()
         measurement.latency = LatencySummary(corrected)
         measurement.uncorrectedLatency = LatencySummary(uncorrected)
         measurement.messages = total - skip
-        measurement.lost = total - received
-        measurement.elapsedNanoseconds = sendEnd - start
-        measurement.messagesPerSecond = Double(received) / (Double(sendEnd - start) / 1e9)
+        measurement.lost = total - echoed
+        measurement.elapsedNanoseconds = elapsed
+        measurement.messagesPerSecond = Double(echoed) / (Double(elapsed) / 1e9)
         return measurement
     }
 }

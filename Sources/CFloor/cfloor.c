@@ -2,6 +2,7 @@
 #include "CFloor.h"
 #include <errno.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -238,4 +239,92 @@ int cfloor_pump(int fd, int datagram, int size, uint64_t total_bytes, cfloor_pum
 done:
     free(chunk);
     return status;
+}
+
+/* The open-loop client's receiving side: a thread of its own, as the Swift runner's receiver is a task of its
+ * own. It records when each echo came back, by the sequence number in its first four bytes. */
+typedef struct {
+    int fd, datagram, size, total;
+    uint64_t *received_ns;
+    volatile uint64_t give_up_ns; /* 0 while the sender runs; then the time after which echoes are lost */
+    int received, failed, error;
+} rate_receiver;
+
+static void *receive_echoes(void *context) {
+    rate_receiver *r = context;
+    size_t size = (size_t)r->size;
+    char *buffer = malloc(size * 64 + 1);
+    size_t held = 0; /* TCP: bytes of an incomplete message at the start of buffer */
+    if (!buffer) { r->failed = 1; r->error = ENOMEM; return NULL; }
+    while (r->received < r->total) {
+        uint64_t give_up = __atomic_load_n(&r->give_up_ns, __ATOMIC_ACQUIRE);
+        if (give_up && now_ns() >= give_up) break;
+        /* Block in recv as the blocking client does; wake at least every 50 ms to see whether to give up. */
+        struct pollfd p = {r->fd, POLLIN, 0};
+        int n = poll(&p, 1, 50);
+        if (n < 0 && errno != EINTR) { r->failed = 1; r->error = errno; break; }
+        if (n <= 0) continue;
+        ssize_t got = r->datagram ? recv(r->fd, buffer, size + 1, 0) : recv(r->fd, buffer + held, size * 64 - held, 0);
+        uint64_t now = now_ns();
+        if (got < 0) {
+            if (errno == EINTR || errno == EAGAIN || errno == ECONNREFUSED) continue;
+            r->failed = 1; r->error = errno; break;
+        }
+        if (got == 0 && !r->datagram) { r->failed = 1; r->error = ECONNRESET; break; }
+        size_t available = r->datagram ? (size_t)got : held + (size_t)got;
+        size_t offset = 0;
+        while (available - offset >= size) {
+            uint32_t sequence;
+            memcpy(&sequence, buffer + offset, sizeof sequence);
+            if (sequence < (uint32_t)r->total && r->received_ns[sequence] == 0) {
+                r->received_ns[sequence] = now;
+                r->received++;
+            }
+            offset += size;
+            if (r->datagram) break;
+        }
+        if (!r->datagram) {
+            held = available - offset;
+            memmove(buffer, buffer + offset, held);
+        }
+    }
+    free(buffer);
+    return NULL;
+}
+
+int cfloor_rate(int fd, int datagram, int size, int total, uint64_t interval_ns, uint64_t *intended_ns,
+                uint64_t *actual_ns, uint64_t *received_ns, int *received) {
+    if (size < (int)sizeof(uint32_t)) size = (int)sizeof(uint32_t);
+    char *out = malloc((size_t)size);
+    if (!out) { errno = ENOMEM; return -1; }
+    memset(out, 0x5a, (size_t)size);
+    memset(received_ns, 0, sizeof *received_ns * (size_t)total);
+    rate_receiver r = {fd, datagram, size, total, received_ns, 0, 0, 0, 0};
+    pthread_t thread;
+    int status = pthread_create(&thread, NULL, receive_echoes, &r);
+    if (status != 0) { free(out); errno = status; return -1; }
+    int result = 0;
+    uint64_t start = now_ns() + 1000000;
+    for (int i = 0; i < total; i++) {
+        uint64_t intended = start + (uint64_t)((double)i * (double)interval_ns);
+        /* Sleep until the schedule says, never spin (as the Swift sender); lateness shows in the corrected time. */
+        struct timespec until = {(time_t)(intended / 1000000000ull), (long)(intended % 1000000000ull)};
+        while (now_ns() < intended && clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &until, NULL) == EINTR) {}
+        uint64_t actual = now_ns();
+        intended_ns[i] = intended;
+        actual_ns[i] = actual;
+        uint32_t sequence = (uint32_t)i;
+        memcpy(out, &sequence, sizeof sequence);
+        int sent = datagram ? (send(fd, out, (size_t)size, MSG_NOSIGNAL) < 0 ? -1 : 0) : send_all(fd, out, (size_t)size);
+        if (sent != 0 && !(datagram && (errno == ECONNREFUSED || errno == ENOBUFS))) { result = -1; break; }
+    }
+    int code = errno;
+    /* Echoes still in flight get half a second, as in the Swift runner. */
+    __atomic_store_n(&r.give_up_ns, now_ns() + 500000000ull, __ATOMIC_RELEASE);
+    pthread_join(thread, NULL);
+    free(out);
+    *received = r.received;
+    if (result != 0) { errno = code; return -1; }
+    if (r.failed) { errno = r.error; return -1; }
+    return 0;
 }

@@ -62,11 +62,26 @@ enum Baselines {
                 rows["pump-1400|iperf3|udp"] = [result]
             }
         }
+        if let sockperf = path("sockperf") {
+            for case .rate(let perSecond) in plan.scenarios {
+                for transport in ["tcp", "udp"] where plan.transports.contains(transport) {
+                    do {
+                        rows["rate-\(perSecond)|sockperf|\(transport)"] = [
+                            try runSockperf(
+                                sockperf, udp: transport == "udp", seconds: seconds, plan: plan,
+                                mode: ["ul", "--mps=\(perSecond)", "--reply-every", "1"])
+                        ]
+                    } catch {
+                        Console.error("  sockperf under load \(transport): \(error) (row left out)")
+                    }
+                }
+            }
+        }
         if let sockperf = path("sockperf"), scenarios.contains("pingpong-64") {
             for transport in ["tcp", "udp"] where plan.transports.contains(transport) {
                 do {
                     rows["pingpong-64|sockperf|\(transport)"] = [
-                        try sockperfPingPong(sockperf, udp: transport == "udp", seconds: seconds, plan: plan)
+                        try runSockperf(sockperf, udp: transport == "udp", seconds: seconds, plan: plan, mode: ["pp"])
                     ]
                 } catch {
                     Console.error("  sockperf \(transport): \(error) (row left out)")
@@ -122,7 +137,13 @@ enum Baselines {
         return result
     }
 
-    static func sockperfPingPong(_ tool: String, udp: Bool, seconds: Int, plan: Compare.Plan) throws -> ScenarioResult {
+    /// sockperf's ping-pong (`pp`) or under-load mode (`ul --mps=N --reply-every 1`: every message answered, sent
+    /// on sockperf's schedule; its sender waits for each send time by polling the clock, on a CPU of its own, so
+    /// it never pays a timer's or an idle CPU's wake-up as our sleeping senders do). Its figures are round trips
+    /// from the actual send time: a rate row's uncorrected latency (sockperf corrects for no stall).
+    static func runSockperf(
+        _ tool: String, udp: Bool, seconds: Int, plan: Compare.Plan, mode: [String]
+    ) throws -> ScenarioResult {
         let port = try freePort(datagram: udp)
         let server = try startServer(
             pinned(plan.serverCPU, [tool, "sr"] + (udp ? [] : ["--tcp"]) + ["-i", "127.0.0.1", "-p", "\(port)"]))
@@ -136,7 +157,7 @@ enum Baselines {
             let (status, text) = try ChildProcess.run(
                 pinned(
                     plan.clientCPU,
-                    [tool, "pp"] + (udp ? [] : ["--tcp"]) + [
+                    [tool] + mode + (udp ? [] : ["--tcp"]) + [
                         "-i", "127.0.0.1", "-p", "\(port)", "-t", "\(seconds)", "-m", "64", "--full-rtt",
                     ]))
             output = text
@@ -165,9 +186,14 @@ enum Baselines {
         }
         func ns(_ key: String) -> UInt64 { UInt64((percentiles[key] ?? p50) * 1000) }
         var result = ScenarioResult()
-        result.latency = LatencySummary(
+        let latency = LatencySummary(
             count: UInt64(observations), min: ns("min"), p50: ns("50.000"), p90: ns("90.000"), p99: ns("99.000"),
             p999: ns("99.900"), p9999: ns("99.990"), max: ns("max"), mean: p50 * 1000, stddev: 0)
+        if mode.first == "ul" {
+            result.uncorrectedLatency = latency
+        } else {
+            result.latency = latency
+        }
         result.messages = observations
         result.messagesPerSecond = Double(observations) / Double(seconds)
         result.elapsedNanoseconds = UInt64(seconds) * 1_000_000_000

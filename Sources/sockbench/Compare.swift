@@ -546,8 +546,8 @@ struct Compare: AsyncParsableCommand {
                 ? "proxy runs on this host only (not with --server)" : "the native relays are tcp -> tcp"
         }
         guard target.backend != nil else {
-            return ["pingpong", "pump", "proxy", "proxypump"].contains(scenario.kind)
-                ? nil : "the C floor runs pingpong, pump, proxy and proxypump (the direct paths) only"
+            return ["pingpong", "rate", "pump", "proxy", "proxypump"].contains(scenario.kind)
+                ? nil : "the C floor runs pingpong, rate, pump, proxy and proxypump (the direct paths) only"
         }
         if scenario.kind == "native", target.native == nil {
             return "native styles: every backend over tcp; nio also over ws (NIOWebSocket), tls and wss (swift-nio-ssl)"
@@ -572,8 +572,12 @@ struct Compare: AsyncParsableCommand {
             case .pump(let size), .proxyPump(let size):
                 _ = try await runFloorPump(endpoint: endpoint, size: size, totalBytes: plan.pumpBytes / 8)
                 return try await runFloorPump(endpoint: endpoint, size: size, totalBytes: plan.pumpBytes)
+            case .rate(let perSecond):
+                return try await runFloorRate(
+                    endpoint: endpoint, perSecond: perSecond, duration: .milliseconds(Int(plan.rateSeconds * 1000)),
+                    warmup: .milliseconds(250))
             default:
-                throw ConnectionError(.unsupported, "the C floor runs pingpong, pump and proxy only")
+                throw ConnectionError(.unsupported, "the C floor runs pingpong, rate, pump and proxy only")
             }
         }
         let connect: @Sendable () async throws(ConnectionError) -> any Connection = {

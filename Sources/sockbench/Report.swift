@@ -95,7 +95,7 @@ struct Report: Codable {
         notes = [
             "Every backend is measured through the unified Connection on both ends (client here, server in its own process), except native-SIZE: the same tcp ping-pong written in the backend's own style on both ends (x native = the price of the unified API), and proxy-SIZE: the C client and C echo server with one relay between them written in the backend's own style (sockbench proxy --native, in its own process on the server's CPU); the C floor's proxy row is the direct path. Its CPU figures are the client's and the relay's (the C echo server is not counted).",
             "SwiftNIO (nio) runs with TCP_NODELAY and a 64 KiB UDP buffer like every other backend (its defaults differ); its tls/wss use the same OpenSSL layer as the others, so TLS numbers compare connection styles, not TLS libraries; nio's native tls and wss rows are swift-nio-ssl (BoringSSL in SwiftNIO's pipeline), what a SwiftNIO user would write. Its ws and wss frames go through the shared WebSocket codec like every backend's; SwiftNIO's own WebSocket (NIOHTTP1 upgrade and NIOWebSocket handlers on both ends) is nio's native ws row.",
-            "iperf3 and sockperf rows (when installed) are those tools measured in the same run with the same pinning: iperf3's single TCP stream and UDP sender, sockperf's ping-pong (its --full-rtt round trips).",
+            "iperf3 and sockperf rows (when installed) are those tools measured in the same run with the same pinning: iperf3's single TCP stream and UDP sender, sockperf's ping-pong (its --full-rtt round trips) and its under-load mode at each rate (every message answered; its sender polls the clock instead of sleeping, so it pays no timer or idle wake-up; its latency is from the actual send time, set against the C floor's uncorrected p50).",
             "CPU time per side is read from each process's CPU-time clock (clock_getcpuclockid: every thread, nanoseconds); cost per message is (client + server CPU) / messages over the window. Context switches: the client from getrusage (every thread), the server summed over its live threads in /proc/PID/task (a server thread that ended in the window is not counted); peak memory from /proc/PID/status. All figures per repetition, medians across repetitions.",
         ]
     }
@@ -260,14 +260,23 @@ struct Report: Codable {
         case "rate":
             let header = [
                 "backend", "transport", "p50 us", "p99 us", "p99.9 us", "max us", "uncorrected p50", "uncorrected p99",
-                "achieved/s", "lost", "cpu us/msg",
+                "x C floor", "achieved/s", "lost", "cpu us/msg",
             ]
+            // The C floor's open-loop client at the same rate and transport: what the uncorrected p50 is set against.
+            func floor(_ transport: String) -> Double? {
+                rows.first { $0.backend == Self.floorName && $0.transport == transport && $0.scenario == scenario }
+                    .flatMap { $0.median.uncorrectedLatency.map { Double($0.p50) } }
+            }
             let cells = selected.map { row -> [String] in
                 let m = row.median
+                // sockperf's under-load rows have no corrected latency (it corrects for no stall).
+                func us(_ value: UInt64?) -> String { value.map { microseconds($0) } ?? "-" }
+                let ratio = floor(row.transport).flatMap { base in
+                    m.uncorrectedLatency.map { fixed(Double($0.p50) / max(1, base), 2) + "x" }
+                }
                 return [
-                    row.backend, row.transport, microseconds(m.latency?.p50 ?? 0), microseconds(m.latency?.p99 ?? 0),
-                    microseconds(m.latency?.p999 ?? 0), microseconds(m.latency?.max ?? 0),
-                    microseconds(m.uncorrectedLatency?.p50 ?? 0), microseconds(m.uncorrectedLatency?.p99 ?? 0),
+                    row.backend, row.transport, us(m.latency?.p50), us(m.latency?.p99), us(m.latency?.p999),
+                    us(m.latency?.max), us(m.uncorrectedLatency?.p50), us(m.uncorrectedLatency?.p99), ratio ?? "-",
                     "\(Int(m.messagesPerSecond ?? 0))", "\(m.lost ?? 0)", cpuPerMessage(m),
                 ]
             }

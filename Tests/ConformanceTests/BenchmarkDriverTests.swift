@@ -141,14 +141,19 @@ struct BenchmarkDriverTests {
         }
     }
 
-    @Test("rate: every echo over TCP is matched to its send; corrected latency is never below uncorrected")
-    func rate() async throws {
+    /// The sender and the receiver both run on the connection's executor (the pacer only wakes the sender), so
+    /// this runs the open-loop runner on every backend's executor.
+    @Test(
+        "rate: every echo is matched to its send; corrected latency is never below uncorrected",
+        arguments: ConformanceCase.all.filter { [.tcp, .udp, .ws].contains($0.transport) })
+    func rate(_ test: ConformanceCase) async throws {
         try await SocketTest.run {
-            let server = try await EchoServer.start(.async, on: try Endpoint(url: "tcp://127.0.0.1:0"))
-            let connection = try await Backend.bsd.connect(to: server.endpoint)
-            let result = try await RateRunner(perSecond: 2000, duration: .milliseconds(300), warmup: .milliseconds(50))
-                .run(on: connection)
-            #expect(result.lost == 0)
+            let server = try await test.echoServer()
+            let connection = try await test.connect(to: server.endpoint)
+            let runner = RateRunner(perSecond: 2000, duration: .milliseconds(300), warmup: .milliseconds(50))
+            let result = try await runner.run(on: connection)
+            // Loopback keeps every datagram at this rate; a busy CI machine may drop one now and then.
+            #expect(result.lost ?? 0 <= (test.transport == .udp ? runner.total / 100 : 0))
             let corrected = try #require(result.latency)
             let uncorrected = try #require(result.uncorrectedLatency)
             #expect(corrected.count == uncorrected.count && corrected.count > 0)

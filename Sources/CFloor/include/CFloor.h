@@ -2,8 +2,8 @@
 #define CFLOOR_H
 #include <stdint.h>
 
-/* The C floor: the least a round trip can cost on this machine. Plain blocking sockets, no allocation, no
- * threads beyond the caller's. sockbench compare runs it beside every backend so "ratio to the floor" is
+/* The C floor: the least a round trip can cost on this machine. Plain blocking sockets, no allocation in
+ * the measured loops, no threads beyond the caller's (the open-loop client adds one receiver, as its Swift twin has). sockbench compare runs it beside every backend so "ratio to the floor" is
  * always a column. */
 
 /* Echo server on a bound socket: TCP (listening) serves one client at a time until it closes; UDP echoes
@@ -33,4 +33,13 @@ typedef struct {
 /* One-way bulk on a connected blocking socket to a cfloor_sink: total_bytes in writes of `size` bytes (UDP:
  * total_bytes / size datagrams), then the sink's count. Returns 0, or -1 with errno set. */
 int cfloor_pump(int fd, int datagram, int size, uint64_t total_bytes, cfloor_pump_result *result);
+
+/* Open-loop load on a connected blocking socket, as sockbench's rate runner does it: `total` messages of `size`
+ * bytes (the first four carry the sequence number), message i meant to leave at start + i x interval_ns; the
+ * sender sleeps until then (clock_nanosleep, never a spin) and a second thread receives the echoes. Fills
+ * intended_ns[i] and actual_ns[i] (when each was meant to go and went) and received_ns[i] (when its echo came
+ * back; 0 when it never did within half a second of the last send), and *received. Returns 0, or -1 with
+ * errno set. */
+int cfloor_rate(int fd, int datagram, int size, int total, uint64_t interval_ns, uint64_t *intended_ns,
+                uint64_t *actual_ns, uint64_t *received_ns, int *received);
 #endif
