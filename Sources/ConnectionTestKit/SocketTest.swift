@@ -8,7 +8,8 @@ import Synchronization
 ///
 /// Test runners run tests in parallel, which would make descriptor counts meaningless; every test that opens
 /// sockets goes through ``run(timeLimit:_:)``, which serialises them on one async lock (tests without sockets
-/// still run in parallel).
+/// still run in parallel). `timeLimit` bounds a test's own time; a suite's `.timeLimit` also counts the wait for
+/// the lock, which grows with every socket test of the run (minutes), so suites give 20 minutes.
 public enum SocketTest {
     /// A test exceeded its time limit, or left descriptors open.
     public struct Failure: Error, CustomStringConvertible {

@@ -6,7 +6,7 @@ import Testing
 /// `receive(into:)` and `send(contentsOf:)`, receiving into and sending from buffers the caller owns, against the
 /// same contract as `receive` and `send`: run for every backend x transport, on the connection's own executor
 /// (where backends read straight into the buffer and write straight from it) and off it.
-@Suite("Conformance: receive(into:) and send(contentsOf:)", .timeLimit(.minutes(5)))
+@Suite("Conformance: receive(into:) and send(contentsOf:)", .timeLimit(.minutes(20)))
 struct ReceiveIntoTests {
 
     @Test(

@@ -409,7 +409,7 @@ struct WebSocketConformanceTests {
 }
 
 /// Receives into a caller's buffer over WebSocket: a message in one frame is unmasked straight into it.
-@Suite("WebSocket receive(into:)", .timeLimit(.minutes(5)))
+@Suite("WebSocket receive(into:)", .timeLimit(.minutes(20)))
 struct WebSocketReceiveIntoTests {
     @Test(
         "Whole messages land in the buffer; a ping between them is answered; invalid UTF-8 in placed text gets 1007",

@@ -334,7 +334,7 @@ struct AcrossHostsTests {
 
 /// The agent on loopback (no root needed): its control protocol turns bad requests into `error` answers and
 /// keeps serving, and the servers it starts answer.
-@Suite("Agent control protocol", .timeLimit(.minutes(5)))
+@Suite("Agent control protocol", .timeLimit(.minutes(20)))
 struct AgentProtocolTests {
 
     @Test("Bad requests get `error ...`; the session goes on; a started server echoes")

@@ -8,7 +8,7 @@ import Testing
 /// `sockbench ping` and `pump` as a user runs them, against a `sockbench serve` child on loopback: a timed run
 /// with interval lines and both exports, a run ended by a signal that still prints its summary, and pumps whose
 /// JSON adds up.
-@Suite("sockbench ping and pump", .serialized, .timeLimit(.minutes(5)))
+@Suite("sockbench ping and pump", .serialized, .timeLimit(.minutes(20)))
 struct PingCommandTests {
     private func withServer(
         _ transport: Transport = .tcp, sink: Bool = false, _ body: @escaping @Sendable (String) async throws -> Void
