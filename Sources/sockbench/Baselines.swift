@@ -167,6 +167,7 @@ enum Baselines {
         // Lines such as "sockperf: ---> percentile 99.000 =   16.602" (microseconds).
         var percentiles: [String: Double] = [:]
         var observations = 0
+        var window: Double?
         for line in output.split(separator: "\n") {
             if let range = line.range(of: "percentile ") {
                 let rest = line[range.upperBound...].split(separator: "=")
@@ -178,7 +179,12 @@ enum Baselines {
             } else if line.contains("<MIN> observation"), let value = line.split(separator: "=").last {
                 percentiles["min"] = Double(value.trimmingCharacters(in: .whitespaces))
             } else if let range = line.range(of: "SentMessages=") {
+                // "[Valid Duration] RunTime=2.550 sec; SentMessages=12751; ..." comes after the total run's line
+                // (which counts the warm-up): the last one read is the measured window.
                 observations = Int(line[range.upperBound...].prefix(while: { $0.isNumber })) ?? 0
+                if let time = line.range(of: "RunTime=") {
+                    window = Double(line[time.upperBound...].prefix(while: { $0.isNumber || $0 == "." }))
+                }
             }
         }
         guard let p50 = percentiles["50.000"] else {
@@ -195,8 +201,8 @@ enum Baselines {
             result.latency = latency
         }
         result.messages = observations
-        result.messagesPerSecond = Double(observations) / Double(seconds)
-        result.elapsedNanoseconds = UInt64(seconds) * 1_000_000_000
+        result.messagesPerSecond = Double(observations) / max(0.001, window ?? Double(seconds))
+        result.elapsedNanoseconds = UInt64((window ?? Double(seconds)) * 1e9)
         return result
     }
 }
