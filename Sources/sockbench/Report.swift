@@ -262,18 +262,14 @@ struct Report: Codable {
                 "backend", "transport", "p50 us", "p99 us", "p99.9 us", "max us", "uncorrected p50", "uncorrected p99",
                 "x C floor", "achieved/s", "lost", "cpu us/msg",
             ]
-            // The C floor's open-loop client at the same rate and transport: what the uncorrected p50 is set against.
-            func floor(_ transport: String) -> Double? {
-                rows.first { $0.backend == Self.floorName && $0.transport == transport && $0.scenario == scenario }
-                    .flatMap { $0.median.uncorrectedLatency.map { Double($0.p50) } }
-            }
             let cells = selected.map { row -> [String] in
                 let m = row.median
                 // sockperf's under-load rows have no corrected latency (it corrects for no stall).
                 func us(_ value: UInt64?) -> String { value.map { microseconds($0) } ?? "-" }
-                let ratio = floor(row.transport).flatMap { base in
-                    m.uncorrectedLatency.map { fixed(Double($0.p50) / max(1, base), 2) + "x" }
-                }
+                // Against the C floor's open-loop client at the same rate and transport, repetition by repetition.
+                let ratio = self.ratio(row, over: self.row(Self.floorName, row.transport, scenario)) {
+                    $0.uncorrectedLatency.map { Double($0.p50) }
+                }?.text
                 return [
                     row.backend, row.transport, us(m.latency?.p50), us(m.latency?.p99), us(m.latency?.p999),
                     us(m.latency?.max), us(m.uncorrectedLatency?.p50), us(m.uncorrectedLatency?.p99), ratio ?? "-",
