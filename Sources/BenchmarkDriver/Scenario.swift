@@ -87,8 +87,28 @@ public enum Scenario: Sendable, Hashable, Codable, CustomStringConvertible {
         }
     }
 
-    /// The kind without parameters: `pingpong`, `native`, `asyncchannel`, `proxy`, `proxypump`, `rate`, `pump`, `connect`, `fanin`.
-    public var kind: String { String(description.prefix(while: { $0 != "-" })) }
+    /// What a scenario does, without its parameters; the raw value is the name's prefix (`asyncchannel-64`).
+    public enum Kind: String, Sendable, CaseIterable {
+        case pingpong, native, proxy, rate, pump, connect, fanin, json
+        case asyncChannel = "asyncchannel"
+        case proxyPump = "proxypump"
+    }
+
+    /// The kind without parameters, to switch on (the report and compare branch on it, never on a string).
+    public var kind: Kind {
+        switch self {
+        case .pingpong: .pingpong
+        case .native: .native
+        case .asyncChannel: .asyncChannel
+        case .proxy: .proxy
+        case .proxyPump: .proxyPump
+        case .rate: .rate
+        case .pump: .pump
+        case .connect: .connect
+        case .fanin: .fanin
+        case .json: .json
+        }
+    }
 
     /// Closed-loop round trips counted per repetition (what `--count` or `--seconds` sets).
     public var countsRoundTrips: Bool {

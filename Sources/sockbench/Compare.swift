@@ -257,12 +257,12 @@ struct Compare: AsyncParsableCommand {
             return try ChildServer.start(
                 backend: backend, url: "\(transport)://127.0.0.1:0", cpu: plan.serverCPU, extraArguments: arguments)
         }
-        let needsSink = plan.scenarios.contains { $0.kind == "pump" }
-        let needsNative = plan.scenarios.contains { $0.kind == "native" }
-        let needsAsyncChannel = plan.scenarios.contains { $0.kind == "asyncchannel" }
+        let needsSink = plan.scenarios.contains { $0.kind == .pump }
+        let needsNative = plan.scenarios.contains { $0.kind == .native }
+        let needsAsyncChannel = plan.scenarios.contains { $0.kind == .asyncChannel }
         let relaysHere = agent == nil && chosenTransports.contains(.tcp)
-        let needsProxy = plan.scenarios.contains { $0.kind == "proxy" } && relaysHere
-        let needsProxyPump = plan.scenarios.contains { $0.kind == "proxypump" } && relaysHere
+        let needsProxy = plan.scenarios.contains { $0.kind == .proxy } && relaysHere
+        let needsProxyPump = plan.scenarios.contains { $0.kind == .proxyPump } && relaysHere
         // proxy-SIZE: every style's relay forwards to one C echo server, so only the hop differs; proxypump-SIZE:
         // to one C sink, which is also the direct path of the C floor's row.
         let proxyUpstream =
@@ -328,11 +328,11 @@ struct Compare: AsyncParsableCommand {
         func serverOf(_ scenario: Scenario, _ target: Target) -> (any ServerHandle, [any ServerHandle]) {
             let server: any ServerHandle =
                 switch scenario.kind {
-                case "pump": target.sink!
-                case "native": target.native!
-                case "asyncchannel": target.asyncChannel!
-                case "proxy": target.proxy ?? target.echo
-                case "proxypump": target.proxyPump ?? proxySink!
+                case .pump: target.sink!
+                case .native: target.native!
+                case .asyncChannel: target.asyncChannel!
+                case .proxy: target.proxy ?? target.echo
+                case .proxyPump: target.proxyPump ?? proxySink!
                 default: target.echo
                 }
             return (server, [proxyUpstream, proxySink].compactMap { $0 })
@@ -535,24 +535,24 @@ struct Compare: AsyncParsableCommand {
             return
                 "fanin-\(connections) on \(backend) needs \(Self.descriptors(for: connections, backend: backend)) descriptors per process (bsd: a socket and an eventfd per connection); the limit is \(limit.rlim_cur)"
         }
-        if scenario.kind == "json", target.transport != .ws && target.transport != .wss {
+        if scenario.kind == .json, target.transport != .ws && target.transport != .wss {
             return "JSON text messages are WebSocket's (ws, wss)"
         }
         if case .pump(let size) = scenario, target.transport == .udp, size > 65_507 {
             return "a UDP datagram carries at most 65,507 bytes"
         }
-        if scenario.kind == "proxy" || scenario.kind == "proxypump", target.transport != .tcp || server != nil {
+        if scenario.kind == .proxy || scenario.kind == .proxyPump, target.transport != .tcp || server != nil {
             return server != nil
                 ? "proxy runs on this host only (not with --server)" : "the native relays are tcp -> tcp"
         }
         guard target.backend != nil else {
-            return ["pingpong", "rate", "pump", "proxy", "proxypump"].contains(scenario.kind)
+            return ([.pingpong, .rate, .pump, .proxy, .proxyPump] as [Scenario.Kind]).contains(scenario.kind)
                 ? nil : "the C floor runs pingpong, rate, pump, proxy and proxypump (the direct paths) only"
         }
-        if scenario.kind == "native", target.native == nil {
+        if scenario.kind == .native, target.native == nil {
             return "native styles: every backend over tcp; nio also over ws (NIOWebSocket), tls and wss (swift-nio-ssl)"
         }
-        if scenario.kind == "asyncchannel", target.asyncChannel == nil {
+        if scenario.kind == .asyncChannel, target.asyncChannel == nil {
             return "NIOAsyncChannel is SwiftNIO's async/await bridge: nio over tcp only"
         }
         return nil

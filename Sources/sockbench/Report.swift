@@ -104,8 +104,8 @@ struct Report: Codable {
     /// connections/s for connect.
     static func mainFigure(_ scenario: Scenario, _ measurement: ScenarioResult) -> Double {
         switch scenario.kind {
-        case "pump", "proxypump": measurement.bytesPerSecond ?? 0
-        case "connect": Double(measurement.latency?.p50 ?? 0)
+        case .pump, .proxyPump: measurement.bytesPerSecond ?? 0
+        case .connect: Double(measurement.latency?.p50 ?? 0)
         default: Double(measurement.latency?.p50 ?? 0)
         }
     }
@@ -171,16 +171,16 @@ struct Report: Codable {
 
     private static func briefFigures(_ scenario: Scenario, _ m: ScenarioResult) -> String {
         switch scenario.kind {
-        case "pump", "proxypump":
+        case .pump, .proxyPump:
             var text = "\(fixed((m.bytesPerSecond ?? 0) / 1e6, 1)) MB/s, \(Int(m.messagesPerSecond ?? 0)) msg/s"
             if let lost = m.lost, m.received != nil { text += ", lost \(lost)" }
             return text
-        case "connect":
+        case .connect:
             return "p50 \(microseconds(m.latency?.p50 ?? 0)) us, \(Int(m.messagesPerSecond ?? 0)) conn/s"
-        case "json":
+        case .json:
             return
                 "p50 \(microseconds(m.latency?.p50 ?? 0)) us, \(Int(m.messageBytes ?? 0)) B as \(Int(m.wireBytes ?? 0)) B on the wire"
-        case "rate":
+        case .rate:
             return
                 "p50 \(microseconds(m.latency?.p50 ?? 0)) us (uncorrected \(microseconds(m.uncorrectedLatency?.p50 ?? 0))), p99 \(microseconds(m.latency?.p99 ?? 0)) us, lost \(m.lost ?? 0)"
         default:
@@ -206,7 +206,7 @@ struct Report: Codable {
     func table(for scenario: Scenario) -> (header: [String], cells: [[String]]) {
         let selected = rows.filter { $0.scenario == scenario }
         switch scenario.kind {
-        case "pump", "proxypump":
+        case .pump, .proxyPump:
             let header = [
                 "backend", "transport", "MB/s", "sent/s", "received/s", "x floor", "spread MB/s", "sent", "received",
                 "lost", "loss %", "reordered", "kernel drops", "cpu us/msg", "client cpu ms", "server cpu ms",
@@ -227,7 +227,7 @@ struct Report: Codable {
                 ]
             }
             return (header, cells)
-        case "connect":
+        case .connect:
             let header = ["backend", "transport", "connect p50 us", "p90 us", "p99 us", "conn/s", "cpu us/conn"]
             let cells = selected.map { row -> [String] in
                 let m = row.median
@@ -237,7 +237,7 @@ struct Report: Codable {
                 ]
             }
             return (header, cells)
-        case "json":
+        case .json:
             let header = [
                 "backend", "transport", "p50 us", "p99 us", "rt/s", "message B", "wire B", "wire / message",
                 "cpu us/rt", "client", "server",
@@ -257,7 +257,7 @@ struct Report: Codable {
                 ]
             }
             return (header, cells)
-        case "rate":
+        case .rate:
             let header = [
                 "backend", "transport", "p50 us", "p99 us", "p99.9 us", "max us", "uncorrected p50", "uncorrected p99",
                 "x C floor", "achieved/s", "lost", "cpu us/msg",
@@ -285,7 +285,7 @@ struct Report: Codable {
                     "max us", "rt/s", "lost", "cpu us/rt", "client", "server", "ctx sw/rt", "client", "server",
                     "threads",
                 ]
-                + (scenario.kind == "fanin"
+                + (scenario.kind == .fanin
                     ? ["server KiB/conn", "client KiB/conn", "N x one rt", "p50 / (N x rt)", "p99.9"] : [])
             let cells = selected.map { row -> [String] in
                 let m = row.median
@@ -317,7 +317,7 @@ struct Report: Codable {
                     perMessage(m.client, switches, 1, 1), perMessage(m.server, switches, 1, 1),
                     m.server.map { "\($0.threads)" } ?? "-",
                 ]
-                if scenario.kind == "fanin" {
+                if scenario.kind == .fanin {
                     cells += [m.serverKiBPerConnection, m.clientKiBPerConnection].map { $0.map { fixed($0, 1) } ?? "-" }
                     cells += faninExpectation(row)
                 }
@@ -355,7 +355,7 @@ struct Report: Codable {
     /// What the numbers mean for someone choosing: measured facts first, then what each style asks of you.
     func summary() -> [String] {
         var lines = ["== What this run says"]
-        if let ping = plan.scenarios.first(where: { $0.kind == "pingpong" }) {
+        if let ping = plan.scenarios.first(where: { $0.kind == .pingpong }) {
             for transport in plan.transports {
                 let candidates = rows.filter {
                     $0.scenario == ping && $0.transport == transport && Backend(rawValue: $0.backend) != nil
@@ -445,7 +445,7 @@ struct Report: Codable {
                     + hops.map { "\($0.0) \(fixed($0.1 / 1e6, 0)) (\(fixed($0.1 / direct))x)" }.joined(separator: ", ")
                     + ".")
         }
-        if let pump = plan.scenarios.first(where: { $0.kind == "pump" }) {
+        if let pump = plan.scenarios.first(where: { $0.kind == .pump }) {
             let candidates = rows.filter { $0.scenario == pump && $0.transport == "tcp" }
             let ordered = candidates.sorted { ($0.median.bytesPerSecond ?? 0) > ($1.median.bytesPerSecond ?? 0) }
                 .map { "\($0.backend) \(fixed(($0.median.bytesPerSecond ?? 0) / 1e6, 0))" }.joined(separator: ", ")

@@ -28,14 +28,14 @@ struct ReportHTML {
             for row in cells { body += "<tr>" + row.map { "<td>\(escape($0))</td>" }.joined() + "</tr>\n" }
             body += "</table>\n"
         }
-        let pingpongs = report.plan.scenarios.filter { $0.kind == "pingpong" }
+        let pingpongs = report.plan.scenarios.filter { $0.kind == .pingpong }
         for scenario in pingpongs {
             let distribution = percentileChart(scenario)
             if !distribution.isEmpty {
                 body += "<h2>\(scenario): latency by percentile (log scales)</h2>\n" + distribution
             }
         }
-        let fanins = report.plan.scenarios.filter { $0.kind == "fanin" }
+        let fanins = report.plan.scenarios.filter { $0.kind == .fanin }
         if fanins.count > 1 {
             body += "<h2>Latency against concurrency (fan-in, p50 and p99)</h2>\n" + concurrencyChart(fanins)
         }
@@ -88,7 +88,7 @@ struct ReportHTML {
     /// references, never picks.
     func verdict() -> [String] {
         let backends = Set(Backend.allCases.map(\.rawValue))
-        func rows(_ kind: String, _ transport: String) -> [ReportRow] {
+        func rows(_ kind: Scenario.Kind, _ transport: String) -> [ReportRow] {
             report.rows.filter {
                 $0.scenario.kind == kind && $0.transport == transport && backends.contains($0.backend)
             }
@@ -106,9 +106,9 @@ struct ReportHTML {
                 + "."
         }
         var lines: [String] = []
-        for scenario in report.plan.scenarios where scenario.kind == "pingpong" {
+        for scenario in report.plan.scenarios where scenario.kind == .pingpong {
             for transport in ["tcp", "ws"] {
-                let candidates = rows("pingpong", transport).filter { $0.scenario == scenario }
+                let candidates = rows(.pingpong, transport).filter { $0.scenario == scenario }
                 if let line = pick(
                     "Lowest latency, \(transport) \(scenario)", candidates,
                     by: { $0.median.latency.map { Double($0.p50) } }, lowest: true,
@@ -122,7 +122,7 @@ struct ReportHTML {
                 }
             }
             if let line = pick(
-                "Least CPU per message, tcp \(scenario)", rows("pingpong", "tcp").filter { $0.scenario == scenario },
+                "Least CPU per message, tcp \(scenario)", rows(.pingpong, "tcp").filter { $0.scenario == scenario },
                 by: { $0.median.cpuPerMessageNanoseconds }, lowest: true,
                 { _, cpu in "\(fixed(cpu / 1000, 1)) us of CPU per round trip, both ends" })
             {
@@ -130,18 +130,18 @@ struct ReportHTML {
             }
             break
         }
-        for scenario in report.plan.scenarios where scenario.kind == "pump" {
+        for scenario in report.plan.scenarios where scenario.kind == .pump {
             if let line = pick(
-                "Bulk, tcp \(scenario)", rows("pump", "tcp").filter { $0.scenario == scenario },
+                "Bulk, tcp \(scenario)", rows(.pump, "tcp").filter { $0.scenario == scenario },
                 by: { $0.median.bytesPerSecond }, lowest: false,
                 { _, rate in "\(fixed(rate / 1e6, 0)) MB/s delivered" })
             {
                 lines.append(line)
             }
         }
-        if let scenario = report.plan.scenarios.filter({ $0.kind == "fanin" }).last,
+        if let scenario = report.plan.scenarios.filter({ $0.kind == .fanin }).last,
             let line = pick(
-                "Many connections at once, tcp \(scenario)", rows("fanin", "tcp").filter { $0.scenario == scenario },
+                "Many connections at once, tcp \(scenario)", rows(.fanin, "tcp").filter { $0.scenario == scenario },
                 by: { $0.median.messagesPerSecond }, lowest: false,
                 { row, rate in
                     "\(Int(rate).formatted()) round trips/s"
@@ -167,13 +167,13 @@ struct ReportHTML {
             let group = rows.filter { $0.transport == transport }
             if transports.count > 1 { html += "<h3>\(escape(transport))</h3>\n" }
             switch scenario.kind {
-            case "pump", "proxypump":
+            case .pump, .proxyPump:
                 let sorted = group.sorted { ($0.median.bytesPerSecond ?? 0) > ($1.median.bytesPerSecond ?? 0) }
                 html += bars(
                     sorted.map { ($0.backend, [($0.median.bytesPerSecond ?? 0) / 1e6]) },
                     series: ["MB/s delivered"], unit: "MB/s")
                 html += cpuBars(group)
-            case "connect":
+            case .connect:
                 let sorted = group.sorted { ($0.median.latency?.p50 ?? 0) < ($1.median.latency?.p50 ?? 0) }
                 html += bars(
                     sorted.map { ($0.backend, [Double($0.median.latency?.p50 ?? 0) / 1000]) },

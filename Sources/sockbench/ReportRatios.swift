@@ -74,7 +74,7 @@ extension Report {
     /// A pump row against the C floor's pump of the same size: MB/s delivered for tcp, datagrams received per
     /// second at the sink for udp (goodput; what the UDP target compares).
     func pumpFloorRatio(for row: ReportRow?) -> Ratio? {
-        guard let row, row.scenario.kind == "pump" || row.scenario.kind == "proxypump",
+        guard let row, row.scenario.kind == .pump || row.scenario.kind == .proxyPump,
             row.transport == "tcp" || row.transport == "udp"
         else { return nil }
         let floor = self.row(Self.floorName, row.transport, row.scenario)

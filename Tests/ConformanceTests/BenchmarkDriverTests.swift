@@ -15,7 +15,7 @@ struct BenchmarkDriverTests {
     func names(_ name: String) throws {
         let scenario = try Scenario(name: name)
         #expect(try Scenario(name: scenario.description) == scenario)
-        #expect(name.hasPrefix(scenario.kind))
+        #expect(name.hasPrefix(scenario.kind.rawValue))
     }
 
     @Test("soak: every byte comes back verified over every backend x transport", arguments: ConformanceCase.all)
