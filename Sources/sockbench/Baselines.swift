@@ -47,26 +47,26 @@ enum Baselines {
     }
 
     /// Runs the baselines the plan's scenarios call for; returns rows keyed like the backends' runs.
-    static func run(plan: Compare.Plan, seconds: Int) -> [String: [ScenarioResult]] {
-        var rows: [String: [ScenarioResult]] = [:]
+    static func run(plan: Compare.Plan, seconds: Int) -> [RowKey: [ScenarioResult]] {
+        var rows: [RowKey: [ScenarioResult]] = [:]
         let scenarios = Set(plan.scenarios.map(\.description))
         if let iperf3 = path("iperf3") {
             if scenarios.contains("pump-65536"), plan.transports.contains("tcp"),
                 let result = try? iperf(iperf3, udp: false, size: 65_536, seconds: seconds, plan: plan)
             {
-                rows["pump-65536|iperf3|tcp"] = [result]
+                rows[RowKey(scenario: .pump(size: 65_536), source: "iperf3", transport: "tcp")] = [result]
             }
             if scenarios.contains("pump-1400"), plan.transports.contains("udp"),
                 let result = try? iperf(iperf3, udp: true, size: 1_400, seconds: seconds, plan: plan)
             {
-                rows["pump-1400|iperf3|udp"] = [result]
+                rows[RowKey(scenario: .pump(size: 1_400), source: "iperf3", transport: "udp")] = [result]
             }
         }
         if let sockperf = path("sockperf") {
             for case .rate(let perSecond) in plan.scenarios {
                 for transport in ["tcp", "udp"] where plan.transports.contains(transport) {
                     do {
-                        rows["rate-\(perSecond)|sockperf|\(transport)"] = [
+                        rows[RowKey(scenario: .rate(perSecond: perSecond), source: "sockperf", transport: transport)] = [
                             try runSockperf(
                                 sockperf, udp: transport == "udp", seconds: seconds, plan: plan,
                                 mode: ["ul", "--mps=\(perSecond)", "--reply-every", "1"])
@@ -80,7 +80,7 @@ enum Baselines {
         if let sockperf = path("sockperf"), scenarios.contains("pingpong-64") {
             for transport in ["tcp", "udp"] where plan.transports.contains(transport) {
                 do {
-                    rows["pingpong-64|sockperf|\(transport)"] = [
+                    rows[RowKey(scenario: .pingpong(size: 64), source: "sockperf", transport: transport)] = [
                         try runSockperf(sockperf, udp: transport == "udp", seconds: seconds, plan: plan, mode: ["pp"])
                     ]
                 } catch {

@@ -338,7 +338,7 @@ struct Compare: AsyncParsableCommand {
             return (server, [proxyUpstream, proxySink].compactMap { $0 })
         }
         // Round trips per slice, by time: one calibration run per row (it is also the row's warm-up).
-        var roundTrips: [String: Int] = [:]
+        var roundTrips: [RowKey: Int] = [:]
         if let seconds = plan.pingpongSeconds {
             let slice = seconds / Double(plan.slices)
             let calibrated = plan.scenarios.filter(\.countsRoundTrips)
@@ -359,17 +359,17 @@ struct Compare: AsyncParsableCommand {
             }
         }
 
-        var runs: [String: [ScenarioResult]] = [:]
+        var runs: [RowKey: [ScenarioResult]] = [:]
         var skipped: [String: String] = [:]
         let started = Date()
         /// One pass: every target measured once in `scenario`, one after another in `order`. Returns the
         /// measurements by row key.
-        func pass(_ scenario: Scenario, order: [Target], label: String) async throws -> [String: ScenarioResult] {
-            var results: [String: ScenarioResult] = [:]
+        func pass(_ scenario: Scenario, order: [Target], label: String) async throws -> [RowKey: ScenarioResult] {
+            var results: [RowKey: ScenarioResult] = [:]
             for target in order {
                 let key = Report.key(scenario, target.backend, target.transport)
                 if let reason = skipReason(scenario, target) {
-                    skipped[key] = reason
+                    skipped[key.description] = reason
                     continue
                 }
                 let (server, also) = serverOf(scenario, target)
@@ -444,7 +444,7 @@ struct Compare: AsyncParsableCommand {
             Console.error("  baselines: iperf3 and sockperf (when installed) ...")
             let rows = Baselines.run(plan: plan, seconds: full ? 5 : 1)
             for (key, value) in rows { runs[key] = value }
-            external = Array(Set(rows.keys.map { String($0.split(separator: "|")[1]) })).sorted()
+            external = Array(Set(rows.keys.map(\.source))).sorted()
         }
         let report = Report(
             plan: plan, runs: runs, skipped: skipped, machine: MachineInfo.read(), external: external)

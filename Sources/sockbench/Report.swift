@@ -57,6 +57,16 @@ struct ReportRow: Codable {
 }
 
 /// What `sockbench compare` found, in every format it writes.
+/// Which row a measurement belongs to: a scenario, who measured it (a backend, the C floor, iperf3 or sockperf)
+/// and the transport. Written `scenario|source|transport` where a text key is needed (the report's `skipped`).
+struct RowKey: Hashable, CustomStringConvertible {
+    var scenario: Scenario
+    var source: String
+    var transport: String
+
+    var description: String { "\(scenario)|\(source)|\(transport)" }
+}
+
 struct Report: Codable {
     static let floorName = "c-floor"
     var schema = "socketstyles.compare/1"
@@ -66,12 +76,12 @@ struct Report: Codable {
     var skipped: [String: String]
     var notes: [String]
 
-    static func key(_ scenario: Scenario, _ backend: Backend?, _ transport: Transport) -> String {
-        "\(scenario)|\(backend?.rawValue ?? floorName)|\(transport)"
+    static func key(_ scenario: Scenario, _ backend: Backend?, _ transport: Transport) -> RowKey {
+        RowKey(scenario: scenario, source: backend?.rawValue ?? floorName, transport: "\(transport)")
     }
 
     init(
-        plan: Compare.Plan, runs: [String: [ScenarioResult]], skipped: [String: String], machine: MachineInfo,
+        plan: Compare.Plan, runs: [RowKey: [ScenarioResult]], skipped: [String: String], machine: MachineInfo,
         external: [String] = []
     ) {
         self.plan = plan
@@ -81,7 +91,7 @@ struct Report: Codable {
         for scenario in plan.scenarios {
             for backend in [Self.floorName] + external + plan.backends {
                 for transport in plan.transports {
-                    let key = "\(scenario)|\(backend)|\(transport)"
+                    let key = RowKey(scenario: scenario, source: backend, transport: transport)
                     guard let measurements = runs[key], !measurements.isEmpty else { continue }
                     let main = measurements.map { Self.mainFigure(scenario, $0) }
                     rows.append(
