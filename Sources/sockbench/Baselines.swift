@@ -66,11 +66,12 @@ enum Baselines {
             for case .rate(let perSecond) in plan.scenarios {
                 for transport in ["tcp", "udp"] where plan.transports.contains(transport) {
                     do {
-                        rows[RowKey(scenario: .rate(perSecond: perSecond), source: "sockperf", transport: transport)] = [
-                            try runSockperf(
-                                sockperf, udp: transport == "udp", seconds: seconds, plan: plan,
-                                mode: ["ul", "--mps=\(perSecond)", "--reply-every", "1"])
-                        ]
+                        rows[RowKey(scenario: .rate(perSecond: perSecond), source: "sockperf", transport: transport)] =
+                            [
+                                try runSockperf(
+                                    sockperf, udp: transport == "udp", seconds: seconds, plan: plan,
+                                    mode: ["ul", "--mps=\(perSecond)", "--reply-every", "1"])
+                            ]
                     } catch {
                         Console.error("  sockperf under load \(transport): \(error) (row left out)")
                     }
