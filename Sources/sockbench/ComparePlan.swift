@@ -1,0 +1,153 @@
+import ArgumentParser
+import BenchmarkDriver
+import ConnectionCore
+import ConnectionTestKit
+import Foundation
+import Histogram
+import NativeStyles
+import POSIXSupport
+import SocketStyles
+import Synchronization
+
+/// What a compare run is made of: its plan (from the flags), the descriptor limit it needs, its targets.
+extension Compare {
+    /// The knobs a run uses, resolved from the flags (recorded in results.json).
+    struct Plan: Codable {
+        var backends: [String]
+        var transports: [String]
+        var scenarios: [Scenario]
+        var repetitions: Int
+        /// Round trips per repetition when fixed (--count), and of each row's calibration run otherwise.
+        var pingpongCount: Int
+        /// Seconds of round trips per repetition (the count calibrated per row), `nil` when --count fixes it.
+        var pingpongSeconds: Double?
+        /// Round-trip scenarios: the passes over every target each repetition is measured in (1 with --count).
+        var slices = 1
+        /// Rounds of measuring disturbed passes again (`nil` in reports made before there was a choice).
+        var remeasure: Int?
+        var pingpongWarmup: Int
+        var rateSeconds: Double
+        var pumpBytes: Int
+        var connectCount: Int
+        var faninCount: Int
+        var placement: Placement
+        var serverCPU: Int?
+        var clientCPU: Int?
+        var tcpNoDelay = true
+        var options: String
+        /// Where the servers ran: `local` (child processes here) or the agent's HOST:PORT.
+        var servers = "local"
+
+        /// fanin-N: `faninCount` round trips per connection up to 1,000 connections; beyond, `faninCount` x 1,000
+        /// in all (at least 10 per connection), so that fanin-10000 takes seconds, not minutes.
+        func faninRoundTrips(connections: Int) -> Int {
+            connections <= 1000 ? faninCount : max(10, faninCount * 1000 / connections)
+        }
+    }
+
+    func makePlan() throws -> Plan {
+        let chosenBackends: [Backend]
+        do throws(ConnectionError) {
+            chosenBackends =
+                backends == "all"
+                ? Backend.allCases
+                : try backends.split(separator: ",").map { name throws(ConnectionError) in
+                    try Backend(name: String(name))
+                }
+        } catch {
+            throw fail(error.detail)
+        }
+        var chosenTransports: [Transport] = []
+        for name in (transports ?? (full ? "tcp,udp,ws,tls,wss" : "tcp,udp,ws")).split(separator: ",") {
+            guard let transport = Transport(rawValue: String(name)) else {
+                throw fail("unknown transport '\(name)' (tcp, udp, ws, tls, wss)")
+            }
+            chosenTransports.append(transport)
+        }
+        let defaultScenarios =
+            full
+            ? "pingpong-64,native-64,asyncchannel-64,proxy-64,proxypump-64k,pingpong-1k,pingpong-64k,rate-10k,rate-50k,pump-1400,pump-64k,connect,fanin-1,fanin-10,fanin-100,fanin-1000,json,json-deflate"
+            : "pingpong-64,native-64,asyncchannel-64,rate-5000,pump-64k,pump-1400,connect,fanin-16"
+        var chosenScenarios: [Scenario] = []
+        for name in (scenarios ?? defaultScenarios).split(separator: ",") {
+            do throws(ScenarioError) {
+                chosenScenarios.append(try Scenario(name: String(name)))
+            } catch {
+                throw fail(error.message)
+            }
+        }
+        let (serverCPU, clientCPU): (Int?, Int?) =
+            switch placement {
+            case .same: (Syscall.cpuCount - 1, Syscall.cpuCount - 1)
+            case .cross: (0, min(1, Syscall.cpuCount - 1))
+            case .none: (nil, nil)
+            }
+        let defaults = ConnectionOptions()
+        return Plan(
+            backends: chosenBackends.map(\.rawValue), transports: chosenTransports.map(\.rawValue),
+            scenarios: chosenScenarios, repetitions: repetitions ?? (full ? 5 : 3),
+            pingpongCount: count ?? 2_000, pingpongSeconds: count == nil ? (seconds ?? (full ? 1 : 0.25)) : nil,
+            slices: count == nil ? max(1, slices) : 1, remeasure: max(0, remeasure), pingpongWarmup: warmup,
+            rateSeconds: full ? 2 : 0.5,
+            pumpBytes: full ? 1024 << 20 : 256 << 20, connectCount: full ? 200 : 30, faninCount: full ? 500 : 100,
+            placement: placement, serverCPU: serverCPU, clientCPU: clientCPU,
+            options:
+                "TCP_NODELAY on; SO_RCVBUF/SO_SNDBUF system defaults; read chunk \(defaults.readChunkSize) B; UDP buffer \(defaults.maxDatagramSize) B; receive queue \(defaults.receiveQueueLimit) B; TLS \(TLSLibrary.version), TLS 1.3, certificate verified against a throwaway CA"
+        )
+    }
+
+    /// Raises this process's descriptor limit (RLIMIT_NOFILE, which the server processes inherit) so that each
+    /// can hold `connections` connections and a thousand descriptors more, when it is lower; returns what it did,
+    /// or `nil` when nothing was needed. bsd uses two per connection (the socket and its reader thread's
+    /// eventfd), the others one. Past the hard limit only a process with CAP_SYS_RESOURCE may go: otherwise the
+    /// limit goes as far as the hard limit, rows that need more are skipped with the reason, and when even one
+    /// per connection does not fit, the error says how to raise it.
+    static func raiseDescriptorLimit(toHold connections: Int) throws -> String? {
+        var limit = rlimit()
+        guard getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0 else { return nil }
+        let wanted = rlim_t(descriptors(for: connections, backend: .bsd))
+        guard limit.rlim_cur < wanted else { return nil }
+        let before = limit.rlim_cur
+        var raised = limit
+        raised.rlim_cur = wanted
+        raised.rlim_max = max(limit.rlim_max, wanted)
+        if setrlimit(Int32(RLIMIT_NOFILE.rawValue), &raised) != 0 {
+            raised = limit
+            raised.rlim_cur = limit.rlim_max
+            let needed = rlim_t(descriptors(for: connections, backend: .uv))
+            guard limit.rlim_max >= needed, setrlimit(Int32(RLIMIT_NOFILE.rawValue), &raised) == 0 else {
+                throw fail(
+                    "fanin-\(connections) needs \(needed) descriptors in each process (bsd \(wanted)), and the limit is \(before) (hard \(limit.rlim_max)); raise it (`ulimit -n \(wanted)`, as root for more than the hard limit) or run fewer connections"
+                )
+            }
+        }
+        guard raised.rlim_cur > before else {
+            return
+                "descriptor limit \(before) is the hard limit; fanin-\(connections) on bsd would need \(wanted) (rows that need more are skipped)"
+        }
+        return
+            "descriptor limit raised from \(before) to \(raised.rlim_cur) for fanin-\(connections) (RLIMIT_NOFILE, inherited by the servers)"
+    }
+
+    /// Descriptors a client or server process needs for `connections` of `backend`, with room for the rest.
+    static func descriptors(for connections: Int, backend: Backend) -> Int {
+        connections * (backend == .bsd ? 2 : 1) + 1024
+    }
+
+    /// One server process (and its sink, for pump) per backend x transport.
+    struct Target {
+        var backend: Backend?
+        var transport: Transport
+        var echo: any ServerHandle
+        var sink: (any ServerHandle)?
+        /// The backend's own-style echo server (tcp, for native-SIZE).
+        var native: (any ServerHandle)?
+        /// nio's NIOAsyncChannel echo server (tcp, for asyncchannel-SIZE).
+        var asyncChannel: (any ServerHandle)?
+        /// The backend's own-style relay in front of the C echo server (tcp, for proxy-SIZE).
+        var proxy: (any ServerHandle)?
+        /// The backend's own-style relay in front of the C sink (tcp, for proxypump-SIZE).
+        var proxyPump: (any ServerHandle)?
+        var name: String { "\(backend?.rawValue ?? Report.floorName)/\(transport)" }
+    }
+}
