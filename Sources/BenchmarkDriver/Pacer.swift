@@ -48,6 +48,9 @@ final class Pacer: Sendable {
         }
     }
 
+    /// Whether a sender waits now (for tests).
+    var hasWaiter: Bool { state.withLock { $0.waiter != nil } }
+
     /// Ends the pacer after its current sleep; a waiting sender is resumed.
     func stop() {
         let waiter = state.withLock { state in

@@ -1,0 +1,35 @@
+import POSIXSupport
+import Testing
+
+@testable import BenchmarkDriver
+
+/// The open-loop sender's clock: a wait returns once its message is due, never before; a message already due
+/// does not wait; stopping lets a waiting sender go.
+@Suite("Pacer", .timeLimit(.minutes(1)))
+struct PacerTests {
+    @Test("Each wait returns at or after its message's time, in order, and a late sender does not wait")
+    func waitsUntilDue() async {
+        let pacer = Pacer(start: MonotonicClock.nanoseconds() + 2_000_000, interval: 1_000_000, count: 20)
+        defer { pacer.stop() }
+        for index in 0..<10 {
+            await pacer.wait(for: index)
+            #expect(MonotonicClock.nanoseconds() >= pacer.due(index))
+        }
+        // Message 10's time passes while the sender is busy: its wait returns at once.
+        while MonotonicClock.nanoseconds() < pacer.due(12) { await Task.yield() }
+        let before = MonotonicClock.nanoseconds()
+        await pacer.wait(for: 10)
+        #expect(MonotonicClock.nanoseconds() - before < pacer.due(1) - pacer.due(0) + 1_000_000)
+    }
+
+    @Test("stop() lets a sender waiting for a later message go at once")
+    func stopResumesTheWaiter() async {
+        let pacer = Pacer(start: MonotonicClock.nanoseconds(), interval: 0.5e9, count: 3)  // its thread ends 0.5 s on
+        let waiting = Task { await pacer.wait(for: 2) }
+        while pacer.hasWaiter == false { await Task.yield() }
+        let stopped = MonotonicClock.nanoseconds()
+        pacer.stop()
+        await waiting.value
+        #expect(MonotonicClock.nanoseconds() < stopped + 250_000_000, "the waiter went only at its message's time")
+    }
+}
