@@ -122,6 +122,75 @@ struct MemoryConnectionTests {
         }
     }
 
+    /// A WebSocket pair over the in-memory wire, client options as given.
+    static func webSocketPair(
+        client options: WebSocketOptions = WebSocketOptions(),
+        server serverOptions: WebSocketOptions = WebSocketOptions()
+    ) async throws -> (client: WebSocketConnection, server: WebSocketConnection, wire: MemoryWire) {
+        let (tcpClient, tcpServer, wire) = MemoryConnection.pair()
+        async let accepted = WebSocketConnection.server(over: tcpServer, options: serverOptions)
+        let client = try await WebSocketConnection.client(
+            over: tcpClient, endpoint: try Endpoint(url: "ws://memory-server:2/"), options: options)
+        return (client, try await accepted, wire)
+    }
+
+    @Test("WebSocket over the pair: a ping whose pong is held back fails at its deadline; a pong in time succeeds")
+    func webSocketPingDeadline() async throws {
+        try await socketless {
+            let (client, server, wire) = try await Self.webSocketPair()
+            let serving = Task { while (try? await server.receive()) != nil {} }  // answers pings as it reads
+            try await client.sendPing(timeout: .seconds(5))
+            wire.hold(toward: .toFirst)  // the pong never reaches the client
+            await expectConnectionError(.timedOut) { () throws(ConnectionError) in
+                try await client.sendPing(timeout: .milliseconds(100))
+            }
+            wire.release(toward: .toFirst)
+            await client.close()
+            await serving.value
+            await server.close()
+        }
+    }
+
+    @Test("WebSocket over the pair: keep-alive fails a receive when the peer goes silent behind the wire")
+    func webSocketKeepAlive() async throws {
+        try await socketless {
+            var options = WebSocketOptions()
+            options.keepAliveInterval = .milliseconds(50)
+            options.pongDeadline = .milliseconds(100)
+            let (client, server, wire) = try await Self.webSocketPair(client: options)
+            let serving = Task { while (try? await server.receive()) != nil {} }
+            wire.hold(toward: .toFirst)  // a black hole toward the client: no pong, no data, no end
+            await expectConnectionError(.timedOut) { () throws(ConnectionError) in _ = try await client.receive() }
+            wire.release(toward: .toFirst)
+            await client.close()
+            await server.close()
+            await serving.value
+        }
+    }
+
+    @Test("WebSocket over the pair: permessage-deflate agreed when both offer it; a message past the limit is refused")
+    func webSocketDeflateAndLimit() async throws {
+        try await socketless {
+            var deflating = WebSocketOptions()
+            deflating.deflate = WebSocketDeflateOptions()
+            var limited = WebSocketOptions()
+            limited.deflate = WebSocketDeflateOptions()
+            limited.maximumMessageSize = 1000
+            let (client, server, _) = try await Self.webSocketPair(client: deflating, server: limited)
+            #expect(client.deflate != nil && server.deflate != nil)
+            let text = String(repeating: "compressible ", count: 70)  // 910 bytes: under the limit
+            try await client.send(text: text)
+            #expect(try await server.receive()?.bytes == Array(text.utf8))
+            try await client.send(Message([UInt8](repeating: 1, count: 5000)))  // over the server's limit
+            await expectConnectionError(.messageTooLarge) { () throws(ConnectionError) in
+                _ = try await server.receive()
+            }
+            #expect(server.peerCloseCode == nil)  // the server failed the connection (it sends 1009)
+            await client.close()
+            await server.close()
+        }
+    }
+
     @Test("TLS over the pair: the handshake, bytes both ways, close_notify as the end; garbage is refused")
     func tls() async throws {
         try await socketless {
