@@ -73,33 +73,32 @@ final class ReaderExecutor: TaskExecutor, @unchecked Sendable {
     /// Records the calling thread as the reader (at the start of its loop).
     func bindReaderThread() { readerThread.store(PosixThread.currentID, ordering: .relaxed) }
 
-    /// Reader-thread only: the batch being run, swapped with the queue so neither buffer is reallocated, and the
-    /// index of its next job. A job that waits in place (``wait(socket:events:)`` from a receive) must not block
-    /// while jobs of its own batch are still to run: they are no longer in the queue, and one of them may be the
-    /// send that the awaited reply depends on.
-    private nonisolated(unsafe) var running: [UnownedJob] = []
-    private nonisolated(unsafe) var nextInBatch = 0
+    /// Reader-thread only (so unsynchronised: only that thread reads or writes it): the batch being run, swapped
+    /// with the queue so neither buffer is reallocated, and the index of its next job. A job that waits in place
+    /// (``wait(socket:events:)`` from a receive) must not block while jobs of its own batch are still to run: they
+    /// are no longer in the queue, and one of them may be the send that the awaited reply depends on.
+    private nonisolated(unsafe) var batch: (jobs: [UnownedJob], next: Int) = ([], 0)
 
     /// Runs every queued job, including those the jobs enqueue.
     func runJobs() {
         while true {
-            state.withLock { swap(&running, &$0.jobs) }
-            if running.isEmpty { return }
-            nextInBatch = 0
-            while nextInBatch < running.count {
-                let job = running[nextInBatch]
-                nextInBatch += 1
+            state.withLock { swap(&batch.jobs, &$0.jobs) }
+            if batch.jobs.isEmpty { return }
+            batch.next = 0
+            while batch.next < batch.jobs.count {
+                let job = batch.jobs[batch.next]
+                batch.next += 1
                 job.runSynchronously(on: asUnownedTaskExecutor())
             }
-            running.removeAll(keepingCapacity: true)
-            nextInBatch = 0
+            batch.jobs.removeAll(keepingCapacity: true)
+            batch.next = 0
         }
     }
 
     /// Waits until `socket` has `events` (`socket` < 0: only for jobs or ``wake()``), or a job comes. Returns the
     /// socket's revents (0 when woken for something else).
     func wait(socket: Int32, events: Int16) throws(ConnectionError) -> Int16 {
-        if nextInBatch < running.count { return 0 }  // jobs of the batch being run come first
+        if batch.next < batch.jobs.count { return 0 }  // jobs of the batch being run come first
         let wakeFD: Int32? = state.withLock { state in
             guard state.jobs.isEmpty, !state.wakePending else {
                 state.wakePending = false
