@@ -15,26 +15,19 @@ import Synchronization
 /// 4. ``shutdown()`` stops the loop and `uv_loop_close` must succeed: every handle must have been closed first,
 ///    otherwise it reports `EBUSY` with the handles still open.
 public final class UVLoop: @unchecked Sendable {
+    // `@unchecked`: libuv's loop and handle structs are raw pointers; only the loop thread touches them, except
+    // `uv_async_send` on `wakeup`, which libuv makes thread-safe.
     let raw: UnsafeMutablePointer<uv_loop_t>
     private let wakeup: UnsafeMutablePointer<uv_async_t>
-    /// Run jobs enqueued on the loop thread itself, after the callbacks of each poll (`uv_check_t`) and before
-    /// the loop waits (`uv_prepare_t`); unreferenced, so they never keep the loop alive.
+    /// Run the work queued on the loop thread itself after the callbacks of each poll (`uv_check_t`), and
+    /// everything queued before the loop waits (`uv_prepare_t`, which also tells the queue the loop is about to
+    /// sleep); unreferenced, so they never keep the loop alive.
     private let prepare: UnsafeMutablePointer<uv_prepare_t>
     private let check: UnsafeMutablePointer<uv_check_t>
-    // Loop-confined: jobs enqueued on the loop thread (a continuation resumed by a read callback), and the
-    // batch being run (swapped, so neither buffer is reallocated).
-    private nonisolated(unsafe) var localJobs: [UnownedJob] = []
-    private nonisolated(unsafe) var runningJobs: [UnownedJob] = []
-    private nonisolated(unsafe) var localOpen = true
-    private let pending = Guarded(Pending())
-
-    private struct Pending {
-        var blocks: [@Sendable () -> Void] = []
-        /// Cleared (on the loop thread, just before the wake-up handle is closed): later blocks are dropped,
-        /// since `uv_async_send` on a closing handle is not allowed.
-        var open = true
-    }
-    private let threadID = Atomic<UInt>(0)
+    /// Blocks and jobs for the loop thread: the package's one loop work queue, woken with `uv_async_send` (only
+    /// while the loop sleeps in its poll). Closed on the loop thread just before the wake-up handle is: later work
+    /// is dropped, since `uv_async_send` on a closing handle is not allowed.
+    private let work: LoopWorkQueue
     private let state = Guarded(LoopState())
     /// The thread's name, for `top -H` and debuggers.
     public let name: String
@@ -50,6 +43,10 @@ public final class UVLoop: @unchecked Sendable {
         self.name = name
         raw = .allocate(capacity: 1)
         wakeup = .allocate(capacity: 1)
+        let wakeupAddress = UInt(bitPattern: wakeup)
+        work = LoopWorkQueue(signal: {
+            uv_async_send(UnsafeMutablePointer<uv_async_t>(bitPattern: wakeupAddress))
+        })
         prepare = .allocate(capacity: 1)
         check = .allocate(capacity: 1)
         let status = uv_loop_init(raw)
@@ -71,17 +68,7 @@ public final class UVLoop: @unchecked Sendable {
         uv_check_start(check, uvLoopCheck)
         uv_unref(csuv_handle(prepare))
         uv_unref(csuv_handle(check))
-        let started = ConditionLock()
-        nonisolated(unsafe) var ready = false
-        PosixThread.spawn(name: name) { [self] in
-            started.withLock {
-                threadID.store(PosixThread.currentID, ordering: .releasing)
-                ready = true
-                started.broadcast()
-            }
-            run()
-        }
-        started.withLock { started.wait(until: { ready }) }
+        PosixThread.spawnAndWait(name: name, started: { [work] in work.bindToCurrentThread() }) { [self] in run() }
     }
 
     deinit {
@@ -92,16 +79,12 @@ public final class UVLoop: @unchecked Sendable {
     }
 
     /// `true` when called on this loop's thread.
-    public var isOnLoopThread: Bool { threadID.load(ordering: .acquiring) == PosixThread.currentID }
+    public var isOnLoopThread: Bool { work.isLoopThread }
 
     /// Runs `block` on the loop thread, soon (from any thread: `uv_async_send`). Once ``shutdown()`` has
     /// closed the wake-up handle, blocks are dropped.
     public func execute(_ block: @escaping @Sendable () -> Void) {
-        pending.withLock { pending in
-            guard pending.open else { return }
-            pending.blocks.append(block)
-            uv_async_send(wakeup)
-        }
+        work.add(.block(block))
     }
 
     /// Runs `block` at once when called on the loop thread (inside a callback or a job of a task that prefers
@@ -111,25 +94,20 @@ public final class UVLoop: @unchecked Sendable {
         if isOnLoopThread { block() } else { execute(block) }
     }
 
-    /// Runs the jobs enqueued on the loop thread, including those they enqueue.
-    fileprivate func runLocalJobs() {
-        while !localJobs.isEmpty {
-            swap(&localJobs, &runningJobs)
-            for job in runningJobs { job.runSynchronously(on: asUnownedTaskExecutor()) }
-            runningJobs.removeAll(keepingCapacity: true)
-        }
+    /// Runs the queued work, including what it queues (loop thread).
+    fileprivate func drain() {
+        work.runAll(jobsAs: asUnownedTaskExecutor())
     }
 
-    fileprivate func drain() {
-        runLocalJobs()
-        while true {
-            let blocks = pending.withLock { pending in
-                defer { pending.blocks.removeAll(keepingCapacity: true) }
-                return pending.blocks
-            }
-            if blocks.isEmpty { return }
-            for block in blocks { block() }
-        }
+    /// Before the loop polls: runs everything queued, until the queue agrees that the loop may sleep.
+    fileprivate func beforePoll() {
+        repeat { drain() } while !work.prepareToSleep()
+    }
+
+    /// After the poll (and in the wake-up callback): adds stop signalling; runs what the callbacks queued.
+    fileprivate func afterPoll() {
+        work.awoke()
+        drain()
     }
 
     private func run() {
@@ -175,9 +153,13 @@ public final class UVLoop: @unchecked Sendable {
                     execute { [self] in
                         // The wake-up handle is the last one this loop owns: once it is closed, uv_run returns
                         // as soon as the other handles are closed too.
-                        pending.withLock { $0.open = false }
                         drain()
-                        localOpen = false
+                        for item in work.close() ?? [] {
+                            switch item {
+                            case .block(let block): block()
+                            case .job(let job): job.runSynchronously(on: asUnownedTaskExecutor())
+                            }
+                        }
                         uv_close(csuv_handle(wakeup), nil)
                         uv_close(csuv_handle(prepare), nil)
                         uv_close(csuv_handle(check), nil)
@@ -199,16 +181,15 @@ public final class UVLoop: @unchecked Sendable {
 }
 
 private let uvLoopWakeup: @convention(c) (UnsafeMutablePointer<uv_async_t>?) -> Void = { handle in
-    let loop = Unmanaged<UVLoop>.fromOpaque(uv_handle_get_data(csuv_handle(handle!))).takeUnretainedValue()
-    loop.drain()
+    Unmanaged<UVLoop>.fromOpaque(uv_handle_get_data(csuv_handle(handle!))).takeUnretainedValue().afterPoll()
 }
 
 private let uvLoopPrepare: @convention(c) (UnsafeMutablePointer<uv_prepare_t>?) -> Void = { handle in
-    Unmanaged<UVLoop>.fromOpaque(uv_handle_get_data(csuv_handle(handle!))).takeUnretainedValue().runLocalJobs()
+    Unmanaged<UVLoop>.fromOpaque(uv_handle_get_data(csuv_handle(handle!))).takeUnretainedValue().beforePoll()
 }
 
 private let uvLoopCheck: @convention(c) (UnsafeMutablePointer<uv_check_t>?) -> Void = { handle in
-    Unmanaged<UVLoop>.fromOpaque(uv_handle_get_data(csuv_handle(handle!))).takeUnretainedValue().runLocalJobs()
+    Unmanaged<UVLoop>.fromOpaque(uv_handle_get_data(csuv_handle(handle!))).takeUnretainedValue().afterPoll()
 }
 
 private let uvWalkClose: @convention(c) (UnsafeMutablePointer<uv_handle_t>?, UnsafeMutableRawPointer?) -> Void = {
@@ -254,11 +235,6 @@ extension LibUVBackend {
 /// once no task uses it.
 extension UVLoop: TaskExecutor {
     public func enqueue(_ job: consuming ExecutorJob) {
-        let job = UnownedJob(job)
-        if isOnLoopThread && localOpen {
-            localJobs.append(job)
-            return
-        }
-        execute { [self] in job.runSynchronously(on: asUnownedTaskExecutor()) }
+        work.add(.job(UnownedJob(job)))
     }
 }

@@ -14,33 +14,24 @@ public protocol EpollHandler: AnyObject, Sendable {
 ///
 /// The run-loop backend builds its run loop on it (run, run(until:), stop, perform); the async backend uses it
 /// as its reactor.
-public final class EpollLoop: TaskExecutor, @unchecked Sendable {
+public final class EpollLoop: TaskExecutor, Sendable {
     private let epoll: Int32
     private let wakeFD: Int32
     private static let wakeToken: UInt64 = .max
-    private let incoming = Guarded(Incoming())
-    private let loopThread = Atomic<UInt>(0)
+    private let work: LoopWorkQueue
     private let stopRequested = Atomic<Bool>(false)
     private let handlers = Guarded<[Int32: any EpollHandler]>([:])
-    // Loop-confined.
-    private var timers = TimerHeap()
-    private var nextTimerID: UInt64 = 0
-    private var cancelledTimers: Set<UInt64> = []
-    private var local: [Work] = []
-    private var spare: [Work] = []
-    // Set before the loop runs; read on the loop thread only.
-    private var jobExecutor: UnownedTaskExecutor?
+    private let confined = LoopConfined(Confined())
     /// A name for the thread that runs the loop.
     public let name: String
 
-    private enum Work {
-        case block(() -> Void)
-        case job(UnownedJob)
-    }
-
-    private struct Incoming: @unchecked Sendable {
-        var work: [Work] = []
-        var sleeping = false
+    /// What only the loop thread touches.
+    private struct Confined {
+        var timers = TimerHeap()
+        var nextTimerID: UInt64 = 0
+        var cancelledTimers: Set<UInt64> = []
+        /// Set before the loop runs.
+        var jobExecutor: UnownedTaskExecutor?
     }
 
     /// Creates the epoll instance and its wake-up eventfd. Nothing runs until ``run(until:)`` is called on some
@@ -48,12 +39,15 @@ public final class EpollLoop: TaskExecutor, @unchecked Sendable {
     public init(name: String) throws(ConnectionError) {
         self.name = name
         epoll = try Syscall.epollCreate()
+        let wakeFD: Int32
         do {
             wakeFD = try Syscall.eventFD()
         } catch {
             Syscall.close(epoll)
             throw error
         }
+        self.wakeFD = wakeFD
+        work = LoopWorkQueue(signal: { Syscall.eventFDSignal(wakeFD) })
         try Syscall.epollControl(epoll, Syscall.epollAdd, wakeFD, events: Syscall.epollIn, data: Self.wakeToken)
     }
 
@@ -64,45 +58,25 @@ public final class EpollLoop: TaskExecutor, @unchecked Sendable {
 
     /// Starts a thread of its own that runs the loop until ``stop()``.
     public func startThread() {
-        let started = ConditionLock()
-        nonisolated(unsafe) var ready = false
-        PosixThread.spawn(name: name) { [self] in
-            loopThread.store(PosixThread.currentID, ordering: .releasing)
-            started.withLock {
-                ready = true
-                started.broadcast()
-            }
+        PosixThread.spawnAndWait(name: name, started: { [self] in work.bindToCurrentThread() }) { [self] in
             run(until: nil)
         }
-        started.withLock { started.wait(until: { ready }) }
     }
 
     /// `true` on the thread running the loop.
-    public var inLoop: Bool { loopThread.load(ordering: .acquiring) == PosixThread.currentID }
+    public var inLoop: Bool { work.isLoopThread }
 
     // MARK: Handing work over
 
     /// Runs `block` on the loop thread: at once in order with other work when called from it, otherwise after
     /// waking the loop (eventfd). Safe from any thread.
     public func perform(_ block: @escaping @Sendable () -> Void) {
-        hand(.block(block))
-    }
-
-    private func hand(_ work: Work) {
-        if inLoop {
-            local.append(work)
-            return
-        }
-        let wake = incoming.withLock { incoming in
-            incoming.work.append(work)
-            return incoming.sleeping
-        }
-        if wake { Syscall.eventFDSignal(wakeFD) }
+        work.add(.block(block))
     }
 
     /// TaskExecutor: a job of a task that prefers this loop runs on the loop thread.
     public func enqueue(_ job: consuming ExecutorJob) {
-        hand(.job(UnownedJob(job)))
+        work.add(.job(UnownedJob(job)))
     }
 
     /// Runs every job as `executor` instead of as the loop itself: for an executor that wraps this loop and
@@ -110,8 +84,7 @@ public final class EpollLoop: TaskExecutor, @unchecked Sendable {
     /// executor current when its jobs run, or the runtime re-enqueues the task at every `await` (measured: a
     /// quarter of a round trip's CPU). Call before the loop runs; `executor` must outlive it.
     public func runJobs(as executor: UnownedTaskExecutor) {
-        precondition(loopThread.load(ordering: .acquiring) == 0, "runJobs(as:) after the loop started")
-        jobExecutor = executor
+        confined.withValue { $0.jobExecutor = executor }
     }
 
     // MARK: Descriptors (from any thread)
@@ -146,17 +119,17 @@ public final class EpollLoop: TaskExecutor, @unchecked Sendable {
     /// Runs `block` on the loop thread after `delay`. Returns an id for ``cancelTimer(_:)``.
     @discardableResult
     public func schedule(after delay: Duration, _ block: @escaping () -> Void) -> UInt64 {
-        nextTimerID += 1
-        timers.insert(
-            TimerHeap.Entry(
-                deadline: MonotonicClock.nanoseconds() + delay.wholeNanoseconds, id: nextTimerID,
-                block: block))
-        return nextTimerID
+        let deadline = MonotonicClock.nanoseconds() + delay.wholeNanoseconds
+        return confined.withValue { confined in
+            confined.nextTimerID += 1
+            confined.timers.insert(TimerHeap.Entry(deadline: deadline, id: confined.nextTimerID, block: block))
+            return confined.nextTimerID
+        }
     }
 
     /// Cancels a timer that has not fired.
     public func cancelTimer(_ id: UInt64) {
-        cancelledTimers.insert(id)
+        confined.withValue { _ = $0.cancelledTimers.insert(id) }
     }
 
     // MARK: Running
@@ -164,7 +137,8 @@ public final class EpollLoop: TaskExecutor, @unchecked Sendable {
     /// Runs the loop on the calling thread until ``stop()`` is called or `deadline` (monotonic nanoseconds)
     /// passes. Each turn: due timers, handed-over work, then `epoll_wait` until the next timer.
     public func run(until deadline: UInt64?) {
-        loopThread.store(PosixThread.currentID, ordering: .releasing)
+        work.bindToCurrentThread()
+        let executor = confined.withValue { $0.jobExecutor } ?? asUnownedTaskExecutor()
         stopRequested.store(false, ordering: .relaxed)
         let capacity: Int32 = 64
         let events = UnsafeMutablePointer<UInt32>.allocate(capacity: Int(capacity))
@@ -175,12 +149,12 @@ public final class EpollLoop: TaskExecutor, @unchecked Sendable {
         }
         while !stopRequested.load(ordering: .relaxed) {
             runDueTimers()
-            runWork()
+            work.runAll(jobsAs: executor)
             if stopRequested.load(ordering: .relaxed) { break }
             let now = MonotonicClock.nanoseconds()
             if let deadline, now >= deadline { break }
             var timeout: Int32 = -1
-            if let next = timers.first?.deadline {
+            if let next = confined.withValue({ $0.timers.first?.deadline }) {
                 timeout = next <= now ? 0 : Int32(clamping: (next - now + 999_999) / 1_000_000)
             }
             if let deadline {
@@ -188,19 +162,13 @@ public final class EpollLoop: TaskExecutor, @unchecked Sendable {
                 timeout = timeout < 0 ? untilDeadline : min(timeout, untilDeadline)
             }
             // Announce sleep, then look once more for work handed over meanwhile.
-            let hasWork = incoming.withLock { incoming in
-                if incoming.work.isEmpty {
-                    incoming.sleeping = true
-                    return false
-                }
-                return true
-            }
-            if hasWork || !local.isEmpty { timeout = 0 }
+            let sleeps = work.prepareToSleep()
+            if !sleeps { timeout = 0 }
             let count =
                 (try? Syscall.epollWait(
                     epoll, events: events, data: data, capacity: capacity,
                     timeoutMilliseconds: timeout)) ?? 0
-            incoming.withLock { $0.sleeping = false }
+            if sleeps { work.awoke() }
             for index in 0..<count {
                 let token = data[index]
                 if token == Self.wakeToken {
@@ -211,7 +179,7 @@ public final class EpollLoop: TaskExecutor, @unchecked Sendable {
                 handlers.withLock { $0[fd] }?.epollReady(events[index])
             }
         }
-        runWork()
+        work.runAll(jobsAs: executor)
     }
 
     /// Makes ``run(until:)`` return after its current turn. Safe from any thread.
@@ -220,47 +188,19 @@ public final class EpollLoop: TaskExecutor, @unchecked Sendable {
         Syscall.eventFDSignal(wakeFD)
     }
 
-    /// Runs handed-over work until none is left: first what the loop thread itself queued, then what other
-    /// threads did. Each batch is swapped out into a spare buffer that keeps its capacity, so a turn allocates
-    /// nothing; a nested run of the loop (from inside a block) finds no spare and allocates one.
-    private func runWork() {
-        while true {
-            let ranLocal = runBatch(fromLoopThread: true)
-            let ranIncoming = runBatch(fromLoopThread: false)
-            if !ranLocal && !ranIncoming { return }
-        }
-    }
-
-    private func runBatch(fromLoopThread: Bool) -> Bool {
-        var batch: [Work] = []
-        swap(&batch, &spare)
-        if fromLoopThread {
-            swap(&batch, &local)
-        } else {
-            incoming.withLock { swap(&$0.work, &batch) }
-        }
-        let ran = !batch.isEmpty
-        let executor = jobExecutor ?? asUnownedTaskExecutor()
-        for work in batch {
-            switch work {
-            case .block(let block): block()
-            case .job(let job): job.runSynchronously(on: executor)
-            }
-        }
-        batch.removeAll(keepingCapacity: true)
-        spare = batch
-        return ran
-    }
-
+    /// Runs each timer that is due (outside the confined access: a timer may schedule or cancel others).
     private func runDueTimers() {
-        guard !timers.isEmpty else { return }
         let now = MonotonicClock.nanoseconds()
-        while let first = timers.first, first.deadline <= now {
-            let entry = timers.removeFirst()
-            if cancelledTimers.remove(entry.id) != nil { continue }
-            entry.block()
+        while let due = confined.withValue({ confined -> TimerHeap.Entry?? in
+            guard let first = confined.timers.first, first.deadline <= now else {
+                if confined.timers.isEmpty && !confined.cancelledTimers.isEmpty { confined.cancelledTimers.removeAll() }
+                return nil
+            }
+            let entry = confined.timers.removeFirst()
+            return confined.cancelledTimers.remove(entry.id) != nil ? .some(nil) : .some(entry)
+        }) {
+            due?.block()
         }
-        if timers.isEmpty { cancelledTimers.removeAll() }
     }
 }
 

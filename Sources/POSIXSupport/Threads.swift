@@ -29,6 +29,20 @@ public enum PosixThread {
         precondition(result == 0, "pthread_create failed: \(result)")
     }
 
+    /// Starts a thread that runs `started`, then `body`, and returns (blocking the caller) once `started` has run:
+    /// a loop thread binds itself to what it owns before anyone may hand it work.
+    public static func spawnAndWait(
+        name: String, started: @escaping @Sendable () -> Void, _ body: @escaping @Sendable () -> Void
+    ) {
+        let latch = Latch()
+        spawn(name: name) {
+            started()
+            latch.open()
+            body()
+        }
+        latch.wait()
+    }
+
     /// Starts a thread running `body` and waits, without blocking, until `body` calls `deliver` (once) with the
     /// result; the thread may go on working after it (a blocking connect's thread becomes the reader).
     ///
@@ -123,6 +137,28 @@ public final class ConditionLock: @unchecked Sendable {
     /// Wakes one waiting thread. Call from inside ``withLock(_:)``.
     public func signal() {
         pthread_cond_signal(condition)
+    }
+}
+
+/// A gate threads wait at until some thread opens it, once; it stays open.
+public final class Latch: Sendable {
+    private let condition = ConditionLock()
+    private let opened = Atomic<Bool>(false)
+
+    /// A closed latch.
+    public init() {}
+
+    /// Opens it and wakes every waiting thread.
+    public func open() {
+        condition.withLock {
+            opened.store(true, ordering: .relaxed)
+            condition.broadcast()
+        }
+    }
+
+    /// Blocks the calling thread until the latch is open.
+    public func wait() {
+        condition.withLock { condition.wait(until: { opened.load(ordering: .relaxed) }) }
     }
 }
 

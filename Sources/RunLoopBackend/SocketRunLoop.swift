@@ -48,17 +48,9 @@ public final class SocketRunLoop: Sendable {
     /// A run loop turning on a new thread of its own until ``stop()``.
     public static func startThread(name: String = "runloop") throws(ConnectionError) -> SocketRunLoop {
         let loop = try SocketRunLoop(name: name)
-        let started = ConditionLock()
-        nonisolated(unsafe) var ready = false
-        PosixThread.spawn(name: name) {
-            pthread_setspecific(key, Unmanaged.passRetained(loop).toOpaque())
-            started.withLock {
-                ready = true
-                started.broadcast()
-            }
-            loop.run()
-        }
-        started.withLock { started.wait(until: { ready }) }
+        PosixThread.spawnAndWait(
+            name: name, started: { pthread_setspecific(key, Unmanaged.passRetained(loop).toOpaque()) }
+        ) { loop.run() }
         return loop
     }
 

@@ -1,0 +1,182 @@
+import ConnectionCore
+import Synchronization
+
+/// One item of work for a loop thread: a block, or a job of a task that prefers the loop as its executor.
+package enum LoopWork: Sendable {
+    case block(@Sendable () -> Void)
+    case job(UnownedJob)
+}
+
+/// The work queue and wake-up of a loop thread, written once for the package's loop executors (``EpollLoop``, the
+/// bsd reader thread, the libuv loop).
+///
+/// Work added from another thread goes into a locked list, and the loop is signalled (an eventfd write,
+/// `uv_async_send`) only when it has said it is about to sleep (``prepareToSleep()``), and then once however much
+/// work comes; work the loop thread adds itself goes into a list only that thread touches: no lock, no signal.
+/// ``runAll(jobsAs:)`` swaps each list with a spare buffer that keeps its capacity, so a steady loop allocates
+/// nothing. A job may wait in place for the loop's own events (a receive on bsd's reader thread blocks in the poll
+/// the loop would make): ``hasUnrunWork`` tells it not to sleep while work the loop already took is still to run,
+/// since one of those jobs may be the send its reply depends on.
+///
+/// Once ``close()`` is called, ``add(_:)`` refuses work (the caller runs it elsewhere or drops it) and no signal is
+/// sent again, so the caller may then release what `signal` writes to.
+package final class LoopWorkQueue: Sendable {
+    private struct Shared {
+        var items: [LoopWork] = []
+        /// The loop said it is about to sleep: the next item added must signal it.
+        var sleeping = false
+        /// A ``wake()`` came while the loop was awake: its next ``prepareToSleep()`` says no.
+        var wakePending = false
+        var open = true
+    }
+
+    private struct Local {
+        var items: [LoopWork] = []
+        var spare: [LoopWork] = []
+        /// Items of the batches being run that have not run yet (batches nest when a job runs the loop again).
+        var unrun = 0
+        /// Cleared by a ``close()`` on the loop thread.
+        var open = true
+    }
+
+    private let shared = Guarded(Shared())
+    private let local = LoopConfined(Local())
+    private let signal: @Sendable () -> Void
+
+    /// `signal` wakes the loop from another thread; it is called with the queue's lock held and never after
+    /// ``close()``.
+    package init(signal: @escaping @Sendable () -> Void) {
+        self.signal = signal
+    }
+
+    /// Makes the calling thread the loop thread (its adds are local from now on).
+    package func bindToCurrentThread() { local.bindToCurrentThread() }
+
+    /// The loop thread has ended: adds from any thread go through the locked list.
+    package func unbind() { local.unbind() }
+
+    /// `true` on the loop thread.
+    package var isLoopThread: Bool { local.isOwnerThread }
+
+    /// Queues `work` for the loop: locally on the loop thread, otherwise in the locked list, signalling a loop that
+    /// sleeps. Returns `false` once closed (the work is not taken).
+    @discardableResult
+    package func add(_ work: LoopWork) -> Bool {
+        if local.isOwnerThread {
+            return local.withValue { local in
+                guard local.open else { return false }
+                local.items.append(work)
+                return true
+            }
+        }
+        return shared.withLock { shared in
+            guard shared.open else { return false }
+            shared.items.append(work)
+            if shared.sleeping {
+                shared.sleeping = false
+                signal()
+            }
+            return true
+        }
+    }
+
+    /// Wakes the loop from any thread (to look at something other than work: a close, room in a queue). A loop that
+    /// is awake is told by its next ``prepareToSleep()``.
+    package func wake() {
+        shared.withLock { shared in
+            guard shared.open else { return }
+            if shared.sleeping {
+                shared.sleeping = false
+                signal()
+            } else {
+                shared.wakePending = true
+            }
+        }
+    }
+
+    /// Loop thread: work is queued locally, or taken in a batch and not run yet.
+    package var hasUnrunWork: Bool {
+        local.withValue { $0.unrun > 0 || !$0.items.isEmpty }
+    }
+
+    /// Loop thread, before it sleeps: `true` when it may (nothing queued, no wake-up pending, and ``add(_:)`` from
+    /// now on signals it); `false` when it must look again at once.
+    package func prepareToSleep() -> Bool {
+        if hasUnrunWork { return false }
+        return shared.withLock { shared in
+            guard shared.items.isEmpty, !shared.wakePending else {
+                shared.wakePending = false
+                return false
+            }
+            shared.sleeping = true
+            return true
+        }
+    }
+
+    /// Loop thread, after its sleep ended: adds no longer signal.
+    package func awoke() {
+        shared.withLock { $0.sleeping = false }
+    }
+
+    /// Loop thread: runs what the loop queued itself, then what other threads added, until neither has any left
+    /// (work added by the work included). Jobs run as `executor`. Returns whether anything ran.
+    @discardableResult
+    package func runAll(jobsAs executor: UnownedTaskExecutor) -> Bool {
+        var ranAny = false
+        while true {
+            let ranLocal = runBatch(fromLoopThread: true, executor)
+            let ranShared = runBatch(fromLoopThread: false, executor)
+            if !ranLocal && !ranShared { return ranAny }
+            ranAny = true
+        }
+    }
+
+    private func runBatch(fromLoopThread: Bool, _ executor: UnownedTaskExecutor) -> Bool {
+        var batch = local.withValue { local in
+            var batch: [LoopWork] = []
+            swap(&batch, &local.spare)
+            if fromLoopThread { swap(&batch, &local.items) }
+            return batch
+        }
+        if !fromLoopThread { shared.withLock { swap(&$0.items, &batch) } }
+        if batch.isEmpty {
+            local.withValue { $0.spare = batch }
+            return false
+        }
+        local.withValue { $0.unrun += batch.count }
+        for work in batch {
+            local.withValue { $0.unrun -= 1 }
+            switch work {
+            case .block(let block): block()
+            case .job(let job): job.runSynchronously(on: executor)
+            }
+        }
+        batch.removeAll(keepingCapacity: true)
+        local.withValue { $0.spare = batch }
+        return true
+    }
+
+    /// Refuses work from now on and returns what was added and not run (the loop's own list too, when called on
+    /// the loop thread). Returns `nil` when it was already closed.
+    package func close() -> [LoopWork]? {
+        let added: [LoopWork]? = shared.withLock { shared in
+            guard shared.open else { return nil }
+            shared.open = false
+            defer { shared.items = [] }
+            return shared.items
+        }
+        guard var added else { return nil }
+        if local.isOwnerThread {
+            added =
+                local.withValue { local in
+                    local.open = false
+                    defer { local.items = [] }
+                    return local.items
+                } + added
+        }
+        return added
+    }
+
+    /// `false` once ``close()`` was called.
+    package var isOpen: Bool { shared.withLock { $0.open } }
+}
