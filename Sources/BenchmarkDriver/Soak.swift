@@ -66,11 +66,11 @@ public struct SoakRunner: Sendable {
 
     /// Runs the soak on `connection`, and closes it at the end (which also ends a receive still waiting).
     public func run(on connection: any Connection) async -> Report {
-        let state = SoakState(configuration: configuration, reliable: connection.transport != .udp)
+        let (credits, creditor) = AsyncStream.makeStream(of: Void.self)
+        let state = SoakState(
+            configuration: configuration, reliable: connection.transport != .udp, creditor: creditor)
         let clock = ContinuousClock()
         let start = clock.now
-        let (credits, creditor) = AsyncStream.makeStream(of: Void.self)
-        state.creditor = creditor
         for _ in 0..<max(1, configuration.window) { creditor.yield() }
         let configuration = configuration
         await withTaskGroup(of: Void.self) { group in
@@ -192,10 +192,11 @@ public struct SoakRunner: Sendable {
 }
 
 /// The soak's bookkeeping, shared by its sender, receiver and (UDP) loss timer.
-final class SoakState: @unchecked Sendable {
+final class SoakState: Sendable {
     let configuration: SoakRunner.Configuration
     let reliable: Bool
-    nonisolated(unsafe) var creditor: AsyncStream<Void>.Continuation?
+    /// Gives the sender a credit per echo (or loss): the window.
+    let creditor: AsyncStream<Void>.Continuation?
 
     private struct Counts {
         var report = SoakRunner.Report()
@@ -213,9 +214,10 @@ final class SoakState: @unchecked Sendable {
     }
     private let counts = Guarded(Counts())
 
-    init(configuration: SoakRunner.Configuration, reliable: Bool) {
+    init(configuration: SoakRunner.Configuration, reliable: Bool, creditor: AsyncStream<Void>.Continuation) {
         self.configuration = configuration
         self.reliable = reliable
+        self.creditor = creditor
     }
 
     var error: String? { counts.withLock { $0.report.error } }

@@ -78,8 +78,8 @@ public final class BoundedListener: Listener, Sendable {
         let refused = Atomic<Int>(0)
         let idleClosed = Atomic<Int>(0)
 
-        struct Weak: @unchecked Sendable {
-            weak var connection: BoundedConnection?
+        struct Weak: Sendable {
+            weak let connection: BoundedConnection?
         }
 
         func remove(_ id: ObjectIdentifier) {

@@ -12,7 +12,13 @@ public final class DatagramDemultiplexer<Address: Hashable & Sendable>: Sendable
     public typealias Send = @Sendable ([UInt8], Address) async throws(ConnectionError) -> Void
 
     private let accepted = ReceiveQueue<any Connection>(capacity: 1024)
-    private let peers = Guarded<[Address: DatagramPeer<Address>]>([:])
+    private let peers = Guarded<[Address: Known]>([:])
+
+    /// A peer and when its last datagram came.
+    private struct Known {
+        let peer: DatagramPeer<Address>
+        var lastHeard: ContinuousClock.Instant
+    }
     private let droppedCount = Atomic<Int>(0)
     private let evictedCount = Atomic<Int>(0)
     private let lastSweep = Guarded(ContinuousClock.now)
@@ -50,14 +56,13 @@ public final class DatagramDemultiplexer<Address: Hashable & Sendable>: Sendable
         let now = ContinuousClock.now
         let (peer, isNew, forgotten) = peers.withLock {
             peers -> (DatagramPeer<Address>, Bool, [(DatagramPeer<Address>, ConnectionError)]) in
-            if let peer = peers[address] {
-                peer.lastHeard = now
+            if let peer = peers[address]?.peer {
+                peers[address]?.lastHeard = now
                 return (peer, false, [])
             }
             let forgotten = evict(&peers, now: now)
             let peer = DatagramPeer(demultiplexer: self, address: address)
-            peer.lastHeard = now
-            peers[address] = peer
+            peers[address] = Known(peer: peer, lastHeard: now)
             return (peer, true, forgotten)
         }
         for (old, error) in forgotten { old.inbox.close(error) }
@@ -67,21 +72,23 @@ public final class DatagramDemultiplexer<Address: Hashable & Sendable>: Sendable
     /// Called with a new peer coming: forgets the peers quiet for longer than the idle timeout (looked for at
     /// most four times per timeout), then, at the cap, the quietest one.
     private func evict(
-        _ peers: inout [Address: DatagramPeer<Address>], now: ContinuousClock.Instant
+        _ peers: inout [Address: Known], now: ContinuousClock.Instant
     ) -> [(DatagramPeer<Address>, ConnectionError)] {
         var forgotten: [(DatagramPeer<Address>, ConnectionError)] = []
         let idle = options.udpPeerIdleTimeout
         if now - lastSweep.withLock({ $0 }) >= idle / 4 || peers.count >= options.maximumUDPPeers {
             lastSweep.withLock { $0 = now }
-            for (address, peer) in peers where now - peer.lastHeard >= idle {
+            for (address, known) in peers where now - known.lastHeard >= idle {
+                let peer = known.peer
                 peers[address] = nil
                 forgotten.append(
                     (peer, ConnectionError(.timedOut, "no datagram from \(peer.remoteEndpoint) for \(idle)")))
             }
         }
         if peers.count >= max(1, options.maximumUDPPeers),
-            let (address, quietest) = peers.min(by: { $0.value.lastHeard < $1.value.lastHeard })
+            let (address, known) = peers.min(by: { $0.value.lastHeard < $1.value.lastHeard })
         {
+            let quietest = known.peer
             peers[address] = nil
             forgotten.append(
                 (
@@ -143,14 +150,14 @@ public final class DatagramDemultiplexer<Address: Hashable & Sendable>: Sendable
         _ = accepted.close(.closed("the listener is closed"))
         let all = peers.withLock { peers in
             defer { peers.removeAll() }
-            return Array(peers.values)
+            return peers.values.map(\.peer)
         }
         for peer in all { peer.inbox.close(.closed("the listener is closed")) }
     }
 
     func forget(_ peer: DatagramPeer<Address>) {
         peers.withLock { peers in
-            if peers[peer.address] === peer { peers[peer.address] = nil }
+            if peers[peer.address]?.peer === peer { peers[peer.address] = nil }
         }
         peer.inbox.close()
     }
@@ -166,8 +173,6 @@ final class DatagramPeer<Address: Hashable & Sendable>: Connection, Sendable {
     let inbox: ReceiveQueue<[UInt8]>
     private let demultiplexer: DatagramDemultiplexer<Address>
     private let closed = Atomic<Bool>(false)
-    /// When the last datagram came (guarded by the demultiplexer's peer lock).
-    nonisolated(unsafe) var lastHeard = ContinuousClock.now
 
     init(demultiplexer: DatagramDemultiplexer<Address>, address: Address) {
         self.demultiplexer = demultiplexer

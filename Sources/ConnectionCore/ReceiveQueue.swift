@@ -80,7 +80,13 @@ public final class ReceiveQueue<Element: Sendable>: Sendable {
     /// The producer's last read emptied its source (see ``push(_:sourceDrained:)``). Producer's thread only:
     /// ``next(maximumLength:readingNow:)`` and ``next(into:readingNow:)`` read and set it there, and a backend
     /// that waits for its source in place (on that thread) clears it when the source became readable.
-    public nonisolated(unsafe) var sourceDrained = false
+    /// (An atomic with relaxed order: one thread uses it, but the queue is shared, and a relaxed load or store is a
+    /// plain one on the machines we run on.)
+    public var sourceDrained: Bool {
+        get { drained.load(ordering: .relaxed) }
+        set { drained.store(newValue, ordering: .relaxed) }
+    }
+    private let drained = Atomic<Bool>(false)
 
     /// Creates a queue.
     /// - Parameters:

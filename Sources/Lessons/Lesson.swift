@@ -1,4 +1,6 @@
+import ConnectionCore
 public import SocketStyles
+import Synchronization
 
 /// What a lesson measured: the lines it printed, and the key figures by name, so that tests can check the
 /// lesson's claims (without asserting timings).
@@ -62,22 +64,25 @@ public struct Lesson: Sendable {
 }
 
 /// Collects lines and figures while printing each line as it comes.
-final class LessonOutput: @unchecked Sendable {
-    var report: LessonReport
+final class LessonOutput: Sendable {
+    private let collected: Guarded<LessonReport>
     let print: @Sendable (String) -> Void
 
     init(_ lesson: String, _ print: @escaping @Sendable (String) -> Void) {
-        report = LessonReport(lesson: lesson)
+        collected = Guarded(LessonReport(lesson: lesson))
         self.print = print
     }
 
+    /// What was said and measured so far.
+    var report: LessonReport { collected.withLock { $0 } }
+
     func say(_ line: String = "") {
-        report.say(line)
+        collected.withLock { $0.say(line) }
         print(line)
     }
 
     func figure(_ name: String, _ value: Double) {
-        report.figures[name] = value
+        collected.withLock { $0.figures[name] = value }
     }
 }
 

@@ -9,7 +9,7 @@ import Synchronization
 /// or SIGTERM.
 ///
 /// Host A (the client) is 10.201.77.1 in namespace `ss<pid>a`, host B (the server) 10.201.77.2 in `ss<pid>b`.
-public final class NetworkLab: @unchecked Sendable {
+public final class NetworkLab: Sendable {
     public let clientNamespace: String
     public let serverNamespace: String
     public let clientAddress = "10.201.77.1"

@@ -59,11 +59,11 @@ final class UVTCPConnection: Connection, @unchecked Sendable {
             throw error.connectionError("getpeername")
         }
         let loop = tcp.loop
-        nonisolated(unsafe) weak var weakSelf: UVTCPConnection?
+        let weakSelf = WeakLate<UVTCPConnection>()
         inbox = .byteStream(capacity: options.receiveQueueLimit) {
-            loop.execute { weakSelf?.resumeReading() }
+            loop.execute { weakSelf.object?.resumeReading() }
         }
-        weakSelf = self
+        weakSelf.set(self)
         do throws(UVError) {
             try tcp.readStart(makeReadCallback())
         } catch {

@@ -176,13 +176,14 @@ final class RunLoopNativeEchoServer: NativeEchoServer, @unchecked Sendable {
             runLoop.perform {
                 continuation.resume(
                     returning: Result { () throws(ConnectionError) in
-                        nonisolated(unsafe) var server: RunLoopNativeEchoServer?
+                        let late = Late<RunLoopNativeEchoServer>()
                         let listener = try SocketListener(on: resolved, runLoop: runLoop) { input, output in
-                            server?.accepted(input, output)
+                            late.value?.accepted(input, output)
                         }
-                        server = RunLoopNativeEchoServer(runLoop: runLoop, localEndpoint: listener.localEndpoint)
-                        server!.listener = listener
-                        return server!
+                        let server = RunLoopNativeEchoServer(runLoop: runLoop, localEndpoint: listener.localEndpoint)
+                        server.listener = listener
+                        late.set(server)
+                        return server
                     })
             }
         }
@@ -246,14 +247,15 @@ final class RunLoopNativeRelay: NativeRelay, @unchecked Sendable {
             runLoop.perform {
                 continuation.resume(
                     returning: Result { () throws(ConnectionError) in
-                        nonisolated(unsafe) var relay: RunLoopNativeRelay?
+                        let late = Late<RunLoopNativeRelay>()
                         let listener = try SocketListener(on: resolved, runLoop: runLoop) { input, output in
-                            relay?.accepted(input, output)
+                            late.value?.accepted(input, output)
                         }
-                        relay = RunLoopNativeRelay(
+                        let relay = RunLoopNativeRelay(
                             runLoop: runLoop, localEndpoint: listener.localEndpoint, upstream: upstream)
-                        relay!.listener = listener
-                        return relay!
+                        relay.listener = listener
+                        late.set(relay)
+                        return relay
                     })
             }
         }

@@ -1,18 +1,22 @@
 internal import CSocketShims
 public import ConnectionCore
 import Glibc
+import Synchronization
 
 /// A child process started with posix_spawn, its standard input and output as pipes. Used where Foundation's
 /// `Process` would add run-loop machinery to the calling thread (its `waitUntilExit` spins a run loop that
 /// Foundation creates on demand), which tests that count descriptors must not see.
-public final class ChildProcess: @unchecked Sendable {
+public final class ChildProcess: Sendable {
     /// The child's process id.
     public let pid: Int32
-    private var stdinFD: Int32
-    private var stdoutFD: Int32
-    private var exited = false
-    /// The exit status once ``wait()`` returned.
-    public private(set) var status: Int32 = 0
+    /// The pipes' ends on our side; each closed once (the owner type is the sockets' one: any descriptor).
+    private let stdinFD: SocketDescriptor
+    private let stdoutFD: SocketDescriptor
+    /// The status once reaped.
+    private let exitStatus = Guarded<Int32?>(nil)
+    private var exited: Bool { exitStatus.withLock { $0 != nil } }
+    /// The exit status once ``wait()`` returned (0 before).
+    public var status: Int32 { exitStatus.withLock { $0 ?? 0 } }
 
     /// Starts `arguments[0]` (a path) with `arguments`; stderr goes with stdout when `mergeErrors`.
     public init(_ arguments: [String], mergeErrors: Bool = true) throws(ConnectionError) {
@@ -57,13 +61,11 @@ public final class ChildProcess: @unchecked Sendable {
             throw .errno(result, "posix_spawn \(arguments[0])")
         }
         pid = child
-        stdinFD = input[1]
-        stdoutFD = output[0]
+        stdinFD = SocketDescriptor(adopting: input[1])
+        stdoutFD = SocketDescriptor(adopting: output[0])
     }
 
     deinit {
-        if stdinFD >= 0 { close(stdinFD) }
-        if stdoutFD >= 0 { close(stdoutFD) }
         if !exited { _ = try? wait() }
     }
 
@@ -71,8 +73,8 @@ public final class ChildProcess: @unchecked Sendable {
     public func readLine() -> String {
         var line: [UInt8] = []
         var byte: UInt8 = 0
-        while stdoutFD >= 0 {
-            let count = read(stdoutFD, &byte, 1)
+        while case let fd = stdoutFD.raw, fd >= 0 {
+            let count = read(fd, &byte, 1)
             if count < 0 && errno == EINTR { continue }
             if count <= 0 || byte == UInt8(ascii: "\n") { break }
             line.append(byte)
@@ -84,8 +86,8 @@ public final class ChildProcess: @unchecked Sendable {
     public func readToEnd() -> String {
         var bytes: [UInt8] = []
         var buffer = [UInt8](repeating: 0, count: 4096)
-        while stdoutFD >= 0 {
-            let count = read(stdoutFD, &buffer, buffer.count)
+        while case let fd = stdoutFD.raw, fd >= 0 {
+            let count = read(fd, &buffer, buffer.count)
             if count < 0 && errno == EINTR { continue }
             if count <= 0 { break }
             bytes += buffer[..<count]
@@ -97,8 +99,8 @@ public final class ChildProcess: @unchecked Sendable {
     public func write(_ text: String) throws(ConnectionError) {
         let bytes = Array(text.utf8)
         var offset = 0
-        while offset < bytes.count, stdinFD >= 0 {
-            let count = bytes[offset...].withUnsafeBytes { Glibc.write(stdinFD, $0.baseAddress, $0.count) }
+        while offset < bytes.count, case let fd = stdinFD.raw, fd >= 0 {
+            let count = bytes[offset...].withUnsafeBytes { Glibc.write(fd, $0.baseAddress, $0.count) }
             if count < 0 {
                 if errno == EINTR { continue }
                 throw .errno(errno, "writing to child \(pid)")
@@ -114,16 +116,13 @@ public final class ChildProcess: @unchecked Sendable {
 
     /// Closes the child's standard input (children that stop at its end then exit).
     public func closeInput() {
-        if stdinFD >= 0 {
-            close(stdinFD)
-            stdinFD = -1
-        }
+        stdinFD.close()
     }
 
     /// Waits for the child to exit (blocking the calling thread), closes the pipes, returns the exit status.
     @discardableResult
     public func wait() throws(ConnectionError) -> Int32 {
-        if exited { return status }
+        if let status = exitStatus.withLock({ $0 }) { return status }
         var raw: Int32 = 0
         while waitpid(pid, &raw, 0) < 0 {
             if errno != EINTR { throw .errno(errno, "waitpid") }
@@ -134,13 +133,9 @@ public final class ChildProcess: @unchecked Sendable {
 
     /// Records the status waitpid gave (128 + the signal for a child a signal stopped) and closes the pipes.
     private func reaped(_ raw: Int32) {
-        exited = true
-        status = (raw & 0x7f) == 0 ? (raw >> 8) & 0xff : 128 + (raw & 0x7f)
+        exitStatus.withLock { $0 = (raw & 0x7f) == 0 ? (raw >> 8) & 0xff : 128 + (raw & 0x7f) }
         closeInput()
-        if stdoutFD >= 0 {
-            close(stdoutFD)
-            stdoutFD = -1
-        }
+        stdoutFD.close()
     }
 
     /// Waits up to `limit` for the child to exit (looking every 10 ms) and returns its status as ``wait()`` does,

@@ -108,11 +108,11 @@ final class RunLoopTCPConnection: Connection, SocketStreamDelegate, @unchecked S
         self.runLoop = runLoop
         self.options = options
         readBuffer = .allocate(byteCount: options.readChunkSize, alignment: 16)
-        nonisolated(unsafe) weak var weakSelf: RunLoopTCPConnection?
+        let weakSelf = WeakLate<RunLoopTCPConnection>()
         inbox = .byteStream(capacity: options.receiveQueueLimit) {
-            runLoop.perform { weakSelf?.drainInput() }
+            runLoop.perform { weakSelf.object?.drainInput() }
         }
-        weakSelf = self
+        weakSelf.set(self)
     }
 
     /// Wraps an accepted pair (on the run loop thread) and opens it.
@@ -386,13 +386,13 @@ final class RunLoopTCPListener: Listener, @unchecked Sendable {
     init(on endpoint: Endpoint, runLoop: SocketRunLoop, options: ConnectionOptions) throws(ConnectionError) {
         let queue = queue
         let refused = refused
-        nonisolated(unsafe) var local: Endpoint?
+        let local = Late<Endpoint>()
         listener = try SocketListener(on: endpoint, runLoop: runLoop, options: options) { input, output in
             let connection = RunLoopTCPConnection(
-                accepted: input, output, runLoop: runLoop, options: options, local: local!)
+                accepted: input, output, runLoop: runLoop, options: options, local: local.value!)
             if !queue.push(connection).accepted { refused.close(connection) }
         }
-        local = listener.localEndpoint
+        local.set(listener.localEndpoint)
         localEndpoint = listener.localEndpoint
         self.runLoop = runLoop
     }

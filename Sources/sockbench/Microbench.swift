@@ -52,16 +52,12 @@ struct Microbench: ParsableCommand {
         }
         if placement == "same" || placement == "cross" {
             let last = Syscall.cpuCount - 1
-            let done = ConditionLock()
-            nonisolated(unsafe) var pinned = false
+            let pinned = Latch()
             runLoop.perform {
                 _ = try? Syscall.pinCurrentThread(toCPU: placement == "same" ? last : 0)
-                done.withLock {
-                    pinned = true
-                    done.broadcast()
-                }
+                pinned.open()
             }
-            done.withLock { done.wait(until: { pinned }) }
+            pinned.wait()
             do throws(ConnectionError) {
                 try Syscall.pinCurrentThread(toCPU: last)
             } catch {
@@ -70,23 +66,22 @@ struct Microbench: ParsableCommand {
         }
         var histogram = LatencySummary.makeHistogram()
         let done = ConditionLock()
-        nonisolated(unsafe) var latency: UInt64 = 0
-        nonisolated(unsafe) var finished = false
+        let latency = Late<UInt64>()
         for _ in 0..<count {
             let start = MonotonicClock.nanoseconds()
             runLoop.perform {
                 let now = MonotonicClock.nanoseconds()
                 done.withLock {
-                    latency = now - start
-                    finished = true
+                    latency.set(now - start)
                     done.signal()
                 }
             }
-            done.withLock {
-                done.wait(until: { finished })
-                finished = false
+            let measured = done.withLock {
+                done.wait(until: { latency.value != nil })
+                defer { latency.clear() }
+                return latency.value!
             }
-            _ = histogram.record(max(1, latency))
+            _ = histogram.record(max(1, measured))
         }
         runLoop.stop()
         let summary = LatencySummary(histogram)
