@@ -30,7 +30,8 @@ final class BSDConnection: Connection, @unchecked Sendable {
         let inbox: ReceiveQueue<[UInt8]>
         let writer: BSDWriter
         let executor: ReaderExecutor
-        let closing = Atomic<Bool>(false)
+        /// Open, closing, closed: the connection's life (ConnectionCore's one state machine).
+        let life = SharedLifecycle()
         let chunkSize: Int
         /// The reader thread's read buffer; also used by a receive running on that thread (``readNow(_:)``).
         let scratch: UnsafeMutableRawBufferPointer
@@ -61,7 +62,7 @@ final class BSDConnection: Connection, @unchecked Sendable {
         /// A receive on the reader thread (TCP, empty queue) reads the socket itself: one non-blocking recv(2) of
         /// up to a chunk, so a reply that is already in the kernel is taken without suspending or polling.
         func readNow() -> ReceiveQueue<[UInt8]>.DirectRead {
-            if closing.load(ordering: .relaxed) { return .nothing }
+            if !life.isOpen { return .nothing }
             do {
                 switch try socket.tryReceive(into: scratch) {
                 case .wouldBlock: return .nothing
@@ -81,7 +82,7 @@ final class BSDConnection: Connection, @unchecked Sendable {
         /// recv(2) would. A job for this executor, a ``ReaderExecutor/wake()`` (close, room) or the task's
         /// cancellation ends the poll early; the receive then waits as usual.
         func waitInPlace() async {
-            guard inbox.sourceDrained, !Task.isCancelled, !closing.load(ordering: .relaxed), inbox.isIdle else {
+            guard inbox.sourceDrained, !Task.isCancelled, life.isOpen, inbox.isIdle else {
                 return
             }
             let executor = executor
@@ -96,7 +97,7 @@ final class BSDConnection: Connection, @unchecked Sendable {
 
         /// ``readNow()`` into the caller's buffer (`Connection.receive(into:)`): no allocation, no copy.
         func readNow(into buffer: UnsafeMutableRawBufferPointer) -> DirectReadCount {
-            if closing.load(ordering: .relaxed) { return .nothing }
+            if !life.isOpen { return .nothing }
             return DirectReadCount { () throws(ConnectionError) in try socket.tryReceive(into: buffer) }
         }
 
@@ -112,17 +113,17 @@ final class BSDConnection: Connection, @unchecked Sendable {
             let buffer = scratch
             while true {
                 executor.runJobs()
-                if closing.load(ordering: .acquiring) { return }
+                if !life.isOpen { return }
                 let reading = inbox.hasSpace
                 let count: Int
                 do {
                     let ready = try executor.wait(socket: reading ? socket.descriptor : -1, events: Syscall.pollIn)
-                    if closing.load(ordering: .acquiring) { return }
+                    if !life.isOpen { return }
                     guard reading, ready != 0, case .processed(let received) = try socket.tryReceive(into: buffer)
                     else { continue }
                     count = received
                 } catch {
-                    if closing.load(ordering: .acquiring) { return }
+                    if !life.isOpen { return }
                     if datagram && (error.kind == .refused || error.kind == .messageTooLarge) {
                         // ICMP port unreachable or an oversized datagram: reported, but the socket lives on.
                         inbox.pushFailure(error)
@@ -131,7 +132,7 @@ final class BSDConnection: Connection, @unchecked Sendable {
                     inbox.finish(.failed(error))
                     return
                 }
-                if closing.load(ordering: .acquiring) { return }
+                if !life.isOpen { return }
                 if count == 0 && !datagram {
                     inbox.finish(.finished)
                     return
@@ -143,7 +144,7 @@ final class BSDConnection: Connection, @unchecked Sendable {
 
         /// Starts closing: no new operations, waiting ones fail with `.closed`, threads are woken.
         func beginClose() -> Bool {
-            guard !closing.exchange(true, ordering: .acquiringAndReleasing) else { return false }
+            guard life.beginCloseWithoutWaiting() else { return false }
             inbox.close()
             writer.stop()
             try? socket.shutdown(.both)
@@ -192,18 +193,18 @@ final class BSDConnection: Connection, @unchecked Sendable {
     var preferredExecutor: (any TaskExecutor)? { core.executor }
 
     func send(_ message: Message) async throws(ConnectionError) {
-        if core.closing.load(ordering: .relaxed) { throw .closed() }
+        if !core.life.isOpen { throw .closed() }
         try await core.writer.send(message.bytes)
     }
 
     func send(contentsOf bytes: UnsafeRawBufferPointer) async throws(ConnectionError) {
-        if core.closing.load(ordering: .relaxed) { throw .closed() }
+        if !core.life.isOpen { throw .closed() }
         try await core.writer.send(contentsOf: bytes)
     }
 
     func send(batch: [UnsafeRawBufferPointer]) async throws(ConnectionError) {
         guard transport == .udp else { return try await sendEach(batch) }
-        if core.closing.load(ordering: .relaxed) { throw .closed() }
+        if !core.life.isOpen { throw .closed() }
         try await core.writer.send(batch: batch)
     }
 
@@ -234,18 +235,19 @@ final class BSDConnection: Connection, @unchecked Sendable {
 
     func closeOutput() async throws(ConnectionError) {
         guard transport == .tcp else { throw ConnectionError(.unsupported, "half-close needs a TCP connection") }
-        if core.closing.load(ordering: .relaxed) { throw .closed() }
+        if !core.life.isOpen { throw .closed() }
         try await core.writer.shutdownOutput()
     }
 
     func close() async {
         _ = core.beginClose()
         await core.lease.closed()
+        core.life.closeFinished()
     }
 
     func abort() async {
         // The lease keeps the descriptor number ours while the reset is sent.
-        if transport == .tcp, !core.closing.load(ordering: .relaxed), core.lease.retain() {
+        if transport == .tcp, core.life.isOpen, core.lease.retain() {
             Syscall.resetConnection(core.socket.descriptor)
             core.lease.release()
         }

@@ -14,7 +14,7 @@ final class BSDTCPListener: Listener, @unchecked Sendable {
     private let queue: ReceiveQueue<any Connection>
     private let refused = RefusedConnections()
     private let gate = ConditionLock()
-    private let closing = Atomic<Bool>(false)
+    private let life = SharedLifecycle()
 
     init(socket: BSDSocket, options: ConnectionOptions) throws(ConnectionError) {
         self.socket = socket
@@ -31,8 +31,8 @@ final class BSDTCPListener: Listener, @unchecked Sendable {
         defer { lease.release() }
         var executor: ReaderExecutor?
         while true {
-            gate.withLock { gate.wait(until: { queue.hasSpace || closing.load(ordering: .relaxed) }) }
-            if closing.load(ordering: .acquiring) { return }
+            gate.withLock { gate.wait(until: { queue.hasSpace || !life.isOpen }) }
+            if !life.isOpen { return }
             let client: BSDSocket
             do throws(ConnectionError) {
                 // The next connection's reader executor (an eventfd) first: a client accepted when no
@@ -40,13 +40,13 @@ final class BSDTCPListener: Listener, @unchecked Sendable {
                 if executor == nil { executor = try ReaderExecutor() }
                 client = try socket.accept(options: options)
             } catch {
-                if closing.load(ordering: .acquiring) { return }
+                if !life.isOpen { return }
                 if error.kind == .resourceExhausted {
                     // Out of descriptors: clients wait in the backlog while this thread pauses (trying again at
                     // once would spin, since the socket stays readable); close() cuts the pause short.
                     BoundsLog.note(.descriptorLimit, "accepting paused for \(options.acceptBackoff): \(error)")
                     gate.withLock {
-                        _ = gate.wait(until: { closing.load(ordering: .relaxed) }, timeout: options.acceptBackoff)
+                        _ = gate.wait(until: { !life.isOpen }, timeout: options.acceptBackoff)
                     }
                     continue
                 }
@@ -73,21 +73,19 @@ final class BSDTCPListener: Listener, @unchecked Sendable {
     }
 
     func close() async {
-        guard !closing.exchange(true, ordering: .acquiringAndReleasing) else {
-            await lease.closed()
-            return
+        await life.close { [self] in
+            let waiting = queue.close(.closed("the listener is closed"))
+            gate.withLock { gate.broadcast() }
+            try? socket.shutdown(.both)  // wakes the thread blocked in accept(2) (EINVAL)
+            lease.release()
+            for connection in waiting { await connection.close() }
+            await lease.closed()  // the acceptor thread has ended: it refuses nothing more
+            await refused.waitForAll()
         }
-        let waiting = queue.close(.closed("the listener is closed"))
-        gate.withLock { gate.broadcast() }
-        try? socket.shutdown(.both)  // wakes the thread blocked in accept(2) (EINVAL)
-        lease.release()
-        for connection in waiting { await connection.close() }
-        await lease.closed()  // the acceptor thread has ended: it refuses nothing more
-        await refused.waitForAll()
     }
 
     deinit {
-        if !closing.exchange(true, ordering: .acquiringAndReleasing) {
+        if life.beginCloseWithoutWaiting() {
             for connection in queue.close() { Task { await connection.close() } }
             try? socket.shutdown(.both)
             lease.release()

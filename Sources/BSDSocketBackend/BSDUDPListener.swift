@@ -23,7 +23,7 @@ final class BSDUDPListener: Listener, @unchecked Sendable {
     let writer: BSDWriter
     private let peers: DatagramDemultiplexer<SocketAddress>
     private let executor: ReaderExecutor
-    private let closing = Atomic<Bool>(false)
+    private let life = SharedLifecycle()
     /// Datagrams dropped because a peer's queue or the accept queue was full.
     var droppedDatagrams: Int { peers.dropped }
 
@@ -58,19 +58,19 @@ final class BSDUDPListener: Listener, @unchecked Sendable {
         let fd = socket.descriptor
         while true {
             executor.runJobs()
-            if closing.load(ordering: .acquiring) { return }
+            if !life.isOpen { return }
             do {
                 guard try executor.wait(socket: fd, events: Syscall.pollIn) != 0,
-                    !closing.load(ordering: .acquiring),
+                    life.isOpen,
                     case .processed = try batch.receive(fd, dontWait: true)
                 else { continue }
             } catch {
-                if closing.load(ordering: .acquiring) { return }
+                if !life.isOpen { return }
                 if error.kind == .refused { continue }  // a stale ICMP error for an earlier sendto
                 peers.fail(error)
                 return
             }
-            if closing.load(ordering: .acquiring) { return }
+            if !life.isOpen { return }
             for index in 0..<batch.count {
                 guard let from = try? batch.sender(index) else { continue }  // not an IP sender: nobody to serve
                 let length = batch.length(index)
@@ -88,14 +88,12 @@ final class BSDUDPListener: Listener, @unchecked Sendable {
     func accept() async throws(ConnectionError) -> any Connection { try await peers.accept() }
 
     func close() async {
-        guard !closing.exchange(true, ordering: .acquiringAndReleasing) else {
+        await life.close { [self] in
+            peers.close()
+            writer.stop()
+            executor.wake()  // the reader thread, waiting in poll(2), sees the listener closing
+            lease.release()
             await lease.closed()
-            return
         }
-        peers.close()
-        writer.stop()
-        executor.wake()  // the reader thread, waiting in poll(2), sees `closing`
-        lease.release()
-        await lease.closed()
     }
 }

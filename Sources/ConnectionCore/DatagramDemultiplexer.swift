@@ -172,7 +172,7 @@ final class DatagramPeer<Address: Hashable & Sendable>: Connection, Sendable {
     let options: ConnectionOptions
     let inbox: ReceiveQueue<[UInt8]>
     private let demultiplexer: DatagramDemultiplexer<Address>
-    private let closed = Atomic<Bool>(false)
+    private let life = SharedLifecycle()
 
     init(demultiplexer: DatagramDemultiplexer<Address>, address: Address) {
         self.demultiplexer = demultiplexer
@@ -186,7 +186,8 @@ final class DatagramPeer<Address: Hashable & Sendable>: Connection, Sendable {
     var preferredExecutor: (any TaskExecutor)? { demultiplexer.executor }
 
     func send(_ message: Message) async throws(ConnectionError) {
-        if closed.load(ordering: .relaxed) || inbox.isEnded { throw .closed() }
+        if inbox.isEnded { throw .closed() }
+        if case .refuse(let error) = life.handle(.send) { throw error }
         try await demultiplexer.send(message.bytes, address)
     }
 
@@ -199,7 +200,9 @@ final class DatagramPeer<Address: Hashable & Sendable>: Connection, Sendable {
     }
 
     func close() async {
-        guard !closed.exchange(true, ordering: .relaxed) else { return }
-        demultiplexer.forget(self)
+        await life.close { [self] finished in
+            demultiplexer.forget(self)
+            finished()
+        }
     }
 }

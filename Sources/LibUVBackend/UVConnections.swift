@@ -2,31 +2,6 @@ import ConnectionCore
 import POSIXSupport
 import Synchronization
 
-/// Closing a handle from async code: runs `uv_close` on the loop once and lets every caller await its
-/// close callback.
-final class UVCloseGate: @unchecked Sendable {
-    private var started = false
-    private var done = false
-    private var waiters: [CheckedContinuation<Void, Never>] = []
-
-    /// On the loop thread: starts closing (once) with `body`, which must call `finished` from the close callback.
-    func close(_ body: (@escaping () -> Void) -> Void, waiter: CheckedContinuation<Void, Never>?) {
-        if done {
-            waiter?.resume()
-            return
-        }
-        if let waiter { waiters.append(waiter) }
-        guard !started else { return }
-        started = true
-        body { [self] in
-            done = true
-            let all = waiters
-            waiters.removeAll()
-            for waiter in all { waiter.resume() }
-        }
-    }
-}
-
 /// A TCP connection on a libuv loop. Reads go into a bounded ``ReceiveQueue``: when it is full the handle
 /// stops reading (`uv_read_stop`) until a receive makes room. Sends try `uv_try_write` first and queue the
 /// rest with `uv_write`; each send returns when its bytes are written, so a fast sender waits for a slow peer.
@@ -38,9 +13,7 @@ final class UVTCPConnection: Connection, @unchecked Sendable {
     private let tcp: UVTCP
     private let loop: UVLoop
     private let inbox: ReceiveQueue<[UInt8]>
-    private let closing = Atomic<Bool>(false)
-    private let outputClosed = Atomic<Bool>(false)
-    private let gate = UVCloseGate()
+    private let life = SharedLifecycle()
     // Loop-confined.
     private var readingPaused = false
 
@@ -101,7 +74,7 @@ final class UVTCPConnection: Connection, @unchecked Sendable {
     }
 
     deinit {
-        if !closing.exchange(true, ordering: .relaxed) {
+        if life.beginCloseWithoutWaiting() {
             let tcp = tcp
             let inbox = inbox
             loop.execute {
@@ -112,8 +85,7 @@ final class UVTCPConnection: Connection, @unchecked Sendable {
     }
 
     func send(_ message: Message) async throws(ConnectionError) {
-        if closing.load(ordering: .relaxed) { throw .closed() }
-        if outputClosed.load(ordering: .relaxed) { throw .closed("the output was closed (half-close)") }
+        if case .refuse(let error) = life.handle(.send) { throw error }
         let bytes = message.bytes
         // On the loop thread (a task that prefers the loop), the common case costs one uv_try_write and no
         // suspension: only what the kernel does not take at once waits for uv_write's callback.
@@ -152,9 +124,7 @@ final class UVTCPConnection: Connection, @unchecked Sendable {
         // On the loop thread, from where the bytes lie; only what the kernel does not take is copied (and goes the
         // way of every send, with no suspension in between, so order is kept).
         var written = 0
-        if loop.isOnLoopThread, !tcp.isClosing, !closing.load(ordering: .relaxed),
-            !outputClosed.load(ordering: .relaxed)
-        {
+        if loop.isOnLoopThread, !tcp.isClosing, case .proceed = life.handle(.send) {
             do throws(UVError) {
                 written = try tcp.tryWrite(bytes)
             } catch {
@@ -201,8 +171,11 @@ final class UVTCPConnection: Connection, @unchecked Sendable {
     }
 
     func closeOutput() async throws(ConnectionError) {
-        if closing.load(ordering: .relaxed) { throw .closed() }
-        guard !outputClosed.exchange(true, ordering: .relaxed) else { return }
+        switch life.handle(.closeOutput) {
+        case .refuse(let error): throw error
+        case .shutdownOutput: break
+        default: return
+        }
         let result: Result<Void, ConnectionError> = await withCheckedContinuation { continuation in
             loop.executeHere { [tcp] in
                 guard !tcp.isClosing else { return continuation.resume(returning: .failure(.closed())) }
@@ -221,20 +194,16 @@ final class UVTCPConnection: Connection, @unchecked Sendable {
     }
 
     func close() async {
-        closing.store(true, ordering: .relaxed)
-        await withCheckedContinuation { continuation in
-            loop.execute { [self] in
-                gate.close(
-                    { finished in
-                        inbox.close()
-                        tcp.close(finished)
-                    }, waiter: continuation)
+        await life.close { [loop, inbox, tcp] finished in
+            loop.execute {
+                inbox.close()
+                tcp.close(finished)
             }
         }
     }
 
     func abort() async {
-        if !closing.load(ordering: .relaxed) { loop.execute { [tcp] in tcp.resetConnection() } }
+        if life.isOpen { loop.execute { [tcp] in tcp.resetConnection() } }
         await close()
     }
 }
@@ -249,8 +218,7 @@ final class UVUDPConnection: Connection, @unchecked Sendable {
     private let udp: UVUDP
     private let loop: UVLoop
     private let inbox: ReceiveQueue<[UInt8]>
-    private let closing = Atomic<Bool>(false)
-    private let gate = UVCloseGate()
+    private let life = SharedLifecycle()
     /// Datagrams dropped because the queue was full.
     let dropped = Atomic<Int>(0)
 
@@ -282,7 +250,7 @@ final class UVUDPConnection: Connection, @unchecked Sendable {
     }
 
     deinit {
-        if !closing.exchange(true, ordering: .relaxed) {
+        if life.beginCloseWithoutWaiting() {
             let udp = udp
             let inbox = inbox
             loop.execute {
@@ -293,12 +261,12 @@ final class UVUDPConnection: Connection, @unchecked Sendable {
     }
 
     func send(_ message: Message) async throws(ConnectionError) {
-        if closing.load(ordering: .relaxed) { throw .closed() }
+        if case .refuse(let error) = life.handle(.send) { throw error }
         try await sendDatagram(message.bytes, on: udp, to: nil, loop: loop)
     }
 
     func send(batch: [UnsafeRawBufferPointer]) async throws(ConnectionError) {
-        if closing.load(ordering: .relaxed) { throw .closed() }
+        if case .refuse(let error) = life.handle(.send) { throw error }
         // On the loop thread, straight to the socket; what it does not take then goes the way of every send.
         let sent = loop.isOnLoopThread ? try udp.trySend(batch: batch, from: 0) : 0
         for bytes in batch[sent...] { try await sendDatagram(Array(bytes), on: udp, to: nil, loop: loop) }
@@ -314,14 +282,10 @@ final class UVUDPConnection: Connection, @unchecked Sendable {
     }
 
     func close() async {
-        closing.store(true, ordering: .relaxed)
-        await withCheckedContinuation { continuation in
-            loop.execute { [self] in
-                gate.close(
-                    { finished in
-                        inbox.close()
-                        udp.close(finished)
-                    }, waiter: continuation)
+        await life.close { [loop, inbox, udp] finished in
+            loop.execute {
+                inbox.close()
+                udp.close(finished)
             }
         }
     }

@@ -11,8 +11,7 @@ final class UVTCPListener: Listener, @unchecked Sendable {
     private let loop: UVLoop
     private let queue = ReceiveQueue<any Connection>(capacity: 1024)
     private let refused = RefusedConnections()
-    private let gate = UVCloseGate()
-    private let closed = Atomic<Bool>(false)
+    private let life = SharedLifecycle()
 
     /// On the loop thread.
     init(loop: UVLoop, address: SocketAddress, options: ConnectionOptions) throws(ConnectionError) {
@@ -67,19 +66,16 @@ final class UVTCPListener: Listener, @unchecked Sendable {
     }
 
     func close() async {
-        closed.store(true, ordering: .relaxed)
         let waiting = queue.close(.closed("the listener is closed"))
         for connection in waiting { await connection.close() }
-        await withCheckedContinuation { continuation in
-            loop.execute { [self] in
-                gate.close({ finished in tcp.close(finished) }, waiter: continuation)
-            }
+        await life.close { [loop, tcp] finished in
+            loop.execute { tcp.close(finished) }
         }
         await refused.waitForAll()  // the handle is closed: no accept callback runs any more
     }
 
     deinit {
-        guard !closed.load(ordering: .relaxed) else { return }
+        guard life.beginCloseWithoutWaiting() else { return }
         let tcp = tcp
         let waiting = queue.close()
         loop.execute { tcp.close() }
@@ -95,7 +91,7 @@ final class UVUDPListener: Listener, @unchecked Sendable {
     let options: ConnectionOptions
     let udp: UVUDP
     let loop: UVLoop
-    private let gate = UVCloseGate()
+    private let life = SharedLifecycle()
     private let peers: DatagramDemultiplexer<SocketAddress>
     /// Datagrams dropped because a peer's queue or the accept queue was full.
     var dropped: Int { peers.dropped }
@@ -142,10 +138,8 @@ final class UVUDPListener: Listener, @unchecked Sendable {
 
     func close() async {
         peers.close()
-        await withCheckedContinuation { continuation in
-            loop.execute { [self] in
-                gate.close({ finished in udp.close(finished) }, waiter: continuation)
-            }
+        await life.close { [loop, udp] finished in
+            loop.execute { udp.close(finished) }
         }
     }
 }

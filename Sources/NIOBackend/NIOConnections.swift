@@ -159,8 +159,7 @@ final class NIOStreamConnection: Connection, Sendable {
     let inbox: ReceiveQueue<[UInt8]>
     /// Touched on the channel's event loop only (its `context`).
     private let handler: StreamInboxHandler
-    private let closed = Atomic<Bool>(false)
-    private let outputClosed = Atomic<Bool>(false)
+    private let life = SharedLifecycle()
     private let loopWriter = LoopWriter()
 
     var preferredExecutor: (any TaskExecutor)? { EventLoopTaskExecutor.of(channel.eventLoop) }
@@ -258,8 +257,7 @@ final class NIOStreamConnection: Connection, Sendable {
     }
 
     private func checkOpen() throws(ConnectionError) {
-        if closed.load(ordering: .relaxed) { throw .closed() }
-        if outputClosed.load(ordering: .relaxed) { throw .closed("the output was closed (half-close)") }
+        if case .refuse(let error) = life.handle(.send) { throw error }
     }
 
     private func written(_ future: EventLoopFuture<Void>) async throws(ConnectionError) {
@@ -271,7 +269,7 @@ final class NIOStreamConnection: Connection, Sendable {
     }
 
     private func writeError(_ error: any Error) -> ConnectionError {
-        closed.load(ordering: .relaxed) ? .closed() : connectionError(error, "write")
+        life.isOpen ? connectionError(error, "write") : .closed()
     }
 
     func receive(maximumLength: Int) async throws(ConnectionError) -> Message? {
@@ -280,8 +278,11 @@ final class NIOStreamConnection: Connection, Sendable {
     }
 
     func closeOutput() async throws(ConnectionError) {
-        if closed.load(ordering: .relaxed) { throw .closed() }
-        guard !outputClosed.exchange(true, ordering: .relaxed) else { return }
+        switch life.handle(.closeOutput) {
+        case .refuse(let error): throw error
+        case .shutdownOutput: break
+        default: return
+        }
         do {
             try await channel.close(mode: .output).get()
         } catch {
@@ -290,15 +291,16 @@ final class NIOStreamConnection: Connection, Sendable {
     }
 
     func close() async {
-        guard !closed.exchange(true, ordering: .relaxed) else { return }
-        inbox.close()
-        try? await channel.close().get()
-        try? await channel.closeFuture.get()
+        await life.close { [inbox, channel] finished in
+            inbox.close()
+            channel.close(promise: nil)
+            channel.closeFuture.whenComplete { _ in finished() }
+        }
     }
 
     /// SO_LINGER 0: SwiftNIO closes the descriptor without a shutdown first, so the close sends a reset.
     func abort() async {
-        if !closed.load(ordering: .relaxed), let provider = channel as? any SocketOptionProvider {
+        if life.isOpen, let provider = channel as? any SocketOptionProvider {
             try? await provider.setSoLinger(linger(l_onoff: 1, l_linger: 0)).get()
         }
         await close()
@@ -411,7 +413,7 @@ final class NIODatagramConnection: Connection, Sendable {
     let options: ConnectionOptions
     let channel: any Channel
     let inbox: ReceiveQueue<[UInt8]>
-    private let closed = Atomic<Bool>(false)
+    private let life = SharedLifecycle()
 
     var preferredExecutor: (any TaskExecutor)? { EventLoopTaskExecutor.of(channel.eventLoop) }
 
@@ -454,11 +456,11 @@ final class NIODatagramConnection: Connection, Sendable {
     }
 
     func send(_ message: Message) async throws(ConnectionError) {
-        if closed.load(ordering: .relaxed) { throw .closed() }
+        if case .refuse(let error) = life.handle(.send) { throw error }
         do {
             try await channel.writeAndFlush(ByteBuffer(bytes: message.bytes)).get()
         } catch {
-            throw closed.load(ordering: .relaxed) ? .closed() : connectionError(error, "send")
+            throw life.isOpen ? connectionError(error, "send") : .closed()
         }
     }
 
@@ -466,7 +468,7 @@ final class NIODatagramConnection: Connection, Sendable {
     /// datagram channel hands to the kernel with sendmmsg(2). (Its UDP GSO is a channel option fixing one
     /// segment size for every send, so it is not used here.)
     func send(batch: [UnsafeRawBufferPointer]) async throws(ConnectionError) {
-        if closed.load(ordering: .relaxed) { throw .closed() }
+        if case .refuse(let error) = life.handle(.send) { throw error }
         guard !batch.isEmpty else { return }
         let buffers = batch.map { ByteBuffer(bytes: $0) }
         let channel = channel
@@ -477,7 +479,7 @@ final class NIODatagramConnection: Connection, Sendable {
                 return EventLoopFuture.andAllSucceed(writes, on: channel.eventLoop)
             }.get()
         } catch {
-            throw closed.load(ordering: .relaxed) ? .closed() : connectionError(error, "send")
+            throw life.isOpen ? connectionError(error, "send") : .closed()
         }
     }
 
@@ -490,9 +492,11 @@ final class NIODatagramConnection: Connection, Sendable {
     }
 
     func close() async {
-        guard !closed.exchange(true, ordering: .relaxed) else { return }
-        inbox.close()
-        try? await channel.close().get()
+        await life.close { [inbox, channel] finished in
+            inbox.close()
+            channel.close(promise: nil)
+            channel.closeFuture.whenComplete { _ in finished() }
+        }
     }
 }
 

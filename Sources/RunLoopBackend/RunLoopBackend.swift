@@ -424,7 +424,7 @@ final class RunLoopUDPConnection: Connection, DatagramSocketDelegate, @unchecked
     private let socket: DatagramSocket
     private let runLoop: SocketRunLoop
     private let inbox: ReceiveQueue<[UInt8]>
-    private let closing = Atomic<Bool>(false)
+    private let life = SharedLifecycle()
 
     init(socket: DatagramSocket, runLoop: SocketRunLoop, options: ConnectionOptions) {
         self.socket = socket
@@ -447,14 +447,14 @@ final class RunLoopUDPConnection: Connection, DatagramSocketDelegate, @unchecked
     }
 
     func send(_ message: Message) async throws(ConnectionError) {
-        if closing.load(ordering: .relaxed) { throw .closed() }
+        if case .refuse(let error) = life.handle(.send) { throw error }
         // On the run loop's thread (a task that prefers it) the socket is ours to use: no hop, no suspension.
         if runLoop.isCurrent { return try socket.send(message.bytes) }
         try await runDatagramSend { [socket] () throws(ConnectionError) in try socket.send(message.bytes) }
     }
 
     func send(batch: [UnsafeRawBufferPointer]) async throws(ConnectionError) {
-        if closing.load(ordering: .relaxed) { throw .closed() }
+        if case .refuse(let error) = life.handle(.send) { throw error }
         if runLoop.isCurrent { return try socket.send(batch: batch) }
         try await sendEach(batch)
     }
@@ -479,12 +479,11 @@ final class RunLoopUDPConnection: Connection, DatagramSocketDelegate, @unchecked
     }
 
     func close() async {
-        guard !closing.exchange(true, ordering: .relaxed) else { return }
-        inbox.close()
-        await withCheckedContinuation { continuation in
-            runLoop.perform { [socket] in
+        await life.close { [inbox, runLoop, socket] finished in
+            inbox.close()
+            runLoop.perform {
                 socket.close()
-                continuation.resume()
+                finished()
             }
         }
     }
