@@ -1,5 +1,5 @@
 import Glibc
-import Synchronization
+package import Synchronization
 
 /// State that one thread owns (a loop's thread, a connection's reader thread) inside an object that other threads
 /// share: the package's one way to say "only the loop touches this", in place of an `@unchecked Sendable` on the
@@ -11,8 +11,9 @@ import Synchronization
 /// check nothing. Accesses are short (`withValue`) and must not nest: run no callback or job inside one, since it
 /// may come back to the same value.
 package final class LoopConfined<Value>: @unchecked Sendable {
-    private var value: Value
-    private let owner = Atomic<UInt>(0)
+    // Inlinable, so the loops in other modules touch their state without a generic call per access.
+    @usableFromInline var value: Value
+    @usableFromInline let owner = Atomic<UInt>(0)
 
     package init(_ value: Value) {
         self.value = value
@@ -29,18 +30,19 @@ package final class LoopConfined<Value>: @unchecked Sendable {
     }
 
     /// `true` on the owning thread.
-    @inline(__always)
+    @inlinable
     package var isOwnerThread: Bool {
         owner.load(ordering: .acquiring) == UInt(pthread_self())
     }
 
-    private func bindingAllows() -> Bool {
+    @usableFromInline
+    func bindingAllows() -> Bool {
         let bound = owner.load(ordering: .acquiring)
         return bound == 0 || bound == UInt(pthread_self())
     }
 
     /// Reads or changes the value; on the owning thread only (or before one is bound).
-    @inline(__always)
+    @inlinable
     package func withValue<R, E: Error>(_ body: (inout Value) throws(E) -> R) throws(E) -> R {
         assert(bindingAllows(), "loop-confined state touched off its thread")
         return try body(&value)

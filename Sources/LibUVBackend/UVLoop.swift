@@ -44,9 +44,11 @@ public final class UVLoop: @unchecked Sendable {
         raw = .allocate(capacity: 1)
         wakeup = .allocate(capacity: 1)
         let wakeupAddress = UInt(bitPattern: wakeup)
-        work = LoopWorkQueue(signal: {
-            uv_async_send(UnsafeMutablePointer<uv_async_t>(bitPattern: wakeupAddress))
-        })
+        work = LoopWorkQueue(
+            signalsUnderLock: true,
+            signal: {
+                uv_async_send(UnsafeMutablePointer<uv_async_t>(bitPattern: wakeupAddress))
+            })
         prepare = .allocate(capacity: 1)
         check = .allocate(capacity: 1)
         let status = uv_loop_init(raw)

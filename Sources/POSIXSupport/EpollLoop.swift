@@ -47,7 +47,7 @@ public final class EpollLoop: TaskExecutor, Sendable {
             throw error
         }
         self.wakeFD = wakeFD
-        work = LoopWorkQueue(signal: { Syscall.eventFDSignal(wakeFD) })
+        work = LoopWorkQueue(signalsUnderLock: false, signal: { Syscall.eventFDSignal(wakeFD) })
         try Syscall.epollControl(epoll, Syscall.epollAdd, wakeFD, events: Syscall.epollIn, data: Self.wakeToken)
     }
 
@@ -190,6 +190,7 @@ public final class EpollLoop: TaskExecutor, Sendable {
 
     /// Runs each timer that is due (outside the confined access: a timer may schedule or cancel others).
     private func runDueTimers() {
+        if confined.withValue({ $0.timers.isEmpty }) { return }  // no clock read on a turn without timers
         let now = MonotonicClock.nanoseconds()
         while let due = confined.withValue({ confined -> TimerHeap.Entry?? in
             guard let first = confined.timers.first, first.deadline <= now else {

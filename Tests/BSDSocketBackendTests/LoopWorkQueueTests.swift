@@ -35,7 +35,7 @@ struct LoopWorkQueueTests {
     @Test("Work from another thread signals only a loop that said it sleeps, and once per sleep")
     func signalsOnlyASleepingLoop() {
         let signals = Counter()
-        let queue = LoopWorkQueue(signal: { signals.add() })
+        let queue = LoopWorkQueue(signalsUnderLock: true, signal: { signals.add() })
         let ran = Counter()
         // No loop thread is bound: every add below comes from "another thread".
         queue.add(.block({ ran.add() }))
@@ -55,7 +55,7 @@ struct LoopWorkQueueTests {
     @Test("A wake-up that comes while the loop is awake makes its next prepareToSleep say no, once")
     func wakeWhileAwakeIsRemembered() {
         let signals = Counter()
-        let queue = LoopWorkQueue(signal: { signals.add() })
+        let queue = LoopWorkQueue(signalsUnderLock: true, signal: { signals.add() })
         queue.wake()
         #expect(signals.count == 0)
         #expect(!queue.prepareToSleep())
@@ -67,7 +67,7 @@ struct LoopWorkQueueTests {
     @Test("The loop thread's own work runs first, work it adds while running runs in the same call, nothing waits")
     func orderAndNestedWork() {
         let signals = Counter()
-        let queue = LoopWorkQueue(signal: { signals.add() })
+        let queue = LoopWorkQueue(signalsUnderLock: true, signal: { signals.add() })
         let log = Log()
         let unrun = Guarded<[Bool]>([])
         queue.add(.block({ log.add("other thread") }))
@@ -89,7 +89,7 @@ struct LoopWorkQueueTests {
 
     @Test("A job of a batch being run sees the rest of its batch as unrun work, and may not sleep")
     func unrunBatchWork() {
-        let queue = LoopWorkQueue(signal: {})
+        let queue = LoopWorkQueue(signalsUnderLock: true, signal: {})
         let seen = Guarded<[Bool]>([])
         Self.onLoopThread(queue) {
             queue.add(
@@ -108,7 +108,7 @@ struct LoopWorkQueueTests {
     @Test("A closed queue returns what was not run, refuses new work and never signals again")
     func closeRefuses() {
         let signals = Counter()
-        let queue = LoopWorkQueue(signal: { signals.add() })
+        let queue = LoopWorkQueue(signalsUnderLock: true, signal: { signals.add() })
         let ran = Counter()
         let leftLocal = Counter()
         let refusedLocal = Counter()
