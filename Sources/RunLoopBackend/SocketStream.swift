@@ -145,8 +145,8 @@ public func getStreamsToHost(
 /// input interest stays on while the input is open, and is taken off only when a readable event finds the
 /// delegate has not read since the last `hasBytesAvailable` (otherwise epoll would report it every turn);
 /// output interest is on only while a write found the socket full; a due `hasSpaceAvailable` on a socket with
-/// room is delivered on the next turn without epoll. A readable event without a hang-up is delivered as it
-/// is; only a hang-up costs a peek (bytes first, or the end).
+/// room is delivered on the next turn without epoll. A readable event costs a FIONREAD (bytes: delivered as
+/// `hasBytesAvailable`) and, when there are none, a peek (the end, the error, or nothing after all).
 final class StreamPairCore: EpollHandler, @unchecked Sendable {
     let endpoint: Endpoint
     let options: ConnectionOptions
@@ -375,24 +375,19 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
         if events & (Syscall.epollIn | Syscall.epollHangUp | Syscall.epollReadHangUp) != 0, let input,
             input.streamStatus == .open
         {
-            if !inputArmed {
-                inputSuppressed = true
-            } else if events & (Syscall.epollHangUp | Syscall.epollReadHangUp) == 0 {
-                // Readable and no hang-up: there are bytes (the peek below is needed only to tell the end).
-                inputArmed = false
-                input.deliver(.hasBytesAvailable)
+            if inputArmed {
+                // Readable is not "bytes": epoll may report a FIN that is half processed (the sequence number
+                // advanced, the hang-up not yet set) as readable with nothing to read. What a read would find
+                // decides what is delivered.
+                _ = deliverReadable(input)
+                if failed { return }
+            } else if events & (Syscall.epollHangUp | Syscall.epollReadHangUp) != 0, Syscall.bytesReadable(fd) == 0 {
+                // Not re-armed, but every byte was read: the end is due (and a hang-up is reported whatever the
+                // interest, so waiting for a read would spin).
+                deliverEndIfThere(input)
+                if failed { return }
             } else {
-                do throws(ConnectionError) {
-                    switch try Syscall.peekByte(fd) {
-                    case .processed(0): deliverEnd(input)
-                    case .processed:
-                        inputArmed = false
-                        input.deliver(.hasBytesAvailable)
-                    case .wouldBlock: break
-                    }
-                } catch {
-                    return fail(error)
-                }
+                inputSuppressed = true
             }
         }
         if events & Syscall.epollOut != 0, let output, output.streamStatus == .open, outputArmed {
@@ -429,9 +424,40 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
         runLoop.perform { [self] in
             inputDeliveryScheduled = false
             guard !failed, let input, input.streamStatus == .open, inputArmed, !endDelivered else { return }
-            inputArmed = false
-            input.deliver(.hasBytesAvailable)
+            if !deliverReadable(input) {
+                // Nothing to read and no end or error after all: back under epoll's watch.
+                broken = false
+                do throws(ConnectionError) {
+                    try updateInterest()
+                } catch {
+                    fail(error)
+                }
+            }
         }
+    }
+
+    /// Delivers what a read would find now: `hasBytesAvailable` while bytes wait (so the property is true when
+    /// the delegate looks: Darwin's `while stream.hasBytesAvailable { read }` must find them), the end once every
+    /// byte is read and the peer has ended (whether or not the delegate ever reads 0), or the error. Returns
+    /// `false` when a read would find nothing yet.
+    private func deliverReadable(_ input: SocketInputStream) -> Bool {
+        do throws(ConnectionError) {
+            if Syscall.bytesReadable(fd) == 0, case let peeked = try Syscall.peekByte(fd) {
+                switch peeked {
+                case .processed(0):
+                    deliverEnd(input)
+                    return true
+                case .processed: break  // a byte came between the two calls
+                case .wouldBlock: return false
+                }
+            }
+        } catch {
+            fail(error)
+            return true
+        }
+        inputArmed = false
+        input.deliver(.hasBytesAvailable)
+        return true
     }
 
     /// A due `hasSpaceAvailable` while the socket has room: on the next turn of the run loop, as epoll would
@@ -444,6 +470,15 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
             guard !failed, let output, output.streamStatus == .open, outputArmed, outputHasSpace else { return }
             outputArmed = false
             output.deliver(.hasSpaceAvailable)
+        }
+    }
+
+    /// Delivers the end when a read would return it now (or the error when it would fail).
+    private func deliverEndIfThere(_ input: SocketInputStream) {
+        do throws(ConnectionError) {
+            if case .processed(0) = try Syscall.peekByte(fd) { deliverEnd(input) }
+        } catch {
+            fail(error)
         }
     }
 
