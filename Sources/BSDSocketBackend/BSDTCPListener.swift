@@ -5,7 +5,7 @@ import Synchronization
 /// A TCP listener in the blocking style: an acceptor thread blocks in `accept(2)` and queues each new
 /// connection (with its own reader thread) for ``accept()``. When too many accepted connections wait to be
 /// taken, the acceptor stops accepting and the kernel's backlog holds the rest.
-final class BSDTCPListener: Listener, @unchecked Sendable {
+final class BSDTCPListener: Listener, Sendable {
     let transport = Transport.tcp
     let localEndpoint: Endpoint
     private let socket: BSDSocket

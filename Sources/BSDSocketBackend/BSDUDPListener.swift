@@ -14,7 +14,7 @@ import Synchronization
 /// UDP has no flow control, so nothing here waits for a slow consumer: a datagram for a peer whose queue is
 /// full, or from a new peer while too many new peers wait to be accepted, is dropped and counted, just as the
 /// kernel drops datagrams when a socket's receive buffer is full.
-final class BSDUDPListener: Listener, @unchecked Sendable {
+final class BSDUDPListener: Listener, Sendable {
     let transport = Transport.udp
     let localEndpoint: Endpoint
     let options: ConnectionOptions

@@ -5,7 +5,7 @@ import Synchronization
 /// A TCP connection on a libuv loop. Reads go into a bounded ``ReceiveQueue``: when it is full the handle
 /// stops reading (`uv_read_stop`) until a receive makes room. Sends try `uv_try_write` first and queue the
 /// rest with `uv_write`; each send returns when its bytes are written, so a fast sender waits for a slow peer.
-final class UVTCPConnection: Connection, @unchecked Sendable {
+final class UVTCPConnection: Connection, Sendable {
     let transport = Transport.tcp
     let localEndpoint: Endpoint
     let remoteEndpoint: Endpoint
@@ -14,8 +14,8 @@ final class UVTCPConnection: Connection, @unchecked Sendable {
     private let loop: UVLoop
     private let inbox: ReceiveQueue<[UInt8]>
     private let life = SharedLifecycle()
-    // Loop-confined.
-    private var readingPaused = false
+    /// Reading stopped because the queue was full (the loop thread's, bound as the connection is made there).
+    private let readingPaused = LoopConfined(false)
 
     /// The loop thread: a task there is resumed by read callbacks without a hop, and sends without a wake-up.
     var preferredExecutor: (any TaskExecutor)? { loop }
@@ -37,6 +37,7 @@ final class UVTCPConnection: Connection, @unchecked Sendable {
             loop.execute { weakSelf.object?.resumeReading() }
         }
         weakSelf.set(self)
+        readingPaused.bindToCurrentThread()
         do throws(UVError) {
             try tcp.readStart(makeReadCallback())
         } catch {
@@ -45,13 +46,13 @@ final class UVTCPConnection: Connection, @unchecked Sendable {
     }
 
     private func pauseReading() {
-        readingPaused = true
+        readingPaused.withValue { $0 = true }
         tcp.readStop()
     }
 
     private func resumeReading() {
-        guard readingPaused, !tcp.isClosing, inbox.hasSpace else { return }
-        readingPaused = false
+        guard readingPaused.withValue({ $0 }), !tcp.isClosing, inbox.hasSpace else { return }
+        readingPaused.withValue { $0 = false }
         try? tcp.readStart(makeReadCallback())
     }
 
@@ -210,7 +211,7 @@ final class UVTCPConnection: Connection, @unchecked Sendable {
 
 /// A connected UDP socket on a libuv loop: one datagram per receive callback, into a bounded queue (a datagram
 /// that finds the queue full is dropped, as the kernel would drop it).
-final class UVUDPConnection: Connection, @unchecked Sendable {
+final class UVUDPConnection: Connection, Sendable {
     let transport = Transport.udp
     let localEndpoint: Endpoint
     let remoteEndpoint: Endpoint

@@ -4,7 +4,7 @@ import Synchronization
 
 /// A TCP listener on a libuv loop: each connection callback accepts into a new handle, which starts reading
 /// at once and waits in a queue for ``accept()``.
-final class UVTCPListener: Listener, @unchecked Sendable {
+final class UVTCPListener: Listener, Sendable {
     let transport = Transport.tcp
     let localEndpoint: Endpoint
     private let tcp: UVTCP
@@ -85,7 +85,7 @@ final class UVTCPListener: Listener, @unchecked Sendable {
 
 /// A UDP listener on a libuv loop: datagrams sorted by sender into per-peer connections (ConnectionCore's
 /// ``DatagramDemultiplexer``, shared by every backend).
-final class UVUDPListener: Listener, @unchecked Sendable {
+final class UVUDPListener: Listener, Sendable {
     let transport = Transport.udp
     let localEndpoint: Endpoint
     let options: ConnectionOptions
