@@ -156,12 +156,7 @@ public final class UVLoop: @unchecked Sendable {
                         // The wake-up handle is the last one this loop owns: once it is closed, uv_run returns
                         // as soon as the other handles are closed too.
                         drain()
-                        for item in work.close() ?? [] {
-                            switch item {
-                            case .block(let block): block()
-                            case .job(let job): job.runSynchronously(on: asUnownedTaskExecutor())
-                            }
-                        }
+                        for item in work.close() ?? [] { item.run(as: asUnownedTaskExecutor()) }
                         uv_close(csuv_handle(wakeup), nil)
                         uv_close(csuv_handle(prepare), nil)
                         uv_close(csuv_handle(check), nil)

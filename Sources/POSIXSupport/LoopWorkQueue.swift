@@ -5,6 +5,15 @@ import Synchronization
 package enum LoopWork: Sendable {
     case block(@Sendable () -> Void)
     case job(UnownedJob)
+
+    /// Runs it on the calling (loop) thread; a job runs as `executor`.
+    @inline(__always)
+    package func run(as executor: UnownedTaskExecutor) {
+        switch self {
+        case .block(let block): block()
+        case .job(let job): job.runSynchronously(on: executor)
+        }
+    }
 }
 
 /// The work queue and wake-up of a loop thread, written once for the package's loop executors (``EpollLoop``, the
@@ -156,10 +165,7 @@ package final class LoopWorkQueue: Sendable {
         local.withValue { $0.unrun += batch.count }
         for work in batch {
             local.withValue { $0.unrun -= 1 }
-            switch work {
-            case .block(let block): block()
-            case .job(let job): job.runSynchronously(on: executor)
-            }
+            work.run(as: executor)
         }
         batch.removeAll(keepingCapacity: true)
         local.withValue { $0.spare = batch }
