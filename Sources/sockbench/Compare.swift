@@ -38,7 +38,7 @@ struct Compare: AsyncParsableCommand {
 
     @Option(
         help:
-            "pingpong: seconds of round trips per repetition; the count is calibrated once per row (default 0.25, --full 1)."
+            "pingpong: seconds of round trips per repetition; the count is calibrated once per row (default 1)."
     )
     var seconds: Double?
 
@@ -189,8 +189,9 @@ struct Compare: AsyncParsableCommand {
             let server: any ServerHandle =
                 switch scenario.kind {
                 case .pump: target.sink!
-                case .native: target.native!
-                case .asyncChannel: target.asyncChannel!
+                // The C floor's native row is its ping-pong against its echo server.
+                case .native: target.native ?? target.echo
+                case .asyncChannel: target.asyncChannel ?? target.echo
                 case .proxy: target.proxy ?? target.echo
                 case .proxyPump: target.proxyPump ?? proxySink!
                 default: target.echo

@@ -101,8 +101,13 @@ extension Compare {
                 ? "proxy runs on this host only (not with --server)" : "the native relays are tcp -> tcp"
         }
         guard target.backend != nil else {
+            // In native-SIZE and asyncchannel-SIZE passes the C floor's ping-pong (C written in its own style) runs
+            // beside the rows, so that their ratios over it pair measurements taken in the same pass.
+            if scenario.kind == .native || scenario.kind == .asyncChannel {
+                return target.transport == .tcp ? nil : "the C floor's native row is tcp"
+            }
             return ([.pingpong, .rate, .pump, .proxy, .proxyPump] as [Scenario.Kind]).contains(scenario.kind)
-                ? nil : "the C floor runs pingpong, rate, pump, proxy and proxypump (the direct paths) only"
+                ? nil : "the C floor runs pingpong, native, rate, pump, proxy and proxypump (the direct paths) only"
         }
         if scenario.kind == .native, target.native == nil {
             return "native styles: every backend over tcp; nio also over ws (NIOWebSocket), tls and wss (swift-nio-ssl)"
@@ -120,7 +125,7 @@ extension Compare {
         let endpoint = server.endpoint
         guard let backend = target.backend else {
             switch scenario {
-            case .pingpong(let size), .proxy(let size):
+            case .pingpong(let size), .proxy(let size), .native(let size), .asyncChannel(let size):
                 let result = try await runFloorPing(
                     endpoint: endpoint, size: size, count: roundTrips, warmup: plan.pingpongWarmup)
                 return Self.measurement(result, size: size, count: roundTrips)
@@ -132,7 +137,7 @@ extension Compare {
                     endpoint: endpoint, perSecond: perSecond, duration: .milliseconds(Int(plan.rateSeconds * 1000)),
                     warmup: .milliseconds(250))
             default:
-                throw ConnectionError(.unsupported, "the C floor runs pingpong, rate, pump and proxy only")
+                throw ConnectionError(.unsupported, "the C floor runs pingpong, native, rate, pump and proxy only")
             }
         }
         let connect: @Sendable () async throws(ConnectionError) -> any Connection = {

@@ -86,7 +86,7 @@ extension Compare {
         return Plan(
             backends: chosenBackends.map(\.rawValue), transports: chosenTransports.map(\.rawValue),
             scenarios: chosenScenarios, repetitions: repetitions ?? (full ? 5 : 3),
-            pingpongCount: count ?? 2_000, pingpongSeconds: count == nil ? (seconds ?? (full ? 1 : 0.25)) : nil,
+            pingpongCount: count ?? 2_000, pingpongSeconds: count == nil ? (seconds ?? 1) : nil,
             slices: count == nil ? max(1, slices) : 1, remeasure: max(0, remeasure), pingpongWarmup: warmup,
             rateSeconds: full ? 2 : 0.5,
             pumpBytes: full ? 1024 << 20 : 256 << 20, connectCount: full ? 200 : 30, faninCount: full ? 500 : 100,

@@ -2,23 +2,45 @@ import BenchmarkDriver
 
 /// One row's figure over another's, over the repetitions they share. Rows of one run are measured back to back in
 /// each repetition (backends interleaved), so repetition i of one row is paired with repetition i of the other:
-/// the ratio is the median of those paired ratios, and the range their lowest and highest.
+/// the ratio is the interquartile mean of those paired ratios (the mean of the middle half), and the range their
+/// lowest and highest.
+///
+/// Not the median: some rows are bimodal pass to pass (async tcp's pingpong-64 p50 sits near 23.5 us in some
+/// passes and 25.8 us in others, each connection keeping its mode), and the median of such a row jumps from one
+/// mode to the other between runs (1.37x in one run, 1.48x in the next) while the mean of the middle half moves
+/// with the share of passes in each mode; it still leaves out the passes the machine slowed down.
 struct Ratio: Equatable {
-    var median: Double
+    var center: Double
     var low: Double
     var high: Double
 
     init?(_ values: [Double]) {
         let sorted = values.filter(\.isFinite).sorted()
         guard !sorted.isEmpty else { return nil }
-        median = sorted[sorted.count / 2]
+        center = Self.interquartileMean(sorted)
         low = sorted.first!
         high = sorted.last!
     }
 
+    /// The mean of the middle half of `sorted` (ascending), the quartiles' edge values weighted by the part of
+    /// them inside it; the median of one or two values.
+    static func interquartileMean(_ sorted: [Double]) -> Double {
+        let count = Double(sorted.count)
+        guard sorted.count > 2 else { return sorted.reduce(0, +) / count }
+        let from = count / 4
+        let to = count * 3 / 4
+        var total = 0.0
+        for (index, value) in sorted.enumerated() {
+            let start = Double(index)
+            let inside = min(start + 1, to) - max(start, from)
+            if inside > 0 { total += inside * value }
+        }
+        return total / (to - from)
+    }
+
     /// `1.21x`, or `1.21x (1.19-1.23)` when the repetitions differ.
     var text: String {
-        fixed(low) == fixed(high) ? "\(fixed(median))x" : "\(fixed(median))x (\(fixed(low))-\(fixed(high)))"
+        fixed(low) == fixed(high) ? "\(fixed(center))x" : "\(fixed(center))x (\(fixed(low))-\(fixed(high)))"
     }
 
     /// Whether `limit` lies inside the range: the run cannot say on which side of it the ratio is.
@@ -55,19 +77,25 @@ extension Report {
         ratio(row, over: reference) { $0.latency.map { Double($0.p50) } }
     }
 
-    /// The C floor's pingpong row for a latency row of the same size (ws/tls/wss against tcp).
+    /// The C floor's row for a latency row of the same size (ws/tls/wss against tcp): the floor measured in the
+    /// same passes when the run has it (native-SIZE and asyncchannel-SIZE run the C floor's ping-pong beside
+    /// their rows), else its pingpong row.
     func floorRow(for row: ReportRow) -> ReportRow? {
         let size: Int
         switch row.scenario {
         case .pingpong(let value), .native(let value), .asyncChannel(let value), .proxy(let value): size = value
         default: return nil
         }
-        return self.row(Self.floorName, row.transport == "udp" ? "udp" : "tcp", .pingpong(size: size))
+        let transport = row.transport == "udp" ? "udp" : "tcp"
+        return self.row(Self.floorName, transport, row.scenario)
+            ?? self.row(Self.floorName, transport, .pingpong(size: size))
     }
 
     /// The price of the unified API: a tcp pingpong-SIZE row's p50 over the same backend's native-SIZE p50.
     func unifiedPrice(for row: ReportRow) -> Ratio? {
-        guard case .pingpong(let size) = row.scenario, row.transport == "tcp" else { return nil }
+        guard case .pingpong(let size) = row.scenario, row.transport == "tcp", row.backend != Self.floorName else {
+            return nil
+        }
         return p50Ratio(row, over: self.row(row.backend, "tcp", .native(size: size)))
     }
 

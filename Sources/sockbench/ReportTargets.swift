@@ -27,7 +27,8 @@ extension Report {
                 text: "64 B tcp round trip in native style <= 1.3x the C floor (bsd <= 1.1x)", atLeast: false,
                 limit: { $0 == "bsd" ? 1.1 : 1.3 },
                 ratio: { report, backend in
-                    report.p50Ratio(report.row(backend, "tcp", .native(size: 64)), over: floorPing)
+                    let native = report.row(backend, "tcp", .native(size: 64))
+                    return report.p50Ratio(native, over: native.flatMap(report.floorRow(for:)))
                 }
             ))
         targets.append(
@@ -104,7 +105,7 @@ extension Report {
             }
             guard !ratios.isEmpty else { return nil }
             let missed = ratios.filter { backend, ratio in
-                target.atLeast ? ratio.median < target.limit(backend) : ratio.median > target.limit(backend)
+                target.atLeast ? ratio.center < target.limit(backend) : ratio.center > target.limit(backend)
             }.map(\.0)
             let unsure = ratios.filter { backend, ratio in ratio.straddles(target.limit(backend)) }.map(\.0)
             let figures = ratios.map { "\($0.0) \($0.1.text)" }.joined(separator: ", ")
