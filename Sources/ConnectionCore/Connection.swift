@@ -206,7 +206,10 @@ extension Connection {
     /// for try await message in connection.messages { print(message.bytes.count) }
     /// ```
     ///
-    /// One iteration at a time (receives are served in call order); an error ends the sequence by being thrown.
+    /// One iteration at a time (receives are served in call order). The sequence ends normally when the peer
+    /// ends the connection and when this side closes it (a receive waiting in `close()` ends the loop; a
+    /// WebSocket close handshake from either side ends it); an abnormal end (reset, timed out, a protocol
+    /// violation, a TLS failure) ends it by being thrown.
     public var messages: ConnectionMessages { ConnectionMessages(connection: self) }
 }
 
@@ -235,6 +238,10 @@ public struct ConnectionMessages: AsyncSequence, Sendable {
                 return message
             } catch {
                 finished = true
+                // `.closed` is what a receive throws once this side has closed the connection (`close()`, or a
+                // WebSocket close handshake this side started): an end the user asked for, not a failure, as the
+                // peer's end is. Abnormal ends (reset, timed out, protocol violation, TLS) still throw.
+                if error.kind == .closed { return nil }
                 throw error
             }
         }

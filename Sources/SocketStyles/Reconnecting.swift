@@ -81,13 +81,14 @@ public struct ReconnectPolicy: Sendable, Hashable {
 
 /// A client connection that connects again when it is lost, as the seed apps do by hand: the states show
 /// `.waiting(error)` between attempts (backoff with jitter, a cap, an optional limit on attempts), sends while
-/// disconnected are queued (bounded) or refused, and `receive` waits across reconnections. Messages in flight
+/// disconnected are queued (bounded; each `send` returns once its message went out, or throws what lost it) or
+/// refused, and `receive` waits across reconnections. Messages in flight
 /// when a connection is lost are lost with it: the application protocol decides what to resend.
 ///
 /// ```swift
 /// let chat = ReconnectingConnection(backend: .async, endpoint: try Endpoint(url: "ws://127.0.0.1:9000/chat"))
 /// Task { for await state in chat.states { print("state:", state) } }
-/// try await chat.send(.text("hello"))          // queued until connected
+/// try await chat.send(.text("hello"))          // waits for the connection, returns once sent
 /// let reply = try await chat.receive()
 /// await chat.close()
 /// ```
@@ -99,8 +100,14 @@ public final class ReconnectingConnection: Connection, Sendable {
     public let policy: ReconnectPolicy
     /// State changes, in order, starting with `.setup` (one consumer; the newest 32 are kept).
     public let states: AsyncStream<ConnectionState>
+    /// WebSocket only: every connection's ``WebSocketEvent``s in turn (`opened`, then `ping`/`pong` when
+    /// ``WebSocketOptions/reportsControlFrames`` is set, as NWProtocolWebSocket's metadata shows control frames,
+    /// then `closed`; again for each reconnection). Finishes after ``close()``. One consumer; the newest 64 are
+    /// kept.
+    public let webSocketEvents: AsyncStream<WebSocketEvent>
 
     private let stateSink: AsyncStream<ConnectionState>.Continuation
+    private let eventSink: AsyncStream<WebSocketEvent>.Continuation
     private let open: @Sendable () async throws(ConnectionError) -> any Connection
     private let shared = Guarded(Shared())
 
@@ -108,11 +115,34 @@ public final class ReconnectingConnection: Connection, Sendable {
         var state = ConnectionState.setup
         var current: (any Connection)?
         var generation = 0
-        var queue: [Message] = []
+        /// Sends waiting for a connection, each with the sender waiting for its outcome.
+        var queue: [QueuedSend] = []
         var waiters: [CheckedContinuation<(any Connection)?, Never>] = []
         var connector: Task<Void, Never>?
         /// Under ``ReconnectPolicy/never``: the peer's end was returned by a receive (a later one throws).
         var endReported = false
+    }
+
+    /// A send made while disconnected: its message, and its sender, resumed when the message has been handed to
+    /// a connection (`nil`) or can no longer be (the error that lost it).
+    private struct QueuedSend {
+        var message: Message
+        var sender: CheckedContinuation<SendRoute, Never>
+
+        func finish(_ error: ConnectionError?) { sender.resume(returning: .finished(error)) }
+    }
+
+    /// Where a send goes: onto the current connection, or already done (queued and handed over: `nil`) or
+    /// refused (the error).
+    private enum SendRoute {
+        case connection(any Connection)
+        case finished(ConnectionError?)
+    }
+
+    /// Takes every queued send out of `shared`, to be finished with an error outside the lock.
+    private static func dropQueue(_ shared: inout Shared) -> [QueuedSend] {
+        defer { shared.queue.removeAll() }
+        return shared.queue
     }
 
     /// Connects (in the background, at once) with `backend` to `endpoint`, and again whenever the connection is
@@ -127,6 +157,8 @@ public final class ReconnectingConnection: Connection, Sendable {
         self.endpoint = endpoint
         self.policy = policy
         (states, stateSink) = AsyncStream.makeStream(of: ConnectionState.self, bufferingPolicy: .bufferingNewest(32))
+        (webSocketEvents, eventSink) = AsyncStream.makeStream(
+            of: WebSocketEvent.self, bufferingPolicy: .bufferingNewest(64))
         open = { () throws(ConnectionError) in
             try await backend.connect(to: endpoint, options: options, webSocket: webSocket, tls: tls)
         }
@@ -170,41 +202,71 @@ public final class ReconnectingConnection: Connection, Sendable {
             }
             do throws(ConnectionError) {
                 let connection = try await open()
-                // Queued messages go first, in order, before anyone else can send on the new connection.
-                let queued = shared.withLock { shared in
-                    defer { shared.queue.removeAll() }
-                    return shared.queue
-                }
-                for message in queued { try await connection.send(message) }
-                let adopted: [CheckedContinuation<(any Connection)?, Never>]? = shared.withLock { shared in
-                    guard shared.generation == generation, shared.state != .cancelled else { return nil }
-                    shared.current = connection
-                    shared.connector = nil
-                    set(.ready, &shared)
-                    defer { shared.waiters.removeAll() }
-                    return shared.waiters
+                // Queued sends go first, in order, each finished once the connection took it; the connection is
+                // adopted (and others may send on it) only when the queue is empty, so a send queued while these
+                // went out is not left behind.
+                var adopted: [CheckedContinuation<(any Connection)?, Never>]?
+                while true {
+                    enum Step {
+                        case send(QueuedSend)
+                        case adopted([CheckedContinuation<(any Connection)?, Never>])
+                        case abandoned
+                    }
+                    let step: Step = shared.withLock { shared in
+                        guard shared.generation == generation, shared.state != .cancelled else { return .abandoned }
+                        if !shared.queue.isEmpty { return .send(shared.queue.removeFirst()) }
+                        shared.current = connection
+                        shared.connector = nil
+                        set(.ready, &shared)
+                        defer { shared.waiters.removeAll() }
+                        return .adopted(shared.waiters)
+                    }
+                    switch step {
+                    case .send(let queued):
+                        do throws(ConnectionError) {
+                            try await connection.send(queued.message)
+                            queued.finish(nil)
+                        } catch {
+                            // This message is lost with the connection; the ones behind it wait for the next.
+                            queued.finish(error)
+                            await connection.close()
+                            throw error
+                        }
+                        continue
+                    case .adopted(let waiters): adopted = waiters
+                    case .abandoned: adopted = nil
+                    }
+                    break
                 }
                 guard let adopted else {
                     await connection.close()
                     return
                 }
+                if let webSocket = connection as? WebSocketConnection {
+                    // Its events end with its `closed`; the task holds the sink, not this object.
+                    Task { [eventSink] in for await event in webSocket.events { eventSink.yield(event) } }
+                }
                 for waiter in adopted { waiter.resume(returning: connection) }
                 return
             } catch {
                 attempt += 1
-                let gaveUp: [CheckedContinuation<(any Connection)?, Never>] = shared.withLock { shared in
-                    guard shared.generation == generation, shared.state != .cancelled else { return [] }
+                let gaveUp: ([CheckedContinuation<(any Connection)?, Never>], [QueuedSend])? = shared.withLock {
+                    shared in
+                    guard shared.generation == generation, shared.state != .cancelled else { return nil }
                     if let limit = policy.maximumAttempts, attempt >= limit {
                         set(.failed(error), &shared)
                         shared.connector = nil
                         defer { shared.waiters.removeAll() }
-                        return shared.waiters
+                        return (shared.waiters, Self.dropQueue(&shared))
                     }
                     set(.waiting(error), &shared)
-                    return []
+                    return nil
                 }
-                if case .failed = state {
-                    for waiter in gaveUp { waiter.resume(returning: nil) }
+                if let (waiters, queued) = gaveUp {
+                    for waiter in waiters { waiter.resume(returning: nil) }
+                    // Queued sends fail with the error that ended the last attempt, as NWConnection's send
+                    // completions do when the connection fails.
+                    for send in queued { send.finish(error) }
                     return
                 }
             }
@@ -232,18 +294,21 @@ public final class ReconnectingConnection: Connection, Sendable {
     /// reconnect, unless the policy says ``ReconnectPolicy/never``.
     private func lost(_ connection: any Connection, _ error: ConnectionError?) async {
         let webSocket = connection as? WebSocketConnection
-        let waiters: [CheckedContinuation<(any Connection)?, Never>]? = shared.withLock { shared in
+        let ended: ([CheckedContinuation<(any Connection)?, Never>], [QueuedSend])? = shared.withLock { shared in
             guard let current = shared.current, current === connection else { return nil }
             shared.current = nil
             if error == nil {
                 set(.closed(code: webSocket?.peerCloseCode, reason: webSocket?.peerCloseReason ?? ""), &shared)
             }
-            guard !policy.reconnects else { return [] }
+            guard !policy.reconnects else { return ([], []) }
             if let error { set(.failed(error), &shared) }
             defer { shared.waiters.removeAll() }
-            return shared.waiters
+            return (shared.waiters, Self.dropQueue(&shared))
         }
-        guard let waiters else { return }
+        guard let (waiters, queued) = ended else { return }
+        for send in queued {
+            send.finish(error ?? .closed("the peer ended the connection before the message was sent"))
+        }
         await connection.close()
         if policy.reconnects {
             startConnecting(after: error ?? ConnectionError(.closed, "the server ended the connection"))
@@ -261,31 +326,44 @@ public final class ReconnectingConnection: Connection, Sendable {
 
     /// Sends on the current connection; while disconnected, queues or refuses as ``ReconnectPolicy`` says. A send
     /// that fails because the connection was lost starts a reconnection and throws.
+    ///
+    /// A queued send returns when its message has been handed to a new connection, in order, as NWConnection's
+    /// send completion fires when the content is processed: it throws the error that lost the message when
+    /// the connection fails or gives up first (``ConnectionState/failed(_:)``), or `.cancelled` when ``close()``
+    /// comes first. A queued send never reports success for a message that was dropped.
     public func send(_ message: Message) async throws(ConnectionError) {
-        let current: (any Connection)? = try shared.withLock { (shared) throws(ConnectionError) in
-            if let current = shared.current { return current }
-            switch shared.state {
-            case .cancelled, .failed: throw Self.endError(shared.state)
-            case .closed where !policy.reconnects: throw Self.endError(shared.state)
-            default: break
-            }
-            switch policy.whileDisconnected {
-            case .refuse:
-                throw ConnectionError(.closed, "disconnected from \(endpoint); reconnecting")
-            case .queue(let limit):
-                guard shared.queue.count < limit else {
-                    throw ConnectionError(.resourceExhausted, "\(limit) messages already wait for the connection")
+        let route: SendRoute = await withCheckedContinuation { sender in
+            let now: SendRoute? = shared.withLock { shared in
+                if let current = shared.current { return .connection(current) }
+                switch shared.state {
+                case .cancelled, .failed: return .finished(Self.endError(shared.state))
+                case .closed where !policy.reconnects: return .finished(Self.endError(shared.state))
+                default: break
                 }
-                shared.queue.append(message)
-                return nil
+                switch policy.whileDisconnected {
+                case .refuse:
+                    return .finished(ConnectionError(.closed, "disconnected from \(endpoint); reconnecting"))
+                case .queue(let limit):
+                    guard shared.queue.count < limit else {
+                        return .finished(
+                            ConnectionError(.resourceExhausted, "\(limit) messages already wait for the connection"))
+                    }
+                    shared.queue.append(QueuedSend(message: message, sender: sender))
+                    return nil
+                }
             }
+            if let now { sender.resume(returning: now) }
         }
-        guard let current else { return }
-        do throws(ConnectionError) {
-            try await current.send(message)
-        } catch {
-            if error.kind != .cancelled { await lost(current, error) }
-            throw error
+        switch route {
+        case .finished(nil): return
+        case .finished(let error?): throw error
+        case .connection(let current):
+            do throws(ConnectionError) {
+                try await current.send(message)
+            } catch {
+                if error.kind != .cancelled { await lost(current, error) }
+                throw error
+            }
         }
     }
 
@@ -310,6 +388,27 @@ public final class ReconnectingConnection: Connection, Sendable {
                 if error.kind == .cancelled || state == .cancelled { throw error }
                 await lost(current, error)
             }
+        }
+    }
+
+    /// Sends a WebSocket ping and returns when its pong arrives, as NWConnection's ping (a send with
+    /// NWProtocolWebSocket metadata `.ping` and a `pongHandler`) does: waits for a connection first (as
+    /// ``receive(maximumLength:)`` does), then for the pong up to `timeout` (default
+    /// ``WebSocketOptions/pongDeadline``), and throws `.timedOut` past it. A connection lost on the way starts a
+    /// reconnection and throws; `.unsupported` for transports other than ws and wss.
+    public func sendPing(_ payload: [UInt8] = [], timeout: Duration? = nil) async throws(ConnectionError) {
+        guard transport == .ws || transport == .wss else {
+            throw ConnectionError(.unsupported, "ping is WebSocket's (ws, wss), not \(transport)'s")
+        }
+        guard let current = await connection() else { throw Self.endError(state) }
+        guard let webSocket = current as? WebSocketConnection else {
+            throw ConnectionError(.unsupported, "the \(transport) connection is not a WebSocketConnection")
+        }
+        do throws(ConnectionError) {
+            try await webSocket.sendPing(payload, timeout: timeout)
+        } catch {
+            if error.kind != .cancelled && error.kind != .timedOut { await lost(current, error) }
+            throw error
         }
     }
 
@@ -341,20 +440,21 @@ public final class ReconnectingConnection: Connection, Sendable {
     }
 
     private func close(_ closing: (any Connection) async -> Void) async {
-        let (current, connector, waiters) = shared.withLock { shared in
+        let (current, connector, waiters, queued) = shared.withLock { shared in
             defer {
                 shared.current = nil
                 shared.connector = nil
                 shared.waiters.removeAll()
-                shared.queue.removeAll()
             }
             if shared.state != .cancelled { set(.cancelled, &shared) }
-            return (shared.current, shared.connector, shared.waiters)
+            return (shared.current, shared.connector, shared.waiters, Self.dropQueue(&shared))
         }
         connector?.cancel()
         for waiter in waiters { waiter.resume(returning: nil) }
+        for send in queued { send.finish(ConnectionError(.cancelled, "closed before the message could be sent")) }
         if let current { await closing(current) }
         stateSink.finish()
+        eventSink.finish()
     }
 
     deinit {

@@ -621,6 +621,57 @@ struct ConformanceTests {
         }
     }
 
+    @Test(
+        "messages ends normally when this side closes, from either end of a WebSocket, and throws when reset",
+        arguments: ConformanceCase.all)
+    func messagesEndOnClose(_ test: ConformanceCase) async throws {
+        try await SocketTest.run {
+            let (listener, client, server) = try await test.connectedPair()
+            // This side closes while the loop waits: the loop ends without an error (URLSessionWebSocketTask's
+            // users stop on cancel(with:reason:); a close is not a failure).
+            let (arrivals, arrived) = AsyncStream.makeStream(of: Int.self)
+            let loop = Task { () async throws -> Int in
+                var count = 0
+                for try await _ in server.messages {
+                    count += 1
+                    arrived.yield(count)
+                }
+                arrived.finish()
+                return count
+            }
+            var seen = arrivals.makeAsyncIterator()
+            #expect(await seen.next() == 1)  // the loop runs and has read the first message
+            // The other end's loop ends normally too when this side's close reaches it (not over UDP: nothing
+            // tells a UDP peer).
+            let peerLoop =
+                test.transport == .udp ? nil : Task { () async throws in for try await _ in client.messages {} }
+            await server.close()
+            let result = await loop.result
+            #expect(throws: Never.self) { try result.get() }
+            if let peerLoop {
+                let peerResult = await peerLoop.result
+                #expect(throws: Never.self) { try peerResult.get() }
+            }
+            await client.close()
+            // An abnormal end (a reset, no close handshake) still throws.
+            if test.transport != .udp {
+                let client = try await test.connect(to: listener.localEndpoint)
+                let server = try await listener.accept()
+                let loop = Task { () async throws -> Int in
+                    var count = 0
+                    for try await _ in client.messages { count += 1 }
+                    return count
+                }
+                await server.abort()
+                let result = await loop.result
+                #expect(throws: ConnectionError.self) { try result.get() }
+                if case .failure(let error) = result { #expect((error as? ConnectionError)?.kind == .reset) }
+                await client.close()
+            }
+            await listener.close()
+        }
+    }
+
     @Test("close() wakes a receive that is waiting", arguments: ConformanceCase.all)
     func closeWakesReceive(_ test: ConformanceCase) async throws {
         try await SocketTest.run {
@@ -861,9 +912,10 @@ struct ReconnectionTests {
                 }
             }
             #expect(lost)
-            // Sent while down: queued, delivered after the reconnection.
-            try await client.send(Array("three".utf8))
+            // Sent while down: queued, delivered after the reconnection; the send returns only then.
+            let queued = Task { try await client.send(Array("three".utf8)) }
             let second = try await EchoServer.start(test.backend, on: endpoint, tls: test.serverTLS)
+            try await withTimeLimit(.seconds(20)) { try await queued.value }
             let echoed = try await withTimeLimit(.seconds(20)) { try await receiver.value }
             #expect(echoed.hasSuffix("three"))
             #expect(client.state == .ready)
@@ -875,6 +927,97 @@ struct ReconnectionTests {
             #expect(states.contains { if case .waiting = $0 { true } else { false } })
             #expect(states.last == .cancelled)
             await second.stop()
+        }
+    }
+
+    @Test(
+        "A queued send reports what became of its message: the error that lost it, or cancelled by close()",
+        arguments: cases)
+    func queuedSendsReportTheirOutcome(_ test: ConformanceCase) async throws {
+        try await SocketTest.run {
+            let listener = try await test.listen()
+            let endpoint = listener.localEndpoint
+            await listener.close()  // refused from now on
+            // Three refused attempts, at least 40 + 80 ms apart: a send made now is queued, and must throw the
+            // refusal once the connection gives up, not return as if it had been sent.
+            let failing = ReconnectingConnection(
+                backend: test.backend, endpoint: endpoint, tls: test.clientTLS,
+                policy: .with {
+                    $0.initialDelay = .milliseconds(40)
+                    $0.jitter = 0
+                    $0.maximumAttempts = 3
+                })
+            await expectConnectionError(.refused) { () throws(ConnectionError) in try await failing.send([1]) }
+            if case .failed(let error) = failing.state {
+                #expect(error.kind == .refused)
+            } else {
+                Issue.record("not failed: \(failing.state)")
+            }
+            await failing.close()
+            // Queued while it keeps trying; close() ends the wait with cancelled. With room for one message, of
+            // two sends one is refused as too many at once, so the other is known to be queued before the close.
+            let closing = ReconnectingConnection(
+                backend: test.backend, endpoint: endpoint, tls: test.clientTLS,
+                policy: .with {
+                    $0.initialDelay = .milliseconds(20)
+                    $0.maximumDelay = .milliseconds(50)
+                    $0.whileDisconnected = .queue(maximumMessages: 1)
+                })
+            let sends = Task { () async -> [ConnectionError.Kind?] in
+                await withTaskGroup(of: ConnectionError.Kind?.self) { group in
+                    for byte: UInt8 in [1, 2] {
+                        group.addTask {
+                            do {
+                                try await closing.send([byte])
+                                return nil
+                            } catch {
+                                return (error as? ConnectionError)?.kind
+                            }
+                        }
+                    }
+                    var kinds: [ConnectionError.Kind?] = []
+                    // The refused one comes back first; then close, and the queued one comes back.
+                    if let first = await group.next() {
+                        kinds.append(first)
+                        await closing.close()
+                    }
+                    for await kind in group { kinds.append(kind) }
+                    return kinds
+                }
+            }
+            let kinds = try await withTimeLimit(.seconds(10)) { await sends.value }
+            #expect(kinds == [.resourceExhausted, .cancelled])
+        }
+    }
+
+    @Test(
+        "sendPing waits for the connection and its pong; pongs and the close show in webSocketEvents",
+        arguments: cases)
+    func pingOnReconnecting(_ test: ConformanceCase) async throws {
+        try await SocketTest.run {
+            let server = try await test.echoServer()
+            let client = ReconnectingConnection(
+                backend: test.backend, endpoint: server.endpoint,
+                webSocket: .with { $0.reportsControlFrames = true }, tls: test.clientTLS, policy: .never)
+            guard test.transport == .ws || test.transport == .wss else {
+                await expectConnectionError(.unsupported) { () throws(ConnectionError) in
+                    try await client.sendPing()
+                }
+                await client.close()
+                await server.stop()
+                return
+            }
+            // Called at once, before the connection is ready: it waits for it, then for the pong.
+            try await client.sendPing([7, 7], timeout: .seconds(5))
+            try await client.sendPing()
+            try await expectEcho(client, "after the pings")
+            await client.close()
+            var events: [WebSocketEvent] = []
+            for await event in client.webSocketEvents { events.append(event) }
+            #expect(events.first == .opened(subprotocol: nil))
+            #expect(events.contains(.pong([7, 7])) && events.contains(.pong([])))
+            #expect(events.last.map { if case .closed = $0 { true } else { false } } == true)
+            await server.stop()
         }
     }
 
