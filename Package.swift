@@ -31,6 +31,7 @@ let package = Package(
         // Routes the library's diagnostics (server bounds: connection limit, idle timeouts...) to swift-log.
         .library(name: "SocketStylesLogging", targets: ["SocketStylesLogging"]),
         .library(name: "SocketStylesCombine", targets: ["SocketStylesCombine"]),
+        .library(name: "SocketStylesFoundation", targets: ["SocketStylesFoundation"]),
         .library(name: "ConnectionTestKit", targets: ["ConnectionTestKit"]),
         .executable(name: "sockbench", targets: ["sockbench"]),
     ],
@@ -182,6 +183,22 @@ let package = Package(
             swiftSettings: strictSettings),
         .executableTarget(
             name: "RoutingServer", dependencies: ["SocketStyles"], path: "Examples/RoutingServer",
+            swiftSettings: strictSettings),
+        // The Apple APIs of the seeds, ported (docs/porting-from-apple.md), run by scripts/examples on every backend.
+        .executableTarget(
+            name: "WebSocketTaskPort", dependencies: ["SocketStyles"], path: "Examples/WebSocketTaskPort",
+            swiftSettings: strictSettings),
+        .executableTarget(
+            name: "NWConnectionPort", dependencies: ["SocketStyles"], path: "Examples/NWConnectionPort",
+            swiftSettings: strictSettings),
+        .executableTarget(
+            name: "CombinePort", dependencies: ["SocketStyles", "SocketStylesCombine"], path: "Examples/CombinePort",
+            swiftSettings: strictSettings),
+        .executableTarget(
+            name: "StreamDelegatePort", dependencies: ["SocketStyles"], path: "Examples/StreamDelegatePort",
+            swiftSettings: strictSettings),
+        .executableTarget(
+            name: "CFSocketServerPort", dependencies: ["SocketStyles"], path: "Examples/CFSocketServerPort",
             swiftSettings: strictSettings),
         .testTarget(
             name: "SocketStylesCombineTests",

@@ -206,12 +206,14 @@ public final class BSDSocket: @unchecked Sendable {
     /// `true` once ``close()`` was called.
     public var isClosed: Bool { owner.isClosed }
 
-    /// The bound address (with the real port).
+    /// The bound address (with the real port). Throws as getsockname(2) does: `.closed` after ``close()`` (a
+    /// closed descriptor, EBADF), `.system` otherwise; a bound or connected open socket always has one.
     public var localAddress: SocketAddress {
         get throws(ConnectionError) { try Syscall.localAddress(descriptor) }
     }
 
-    /// The connected peer's address.
+    /// The connected peer's address. Throws as getpeername(2) does: `.reset` when the socket is not connected
+    /// (ENOTCONN: never connected, or a UDP socket without a default peer), `.closed` after ``close()``.
     public var remoteAddress: SocketAddress {
         get throws(ConnectionError) { try Syscall.peerAddress(descriptor) }
     }

@@ -70,7 +70,16 @@ public enum Backend: String, Sendable, Hashable, CaseIterable, CustomStringConve
         guard transport.runsOverTCP, transport != .tcp else {
             return try await implementation.connect(to: endpoint, options: options)
         }
-        var stream = try await implementation.connect(to: endpoint.with(transport: .tcp), options: options)
+        let tcp = endpoint.with(transport: .tcp)
+        var stream: any Connection
+        do throws(ConnectionError) {
+            stream = try await implementation.connect(to: tcp, options: options)
+        } catch {
+            // The user asked for ws://, wss:// or tls://: the error names that URL, not the TCP one under it.
+            var named = error
+            named.detail = error.detail.replacing(tcp.description, with: endpoint.description)
+            throw named
+        }
         do throws(ConnectionError) {
             if transport.isSecure {
                 stream = try await TLSConnection.client(over: stream, endpoint: endpoint, configuration: tls)

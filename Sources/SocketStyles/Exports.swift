@@ -1,6 +1,6 @@
 // What `import SocketStyles` brings: the contract, every backend, the WebSocket and TLS layers. Of the system-call
 // layer (POSIXSupport) only `SocketAddress` is re-exported: native-style APIs (libuv's `UVTCP.connect(to:)`, the
-// datagram calls) take one; and `HostPins`, names the process resolves itself (as curl's --resolve). `Syscall`, threads and the epoll loop stay internal to the package.
+// datagram calls) take one; `HostPins`, names the process resolves itself (as curl's --resolve); and `ShutdownHow`, which `BSDSocket.shutdown(_:)` takes. `Syscall`, threads and the epoll loop stay internal to the package.
 @_exported public import AsyncBackend
 @_exported public import BSDSocketBackend
 @_exported public import ConnectionCore
@@ -12,4 +12,5 @@
 @_exported public import WebSocketTransport
 
 @_exported public import enum POSIXSupport.HostPins
+@_exported public import enum POSIXSupport.ShutdownHow
 @_exported public import struct POSIXSupport.SocketAddress

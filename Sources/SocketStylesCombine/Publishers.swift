@@ -1,5 +1,7 @@
 import ConnectionCore
-@preconcurrency public import OpenCombine
+// Re-exported: `import SocketStylesCombine` brings `sink`, `AnyCancellable`, subjects and operators, as `import
+// Combine` does on Apple platforms (the package's users need not add OpenCombine themselves).
+@_exported @preconcurrency public import OpenCombine
 public import SocketStyles
 import Synchronization
 
@@ -10,7 +12,8 @@ import Synchronization
 /// The sequence publishers honour demand: nothing is received from the connection until a subscriber asks, so a
 /// slow subscriber slows the peer (the connection's bounded receive queue, then TCP) instead of buffering.
 extension Connection {
-    /// Every received message, then `.finished` when the peer ends the stream, or `.failure` with the error.
+    /// Every received message, then `.finished` when the peer ends the stream or this side closes the connection
+    /// (see ``ConnectionCore/Connection/messages``), or `.failure` with the error of an abnormal end.
     /// One subscriber at a time (receives are served in call order).
     public var messagePublisher: AsyncSequencePublisher<ConnectionMessages> {
         AsyncSequencePublisher(messages)
@@ -40,6 +43,14 @@ extension ReconnectingConnection {
     /// ``ReconnectingConnection/states`` as a publisher (the states' one consumer).
     public var statePublisher: AsyncSequencePublisher<AsyncStream<ConnectionState>> {
         AsyncSequencePublisher(states)
+    }
+}
+
+extension ReconnectingConnection {
+    /// ``ReconnectingConnection/webSocketEvents`` (every connection's opened, pings and pongs when reported,
+    /// closed) as a publisher.
+    public var webSocketEventPublisher: AsyncSequencePublisher<AsyncStream<WebSocketEvent>> {
+        AsyncSequencePublisher(webSocketEvents)
     }
 }
 

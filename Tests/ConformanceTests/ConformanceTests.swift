@@ -356,6 +356,23 @@ struct ConformanceTests {
         }
     }
 
+    @Test(
+        "A refused connect names the URL asked for (ws://, not the tcp:// under it)", arguments: ConformanceCase.streams
+    )
+    func refusedNamesTheURL(_ test: ConformanceCase) async throws {
+        try await SocketTest.run {
+            let placeholder = try BSDSocket.listen(on: try Endpoint(url: "udp://127.0.0.1:0"))
+            let port = try placeholder.localAddress.port
+            placeholder.close()
+            let endpoint = Endpoint(transport: test.transport, host: .ipv4("127.0.0.1"), port: port)
+            let error = await expectConnectionError(.refused) { () throws(ConnectionError) in
+                try await test.connect(to: endpoint)
+            }
+            #expect(error?.detail.contains("\(endpoint)") == true, "\(String(describing: error))")
+            if test.transport != .tcp { #expect(error?.detail.contains("tcp://") == false) }
+        }
+    }
+
     @Test("A UDP datagram to a closed port comes back refused", arguments: ConformanceCase.udp)
     func udpRefused(_ test: ConformanceCase) async throws {
         try await SocketTest.run {
