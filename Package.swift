@@ -177,6 +177,13 @@ let package = Package(
             name: "SocketStylesCombine",
             dependencies: ["SocketStyles", .product(name: "OpenCombine", package: "OpenCombine")],
             swiftSettings: strictSettings),
+        // Opt-in Foundation conveniences (Data, URL) for code ported from Apple platforms.
+        .target(
+            name: "SocketStylesFoundation", dependencies: ["SocketStyles"], swiftSettings: strictSettings),
+        .testTarget(
+            name: "SocketStylesFoundationTests",
+            dependencies: ["SocketStylesFoundation", "SocketStyles", "ConnectionTestKit"],
+            swiftSettings: strictSettings),
         // Examples a user can copy: built with the package, run by scripts/examples (and CI).
         .executableTarget(
             name: "ChatClient", dependencies: ["SocketStyles"], path: "Examples/ChatClient",
