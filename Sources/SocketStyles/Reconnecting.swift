@@ -450,6 +450,8 @@ public final class ReconnectingConnection: Connection, Sendable {
             return (shared.current, shared.connector, shared.waiters, Self.dropQueue(&shared))
         }
         connector?.cancel()
+        // An attempt in flight ends before close() returns, so that no socket of it outlives the close.
+        await connector?.value
         for waiter in waiters { waiter.resume(returning: nil) }
         for send in queued { send.finish(ConnectionError(.cancelled, "closed before the message could be sent")) }
         if let current { await closing(current) }
