@@ -40,13 +40,12 @@ public enum Backend: String, Sendable, Hashable, CaseIterable, CustomStringConve
         }
     }
 
-    /// The transports available on this backend: its own, plus what the umbrella layers on top of its TCP
+    /// The transports available on this backend: its own, plus what ``TransportStack`` layers on top of its TCP
     /// (`tls`, `ws`, and `wss` = WebSocket over TLS).
-    public var transports: Set<Transport> {
-        var transports = implementation.transports
-        if transports.contains(.tcp) { transports.formUnion([.tls, .ws, .wss]) }
-        return transports
-    }
+    public var transports: Set<Transport> { stack.transports }
+
+    /// ``TransportStack`` over this backend: what the methods below use.
+    public var stack: TransportStack { TransportStack(over: implementation) }
 
     /// Parses a backend name, with an error listing the valid ones.
     public init(name: String) throws(ConnectionError) {
@@ -59,123 +58,45 @@ public enum Backend: String, Sendable, Hashable, CaseIterable, CustomStringConve
 
     public var description: String { rawValue }
 
-    /// Connects with this backend. `tls://` runs the TLS handshake over the backend's TCP, `ws://` the WebSocket
-    /// handshake, `wss://` both. `tls` applies to `tls://` and `wss://` (secure defaults: the certificate is
-    /// verified against the system trust store and must name the host).
+    /// Connects with this backend: ``TransportStack/connect(to:options:webSocket:tls:)``.
     public func connect(
         to endpoint: Endpoint, options: ConnectionOptions = ConnectionOptions(),
         webSocket: WebSocketOptions = WebSocketOptions(), tls: TLSConfiguration = TLSConfiguration()
     ) async throws(ConnectionError) -> any Connection {
-        let transport = endpoint.transport
-        guard transport.runsOverTCP, transport != .tcp else {
-            return try await implementation.connect(to: endpoint, options: options)
-        }
-        let tcp = endpoint.with(transport: .tcp)
-        var stream: any Connection
-        do throws(ConnectionError) {
-            stream = try await implementation.connect(to: tcp, options: options)
-        } catch {
-            // The user asked for ws://, wss:// or tls://: the error names that URL, not the TCP one under it.
-            var named = error
-            named.detail = error.detail.replacing(tcp.description, with: endpoint.description)
-            throw named
-        }
-        do throws(ConnectionError) {
-            if transport.isSecure {
-                stream = try await TLSConnection.client(over: stream, endpoint: endpoint, configuration: tls)
-            }
-            if transport == .ws || transport == .wss {
-                stream = try await WebSocketConnection.client(over: stream, endpoint: endpoint, options: webSocket)
-            }
-            return stream
-        } catch {
-            await stream.close()
-            throw error
-        }
+        try await stack.connect(to: endpoint, options: options, webSocket: webSocket, tls: tls)
     }
 
-    /// NWConnection's model on this backend, any transport: a connection object that starts connecting at once
-    /// and reports its ``ConnectionState``s in ``ReconnectingConnection/states`` (`setup`, `preparing`, `ready`,
-    /// then the peer's `closed` with a WebSocket's code and reason, `failed(error)` or, after `close()`,
-    /// `cancelled`). Sends before `ready` wait in a bounded queue. With `policy` other than
-    /// ``ReconnectPolicy/never`` it also connects again when the connection is lost (`waiting(error)` between
-    /// attempts).
+    /// NWConnection's model on this backend: ``TransportStack/connection(to:options:webSocket:tls:policy:)``.
     public func connection(
         to endpoint: Endpoint, options: ConnectionOptions = ConnectionOptions(),
         webSocket: WebSocketOptions = WebSocketOptions(), tls: TLSConfiguration = TLSConfiguration(),
         policy: ReconnectPolicy = .never
     ) -> ReconnectingConnection {
-        ReconnectingConnection(
-            backend: self, endpoint: endpoint, options: options, webSocket: webSocket, tls: tls, policy: policy)
+        stack.connection(to: endpoint, options: options, webSocket: webSocket, tls: tls, policy: policy)
     }
 
-    /// Connects to a `ws://` or `wss://` endpoint and returns the `WebSocketConnection` itself (pings, close codes,
-    /// events), no cast needed.
+    /// A WebSocket client on this backend: ``TransportStack/connectWebSocket(to:options:webSocket:tls:)``.
     public func connectWebSocket(
         to endpoint: Endpoint, options: ConnectionOptions = ConnectionOptions(),
         webSocket: WebSocketOptions = WebSocketOptions(), tls: TLSConfiguration = TLSConfiguration()
     ) async throws(ConnectionError) -> WebSocketConnection {
-        guard endpoint.transport == .ws || endpoint.transport == .wss else {
-            throw ConnectionError(.unsupported, "connectWebSocket needs a ws:// or wss:// endpoint, not \(endpoint)")
-        }
-        // connect(to:) layers a WebSocketConnection on top for ws and wss.
-        return try await connect(to: endpoint, options: options, webSocket: webSocket, tls: tls) as! WebSocketConnection
+        try await stack.connectWebSocket(to: endpoint, options: options, webSocket: webSocket, tls: tls)
     }
 
-    /// Listens on a `ws://` or `wss://` endpoint and returns the `WebSocketListener` itself: its
-    /// `WebSocketListener.acceptWebSocket()` gives each connection with its request, and `decide` (optional)
-    /// accepts or refuses each request. The endpoint's path is the one served (`/`: every path; another: that
-    /// path only, others answered 404).
+    /// A WebSocket server on this backend: ``TransportStack/listenWebSocket(on:options:webSocket:tls:decide:)``.
     public func listenWebSocket(
         on endpoint: Endpoint, options: ConnectionOptions = ConnectionOptions(),
         webSocket: WebSocketOptions = WebSocketOptions(), tls: TLSConfiguration? = nil,
         decide: (@Sendable (WebSocketRequest) async -> WebSocketDecision)? = nil
     ) async throws(ConnectionError) -> WebSocketListener {
-        guard endpoint.transport == .ws || endpoint.transport == .wss else {
-            throw ConnectionError(.unsupported, "listenWebSocket needs a ws:// or wss:// endpoint, not \(endpoint)")
-        }
-        let stream = try await listen(
-            on: endpoint.with(transport: endpoint.transport == .wss ? .tls : .tcp), options: options, tls: tls)
-        return WebSocketListener(
-            tcp: stream, transport: endpoint.transport, path: endpoint.path, options: webSocket, decide: decide)
+        try await stack.listenWebSocket(on: endpoint, options: options, webSocket: webSocket, tls: tls, decide: decide)
     }
 
-    /// Listens with this backend. `tls://` and `wss://` need `tls` with a certificate chain and key
-    /// (`TLSConfiguration.server(certificateChainFile:privateKeyFile:)`); `ws://` and `wss://` serve
-    /// WebSocket. Handshakes run concurrently; failed ones are closed and the listener keeps serving.
+    /// Listens with this backend: ``TransportStack/listen(on:options:webSocket:tls:)``.
     public func listen(
         on endpoint: Endpoint, options: ConnectionOptions = ConnectionOptions(),
         webSocket: WebSocketOptions = WebSocketOptions(), tls: TLSConfiguration? = nil
     ) async throws(ConnectionError) -> any Listener {
-        let transport = endpoint.transport
-        BoundsLog.setHandlerIfUnset { _, line in Syscall.writeStandardError("socketstyles: \(line)\n") }
-        guard transport.runsOverTCP else {
-            return try await implementation.listen(on: endpoint, options: options)
-        }
-        if transport == .tcp {
-            return BoundedListener(try await implementation.listen(on: endpoint, options: options), options: options)
-        }
-        if transport == .ws || transport == .wss {
-            return try await listenWebSocket(on: endpoint, options: options, webSocket: webSocket, tls: tls)
-        }
-        var tlsServer: TLSConfiguration?
-        if transport.isSecure {
-            guard let tls, tls.certificateChainFile != nil, tls.privateKeyFile != nil else {
-                throw ConnectionError(
-                    .tls, "\(transport):// needs a certificate chain and a private key (PEM files; --cert and --key)")
-            }
-            tlsServer = tls
-        }
-        var listener: any Listener = BoundedListener(
-            try await implementation.listen(on: endpoint.with(transport: .tcp), options: options), options: options)
-        if let tlsServer {
-            do throws(ConnectionError) {
-                listener = try TLSConnection.listener(over: listener, configuration: tlsServer)
-            } catch {
-                await listener.close()
-                throw error
-            }
-        }
-        return listener
+        try await stack.listen(on: endpoint, options: options, webSocket: webSocket, tls: tls)
     }
 }

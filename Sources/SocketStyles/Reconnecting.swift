@@ -147,11 +147,24 @@ public final class ReconnectingConnection: Connection, Sendable {
 
     /// Connects (in the background, at once) with `backend` to `endpoint`, and again whenever the connection is
     /// lost, following `policy`.
-    public init(
+    public convenience init(
         backend: Backend, endpoint: Endpoint, options: ConnectionOptions = ConnectionOptions(),
         webSocket: WebSocketOptions = WebSocketOptions(), tls: TLSConfiguration = TLSConfiguration(),
         policy: ReconnectPolicy = ReconnectPolicy()
     ) {
+        self.init(
+            backend: backend.implementation, endpoint: endpoint, options: options, webSocket: webSocket, tls: tls,
+            policy: policy)
+    }
+
+    /// Connects with any ``ConnectionBackend`` (a user's own included), through ``TransportStack``: tls, ws
+    /// and wss over its tcp.
+    public init(
+        backend: any ConnectionBackend, endpoint: Endpoint, options: ConnectionOptions = ConnectionOptions(),
+        webSocket: WebSocketOptions = WebSocketOptions(), tls: TLSConfiguration = TLSConfiguration(),
+        policy: ReconnectPolicy = ReconnectPolicy()
+    ) {
+        let stack = TransportStack(over: backend)
         self.transport = endpoint.transport
         self.options = options
         self.endpoint = endpoint
@@ -160,7 +173,7 @@ public final class ReconnectingConnection: Connection, Sendable {
         (webSocketEvents, eventSink) = AsyncStream.makeStream(
             of: WebSocketEvent.self, bufferingPolicy: .bufferingNewest(64))
         open = { () throws(ConnectionError) in
-            try await backend.connect(to: endpoint, options: options, webSocket: webSocket, tls: tls)
+            try await stack.connect(to: endpoint, options: options, webSocket: webSocket, tls: tls)
         }
         stateSink.yield(.setup)
         startConnecting(after: nil)

@@ -101,6 +101,20 @@ public final class Relay: Sendable {
         serverTLS: TLSConfiguration? = nil, upstreamTLS: TLSConfiguration = TLSConfiguration(),
         toUpstream: FaultPlan = FaultPlan(), toClient: FaultPlan = FaultPlan(), seed: UInt64 = 1
     ) async throws(ConnectionError) -> Relay {
+        try await start(
+            listen: listen, upstream: upstream, backend: backend.implementation, options: options,
+            serverTLS: serverTLS, upstreamTLS: upstreamTLS, toUpstream: toUpstream, toClient: toClient, seed: seed)
+    }
+
+    /// Starts relaying with any ``ConnectionBackend`` (a user's own included) on both sides, through
+    /// ``TransportStack``: tls, ws and wss over its tcp.
+    public static func start(
+        listen: Endpoint, upstream: Endpoint, backend: any ConnectionBackend,
+        options: ConnectionOptions = ConnectionOptions(), serverTLS: TLSConfiguration? = nil,
+        upstreamTLS: TLSConfiguration = TLSConfiguration(), toUpstream: FaultPlan = FaultPlan(),
+        toClient: FaultPlan = FaultPlan(), seed: UInt64 = 1
+    ) async throws(ConnectionError) -> Relay {
+        let backend = TransportStack(over: backend)
         guard listen.transport.isByteStream == upstream.transport.isByteStream,
             (listen.transport == .udp) == (upstream.transport == .udp)
         else {
@@ -140,7 +154,8 @@ public final class Relay: Sendable {
     }
 
     private func serve(
-        _ client: any Connection, id: UInt64, backend: Backend, options: ConnectionOptions, tls: TLSConfiguration,
+        _ client: any Connection, id: UInt64, backend: TransportStack, options: ConnectionOptions,
+        tls: TLSConfiguration,
         plans: (toUpstream: FaultPlan, toClient: FaultPlan), seed: UInt64
     ) async {
         defer { pairs.withLock { _ = $0.removeValue(forKey: id) } }
