@@ -212,7 +212,9 @@ struct Report: Codable {
                     "- \(transport) pingpong-\(size) p50 against \(written) on both ends, no Connection; \(microseconds(UInt64(reference))) us): "
                         + ratios.map { "\($0.0) \(fixed($0.1))x" }.joined(separator: ", ") + ".")
             }
-            let floors = rows.filter { $0.scenario == .native(size: size) && $0.transport == "tcp" }.compactMap { row in
+            let floors = rows.filter {
+                $0.scenario == .native(size: size) && $0.transport == "tcp" && $0.backend != Self.floorName
+            }.compactMap { row in
                 p50Ratio(row, over: floorRow(for: row)).map { (row.backend, $0) }
             }
             if !floors.isEmpty {
