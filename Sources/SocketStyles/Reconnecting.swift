@@ -100,8 +100,8 @@ public final class ReconnectingConnection: Connection, Sendable {
     public let policy: ReconnectPolicy
     /// State changes, in order, starting with `.setup` (one consumer; the newest 32 are kept).
     public let states: AsyncStream<ConnectionState>
-    /// WebSocket only: every connection's ``WebSocketEvent``s in turn (`opened`, then `ping`/`pong` when
-    /// ``WebSocketOptions/reportsControlFrames`` is set, as NWProtocolWebSocket's metadata shows control frames,
+    /// WebSocket only: every connection's `WebSocketEvent`s in turn (`opened`, then `ping`/`pong` when
+    /// `WebSocketOptions.reportsControlFrames` is set, as NWProtocolWebSocket's metadata shows control frames,
     /// then `closed`; again for each reconnection). Finishes after ``close()``. One consumer; the newest 64 are
     /// kept.
     public let webSocketEvents: AsyncStream<WebSocketEvent>
@@ -157,7 +157,7 @@ public final class ReconnectingConnection: Connection, Sendable {
             policy: policy)
     }
 
-    /// Connects with any ``ConnectionBackend`` (a user's own included), through ``TransportStack``: tls, ws
+    /// Connects with any `ConnectionBackend` (a user's own included), through ``TransportStack``: tls, ws
     /// and wss over its tcp.
     public init(
         backend: any ConnectionBackend, endpoint: Endpoint, options: ConnectionOptions = ConnectionOptions(),
@@ -407,7 +407,7 @@ public final class ReconnectingConnection: Connection, Sendable {
     /// Sends a WebSocket ping and returns when its pong arrives, as NWConnection's ping (a send with
     /// NWProtocolWebSocket metadata `.ping` and a `pongHandler`) does: waits for a connection first (as
     /// ``receive(maximumLength:)`` does), then for the pong up to `timeout` (default
-    /// ``WebSocketOptions/pongDeadline``), and throws `.timedOut` past it. A connection lost on the way starts a
+    /// `WebSocketOptions.pongDeadline`), and throws `.timedOut` past it. A connection lost on the way starts a
     /// reconnection and throws; `.unsupported` for transports other than ws and wss.
     public func sendPing(_ payload: [UInt8] = [], timeout: Duration? = nil) async throws(ConnectionError) {
         guard transport == .ws || transport == .wss else {

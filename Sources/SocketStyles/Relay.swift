@@ -106,7 +106,7 @@ public final class Relay: Sendable {
             serverTLS: serverTLS, upstreamTLS: upstreamTLS, toUpstream: toUpstream, toClient: toClient, seed: seed)
     }
 
-    /// Starts relaying with any ``ConnectionBackend`` (a user's own included) on both sides, through
+    /// Starts relaying with any `ConnectionBackend` (a user's own included) on both sides, through
     /// ``TransportStack``: tls, ws and wss over its tcp.
     public static func start(
         listen: Endpoint, upstream: Endpoint, backend: any ConnectionBackend,
