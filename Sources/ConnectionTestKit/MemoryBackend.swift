@@ -20,14 +20,18 @@ public final class MemoryBackend: ConnectionBackend {
 
     public init() {}
 
+    private static func requireTCP(_ endpoint: Endpoint) throws(ConnectionError) {
+        guard endpoint.transport == .tcp else {
+            throw ConnectionError(.unsupported, "the memory backend carries tcp only, not \(endpoint.transport)")
+        }
+    }
+
     public func connect(
         to endpoint: Endpoint, options: ConnectionOptions
     ) async throws(ConnectionError)
         -> any Connection
     {
-        guard endpoint.transport == .tcp else {
-            throw ConnectionError(.unsupported, "the memory backend carries tcp only, not \(endpoint.transport)")
-        }
+        try Self.requireTCP(endpoint)
         guard let listener = table.withLock({ $0.listeners[endpoint.port] }) else {
             throw ConnectionError(.refused, "connect to \(endpoint): nothing listens on memory port \(endpoint.port)")
         }
@@ -44,9 +48,7 @@ public final class MemoryBackend: ConnectionBackend {
     ) async throws(ConnectionError)
         -> any Listener
     {
-        guard endpoint.transport == .tcp else {
-            throw ConnectionError(.unsupported, "the memory backend carries tcp only, not \(endpoint.transport)")
-        }
+        try Self.requireTCP(endpoint)
         return try table.withLock { (table) throws(ConnectionError) -> MemoryListener in
             var port = endpoint.port
             if port == 0 {
