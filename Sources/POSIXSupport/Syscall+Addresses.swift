@@ -5,22 +5,22 @@ internal import Glibc
 // bind, listen, and the addresses of a socket (getsockname, getpeername).
 extension Syscall {
     /// bind(2).
-    public static func bind(_ fd: Int32, to address: SocketAddress) throws(ConnectionError) {
+    package static func bind(_ fd: Int32, to address: SocketAddress) throws(ConnectionError) {
         _ = try retrying("bind to \(address)", { address.withSockAddr { Int(Glibc.bind(fd, $0, $1)) } })
     }
 
     /// listen(2).
-    public static func listen(_ fd: Int32, backlog: Int32) throws(ConnectionError) {
+    package static func listen(_ fd: Int32, backlog: Int32) throws(ConnectionError) {
         _ = try retrying("listen", { Int(Glibc.listen(fd, backlog)) })
     }
 
     /// getsockname(2).
-    public static func localAddress(_ fd: Int32) throws(ConnectionError) -> SocketAddress {
+    package static func localAddress(_ fd: Int32) throws(ConnectionError) -> SocketAddress {
         try address(of: fd, "getsockname", getsockname)
     }
 
     /// getpeername(2).
-    public static func peerAddress(_ fd: Int32) throws(ConnectionError) -> SocketAddress {
+    package static func peerAddress(_ fd: Int32) throws(ConnectionError) -> SocketAddress {
         try address(of: fd, "getpeername", getpeername)
     }
 

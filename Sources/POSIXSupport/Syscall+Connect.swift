@@ -5,7 +5,7 @@ internal import Glibc
 // accept, connect, and poll(2) for one descriptor.
 extension Syscall {
     /// accept4(2), close-on-exec. Returns `nil` on EAGAIN (non-blocking listeners).
-    public static func accept(
+    package static func accept(
         _ fd: Int32, nonBlocking: Bool = false
     ) throws(ConnectionError)
         -> (fd: Int32, peer: SocketAddress)?
@@ -37,7 +37,7 @@ extension Syscall {
 
     /// connect(2). Returns `true` when connected, `false` when the connect is in progress (EINPROGRESS on a
     /// non-blocking socket, or EINTR on a blocking one): wait for writability, then read ``pendingError(_:)``.
-    public static func connect(_ fd: Int32, to address: SocketAddress) throws(ConnectionError) -> Bool {
+    package static func connect(_ fd: Int32, to address: SocketAddress) throws(ConnectionError) -> Bool {
         let result = address.withSockAddr { Glibc.connect(fd, $0, $1) }
         if result == 0 { return true }
         let code = Glibc.errno
@@ -46,13 +46,13 @@ extension Syscall {
     }
 
     /// poll(2) on one descriptor. Returns the revents, 0 on time-out. `timeoutMilliseconds` < 0 waits forever.
-    public static func poll(_ fd: Int32, events: Int16, timeoutMilliseconds: Int32) throws(ConnectionError) -> Int16 {
+    package static func poll(_ fd: Int32, events: Int16, timeoutMilliseconds: Int32) throws(ConnectionError) -> Int16 {
         try poll(fd, events, -1, 0, timeoutMilliseconds: timeoutMilliseconds).0
     }
 
     /// poll(2) on two descriptors (a negative descriptor is left out, as poll does). Returns each one's revents,
     /// both 0 on time-out. `timeoutMilliseconds` < 0 (the default) waits until one of them is ready.
-    public static func poll(
+    package static func poll(
         _ first: Int32, _ firstEvents: Int16, _ second: Int32, _ secondEvents: Int16, timeoutMilliseconds: Int32 = -1
     ) throws(ConnectionError) -> (Int16, Int16) {
         var fds = (
@@ -66,8 +66,8 @@ extension Syscall {
     }
 
     /// POLLIN, POLLOUT, POLLERR and POLLHUP, for ``poll(_:events:timeoutMilliseconds:)``.
-    public static let pollIn = Int16(POLLIN)
-    public static let pollOut = Int16(POLLOUT)
-    public static let pollError = Int16(POLLERR)
-    public static let pollHangUp = Int16(POLLHUP)
+    package static let pollIn = Int16(POLLIN)
+    package static let pollOut = Int16(POLLOUT)
+    package static let pollError = Int16(POLLERR)
+    package static let pollHangUp = Int16(POLLHUP)
 }

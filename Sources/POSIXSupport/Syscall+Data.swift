@@ -5,7 +5,7 @@ internal import Glibc
 // Sending and receiving: streams, datagrams (one or a batch per call), peeking, shutdown and close.
 extension Syscall {
     /// send(2) with MSG_NOSIGNAL (and MSG_DONTWAIT when `dontWait`).
-    public static func send(
+    package static func send(
         _ fd: Int32, _ buffer: UnsafeRawBufferPointer, dontWait: Bool = false
     )
         throws(ConnectionError) -> IOResult<Int>
@@ -15,7 +15,7 @@ extension Syscall {
     }
 
     /// recv(2) (MSG_DONTWAIT when `dontWait`). 0 means end of stream on TCP and an empty datagram on UDP.
-    public static func recv(
+    package static func recv(
         _ fd: Int32, _ buffer: UnsafeMutableRawBufferPointer, dontWait: Bool = false
     )
         throws(ConnectionError) -> IOResult<Int>
@@ -26,7 +26,7 @@ extension Syscall {
 
     /// recv(2) on a datagram socket with MSG_TRUNC: the result is the datagram's real size, which exceeds the
     /// buffer when it was truncated.
-    public static func recvDatagram(
+    package static func recvDatagram(
         _ fd: Int32, _ buffer: UnsafeMutableRawBufferPointer, dontWait: Bool = false
     )
         throws(ConnectionError) -> IOResult<Int>
@@ -36,7 +36,7 @@ extension Syscall {
     }
 
     /// sendto(2) with MSG_NOSIGNAL (and MSG_DONTWAIT when `dontWait`).
-    public static func sendTo(
+    package static func sendTo(
         _ fd: Int32, _ buffer: UnsafeRawBufferPointer, to address: SocketAddress, dontWait: Bool = false
     ) throws(ConnectionError) -> IOResult<Int> {
         let flags = Int32(MSG_NOSIGNAL) | (dontWait ? Int32(MSG_DONTWAIT) : 0)
@@ -49,7 +49,7 @@ extension Syscall {
     /// datagrams as one segmented send (UDP GSO) when ``udpSegmentationAvailable``, the rest by sendmmsg(2).
     /// Returns how many of them left (at least one), `.wouldBlock` when none could (MSG_DONTWAIT when
     /// `dontWait`); throws only when not even the first went.
-    public static func sendDatagrams(
+    package static func sendDatagrams(
         _ fd: Int32, _ datagrams: [UnsafeRawBufferPointer], from start: Int = 0, to address: SocketAddress? = nil,
         dontWait: Bool = false
     ) throws(ConnectionError) -> IOResult<Int> {
@@ -87,16 +87,16 @@ extension Syscall {
     }
 
     /// Whether this kernel segments UDP sends (UDP_SEGMENT, "GSO"), probed once on a throwaway socket.
-    public static var udpSegmentationAvailable: Bool { csock_udp_gso_state() == 1 }
+    package static var udpSegmentationAvailable: Bool { csock_udp_gso_state() == 1 }
     /// Whether this kernel can coalesce UDP receives (UDP_GRO), probed once. The backends do not use it: tried on
     /// the UDP servers (the coalesced reads split back into datagrams), it let a server take datagrams off the
     /// kernel faster than its consumers could use them, so fewer arrived (the 1,400-byte pump's sink received
     /// 31-57k of 192k datagrams with it, 45-108k without, runloop and async, same and cross placement).
-    public static var udpReceiveCoalescingAvailable: Bool { csock_udp_gro_state() == 1 }
+    package static var udpReceiveCoalescingAvailable: Bool { csock_udp_gro_state() == 1 }
 
     /// recvfrom(2) with MSG_TRUNC: returns the datagram's real size (above the buffer size when truncated) and
     /// its sender.
-    public static func recvFrom(
+    package static func recvFrom(
         _ fd: Int32, _ buffer: UnsafeMutableRawBufferPointer, dontWait: Bool = false
     )
         throws(ConnectionError) -> IOResult<(count: Int, from: SocketAddress)>
@@ -125,7 +125,7 @@ extension Syscall {
 
     /// shutdown(2). ENOTCONN is ignored: the effect asked for (nothing more flows that way) already holds, and
     /// on Linux the call still wakes threads blocked on the socket.
-    public static func shutdown(_ fd: Int32, _ how: ShutdownHow) throws(ConnectionError) {
+    package static func shutdown(_ fd: Int32, _ how: ShutdownHow) throws(ConnectionError) {
         if Glibc.shutdown(fd, how.raw) != 0 {
             let code = Glibc.errno
             if code != ENOTCONN { throw .errno(code, "shutdown") }
@@ -136,32 +136,32 @@ extension Syscall {
     /// still queued to send, wake every thread blocked on the socket and leave it unconnected, so that the
     /// shutdown and close that follow send nothing more (SO_LINGER 0 would only reset at close(2), and only if no
     /// shutdown sent a FIN first). Not a TCP socket, or not connected: nothing happens.
-    public static func resetConnection(_ fd: Int32) {
+    package static func resetConnection(_ fd: Int32) {
         var address = sockaddr()
         address.sa_family = sa_family_t(AF_UNSPEC)
         _ = Glibc.connect(fd, &address, socklen_t(MemoryLayout<sockaddr>.size))
     }
 
     /// close(2), never retried (on Linux the descriptor is gone even when EINTR is returned).
-    public static func close(_ fd: Int32) {
+    package static func close(_ fd: Int32) {
         _ = Glibc.close(fd)
     }
 
     /// recv(MSG_PEEK | MSG_DONTWAIT) of one byte: 1 when data is waiting, 0 at the end of the stream,
     /// `.wouldBlock` when nothing is there yet.
-    public static func peekByte(_ fd: Int32) throws(ConnectionError) -> IOResult<Int> {
+    package static func peekByte(_ fd: Int32) throws(ConnectionError) -> IOResult<Int> {
         var byte: UInt8 = 0
         return try retryingIO("recv(MSG_PEEK)", { Glibc.recv(fd, &byte, 1, Int32(MSG_PEEK | MSG_DONTWAIT)) })
     }
 
     /// FIONREAD: bytes waiting in the receive buffer (0 on error).
-    public static func bytesReadable(_ fd: Int32) -> Int {
+    package static func bytesReadable(_ fd: Int32) -> Int {
         var count: Int32 = 0
         return ioctl(fd, UInt(FIONREAD), &count) == 0 ? Int(count) : 0
     }
 
     /// TIOCOUTQ: bytes in the send buffer not yet acknowledged by the peer (0 on error).
-    public static func bytesUnsent(_ fd: Int32) -> Int {
+    package static func bytesUnsent(_ fd: Int32) -> Int {
         var count: Int32 = 0
         return ioctl(fd, UInt(TIOCOUTQ), &count) == 0 ? Int(count) : 0
     }

@@ -5,7 +5,7 @@ internal import Glibc
 // IPv4 multicast membership and sending options.
 extension Syscall {
     /// IP_ADD_MEMBERSHIP: joins an IPv4 multicast group on the interface with address `interface`.
-    public static func joinMulticastGroup(
+    package static func joinMulticastGroup(
         _ fd: Int32, group: SocketAddress, interface: SocketAddress
     )
         throws(ConnectionError)
@@ -28,12 +28,12 @@ extension Syscall {
 
     /// IP_MULTICAST_ALL: whether a socket receives every group joined by any socket of the host (Linux's
     /// default) or only the groups it joined itself.
-    public static func setMulticastAll(_ fd: Int32, _ on: Bool) throws(ConnectionError) {
+    package static func setMulticastAll(_ fd: Int32, _ on: Bool) throws(ConnectionError) {
         try setOption(fd, level: Int32(IPPROTO_IP), name: 49 /* IP_MULTICAST_ALL */, value: on ? 1 : 0)
     }
 
     /// IP_MULTICAST_IF and IP_MULTICAST_LOOP for a multicast sender.
-    public static func setMulticastSender(_ fd: Int32, interface: SocketAddress, loop: Bool) throws(ConnectionError) {
+    package static func setMulticastSender(_ fd: Int32, interface: SocketAddress, loop: Bool) throws(ConnectionError) {
         var address = in_addr()
         interface.withSockAddr { pointer, _ in address = UnsafeRawPointer(pointer).load(as: sockaddr_in.self).sin_addr }
         _ = try retrying(

@@ -5,13 +5,13 @@ internal import Glibc
 // The process: SIGPIPE, open descriptors (/proc/self/fd), CPU placement, standard error.
 extension Syscall {
     /// Ignores SIGPIPE for the whole process (belt and braces: every send already passes MSG_NOSIGNAL).
-    public static func ignoreSIGPIPE() {
+    package static func ignoreSIGPIPE() {
         _ = signal(SIGPIPE, SIG_IGN)
     }
 
     /// The number of open file descriptors of this process (entries of /proc/self/fd, minus the one used to
     /// list them).
-    public static func openDescriptorCount() -> Int {
+    package static func openDescriptorCount() -> Int {
         guard let directory = opendir("/proc/self/fd") else { return -1 }
         defer { closedir(directory) }
         var count = 0
@@ -23,7 +23,7 @@ extension Syscall {
     }
 
     /// The open descriptors of this process with what they point at, for leak reports.
-    public static func openDescriptors() -> [String] {
+    package static func openDescriptors() -> [String] {
         guard let directory = opendir("/proc/self/fd") else { return [] }
         let own = dirfd(directory)
         defer { closedir(directory) }
@@ -42,7 +42,7 @@ extension Syscall {
     }
 
     /// Writes `text` to standard error in one write(2) (a log line from a library, without Foundation).
-    public static func writeStandardError(_ text: String) {
+    package static func writeStandardError(_ text: String) {
         var text = text
         text.withUTF8 { bytes in _ = Glibc.write(2, bytes.baseAddress, bytes.count) }
     }
@@ -50,7 +50,7 @@ extension Syscall {
     /// Pins every thread of this process to `cpu` (threads created later inherit it from their creator).
     /// - Returns: how many threads were pinned.
     @discardableResult
-    public static func pinProcess(toCPU cpu: Int) throws(ConnectionError) -> Int {
+    package static func pinProcess(toCPU cpu: Int) throws(ConnectionError) -> Int {
         guard let directory = opendir("/proc/self/task") else { throw .errno(Glibc.errno, "opendir /proc/self/task") }
         defer { closedir(directory) }
         var pinned = 0
@@ -70,10 +70,10 @@ extension Syscall {
     }
 
     /// The number of CPUs online.
-    public static var cpuCount: Int { Int(sysconf(Int32(_SC_NPROCESSORS_ONLN))) }
+    package static var cpuCount: Int { Int(sysconf(Int32(_SC_NPROCESSORS_ONLN))) }
 
     /// Pins only the calling thread to `cpu`.
-    public static func pinCurrentThread(toCPU cpu: Int) throws(ConnectionError) {
+    package static func pinCurrentThread(toCPU cpu: Int) throws(ConnectionError) {
         if csock_pin_thread(0, Int32(cpu)) != 0 { throw .errno(Glibc.errno, "sched_setaffinity(cpu \(cpu))") }
     }
 }

@@ -9,7 +9,7 @@ extension Syscall {
     /// system resolver (/etc/hosts, then DNS). Names under `.invalid` fail at once without a query, as RFC 6761
     /// asks of resolver APIs.
     /// - Parameter passive: for listening (AI_PASSIVE).
-    public static func resolve(_ endpoint: Endpoint, passive: Bool = false) throws(ConnectionError) -> [SocketAddress] {
+    package static func resolve(_ endpoint: Endpoint, passive: Bool = false) throws(ConnectionError) -> [SocketAddress] {
         let hostText = endpoint.host.literal
         if case .name(let name) = endpoint.host {
             let trimmed = name.hasSuffix(".") ? String(name.dropLast()) : name
@@ -90,7 +90,7 @@ extension Syscall {
 
     /// ``resolve(_:passive:)`` without blocking the caller: numeric addresses are parsed at once; host names are
     /// looked up on a thread of their own (getaddrinfo may wait for DNS), never on Swift's cooperative pool.
-    public static func resolveAsync(
+    package static func resolveAsync(
         _ endpoint: Endpoint, passive: Bool = false
     ) async throws(ConnectionError)
         -> [SocketAddress]

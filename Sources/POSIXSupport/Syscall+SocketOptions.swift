@@ -5,7 +5,7 @@ internal import Glibc
 // Creating a socket and setting its options (setsockopt, fcntl).
 extension Syscall {
     /// socket(2), close-on-exec, optionally non-blocking.
-    public static func socket(
+    package static func socket(
         family: SocketAddress.Family, datagram: Bool, nonBlocking: Bool = false
     )
         throws(ConnectionError) -> Int32
@@ -17,7 +17,7 @@ extension Syscall {
     }
 
     /// setsockopt(2) with an `Int32` value.
-    public static func setOption(_ fd: Int32, level: Int32, name: Int32, value: Int32) throws(ConnectionError) {
+    package static func setOption(_ fd: Int32, level: Int32, name: Int32, value: Int32) throws(ConnectionError) {
         var value = value
         _ = try retrying(
             "setsockopt(\(level), \(name))",
@@ -25,7 +25,7 @@ extension Syscall {
     }
 
     /// getsockopt(2) reading an `Int32`.
-    public static func getOption(_ fd: Int32, level: Int32, name: Int32) throws(ConnectionError) -> Int32 {
+    package static func getOption(_ fd: Int32, level: Int32, name: Int32) throws(ConnectionError) -> Int32 {
         var value: Int32 = 0
         var length = socklen_t(MemoryLayout<Int32>.size)
         _ = try retrying("getsockopt(\(level), \(name))", { Int(getsockopt(fd, level, name, &value, &length)) })
@@ -33,40 +33,40 @@ extension Syscall {
     }
 
     /// TCP_NODELAY on or off.
-    public static func setNoDelay(_ fd: Int32, _ on: Bool) throws(ConnectionError) {
+    package static func setNoDelay(_ fd: Int32, _ on: Bool) throws(ConnectionError) {
         try setOption(fd, level: Int32(IPPROTO_TCP), name: TCP_NODELAY, value: on ? 1 : 0)
     }
 
     /// SO_REUSEADDR on or off.
-    public static func setReuseAddress(_ fd: Int32, _ on: Bool) throws(ConnectionError) {
+    package static func setReuseAddress(_ fd: Int32, _ on: Bool) throws(ConnectionError) {
         try setOption(fd, level: SOL_SOCKET, name: SO_REUSEADDR, value: on ? 1 : 0)
     }
 
     /// SO_RCVBUF / SO_SNDBUF when given.
-    public static func setBufferSizes(_ fd: Int32, receive: Int?, send: Int?) throws(ConnectionError) {
+    package static func setBufferSizes(_ fd: Int32, receive: Int?, send: Int?) throws(ConnectionError) {
         if let receive { try setOption(fd, level: SOL_SOCKET, name: SO_RCVBUF, value: Int32(clamping: receive)) }
         if let send { try setOption(fd, level: SOL_SOCKET, name: SO_SNDBUF, value: Int32(clamping: send)) }
     }
 
     /// IPV6_V6ONLY, so an IPv6 listener on `::` does not also take IPv4.
-    public static func setIPv6Only(_ fd: Int32, _ on: Bool) throws(ConnectionError) {
+    package static func setIPv6Only(_ fd: Int32, _ on: Bool) throws(ConnectionError) {
         try setOption(fd, level: Int32(IPPROTO_IPV6), name: IPV6_V6ONLY, value: on ? 1 : 0)
     }
 
     /// The pending socket error (SO_ERROR), cleared by reading it; 0 when none.
-    public static func pendingError(_ fd: Int32) throws(ConnectionError) -> Int32 {
+    package static func pendingError(_ fd: Int32) throws(ConnectionError) -> Int32 {
         try getOption(fd, level: SOL_SOCKET, name: SO_ERROR)
     }
 
     /// Switches O_NONBLOCK.
-    public static func setNonBlocking(_ fd: Int32, _ on: Bool) throws(ConnectionError) {
+    package static func setNonBlocking(_ fd: Int32, _ on: Bool) throws(ConnectionError) {
         let flags = try retrying("fcntl(F_GETFL)", { Int(fcntl(fd, F_GETFL)) })
         let new = on ? (Int32(flags) | O_NONBLOCK) : (Int32(flags) & ~O_NONBLOCK)
         _ = try retrying("fcntl(F_SETFL)", { Int(fcntl(fd, F_SETFL, new)) })
     }
 
     /// SO_RCVTIMEO: a blocking receive gives up (EAGAIN, `.wouldBlock`) after `milliseconds`.
-    public static func setReceiveTimeout(_ fd: Int32, milliseconds: Int) throws(ConnectionError) {
+    package static func setReceiveTimeout(_ fd: Int32, milliseconds: Int) throws(ConnectionError) {
         var timeout = timeval(tv_sec: milliseconds / 1000, tv_usec: (milliseconds % 1000) * 1000)
         _ = try retrying(
             "SO_RCVTIMEO",

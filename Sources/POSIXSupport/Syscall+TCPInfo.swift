@@ -5,21 +5,21 @@ internal import Glibc
 // The kernel's view of a TCP connection (TCP_INFO).
 extension Syscall {
     /// Round-trip time and retransmission counters of a TCP socket.
-    public struct TCPInfo: Sendable, Hashable {
+    package struct TCPInfo: Sendable, Hashable {
         /// Smoothed round-trip time in microseconds.
-        public var rttMicroseconds: UInt32
+        package var rttMicroseconds: UInt32
         /// Round-trip time variation in microseconds.
-        public var rttVarianceMicroseconds: UInt32
+        package var rttVarianceMicroseconds: UInt32
         /// Congestion window in segments.
-        public var congestionWindow: UInt32
+        package var congestionWindow: UInt32
         /// Segments retransmitted over the connection's life.
-        public var totalRetransmits: UInt32
+        package var totalRetransmits: UInt32
         /// Segments currently considered lost.
-        public var lost: UInt32
+        package var lost: UInt32
     }
 
     /// getsockopt(TCP_INFO).
-    public static func tcpInfo(_ fd: Int32) throws(ConnectionError) -> TCPInfo {
+    package static func tcpInfo(_ fd: Int32) throws(ConnectionError) -> TCPInfo {
         var info = csock_tcp_info()
         _ = try retrying("getsockopt(TCP_INFO)", { Int(csock_tcp_info(fd, &info)) })
         return TCPInfo(

@@ -42,7 +42,7 @@ public enum ShutdownHow: Sendable {
 /// - EAGAIN/EWOULDBLOCK comes back as ``IOResult/wouldBlock``, not as an error;
 /// - sends always pass MSG_NOSIGNAL, so a closed peer gives EPIPE instead of killing the process;
 /// - every descriptor is created close-on-exec.
-public enum Syscall {
+package enum Syscall {
     @inline(__always)
     static func retrying(
         _ operation: @autoclosure () -> String, _ body: () -> Int
