@@ -1,5 +1,5 @@
 internal import CSocketShims
-public import ConnectionCore
+package import ConnectionCore
 internal import Glibc
 
 // bind, listen, and the addresses of a socket (getsockname, getpeername).

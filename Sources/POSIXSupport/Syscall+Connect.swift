@@ -1,5 +1,5 @@
 internal import CSocketShims
-public import ConnectionCore
+package import ConnectionCore
 internal import Glibc
 
 // accept, connect, and poll(2) for one descriptor.

@@ -1,5 +1,5 @@
 internal import CSocketShims
-public import ConnectionCore
+package import ConnectionCore
 internal import Glibc
 
 // Sending and receiving: streams, datagrams (one or a batch per call), peeking, shutdown and close.

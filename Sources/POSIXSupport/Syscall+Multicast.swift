@@ -1,5 +1,5 @@
 internal import CSocketShims
-public import ConnectionCore
+package import ConnectionCore
 internal import Glibc
 
 // IPv4 multicast membership and sending options.

@@ -1,5 +1,5 @@
 internal import CSocketShims
-public import ConnectionCore
+package import ConnectionCore
 internal import Glibc
 
 // The process: SIGPIPE, open descriptors (/proc/self/fd), CPU placement, standard error.

@@ -9,7 +9,8 @@ extension Syscall {
     /// system resolver (/etc/hosts, then DNS). Names under `.invalid` fail at once without a query, as RFC 6761
     /// asks of resolver APIs.
     /// - Parameter passive: for listening (AI_PASSIVE).
-    package static func resolve(_ endpoint: Endpoint, passive: Bool = false) throws(ConnectionError) -> [SocketAddress] {
+    package static func resolve(_ endpoint: Endpoint, passive: Bool = false) throws(ConnectionError) -> [SocketAddress]
+    {
         let hostText = endpoint.host.literal
         if case .name(let name) = endpoint.host {
             let trimmed = name.hasSuffix(".") ? String(name.dropLast()) : name

@@ -1,5 +1,5 @@
 internal import CSocketShims
-public import ConnectionCore
+package import ConnectionCore
 internal import Glibc
 
 // Creating a socket and setting its options (setsockopt, fcntl).

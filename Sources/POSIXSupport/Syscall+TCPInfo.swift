@@ -1,5 +1,5 @@
 internal import CSocketShims
-public import ConnectionCore
+package import ConnectionCore
 internal import Glibc
 
 // The kernel's view of a TCP connection (TCP_INFO).
