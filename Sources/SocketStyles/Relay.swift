@@ -114,7 +114,7 @@ public final class Relay: Sendable {
         upstreamTLS: TLSConfiguration = TLSConfiguration(), toUpstream: FaultPlan = FaultPlan(),
         toClient: FaultPlan = FaultPlan(), seed: UInt64 = 1
     ) async throws(ConnectionError) -> Relay {
-        let backend = TransportStack(over: backend)
+        let stack = TransportStack(over: backend)
         guard listen.transport.isByteStream == upstream.transport.isByteStream,
             (listen.transport == .udp) == (upstream.transport == .udp)
         else {
@@ -125,7 +125,7 @@ public final class Relay: Sendable {
         }
         try toUpstream.check(for: listen.transport)
         try toClient.check(for: listen.transport)
-        let listener = try await backend.listen(on: listen, options: options, tls: serverTLS)
+        let listener = try await stack.listen(on: listen, options: options, tls: serverTLS)
         let relay = Relay(listener: listener, upstream: upstream)
         let task = Task {
             await withDiscardingTaskGroup { group in
@@ -137,7 +137,7 @@ public final class Relay: Sendable {
                     relay.counters.update { $0.clients += 1 }
                     group.addTask {
                         await relay.serve(
-                            client, id: id, backend: backend, options: options, tls: upstreamTLS,
+                            client, id: id, stack: stack, options: options, tls: upstreamTLS,
                             plans: (toUpstream, toClient), seed: seed &+ id)
                     }
                 }
@@ -154,14 +154,14 @@ public final class Relay: Sendable {
     }
 
     private func serve(
-        _ client: any Connection, id: UInt64, backend: TransportStack, options: ConnectionOptions,
+        _ client: any Connection, id: UInt64, stack: TransportStack, options: ConnectionOptions,
         tls: TLSConfiguration,
         plans: (toUpstream: FaultPlan, toClient: FaultPlan), seed: UInt64
     ) async {
         defer { pairs.withLock { _ = $0.removeValue(forKey: id) } }
         let server: any Connection
         do throws(ConnectionError) {
-            server = try await backend.connect(to: upstream, options: options, tls: tls)
+            server = try await stack.connect(to: upstream, options: options, tls: tls)
         } catch {
             counters.update { $0.upstreamFailures += 1 }
             await client.close()
