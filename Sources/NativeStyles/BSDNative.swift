@@ -33,14 +33,10 @@ enum BSDNative {
 }
 
 /// An accept thread and a thread per client, each blocking in recv and echoing with send.
-final class BSDNativeEchoServer: NativeEchoServer, @unchecked Sendable {
+final class BSDNativeEchoServer: NativeEchoServer {
     let localEndpoint: Endpoint
     private let listener: BSDSocket
-    private let done = ConditionLock()
-    // Guarded by `done`.
-    private var clients: [Int32: BSDSocket] = [:]
-    private var threads = 1
-    private var stopping = false
+    private let done = ConditionLock(BSDNativeThreads())
 
     init(on endpoint: Endpoint) throws(ConnectionError) {
         listener = try BSDSocket.listen(on: endpoint)
@@ -56,13 +52,7 @@ final class BSDNativeEchoServer: NativeEchoServer, @unchecked Sendable {
     private func acceptLoop() {
         defer { threadEnded() }
         while let client = try? listener.accept() {
-            let admitted = done.withLock {
-                guard !stopping else { return false }
-                clients[client.descriptor] = client
-                threads += 1
-                return true
-            }
-            guard admitted else {
+            guard done.withLock({ $0.admit(client, threads: 1) }) else {
                 client.close()
                 return
             }
@@ -74,7 +64,7 @@ final class BSDNativeEchoServer: NativeEchoServer, @unchecked Sendable {
         let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 64 * 1024, alignment: 16)
         defer {
             buffer.deallocate()
-            done.withLock { _ = clients.removeValue(forKey: client.descriptor) }
+            done.withLock { _ = $0.open.removeValue(forKey: client.descriptor) }
             client.close()
             threadEnded()
         }
@@ -91,41 +81,61 @@ final class BSDNativeEchoServer: NativeEchoServer, @unchecked Sendable {
 
     private func threadEnded() {
         done.withLock {
-            threads -= 1
+            $0.threads -= 1
             done.broadcast()
         }
     }
 
     func stop() async {
-        let open = done.withLock {
-            stopping = true
-            return Array(clients.values)
+        done.withLock {
+            $0.stopping = true
+            // Under the lock: a socket still in `open` is not closed yet, so its descriptor is not reused.
+            for client in $0.open.values { try? client.shutdown(.both) }  // wakes recv(2)
         }
         try? listener.shutdown(.both)  // wakes accept(2)
-        for client in open { try? client.shutdown(.both) }  // wakes recv(2)
+        await done.waitUntilThreadsEnded()
+        listener.close()
+    }
+}
+
+/// What the threads of a blocking server share, under its lock: the sockets open (so a stop can wake their
+/// blocked calls), the threads still running, and whether it is stopping.
+struct BSDNativeThreads {
+    var open: [Int32: BSDSocket] = [:]
+    /// The accept thread counts from the start.
+    var threads = 1
+    var stopping = false
+
+    /// Registers a socket (and a thread that will end) unless stopping.
+    mutating func admit(_ socket: BSDSocket, threads more: Int) -> Bool {
+        guard !stopping else { return false }
+        open[socket.descriptor] = socket
+        threads += more
+        return true
+    }
+}
+
+extension ConditionLock where State == BSDNativeThreads {
+    /// Waits, on a thread of its own (so no task blocks), until every thread has ended.
+    func waitUntilThreadsEnded() async {
         await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
             PosixThread.spawn(name: "bsd-native-stop") { [self] in
-                done.withLock { done.wait(until: { threads == 0 }) }
+                withLock(waitingUntil: { $0.threads == 0 }) { _ in }
                 continuation.resume()
             }
         }
-        listener.close()
     }
 }
 
 /// A relay in blocking calls: an accept thread, and per client a blocking connect upstream and two threads,
 /// each a recv -> send loop for one direction. A send that blocks stops that thread from reading, so a slow
 /// reader slows the other end through TCP flow control; recv returning 0 becomes shutdown(SHUT_WR).
-final class BSDNativeRelay: NativeRelay, @unchecked Sendable {
+final class BSDNativeRelay: NativeRelay {
     let localEndpoint: Endpoint
     private let listener: BSDSocket
     private let upstream: Endpoint
     private let accepted = ClientCounter()
-    private let done = ConditionLock()
-    // Guarded by `done`.
-    private var open: [Int32: BSDSocket] = [:]
-    private var threads = 1
-    private var stopping = false
+    private let done = ConditionLock(BSDNativeThreads())
 
     var clients: Int { accepted.value }
 
@@ -151,12 +161,7 @@ final class BSDNativeRelay: NativeRelay, @unchecked Sendable {
 
     /// Registers a socket (and a thread that will end) unless stopping.
     private func admit(_ socket: BSDSocket, threads more: Int) -> Bool {
-        done.withLock {
-            guard !stopping else { return false }
-            open[socket.descriptor] = socket
-            threads += more
-            return true
-        }
+        done.withLock { $0.admit(socket, threads: more) }
     }
 
     private func acceptLoop() {
@@ -221,30 +226,25 @@ final class BSDNativeRelay: NativeRelay, @unchecked Sendable {
     }
 
     private func forget(_ sockets: BSDSocket...) {
-        done.withLock { for socket in sockets { open[socket.descriptor] = nil } }
+        done.withLock { for socket in sockets { $0.open[socket.descriptor] = nil } }
         for socket in sockets { socket.close() }
     }
 
     private func threadEnded() {
         done.withLock {
-            threads -= 1
+            $0.threads -= 1
             done.broadcast()
         }
     }
 
     func stop() async {
         done.withLock {
-            stopping = true
+            $0.stopping = true
             // Under the lock: a socket still in `open` is not closed yet, so its descriptor is not reused.
-            for socket in open.values { try? socket.shutdown(.both) }
+            for socket in $0.open.values { try? socket.shutdown(.both) }
         }
         try? listener.shutdown(.both)
-        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-            PosixThread.spawn(name: "bsd-relay-stop") { [self] in
-                done.withLock { done.wait(until: { threads == 0 }) }
-                continuation.resume()
-            }
-        }
+        await done.waitUntilThreadsEnded()
         listener.close()
     }
 }

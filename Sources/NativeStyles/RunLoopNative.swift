@@ -6,8 +6,8 @@ import SocketStyles
 /// Style 3 by hand: input/output streams with a delegate on a run loop (here the runloop backend's own run loop
 /// thread), the way Stream/CFStream code is written on Darwin.
 enum RunLoopNative {
-    /// The client's delegate; used only on the run loop's thread.
-    private final class Client: SocketStreamDelegate, @unchecked Sendable {
+    /// The client's delegate; made and used only on the run loop's thread.
+    private final class Client: SocketStreamDelegate {
         let tally: PingPongTally
         let input: SocketInputStream
         let output: SocketOutputStream
@@ -112,7 +112,7 @@ enum RunLoopNative {
 }
 
 /// A `SocketListener` whose accept callback gives each client an echoing delegate.
-final class RunLoopNativeEchoServer: NativeEchoServer, @unchecked Sendable {
+final class RunLoopNativeEchoServer: NativeEchoServer {
     /// One client: reads what is available and writes it back; stops reading while a write waits for space.
     private final class Session: SocketStreamDelegate {
         let input: SocketInputStream
@@ -159,13 +159,16 @@ final class RunLoopNativeEchoServer: NativeEchoServer, @unchecked Sendable {
 
     let localEndpoint: Endpoint
     private let runLoop: SocketRunLoop
-    // Run loop thread only.
-    private var listener: SocketListener?
-    private var sessions: [ObjectIdentifier: Session] = [:]
+    private struct State {
+        var listener: SocketListener?
+        var sessions: [ObjectIdentifier: Session] = [:]
+    }
+    private let state: LoopConfined<State>
 
     private init(runLoop: SocketRunLoop, localEndpoint: Endpoint) {
         self.runLoop = runLoop
         self.localEndpoint = localEndpoint
+        state = LoopConfined(State(), on: runLoop.loop.thread)
     }
 
     static func start(on endpoint: Endpoint) async throws(ConnectionError) -> RunLoopNativeEchoServer {
@@ -181,7 +184,7 @@ final class RunLoopNativeEchoServer: NativeEchoServer, @unchecked Sendable {
                             late.value?.accepted(input, output)
                         }
                         let server = RunLoopNativeEchoServer(runLoop: runLoop, localEndpoint: listener.localEndpoint)
-                        server.listener = listener
+                        server.state.withValue { $0.listener = listener }
                         late.set(server)
                         return server
                     })
@@ -192,9 +195,9 @@ final class RunLoopNativeEchoServer: NativeEchoServer, @unchecked Sendable {
 
     private func accepted(_ input: SocketInputStream, _ output: SocketOutputStream) {
         let session = Session(input: input, output: output) { [weak self] session in
-            self?.sessions[ObjectIdentifier(session)] = nil
+            self?.state.withValue { $0.sessions[ObjectIdentifier(session)] = nil }
         }
-        sessions[ObjectIdentifier(session)] = session
+        state.withValue { $0.sessions[ObjectIdentifier(session)] = session }
         input.delegate = session
         output.delegate = session
         input.open()
@@ -204,13 +207,15 @@ final class RunLoopNativeEchoServer: NativeEchoServer, @unchecked Sendable {
     func stop() async {
         await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
             runLoop.perform { [self] in
+                let (listener, sessions) = state.withValue { state in
+                    defer { state = State() }
+                    return (state.listener, Array(state.sessions.values))
+                }
                 listener?.close()
-                listener = nil
-                for session in sessions.values {
+                for session in sessions {
                     session.input.close()
                     session.output.close()
                 }
-                sessions = [:]
                 continuation.resume()
             }
         }
@@ -222,14 +227,16 @@ final class RunLoopNativeEchoServer: NativeEchoServer, @unchecked Sendable {
 /// the delegate of the input it reads and the output it writes: `hasBytesAvailable` reads once and writes on,
 /// and while a write is left over it stops reading until `hasSpaceAvailable` has flushed it. The end of one input
 /// closes the other side's output, which is a FIN (half-close).
-final class RunLoopNativeRelay: NativeRelay, @unchecked Sendable {
+final class RunLoopNativeRelay: NativeRelay {
     let localEndpoint: Endpoint
     private let runLoop: SocketRunLoop
     private let upstream: Endpoint
     private let accepted = ClientCounter()
-    // Run loop thread only.
-    private var listener: SocketListener?
-    private var pairs: [ObjectIdentifier: Pair] = [:]
+    private struct State {
+        var listener: SocketListener?
+        var pairs: [ObjectIdentifier: Pair] = [:]
+    }
+    private let state: LoopConfined<State>
 
     var clients: Int { accepted.value }
 
@@ -237,6 +244,7 @@ final class RunLoopNativeRelay: NativeRelay, @unchecked Sendable {
         self.runLoop = runLoop
         self.localEndpoint = localEndpoint
         self.upstream = upstream
+        state = LoopConfined(State(), on: runLoop.loop.thread)
     }
 
     static func start(listen: Endpoint, upstream: Endpoint) async throws(ConnectionError) -> RunLoopNativeRelay {
@@ -253,7 +261,7 @@ final class RunLoopNativeRelay: NativeRelay, @unchecked Sendable {
                         }
                         let relay = RunLoopNativeRelay(
                             runLoop: runLoop, localEndpoint: listener.localEndpoint, upstream: upstream)
-                        relay.listener = listener
+                        relay.state.withValue { $0.listener = listener }
                         late.set(relay)
                         return relay
                     })
@@ -266,9 +274,9 @@ final class RunLoopNativeRelay: NativeRelay, @unchecked Sendable {
         accepted.increment()
         let (serverInput, serverOutput) = getStreamsToHost(upstream)
         let pair = Pair(client: (input, output), server: (serverInput, serverOutput)) { [weak self] pair in
-            self?.pairs[ObjectIdentifier(pair)] = nil
+            self?.state.withValue { $0.pairs[ObjectIdentifier(pair)] = nil }
         }
-        pairs[ObjectIdentifier(pair)] = pair
+        state.withValue { $0.pairs[ObjectIdentifier(pair)] = pair }
         pair.connect(in: runLoop)
     }
 
@@ -391,10 +399,13 @@ final class RunLoopNativeRelay: NativeRelay, @unchecked Sendable {
     func stop() async {
         await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
             runLoop.perform { [self] in
+                let (listener, pairs) = state.withValue { state in
+                    defer { state.listener = nil }
+                    return (state.listener, Array(state.pairs.values))
+                }
                 listener?.close()
-                listener = nil
-                for pair in Array(pairs.values) { pair.close() }
-                pairs = [:]
+                for pair in pairs { pair.close() }
+                state.withValue { $0.pairs = [:] }
                 continuation.resume()
             }
         }

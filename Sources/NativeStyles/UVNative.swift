@@ -5,23 +5,31 @@ import SocketStyles
 
 /// Style 2 by hand: a libuv loop thread; everything happens in callbacks.
 enum UVNative {
-    /// The client's state, touched only on the loop thread.
-    private final class Client: @unchecked Sendable {
+    /// The client: made on the caller's thread, then used only in the loop's callbacks.
+    private final class Client: Sendable {
         let tally: PingPongTally
         let continuation: CheckedContinuation<Result<PingRunner.Result, ConnectionError>, Never>
-        var tcp: UVTCP?
-        var finished = false
+        private struct State {
+            var tcp: UVTCP?
+            var finished = false
+        }
+        private let state: LoopConfined<State>
 
         init(
-            tally: PingPongTally, continuation: CheckedContinuation<Result<PingRunner.Result, ConnectionError>, Never>
+            tally: PingPongTally, continuation: CheckedContinuation<Result<PingRunner.Result, ConnectionError>, Never>,
+            loop: UVLoop
         ) {
             self.tally = tally
             self.continuation = continuation
+            state = LoopConfined(State(), on: loop.thread)
         }
 
         func finish(_ result: Result<PingRunner.Result, ConnectionError>) {
-            guard !finished else { return }
-            finished = true
+            let (first, tcp) = state.withValue { state in
+                defer { state.finished = true }
+                return (!state.finished, state.tcp)
+            }
+            guard first else { return }
             guard let tcp else { return continuation.resume(returning: result) }
             tcp.readStop()
             tcp.close { [continuation] in continuation.resume(returning: result) }
@@ -29,7 +37,7 @@ enum UVNative {
 
         func write() {
             do throws(UVError) {
-                try tcp?.write(tally.next()) { [self] error in
+                try state.withValue { $0.tcp }?.write(tally.next()) { [self] error in
                     if let error { finish(.failure(error.connectionError("uv_write"))) }
                 }
             } catch {
@@ -57,7 +65,7 @@ enum UVNative {
         func start(loop: UVLoop, address: SocketAddress) {
             do throws(UVError) {
                 let tcp = try UVTCP(loop: loop)
-                self.tcp = tcp
+                state.withValue { $0.tcp = tcp }
                 try tcp.connect(to: address) { [self] error in
                     if let error { return finish(.failure(error.connectionError("connect"))) }
                     do throws(UVError) {
@@ -83,7 +91,7 @@ enum UVNative {
         let loop = try UVLoop(name: "uv-native-ping")
         let result = await withCheckedContinuation {
             (continuation: CheckedContinuation<Result<PingRunner.Result, ConnectionError>, Never>) in
-            let client = Client(tally: tally, continuation: continuation)
+            let client = Client(tally: tally, continuation: continuation, loop: loop)
             loop.execute { client.start(loop: loop, address: address) }
         }
         try? await loop.shutdown()
@@ -92,14 +100,20 @@ enum UVNative {
 }
 
 /// A libuv TCP server: the connection callback accepts, each client's read callback writes the bytes back.
-final class UVNativeEchoServer: NativeEchoServer, @unchecked Sendable {
+final class UVNativeEchoServer: NativeEchoServer {
     private let loop: UVLoop
-    // Loop thread only.
-    private var listener: UVTCP?
-    private var clients: [ObjectIdentifier: UVTCP] = [:]
-    private(set) var localEndpoint = Endpoint(transport: .tcp, host: .ipv4("0.0.0.0"), port: 0)
+    private struct State {
+        var listener: UVTCP?
+        var clients: [ObjectIdentifier: UVTCP] = [:]
+    }
+    private let state: LoopConfined<State>
+    private let boundEndpoint = Late<Endpoint>()
+    var localEndpoint: Endpoint { boundEndpoint.value ?? Endpoint(transport: .tcp, host: .ipv4("0.0.0.0"), port: 0) }
 
-    private init(loop: UVLoop) { self.loop = loop }
+    private init(loop: UVLoop) {
+        self.loop = loop
+        state = LoopConfined(State(), on: loop.thread)
+    }
 
     static func start(on endpoint: Endpoint) async throws(ConnectionError) -> UVNativeEchoServer {
         let address = try await Syscall.resolveAsync(endpoint, passive: true)[0]
@@ -120,13 +134,13 @@ final class UVNativeEchoServer: NativeEchoServer, @unchecked Sendable {
     private func listen(_ address: SocketAddress) -> Result<Void, ConnectionError> {
         do throws(UVError) {
             let listener = try UVTCP(loop: loop)
-            self.listener = listener
+            state.withValue { $0.listener = listener }
             try listener.bind(address)
             try listener.listen(backlog: 511) { [self] error in
                 guard error == nil, let client = try? listener.accept() else { return }
                 serve(client)
             }
-            localEndpoint = try listener.localAddress.endpoint(.tcp)
+            boundEndpoint.set(try listener.localAddress.endpoint(.tcp))
             return .success(())
         } catch {
             return .failure(error.connectionError("listen on \(address)"))
@@ -135,9 +149,9 @@ final class UVNativeEchoServer: NativeEchoServer, @unchecked Sendable {
 
     private func serve(_ client: UVTCP) {
         let key = ObjectIdentifier(client)
-        clients[key] = client
+        state.withValue { $0.clients[key] = client }
         let drop = { [self] in
-            clients[key] = nil
+            state.withValue { $0.clients[key] = nil }
             client.close()
         }
         do throws(UVError) {
@@ -158,10 +172,12 @@ final class UVNativeEchoServer: NativeEchoServer, @unchecked Sendable {
     func stop() async {
         await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
             loop.execute { [self] in
-                for client in clients.values { client.close() }
-                clients = [:]
+                let (clients, listener) = state.withValue { state in
+                    defer { state = State() }
+                    return (Array(state.clients.values), state.listener)
+                }
+                for client in clients { client.close() }
                 guard let listener else { return continuation.resume() }
-                self.listener = nil
                 listener.close { continuation.resume() }
             }
         }
@@ -173,17 +189,23 @@ final class UVNativeEchoServer: NativeEchoServer, @unchecked Sendable {
 /// read callback writes the bytes to the other handle and, when more than ``nativeRelayWindow`` bytes wait to be
 /// written there, stops reading (`uv_read_stop`) until the write callbacks have drained half of it. End of stream
 /// becomes `uv_shutdown` on the other handle.
-final class UVNativeRelay: NativeRelay, @unchecked Sendable {
+final class UVNativeRelay: NativeRelay {
     private let loop: UVLoop
     private let accepted = ClientCounter()
-    // Loop thread only.
-    private var listener: UVTCP?
-    private var pairs: [ObjectIdentifier: Pair] = [:]
-    private(set) var localEndpoint = Endpoint(transport: .tcp, host: .ipv4("0.0.0.0"), port: 0)
+    private struct State {
+        var listener: UVTCP?
+        var pairs: [ObjectIdentifier: Pair] = [:]
+    }
+    private let state: LoopConfined<State>
+    private let boundEndpoint = Late<Endpoint>()
+    var localEndpoint: Endpoint { boundEndpoint.value ?? Endpoint(transport: .tcp, host: .ipv4("0.0.0.0"), port: 0) }
 
     var clients: Int { accepted.value }
 
-    private init(loop: UVLoop) { self.loop = loop }
+    private init(loop: UVLoop) {
+        self.loop = loop
+        state = LoopConfined(State(), on: loop.thread)
+    }
 
     static func start(listen: Endpoint, upstream: Endpoint) async throws(ConnectionError) -> UVNativeRelay {
         let address = try await Syscall.resolveAsync(listen, passive: true)[0]
@@ -205,16 +227,16 @@ final class UVNativeRelay: NativeRelay, @unchecked Sendable {
     private func listen(_ address: SocketAddress, upstream: SocketAddress) -> Result<Void, ConnectionError> {
         do throws(UVError) {
             let listener = try UVTCP(loop: loop)
-            self.listener = listener
+            state.withValue { $0.listener = listener }
             try listener.bind(address)
             try listener.listen(backlog: 511) { [self] error in
                 guard error == nil, let client = try? listener.accept() else { return }
                 accepted.increment()
                 let pair = Pair(client: client, relay: self)
-                pairs[ObjectIdentifier(pair)] = pair
+                state.withValue { $0.pairs[ObjectIdentifier(pair)] = pair }
                 pair.connect(to: upstream)
             }
-            localEndpoint = try listener.localAddress.endpoint(.tcp)
+            boundEndpoint.set(try listener.localAddress.endpoint(.tcp))
             return .success(())
         } catch {
             return .failure(error.connectionError("listen on \(address)"))
@@ -266,7 +288,7 @@ final class UVNativeRelay: NativeRelay, @unchecked Sendable {
             closed = true
             client.close()
             server?.close()
-            relay?.pairs[ObjectIdentifier(self)] = nil
+            relay?.state.withValue { $0.pairs[ObjectIdentifier(self)] = nil }
         }
     }
 
@@ -332,9 +354,12 @@ final class UVNativeRelay: NativeRelay, @unchecked Sendable {
     func stop() async {
         await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
             loop.execute { [self] in
-                for pair in Array(pairs.values) { pair.close() }
+                let (pairs, listener) = state.withValue { state in
+                    defer { state.listener = nil }
+                    return (Array(state.pairs.values), state.listener)
+                }
+                for pair in pairs { pair.close() }
                 guard let listener else { return continuation.resume() }
-                self.listener = nil
                 listener.close { continuation.resume() }
             }
         }

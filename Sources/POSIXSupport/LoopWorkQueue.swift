@@ -1,4 +1,4 @@
-import ConnectionCore
+package import ConnectionCore
 import Synchronization
 
 /// One item of work for a loop thread: a block, or a job of a task that prefers the loop as its executor.
@@ -73,6 +73,9 @@ package final class LoopWorkQueue: Sendable {
 
     /// `true` on the loop thread.
     package var isLoopThread: Bool { local.isOwnerThread }
+
+    /// The loop's thread, for the state its objects confine to it (``LoopConfined``).
+    package var thread: LoopThread { local.owner }
 
     /// Queues `work` for the loop: locally on the loop thread, otherwise in the locked list, signalling a loop that
     /// sleeps. Returns `false` once closed (the work is not taken).

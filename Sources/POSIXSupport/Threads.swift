@@ -82,12 +82,19 @@ private let threadEntry: @convention(c) (UnsafeMutableRawPointer?) -> UnsafeMuta
 
 /// A mutex with a condition variable, for threads that must sleep until told (a blocked reader waiting for
 /// room in its queue, a writer thread waiting for work). Not for async code: it blocks the calling thread.
-public final class ConditionLock: @unchecked Sendable {
+///
+/// It guards `State` as `Mutex` does (reached only inside ``withLock(_:)``), so an object whose threads share
+/// state under it needs no `@unchecked Sendable` of its own; `ConditionLock()` guards nothing, for callers whose
+/// condition lives elsewhere.
+public final class ConditionLock<State>: @unchecked Sendable {
+    // `@unchecked`: the pthread objects are pointers, and `state` is touched only with the mutex held.
     private let mutex: UnsafeMutablePointer<pthread_mutex_t>
     private let condition: UnsafeMutablePointer<pthread_cond_t>
+    private var state: State
 
-    /// Creates an unlocked lock.
-    public init() {
+    /// Creates an unlocked lock guarding `state`.
+    public init(_ state: State) {
+        self.state = state
         mutex = .allocate(capacity: 1)
         condition = .allocate(capacity: 1)
         pthread_mutex_init(mutex, nil)
@@ -105,15 +112,23 @@ public final class ConditionLock: @unchecked Sendable {
         mutex.deallocate()
     }
 
-    /// Runs `body` holding the mutex.
-    public func withLock<R, E: Error>(_ body: () throws(E) -> R) throws(E) -> R {
+    /// Runs `body` on the state, holding the mutex.
+    public func withLock<R, E: Error>(_ body: (inout State) throws(E) -> R) throws(E) -> R {
         pthread_mutex_lock(mutex)
         defer { pthread_mutex_unlock(mutex) }
-        return try body()
+        return try body(&state)
+    }
+
+    /// Holding the mutex, sleeps (releasing it while asleep) until `predicate` holds, then runs `body`.
+    public func withLock<R>(waitingUntil predicate: (State) -> Bool, _ body: (inout State) -> R) -> R {
+        pthread_mutex_lock(mutex)
+        defer { pthread_mutex_unlock(mutex) }
+        while !predicate(state) { pthread_cond_wait(condition, mutex) }
+        return body(&state)
     }
 
     /// Waits (holding the mutex, which is released while asleep) until `predicate` holds.
-    /// Call only from inside ``withLock(_:)``.
+    /// Call only from inside ``withLock(_:)``, with a predicate that reads no guarded state of this lock.
     public func wait(until predicate: () -> Bool) {
         while !predicate() { pthread_cond_wait(condition, mutex) }
     }
@@ -137,6 +152,16 @@ public final class ConditionLock: @unchecked Sendable {
     /// Wakes one waiting thread. Call from inside ``withLock(_:)``.
     public func signal() {
         pthread_cond_signal(condition)
+    }
+}
+
+extension ConditionLock where State == Void {
+    /// A lock guarding no state: its callers keep their condition elsewhere.
+    public convenience init() { self.init(()) }
+
+    /// Runs `body` holding the mutex.
+    public func withLock<R, E: Error>(_ body: () throws(E) -> R) throws(E) -> R {
+        try withLock { (_: inout Void) throws(E) -> R in try body() }
     }
 }
 
