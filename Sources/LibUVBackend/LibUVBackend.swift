@@ -48,21 +48,33 @@ public final class LibUVBackend: ConnectionBackend, Sendable {
     }
 
     /// Loop-confined state of one connect attempt.
-    private final class Attempt: @unchecked Sendable {
-        var finished = false
-        var timedOut = false
-        var cancelled = false
-        var tcp: UVTCP?
-        var timer: UVTimer?
-        var continuation: CheckedContinuation<Result<any Connection, ConnectionError>, Never>?
+    private final class Attempt: Sendable {
+        struct State {
+            var finished = false
+            var timedOut = false
+            var cancelled = false
+            var tcp: UVTCP?
+            var timer: UVTimer?
+            var continuation: CheckedContinuation<Result<any Connection, ConnectionError>, Never>?
+        }
+        let state: LoopConfined<State>
+
+        init(loop: UVLoop) { state = LoopConfined(State(), on: loop.thread) }
 
         func finish(_ result: Result<any Connection, ConnectionError>) {
-            guard !finished else { return }
-            finished = true
+            let ending = state.withValue {
+                state -> (UVTimer?, CheckedContinuation<Result<any Connection, ConnectionError>, Never>?)? in
+                guard !state.finished else { return nil }
+                state.finished = true
+                defer {
+                    state.timer = nil
+                    state.continuation = nil
+                }
+                return (state.timer, state.continuation)
+            }
+            guard let (timer, continuation) = ending else { return }
             timer?.close()
-            timer = nil
             continuation?.resume(returning: result)
-            continuation = nil
         }
     }
 
@@ -71,25 +83,29 @@ public final class LibUVBackend: ConnectionBackend, Sendable {
     )
         async throws(ConnectionError) -> any Connection
     {
-        let attempt = Attempt()
         let loop = loop
+        let attempt = Attempt(loop: loop)
         let result = await withTaskCancellationHandler {
             await withCheckedContinuation { continuation in
                 loop.execute {
-                    attempt.continuation = continuation
-                    if attempt.cancelled { return attempt.finish(.failure(.cancelled("connect was cancelled"))) }
+                    let cancelled = attempt.state.withValue { state in
+                        state.continuation = continuation
+                        return state.cancelled
+                    }
+                    if cancelled { return attempt.finish(.failure(.cancelled("connect was cancelled"))) }
                     do throws(UVError) {
                         let tcp = try UVTCP(loop: loop, readBufferSize: options.readChunkSize)
-                        attempt.tcp = tcp
+                        attempt.state.withValue { $0.tcp = tcp }
                         do throws(UVError) {
                             try tcp.setNoDelay(options.tcpNoDelay)
                             try tcp.connect(to: address) { error in
                                 if let error {
                                     tcp.close()
+                                    let (timedOut, cancelled) = attempt.state.withValue { ($0.timedOut, $0.cancelled) }
                                     let failure: ConnectionError =
-                                        attempt.timedOut
+                                        timedOut
                                         ? ConnectionError(.timedOut, "connect to \(endpoint) (\(address)) timed out")
-                                        : attempt.cancelled
+                                        : cancelled
                                             ? .cancelled("connect was cancelled")
                                             : error.connectionError("connect to \(endpoint) (\(address))")
                                     return attempt.finish(.failure(failure))
@@ -107,11 +123,11 @@ public final class LibUVBackend: ConnectionBackend, Sendable {
                             throw error
                         }
                         let timer = try UVTimer(loop: loop)
-                        attempt.timer = timer
+                        attempt.state.withValue { $0.timer = timer }
                         let milliseconds = Socket.timeLeft(until: deadline).milliseconds
                         try timer.start(milliseconds: milliseconds) {
                             // libuv has no connect timeout: closing the handle cancels the connect request.
-                            attempt.timedOut = true
+                            attempt.state.withValue { $0.timedOut = true }
                             tcp.close()
                         }
                     } catch {
@@ -121,8 +137,11 @@ public final class LibUVBackend: ConnectionBackend, Sendable {
             }
         } onCancel: {
             loop.execute {
-                attempt.cancelled = true
-                if !attempt.finished { attempt.tcp?.close() }
+                let tcp = attempt.state.withValue { state in
+                    state.cancelled = true
+                    return state.finished ? nil : state.tcp
+                }
+                tcp?.close()
             }
         }
         return try result.get()

@@ -4,14 +4,15 @@ public import POSIXSupport
 
 /// A listening TCP socket scheduled in a run loop that hands each accepted connection to a callback, as a
 /// stream pair (the CFSocket accept-callback style). Use on the run loop's thread.
-public final class SocketListener: EpollHandler, @unchecked Sendable {
+public final class SocketListener: EpollHandler, Sendable {
     /// The bound address (the real port when 0 was asked).
     public let localEndpoint: Endpoint
     private let socket: SocketDescriptor
     private let fd: Int32
     private let runLoop: SocketRunLoop
     private let options: ConnectionOptions
-    private let onAccept: (SocketInputStream, SocketOutputStream) -> Void
+    /// Called on the run loop's thread only.
+    private let onAccept: LoopConfined<(SocketInputStream, SocketOutputStream) -> Void>
     private var isClosed: Bool { socket.isClosed }
 
     /// Binds, listens and starts delivering connections on `runLoop` (call on its thread).
@@ -25,11 +26,12 @@ public final class SocketListener: EpollHandler, @unchecked Sendable {
         self.fd = socket.raw
         self.runLoop = runLoop
         self.options = options
-        self.onAccept = onAccept
+        self.onAccept = LoopConfined(onAccept, on: runLoop.loop.thread)
         try runLoop.loop.register(fd, events: Syscall.epollIn, handler: self)
     }
 
     public func epollReady(_ events: UInt32) {
+        let onAccept = self.onAccept.withValue { $0 }
         while !isClosed {
             let accepted: (fd: Int32, peer: SocketAddress)?
             do throws(ConnectionError) {
@@ -79,9 +81,12 @@ public protocol DatagramSocketDelegate: AnyObject {
 
 /// A UDP socket scheduled in a run loop: one read event per datagram, with the sender's address. A bound socket
 /// (a server) reads up to 16 datagrams per recvmmsg(2); a connected one, one. Use on the run loop's thread.
-public final class DatagramSocket: EpollHandler, @unchecked Sendable {
-    /// Receives the datagrams (held weakly).
-    public weak var delegate: (any DatagramSocketDelegate)?
+public final class DatagramSocket: EpollHandler, Sendable {
+    /// Receives the datagrams (held weakly). Set it on the run loop's thread.
+    public var delegate: (any DatagramSocketDelegate)? {
+        get { state.withValue { $0.delegate } }
+        set { state.withValue { $0.delegate = newValue } }
+    }
     /// The bound address.
     public let localEndpoint: Endpoint
     /// The fixed peer, for a connected socket.
@@ -90,7 +95,13 @@ public final class DatagramSocket: EpollHandler, @unchecked Sendable {
     private let fd: Int32
     private let runLoop: SocketRunLoop
     private let batch: DatagramBatch
-    private var pending: [(bytes: [UInt8], to: SocketAddress?)] = []
+    /// The run loop thread's only.
+    private struct State {
+        weak var delegate: (any DatagramSocketDelegate)?
+        /// Datagrams waiting for room in the socket buffer, in order.
+        var pending: [(bytes: [UInt8], to: SocketAddress?)] = []
+    }
+    private let state: LoopConfined<State>
     private var isClosed: Bool { socket.isClosed }
 
     /// A socket bound to `endpoint` (a server), or connected to it when `connect` is true (a client).
@@ -110,6 +121,7 @@ public final class DatagramSocket: EpollHandler, @unchecked Sendable {
         self.peer = connect ? address : nil
         self.runLoop = runLoop
         self.batch = DatagramBatch(capacity: connect ? 1 : 16, slotSize: options.maxDatagramSize)
+        state = LoopConfined(State(), on: runLoop.loop.thread)
         try runLoop.loop.register(fd, events: Syscall.epollIn, handler: self)
     }
 
@@ -120,6 +132,7 @@ public final class DatagramSocket: EpollHandler, @unchecked Sendable {
     public func epollReady(_ events: UInt32) {
         if events & Syscall.epollOut != 0 { flush() }
         guard events & (Syscall.epollIn | Syscall.epollError) != 0 else { return }
+        let delegate = self.delegate
         // At most 32 datagrams per readiness (as libuv reads): a flood must not keep the run loop from the
         // rest of its work (the tasks that consume these datagrams among it). Level-triggered: epoll reports
         // what is left on the next turn.
@@ -154,8 +167,8 @@ public final class DatagramSocket: EpollHandler, @unchecked Sendable {
     /// is full. Throws `.messageTooLarge` and other immediate errors.
     public func send(_ bytes: [UInt8], to address: SocketAddress? = nil) throws(ConnectionError) {
         guard !isClosed else { throw .closed() }
-        if pending.isEmpty, try trySend(bytes, to: address) { return }
-        pending.append((bytes, address))
+        if state.withValue({ $0.pending.isEmpty }), try trySend(bytes, to: address) { return }
+        state.withValue { $0.pending.append((bytes, address)) }
         try runLoop.loop.modify(fd, events: Syscall.epollIn | Syscall.epollOut)
     }
 
@@ -165,7 +178,9 @@ public final class DatagramSocket: EpollHandler, @unchecked Sendable {
     public func send(batch: [UnsafeRawBufferPointer]) throws(ConnectionError) {
         guard !isClosed else { throw .closed() }
         var sent = 0
-        if pending.isEmpty, case .processed(let count) = try Syscall.sendDatagrams(fd, batch, dontWait: true) {
+        if state.withValue({ $0.pending.isEmpty }),
+            case .processed(let count) = try Syscall.sendDatagrams(fd, batch, dontWait: true)
+        {
             sent = count
         }
         for bytes in batch[sent...] { try send(Array(bytes)) }
@@ -181,9 +196,9 @@ public final class DatagramSocket: EpollHandler, @unchecked Sendable {
     }
 
     private func flush() {
-        while let first = pending.first {
+        while let first = state.withValue({ $0.pending.first }) {
             guard (try? trySend(first.bytes, to: first.to)) != false else { return }
-            pending.removeFirst()
+            state.withValue { _ = $0.pending.removeFirst() }
         }
         try? runLoop.loop.modify(fd, events: Syscall.epollIn)
     }
