@@ -6,7 +6,7 @@ import Synchronization
 /// waits there); whatever the kernel does not take at once goes to a writer thread of this connection, started
 /// on first need, which blocks in `send(2)` until the peer makes room. Order is kept: while the writer thread
 /// has work, every later send queues behind it.
-final class BSDWriter: @unchecked Sendable {
+final class BSDWriter: Sendable {
     private struct Job {
         var bytes: [UInt8]
         var offset: Int
@@ -19,13 +19,18 @@ final class BSDWriter: @unchecked Sendable {
     private let socket: BSDSocket
     private let lease: DescriptorLease
     private let name: String
-    private let lock = ConditionLock()
-    // Guarded by `lock`.
-    private var jobs: [Job] = []
-    private var busy = false
-    private var threadStarted = false
-    private var stopped = false
-    private var outputClosed = false
+    private struct State {
+        var jobs: [Job] = []
+        /// The writer thread is sending a job it took.
+        var busy = false
+        var threadStarted = false
+        var stopped = false
+        var outputClosed = false
+
+        /// Nothing queued or being sent: a send may go straight to the kernel.
+        var isIdle: Bool { jobs.isEmpty && !busy }
+    }
+    private let lock = ConditionLock(State())
 
     init(socket: BSDSocket, lease: DescriptorLease, name: String) {
         self.socket = socket
@@ -50,9 +55,9 @@ final class BSDWriter: @unchecked Sendable {
     /// allows (`Syscall.sendDatagrams`: sendmmsg, UDP GSO), never blocking; what the kernel does not take at
     /// once goes the way of every send (copied, to the writer thread).
     func send(batch datagrams: [UnsafeRawBufferPointer]) async throws(ConnectionError) {
-        let sent = try lock.withLock { () throws(ConnectionError) -> Int in
-            if stopped { throw .closed() }
-            guard jobs.isEmpty, !busy else { return 0 }
+        let sent = try lock.withLock { (state: inout State) throws(ConnectionError) -> Int in
+            if state.stopped { throw .closed() }
+            guard state.isIdle else { return 0 }
             switch try Syscall.sendDatagrams(socket.descriptor, datagrams, dontWait: true) {
             case .processed(let count): return count
             case .wouldBlock: return 0
@@ -65,10 +70,10 @@ final class BSDWriter: @unchecked Sendable {
     /// the offset from which the writer thread must go on (0 when something is queued before it).
     private func sendNow(_ bytes: UnsafeRawBufferPointer, to address: SocketAddress?) throws(ConnectionError) -> Int? {
         let datagram = socket.transport == .udp
-        return try lock.withLock { () throws(ConnectionError) -> Int? in
-            if stopped { throw .closed() }
-            if outputClosed { throw .closed("the output was closed (half-close)") }
-            guard jobs.isEmpty, !busy else { return 0 }
+        return try lock.withLock { (state: inout State) throws(ConnectionError) -> Int? in
+            if state.stopped { throw .closed() }
+            if state.outputClosed { throw .closed("the output was closed (half-close)") }
+            guard state.isIdle else { return 0 }
             let result =
                 if let address {
                     try Syscall.sendTo(socket.descriptor, bytes, to: address, dontWait: true)
@@ -85,11 +90,11 @@ final class BSDWriter: @unchecked Sendable {
 
     /// Half-close, in order: shutdown(SHUT_WR) after every send before it; later sends throw `.closed`.
     func shutdownOutput() async throws(ConnectionError) {
-        let immediate: Bool = try lock.withLock { () throws(ConnectionError) -> Bool in
-            if stopped { throw .closed() }
-            if outputClosed { return false }
-            outputClosed = true
-            if jobs.isEmpty, !busy {
+        let immediate: Bool = try lock.withLock { (state: inout State) throws(ConnectionError) -> Bool in
+            if state.stopped { throw .closed() }
+            if state.outputClosed { return false }
+            state.outputClosed = true
+            if state.isIdle {
                 try socket.shutdown(.write)
                 return false
             }
@@ -105,13 +110,13 @@ final class BSDWriter: @unchecked Sendable {
         async throws(ConnectionError)
     {
         let result = await withCheckedContinuation { continuation in
-            let rejected: Bool = lock.withLock {
-                if stopped { return true }
-                jobs.append(makeJob(continuation))
-                if !threadStarted {
-                    threadStarted = true
+            let rejected: Bool = lock.withLock { state in
+                if state.stopped { return true }
+                state.jobs.append(makeJob(continuation))
+                if !state.threadStarted {
+                    state.threadStarted = true
                     guard lease.retain() else {
-                        jobs.removeLast()
+                        state.jobs.removeLast()
                         return true
                     }
                     PosixThread.spawn(name: name) { self.run() }
@@ -128,10 +133,10 @@ final class BSDWriter: @unchecked Sendable {
     /// Fails queued sends with `.closed` and lets the writer thread end. A send blocked in the kernel is woken
     /// by the owner's `shutdown(2)`.
     func stop() {
-        let failed: [Job] = lock.withLock {
-            stopped = true
-            let failed = jobs
-            jobs.removeAll()
+        let failed: [Job] = lock.withLock { state in
+            state.stopped = true
+            let failed = state.jobs
+            state.jobs.removeAll()
             lock.broadcast()
             return failed
         }
@@ -141,18 +146,17 @@ final class BSDWriter: @unchecked Sendable {
     private func run() {
         defer { lease.release() }
         while true {
-            let next: Job? = lock.withLock {
-                lock.wait(until: { !jobs.isEmpty || stopped })
-                if stopped { return nil }
-                busy = true
-                return jobs.removeFirst()
+            let next: Job? = lock.withLock(waitingUntil: { !$0.jobs.isEmpty || $0.stopped }) { state in
+                if state.stopped { return nil }
+                state.busy = true
+                return state.jobs.removeFirst()
             }
             guard var job = next else { return }
             let outcome: Result<Void, ConnectionError>
             do throws(ConnectionError) {
                 if job.shutdownWrite {
                     try socket.shutdown(.write)
-                    lock.withLock { busy = false }
+                    lock.withLock { $0.busy = false }
                     job.completion.resume(returning: .success(()))
                     continue
                 }
@@ -172,9 +176,9 @@ final class BSDWriter: @unchecked Sendable {
                 }
                 outcome = .success(())
             } catch {
-                outcome = .failure(lock.withLock { stopped } ? .closed() : error)
+                outcome = .failure(lock.withLock { $0.stopped } ? .closed() : error)
             }
-            lock.withLock { busy = false }
+            lock.withLock { $0.busy = false }
             job.completion.resume(returning: outcome)
         }
     }
