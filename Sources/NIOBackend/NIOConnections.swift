@@ -13,19 +13,31 @@ import Synchronization
 /// the handler's `channelRead`: the task continues at once, as a native handler would, instead of going through
 /// the loop's task queue (a lock, a closure allocated per job, and the run of the queue after the tick's
 /// events). A job never runs inside `enqueue`. Any other job goes through `EventLoop.execute`.
-final class EventLoopTaskExecutor: TaskExecutor, @unchecked Sendable {
+final class EventLoopTaskExecutor: TaskExecutor, Sendable {
     let loop: any EventLoop
-    /// Loop thread only: jobs made ready during a delivery, and whether one is in progress.
-    private var localJobs: [UnownedJob] = []
-    private var collecting = false
+    /// Jobs made ready during a delivery, and whether one is in progress.
+    private struct Collected {
+        var jobs: [UnownedJob] = []
+        var collecting = false
+    }
+    /// SwiftNIO's loop-bound box: touched on the loop thread only (each access checks).
+    private let collected: NIOLoopBoundBox<Collected>
 
-    init(_ loop: any EventLoop) { self.loop = loop }
+    init(_ loop: any EventLoop) {
+        self.loop = loop
+        collected = .makeBoxSendingValue(Collected(), eventLoop: loop)
+    }
 
     func enqueue(_ job: consuming ExecutorJob) {
         let job = UnownedJob(job)
-        // `collecting` is only touched on the loop thread: test the thread first.
-        if loop.inEventLoop && collecting {
-            localJobs.append(job)
+        // `collected` is only touched on the loop thread: test the thread first.
+        if loop.inEventLoop
+            && collected.withValue({ collected in
+                guard collected.collecting else { return false }
+                collected.jobs.append(job)
+                return true
+            })
+        {
             return
         }
         loop.execute { [self] in job.runSynchronously(on: asUnownedTaskExecutor()) }
@@ -34,18 +46,22 @@ final class EventLoopTaskExecutor: TaskExecutor, @unchecked Sendable {
     /// Runs `body` (a handler handing over what it read, on the loop thread), then the jobs it made ready and
     /// those they make ready in turn, before returning.
     func delivering<Result>(_ body: () -> Result) -> Result {
-        guard !collecting else { return body() }
-        collecting = true
-        defer { collecting = false }
+        let outermost = collected.withValue { collected in
+            defer { collected.collecting = true }
+            return !collected.collecting
+        }
+        guard outermost else { return body() }
         let result = body()
         var index = 0
-        while index < localJobs.count {
-            // Copied out first: the job may enqueue more (an access to the array held across it would overlap).
-            let job = localJobs[index]
+        // Each job copied out first: it may enqueue more (an access to the list held across it would overlap).
+        while let job = collected.withValue({ index < $0.jobs.count ? $0.jobs[index] : nil }) {
             job.runSynchronously(on: asUnownedTaskExecutor())
             index += 1
         }
-        localJobs.removeAll(keepingCapacity: true)
+        collected.withValue { collected in
+            collected.jobs.removeAll(keepingCapacity: true)
+            collected.collecting = false
+        }
         return result
     }
 
@@ -64,9 +80,9 @@ final class EventLoopTaskExecutor: TaskExecutor, @unchecked Sendable {
 }
 
 /// Reads of a TCP channel into a bounded queue; reading stops (autoRead off) while the queue is full.
-/// `@unchecked Sendable`: made in a channel initializer and handed to its connection, which touches `context`
-/// only on the channel's event loop, as the pipeline does.
-final class StreamInboxHandler: ChannelInboundHandler, RemovableChannelHandler, @unchecked Sendable {
+/// Made in a channel initializer and handed to its connection, which touches `context` only on the channel's
+/// event loop, as the pipeline does.
+final class StreamInboxHandler: ChannelInboundHandler, RemovableChannelHandler, Sendable {
     typealias InboundIn = ByteBuffer
     /// Its name in the pipeline (a WebSocket replaces it with frame handlers after the handshake).
     static let name = "socketstyles.inbox"
@@ -75,16 +91,17 @@ final class StreamInboxHandler: ChannelInboundHandler, RemovableChannelHandler, 
 
     /// Its context while it is in the pipeline (loop thread only): a send on the loop writes there, to the head of
     /// the pipeline, instead of through the channel (which checks the thread and starts from the tail).
-    private(set) var context: ChannelHandlerContext?
+    let context: NIOLoopBoundBox<ChannelHandlerContext?>
 
     init(inbox: ReceiveQueue<[UInt8]>, executor: EventLoopTaskExecutor) {
         self.inbox = inbox
         self.executor = executor
+        context = .makeEmptyBox(eventLoop: executor.loop)
     }
 
-    func handlerAdded(context: ChannelHandlerContext) { self.context = context }
+    func handlerAdded(context: ChannelHandlerContext) { self.context.value = context }
 
-    func handlerRemoved(context: ChannelHandlerContext) { self.context = nil }
+    func handlerRemoved(context: ChannelHandlerContext) { self.context.value = nil }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         var buffer = Self.unwrapInboundIn(data)
@@ -143,7 +160,7 @@ final class AcceptPause: ChannelInboundHandler {
 /// What a connection's sends on its event loop reuse (touched on that thread only, within one synchronous stretch
 /// of a send, so sends never share it across a suspension): the buffer the bytes are copied into, and the slot the
 /// write's future reports its result to when the socket took the bytes at once.
-private final class LoopWriter: @unchecked Sendable {
+private struct LoopWriter {
     /// Reused while SwiftNIO holds no other reference to it (the write before completed): no allocation per send.
     var buffer = ByteBuffer()
     var result: Result<Void, any Error>?
@@ -160,7 +177,8 @@ final class NIOStreamConnection: Connection, Sendable {
     /// Touched on the channel's event loop only (its `context`).
     private let handler: StreamInboxHandler
     private let life = SharedLifecycle()
-    private let loopWriter = LoopWriter()
+    /// In SwiftNIO's loop-bound box: touched on the channel's loop only (each access checks).
+    private let loopWriter: NIOLoopBoundBox<LoopWriter>
 
     var preferredExecutor: (any TaskExecutor)? { EventLoopTaskExecutor.of(channel.eventLoop) }
 
@@ -172,6 +190,7 @@ final class NIOStreamConnection: Connection, Sendable {
         self.options = options
         localEndpoint = endpoint(channel.localAddress, .tcp)
         remoteEndpoint = endpoint(channel.remoteAddress, .tcp)
+        loopWriter = .makeBoxSendingValue(LoopWriter(), eventLoop: channel.eventLoop)
     }
 
     /// The queue for a new channel: room again turns reading back on.
@@ -239,17 +258,20 @@ final class NIOStreamConnection: Connection, Sendable {
             return try await written(channel.writeAndFlush(ByteBuffer(bytes: bytes)))
         }
         let writer = loopWriter
-        writer.buffer.clear()
-        writer.buffer.writeBytes(bytes)
-        let promise = channel.eventLoop.makePromise(of: Void.self)
-        if let context = handler.context {
-            context.writeAndFlush(NIOAny(writer.buffer), promise: promise)
-        } else {
-            channel.writeAndFlush(writer.buffer, promise: promise)
+        let buffer = writer.withValue { writer in
+            writer.buffer.clear()
+            writer.buffer.writeBytes(bytes)
+            writer.result = nil
+            return writer.buffer
         }
-        writer.result = nil
-        promise.futureResult.whenComplete { [writer] in writer.result = $0 }
-        switch writer.result {
+        let promise = channel.eventLoop.makePromise(of: Void.self)
+        if let context = handler.context.value {
+            context.writeAndFlush(NIOAny(buffer), promise: promise)
+        } else {
+            channel.writeAndFlush(buffer, promise: promise)
+        }
+        promise.futureResult.whenComplete { [writer] in writer.value.result = $0 }
+        switch writer.value.result {
         case .success?: return
         case .failure(let error)?: throw writeError(error)
         case nil: try await written(promise.futureResult)
