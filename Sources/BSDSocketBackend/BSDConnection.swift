@@ -15,7 +15,7 @@ import Synchronization
 /// - sends go through ``BSDWriter`` (a non-blocking attempt first, then a writer thread);
 /// - `close()` shuts the socket down (which wakes both threads), waits until they have finished, and only
 ///   then closes the descriptor.
-final class BSDConnection: Connection, @unchecked Sendable {
+final class BSDConnection: Connection, Sendable {
     let transport: Transport
     let localEndpoint: Endpoint
     let remoteEndpoint: Endpoint
@@ -24,7 +24,7 @@ final class BSDConnection: Connection, @unchecked Sendable {
 
     /// The part shared with the threads. The user-facing object can go away (its deinit starts a close) while
     /// the threads finish with the core.
-    final class Core: @unchecked Sendable {
+    final class Core: Sendable {
         let socket: BSDSocket
         let lease: DescriptorLease
         let inbox: ReceiveQueue<[UInt8]>
@@ -34,7 +34,7 @@ final class BSDConnection: Connection, @unchecked Sendable {
         let life = SharedLifecycle()
         let chunkSize: Int
         /// The reader thread's read buffer; also used by a receive running on that thread (``readNow(_:)``).
-        let scratch: UnsafeMutableRawBufferPointer
+        let scratch: LoopConfined<UnsafeMutableRawBufferPointer>
 
         init(socket: BSDSocket, options: ConnectionOptions, executor premade: ReaderExecutor?) throws(ConnectionError) {
             self.socket = socket
@@ -54,16 +54,16 @@ final class BSDConnection: Connection, @unchecked Sendable {
                 : .byteStream(capacity: options.receiveQueueLimit, onSpaceAvailable: onSpace)
             self.writer = BSDWriter(socket: socket, lease: lease, name: "bsd-write-\(socket.descriptor)")
             self.chunkSize = socket.transport == .udp ? options.maxDatagramSize : options.readChunkSize
-            self.scratch = .allocate(byteCount: chunkSize, alignment: 16)
+            self.scratch = LoopConfined(
+                .allocate(byteCount: chunkSize, alignment: 16), on: executor.thread, release: { $0.deallocate() })
         }
-
-        deinit { scratch.deallocate() }
 
         /// A receive on the reader thread (TCP, empty queue) reads the socket itself: one non-blocking recv(2) of
         /// up to a chunk, so a reply that is already in the kernel is taken without suspending or polling.
         func readNow() -> ReceiveQueue<[UInt8]>.DirectRead {
             if !life.isOpen { return .nothing }
             do {
+                let scratch = self.scratch.withValue { $0 }
                 switch try socket.tryReceive(into: scratch) {
                 case .wouldBlock: return .nothing
                 case .processed(0): return .end(.finished)
@@ -110,7 +110,7 @@ final class BSDConnection: Connection, @unchecked Sendable {
             }
             executor.bindReaderThread()
             let datagram = socket.transport == .udp
-            let buffer = scratch
+            let buffer = scratch.withValue { $0 }
             while true {
                 executor.runJobs()
                 if !life.isOpen { return }

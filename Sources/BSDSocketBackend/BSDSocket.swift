@@ -18,7 +18,7 @@ import Synchronization
 ///    thread; call ``close()`` only once no thread is inside a call, so the descriptor number cannot be reused
 ///    under it.
 /// 3. Sends never raise SIGPIPE (MSG_NOSIGNAL): a vanished peer is a `.reset` error.
-public final class BSDSocket: @unchecked Sendable {
+public final class BSDSocket: Sendable {
     /// The descriptor, for `poll` or socket options of your own (the number stays after ``close()``).
     public let descriptor: Int32
     /// `.tcp` or `.udp`.

@@ -47,12 +47,19 @@ package final class LoopConfined<Value>: @unchecked Sendable {
     @usableFromInline var value: Value
     /// The thread allowed to touch the value.
     package let owner: LoopThread
+    /// Called with the value when this box goes (from whichever thread drops the last reference: no other can
+    /// reach the value then), for a value that must be released by hand (a buffer the loop reads into).
+    private let release: ((Value) -> Void)?
 
-    /// A value owned by `owner` (by default a thread of its own, bound with ``bindToCurrentThread()``).
-    package init(_ value: Value, on owner: LoopThread = LoopThread()) {
+    /// A value owned by `owner` (by default a thread of its own, bound with ``bindToCurrentThread()``); `release`
+    /// runs on it when the box goes.
+    package init(_ value: Value, on owner: LoopThread = LoopThread(), release: ((Value) -> Void)? = nil) {
         self.value = value
         self.owner = owner
+        self.release = release
     }
+
+    deinit { release?(value) }
 
     /// Makes the calling thread the owner (the loop or reader thread, as it starts).
     package func bindToCurrentThread() { owner.bindToCurrentThread() }

@@ -148,8 +148,9 @@ extension Endpoint.Host {
     }
 }
 
-/// The client side: asks an agent for servers and reads their usage.
-final class AgentClient: @unchecked Sendable {
+/// The client side: asks an agent for servers and reads their usage. An actor: its requests take turns on the
+/// one control connection.
+actor AgentClient {
     private let channel: LineChannel
     /// The host the agent was reached at (its servers are reached at the same address).
     let host: Endpoint.Host

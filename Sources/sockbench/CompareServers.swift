@@ -35,7 +35,8 @@ final class RemoteServer: ServerHandle {
 extension AgentClient {
     /// Asks the agent for a server; its address is taken with the agent's host (the agent may listen on a
     /// wildcard address).
-    func start(_ backend: Backend?, _ transport: Transport, _ mode: String) async throws -> any ServerHandle {
+    nonisolated func start(_ backend: Backend?, _ transport: Transport, _ mode: String) async throws -> any ServerHandle
+    {
         let answer = try await request("start \(backend?.rawValue ?? Report.floorName) \(transport) \(mode)")
         let words = answer.split(separator: " ").map(String.init)
         guard words.count == 2, var endpoint = try? Endpoint(url: words[1]) else {
