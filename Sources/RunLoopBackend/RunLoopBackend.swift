@@ -85,29 +85,37 @@ public final class RunLoopBackend: ConnectionBackend, Sendable {
 /// A TCP connection as a pair of delegate-driven streams. It is their delegate: `hasBytesAvailable` drains the
 /// input into a bounded queue (and stops reading, so events stop, while the queue is full);
 /// `hasSpaceAvailable` writes queued sends; `endEncountered` and `errorOccurred` end the queue.
-final class RunLoopTCPConnection: Connection, SocketStreamDelegate, @unchecked Sendable {
+final class RunLoopTCPConnection: Connection, SocketStreamDelegate, Sendable {
     let transport = Transport.tcp
     let options: ConnectionOptions
     let runLoop: SocketRunLoop
     private let inbox: ReceiveQueue<[UInt8]>
-    private let closing = Atomic<Bool>(false)
+    /// Open, half-closed, closing, closed: ConnectionCore's one lifecycle.
+    private let life = SharedLifecycle()
     private let endpoints = Guarded<(local: Endpoint?, remote: Endpoint?)>((nil, nil))
-    // Run-loop-confined.
-    private var input: SocketInputStream?
-    private var output: SocketOutputStream?
-    private var writes:
-        [(bytes: [UInt8], offset: Int, done: CheckedContinuation<Result<Void, ConnectionError>, Never>)] = []
-    private var shutdownAfterWrites: CheckedContinuation<Result<Void, ConnectionError>, Never>?
-    private var outputShut = false
-    private var opened: CheckedContinuation<Result<Void, ConnectionError>, Never>?
-    private var openCount = 0
-    private var readBuffer: UnsafeMutableRawBufferPointer
-    private var timer: RunLoopTimer?
+    private typealias Completion = CheckedContinuation<Result<Void, ConnectionError>, Never>
+    /// What only the run loop's thread touches.
+    private struct LoopState {
+        var input: SocketInputStream?
+        var output: SocketOutputStream?
+        var writes: [(bytes: [UInt8], offset: Int, done: Completion)] = []
+        /// A half-close waiting for the writes before it.
+        var shutdownAfterWrites: Completion?
+        var opened: Completion?
+        var openCount = 0
+        var timer: RunLoopTimer?
+    }
+    private let state: LoopConfined<LoopState>
+    /// The read buffer (run loop thread only).
+    private let readBuffer: LoopConfined<UnsafeMutableRawBufferPointer>
 
     init(runLoop: SocketRunLoop, options: ConnectionOptions) {
         self.runLoop = runLoop
         self.options = options
-        readBuffer = .allocate(byteCount: options.readChunkSize, alignment: 16)
+        state = LoopConfined(LoopState(), on: runLoop.loop.thread)
+        readBuffer = LoopConfined(
+            .allocate(byteCount: options.readChunkSize, alignment: 16), on: runLoop.loop.thread,
+            release: { $0.deallocate() })
         let weakSelf = WeakLate<RunLoopTCPConnection>()
         inbox = .byteStream(capacity: options.receiveQueueLimit) {
             runLoop.perform { weakSelf.object?.drainInput() }
@@ -125,10 +133,6 @@ final class RunLoopTCPConnection: Connection, SocketStreamDelegate, @unchecked S
         attach(input, output)
     }
 
-    deinit {
-        readBuffer.deallocate()
-    }
-
     var localEndpoint: Endpoint {
         endpoints.withLock { $0.local } ?? Endpoint(transport: .tcp, host: .ipv4("0.0.0.0"), port: 0)
     }
@@ -138,8 +142,10 @@ final class RunLoopTCPConnection: Connection, SocketStreamDelegate, @unchecked S
     var preferredExecutor: (any TaskExecutor)? { runLoop.loop }
 
     private func attach(_ input: SocketInputStream, _ output: SocketOutputStream) {
-        self.input = input
-        self.output = output
+        state.withValue { state in
+            state.input = input
+            state.output = output
+        }
         input.delegate = self
         output.delegate = self
         input.schedule(in: runLoop)
@@ -153,12 +159,15 @@ final class RunLoopTCPConnection: Connection, SocketStreamDelegate, @unchecked S
         let result: Result<Void, ConnectionError> = await withTaskCancellationHandler {
             await withCheckedContinuation { continuation in
                 runLoop.perform { [self] in
-                    opened = continuation
                     let (input, output) = getStreamsToHost(endpoint, options: options)
-                    timer = runLoop.schedule(after: options.connectTimeout) { [weak self] in
+                    let timer = runLoop.schedule(after: options.connectTimeout) { [weak self] in
                         self?.failOpen(
                             ConnectionError(
                                 .timedOut, "connect to \(endpoint) took longer than \(options.connectTimeout)"))
+                    }
+                    state.withValue { state in
+                        state.opened = continuation
+                        state.timer = timer
                     }
                     attach(input, output)
                 }
@@ -170,13 +179,18 @@ final class RunLoopTCPConnection: Connection, SocketStreamDelegate, @unchecked S
     }
 
     private func failOpen(_ error: ConnectionError) {
-        guard let opened else { return }
-        self.opened = nil
+        let taken = state.withValue { state -> (Completion, RunLoopTimer?, SocketInputStream?, SocketOutputStream?)? in
+            guard let opened = state.opened else { return nil }
+            state.opened = nil
+            return (opened, state.timer, state.input, state.output)
+        }
+        guard let (opened, timer, input, output) = taken else { return }
         timer?.invalidate()
         input?.close()
         output?.close()
         inbox.close()
-        closing.store(true, ordering: .relaxed)
+        // Never handed out: nothing else will close it.
+        if life.beginCloseWithoutWaiting() { life.closeFinished() }
         opened.resume(returning: .failure(error))
     }
 
@@ -185,9 +199,13 @@ final class RunLoopTCPConnection: Connection, SocketStreamDelegate, @unchecked S
     func stream(_ stream: SocketStream, handle event: StreamEvent) {
         switch event {
         case .openCompleted:
-            openCount += 1
-            if openCount == 2, let opened {
-                self.opened = nil
+            let opened = state.withValue { state -> (Completion, RunLoopTimer?)? in
+                state.openCount += 1
+                guard state.openCount == 2, let opened = state.opened else { return nil }
+                state.opened = nil
+                return (opened, state.timer)
+            }
+            if let (opened, timer) = opened {
                 timer?.invalidate()
                 if let fd = Optional(stream.core.fd), fd >= 0,
                     let local = try? Syscall.localAddress(fd), let remote = try? Syscall.peerAddress(fd)
@@ -204,7 +222,7 @@ final class RunLoopTCPConnection: Connection, SocketStreamDelegate, @unchecked S
             inbox.finish(.finished)
         case .errorOccurred:
             let error = stream.streamError ?? ConnectionError(.system, "stream error")
-            if opened != nil { return failOpen(error) }
+            if state.withValue({ $0.opened != nil }) { return failOpen(error) }
             inbox.finish(.failed(error))
             failWrites(error)
         }
@@ -214,7 +232,8 @@ final class RunLoopTCPConnection: Connection, SocketStreamDelegate, @unchecked S
     /// socket is drained for now (a read that finds nothing re-arms `hasBytesAvailable` too), so there is no
     /// `hasBytesAvailable` query (FIONREAD) per read.
     private func drainInput() {
-        guard let input else { return }
+        guard let input = state.withValue({ $0.input }) else { return }
+        let readBuffer = readBuffer.withValue { $0 }
         while inbox.hasSpace {
             let count = input.read(into: readBuffer)
             guard count > 0 else { break }
@@ -225,65 +244,87 @@ final class RunLoopTCPConnection: Connection, SocketStreamDelegate, @unchecked S
         }
     }
 
+    /// Writes the queued sends in order; a write the stream does not take whole waits for `hasSpaceAvailable`.
+    /// The stream is called outside the state's access: a failed write reports `errorOccurred` to this delegate
+    /// at once.
     private func flushWrites() {
-        guard let output else { return }
-        while !writes.isEmpty {
-            let written = writes[0].bytes.withUnsafeBytes { raw in
-                output.write(UnsafeRawBufferPointer(rebasing: raw[writes[0].offset...]))
+        guard let output = state.withValue({ $0.output }) else { return }
+        while let (bytes, offset) = state.withValue({ $0.writes.first.map { ($0.bytes, $0.offset) } }) {
+            let written = bytes.withUnsafeBytes { raw in output.write(UnsafeRawBufferPointer(rebasing: raw[offset...]))
             }
             if written < 0 {
                 return failWrites(output.streamError ?? ConnectionError(.reset, "write failed"))
             }
-            writes[0].offset += written
-            guard writes[0].offset == writes[0].bytes.count else { return }  // wait for hasSpaceAvailable
-            writes.removeFirst().done.resume(returning: .success(()))
+            let done = state.withValue { state -> Completion? in
+                guard !state.writes.isEmpty else { return nil }
+                state.writes[0].offset += written
+                guard state.writes[0].offset == state.writes[0].bytes.count else { return nil }
+                return state.writes.removeFirst().done
+            }
+            guard let done else { return }  // wait for hasSpaceAvailable
+            done.resume(returning: .success(()))
         }
-        if let shutdown = shutdownAfterWrites {
-            shutdownAfterWrites = nil
-            outputShut = true
+        if let shutdown = state.withValue({ state in
+            defer { state.shutdownAfterWrites = nil }
+            return state.shutdownAfterWrites
+        }) {
             output.close()  // FIN
             shutdown.resume(returning: .success(()))
         }
     }
 
     private func failWrites(_ error: ConnectionError) {
-        let pending = writes
-        writes.removeAll()
-        for write in pending { write.done.resume(returning: .failure(error)) }
-        if let shutdown = shutdownAfterWrites {
-            shutdownAfterWrites = nil
-            shutdown.resume(returning: .failure(error))
+        let (pending, shutdown) = state.withValue { state in
+            defer {
+                state.writes.removeAll()
+                state.shutdownAfterWrites = nil
+            }
+            return (state.writes, state.shutdownAfterWrites)
         }
+        for write in pending { write.done.resume(returning: .failure(error)) }
+        shutdown?.resume(returning: .failure(error))
+    }
+
+    /// On the run loop with nothing queued: the output to write to at once, if any.
+    private func idleOutput() -> SocketOutputStream? {
+        state.withValue { $0.writes.isEmpty && $0.shutdownAfterWrites == nil ? $0.output : nil }
     }
 
     // MARK: Connection
 
     func send(_ message: Message) async throws(ConnectionError) {
-        if closing.load(ordering: .relaxed) { throw .closed() }
+        if case .refuse(let error) = life.handle(.send) { throw error }
         let bytes = message.bytes
         // On the run loop's thread (a task that prefers it) with nothing queued, write at once: only what the
         // socket does not take waits for hasSpaceAvailable (queued before this task suspends, so no other
         // send can slip in ahead of the rest).
-        if runLoop.loop.inLoop, writes.isEmpty, shutdownAfterWrites == nil, !outputShut, let output, !bytes.isEmpty {
+        if runLoop.loop.inLoop, !bytes.isEmpty, let output = idleOutput() {
             let written = output.write(bytes)
             if written < 0 { throw output.streamError ?? ConnectionError(.reset, "write failed") }
             if written == bytes.count { return }
             let result: Result<Void, ConnectionError> = await withCheckedContinuation { continuation in
-                writes.append((bytes, written, continuation))
+                state.withValue { $0.writes.append((bytes, written, continuation)) }
             }
             return try result.get()
         }
         let result: Result<Void, ConnectionError> = await withCheckedContinuation { continuation in
             runLoop.perform { [self] in
-                guard !closing.load(ordering: .relaxed), output != nil else {
-                    return continuation.resume(returning: .failure(.closed()))
+                // Checked again on the loop: a close or a half-close may have come first.
+                if case .refuse(let error) = life.handle(.send) {
+                    return continuation.resume(returning: .failure(error))
                 }
-                guard !outputShut, shutdownAfterWrites == nil else {
-                    return continuation.resume(returning: .failure(.closed("the output was closed (half-close)")))
+                let queued = state.withValue { state -> Int? in
+                    guard state.output != nil else { return nil }
+                    if bytes.isEmpty { return 0 }
+                    state.writes.append((bytes, 0, continuation))
+                    return state.writes.count
                 }
-                if bytes.isEmpty { return continuation.resume(returning: .success(())) }
-                writes.append((bytes, 0, continuation))
-                if writes.count == 1 { flushWrites() }
+                switch queued {
+                case nil: continuation.resume(returning: .failure(.closed()))
+                case 0?: continuation.resume(returning: .success(()))
+                case 1?: flushWrites()
+                default: break
+                }
             }
         }
         try result.get()
@@ -293,9 +334,7 @@ final class RunLoopTCPConnection: Connection, SocketStreamDelegate, @unchecked S
         // As `send(_:)`, from where the bytes lie: only what the socket does not take now is copied (and queued by
         // `send(_:)` with no suspension in between, so order is kept).
         var written = 0
-        if runLoop.loop.inLoop, !closing.load(ordering: .relaxed), writes.isEmpty, shutdownAfterWrites == nil,
-            !outputShut, let output, !bytes.isEmpty
-        {
+        if runLoop.loop.inLoop, !bytes.isEmpty, case .proceed = life.handle(.send), let output = idleOutput() {
             written = output.write(bytes)
             if written < 0 { throw output.streamError ?? ConnectionError(.reset, "write failed") }
             if written == bytes.count { return }
@@ -309,7 +348,8 @@ final class RunLoopTCPConnection: Connection, SocketStreamDelegate, @unchecked S
         // for the loop's next hasBytesAvailable. An end or error found by the read reaches the queue through the
         // delegate before this returns.
         return try await inbox.next(maximumLength: maximumLength) { [self] in
-            guard let input else { return .nothing }
+            guard let input = state.withValue({ $0.input }) else { return .nothing }
+            let readBuffer = readBuffer.withValue { $0 }
             let count = input.read(into: readBuffer)
             guard count > 0 else { return .nothing }
             return .element(
@@ -321,51 +361,61 @@ final class RunLoopTCPConnection: Connection, SocketStreamDelegate, @unchecked S
         guard runLoop.isCurrent else { return try await inbox.next(into: buffer).map { Received(count: $0) } }
         // As above, straight into the caller's buffer.
         return try await inbox.next(into: buffer) { [self] buffer in
-            guard let input else { return .nothing }
+            guard let input = state.withValue({ $0.input }) else { return .nothing }
             let count = input.read(into: buffer)
             return count > 0 ? .count(count) : .nothing
         }.map { Received(count: $0) }
     }
 
     func closeOutput() async throws(ConnectionError) {
-        if closing.load(ordering: .relaxed) { throw .closed() }
+        switch life.handle(.closeOutput) {
+        case .refuse(let error): throw error
+        case .shutdownOutput: break
+        default: return  // already half-closed (or under way)
+        }
         let result: Result<Void, ConnectionError> = await withCheckedContinuation { continuation in
             runLoop.perform { [self] in
                 // Checked again here, on the loop: a close() that started after the check above may have run
                 // first and taken the output away, and then nothing would ever resume this half-close.
-                guard !closing.load(ordering: .relaxed), output != nil else {
-                    return continuation.resume(returning: .failure(.closed()))
+                let flushNow = state.withValue { state -> Bool? in
+                    guard life.isOpen, state.output != nil else { return nil }
+                    state.shutdownAfterWrites = continuation
+                    return state.writes.isEmpty
                 }
-                guard !outputShut, shutdownAfterWrites == nil else {
-                    return continuation.resume(returning: .success(()))
+                switch flushNow {
+                case nil: continuation.resume(returning: .failure(.closed()))
+                case true?: flushWrites()
+                case false?: break
                 }
-                shutdownAfterWrites = continuation
-                if writes.isEmpty { flushWrites() }
             }
         }
         try result.get()
     }
 
     func close() async {
-        closing.store(true, ordering: .relaxed)
-        await withCheckedContinuation { continuation in
+        await life.close { [self] finished in
             runLoop.perform { [self] in
                 inbox.close()
                 failWrites(.closed())
+                let (input, output) = state.withValue { state in
+                    defer {
+                        state.input = nil
+                        state.output = nil
+                    }
+                    return (state.input, state.output)
+                }
                 input?.close()
                 output?.close()
-                input = nil
-                output = nil
-                continuation.resume()
+                finished()
             }
         }
     }
 
     func abort() async {
-        if !closing.load(ordering: .relaxed) {
+        if life.isOpen {
             await withCheckedContinuation { continuation in
                 runLoop.perform { [self] in
-                    output?.core.resetConnection()
+                    state.withValue { $0.output }?.core.resetConnection()
                     continuation.resume()
                 }
             }
@@ -375,7 +425,7 @@ final class RunLoopTCPConnection: Connection, SocketStreamDelegate, @unchecked S
 }
 
 /// A TCP listener: a ``SocketListener`` whose accept callback wraps each pair as a connection.
-final class RunLoopTCPListener: Listener, @unchecked Sendable {
+final class RunLoopTCPListener: Listener, Sendable {
     let transport = Transport.tcp
     let localEndpoint: Endpoint
     private let listener: SocketListener
@@ -416,7 +466,7 @@ final class RunLoopTCPListener: Listener, @unchecked Sendable {
 }
 
 /// A connected UDP socket in the delegate style.
-final class RunLoopUDPConnection: Connection, DatagramSocketDelegate, @unchecked Sendable {
+final class RunLoopUDPConnection: Connection, DatagramSocketDelegate, Sendable {
     let transport = Transport.udp
     let localEndpoint: Endpoint
     let remoteEndpoint: Endpoint
@@ -491,7 +541,7 @@ final class RunLoopUDPConnection: Connection, DatagramSocketDelegate, @unchecked
 
 /// The UDP server side in the delegate style: one bound ``DatagramSocket``, datagrams sorted by sender
 /// (ConnectionCore's ``DatagramDemultiplexer``, shared by every backend).
-final class RunLoopUDPListener: Listener, DatagramSocketDelegate, @unchecked Sendable {
+final class RunLoopUDPListener: Listener, DatagramSocketDelegate, Sendable {
     let transport = Transport.udp
     let localEndpoint: Endpoint
     let options: ConnectionOptions
