@@ -60,10 +60,10 @@ public final class AsyncSocket: Sendable {
     nonisolated(unsafe) private var scratch: UnsafeMutableRawBufferPointer
 
     private struct Life {
+        /// What the user sees (NWConnection's states).
         var state: State
-        var closing = false
-        var outputClosed = false
-        var endReported = false
+        /// What may run now: ConnectionCore's one lifecycle (closing, half-close, the end reported once).
+        var lifecycle = ConnectionLifecycle()
         var local: Endpoint?
         var remote: Endpoint?
     }
@@ -148,7 +148,10 @@ public final class AsyncSocket: Sendable {
             set(.ready)
         } catch {
             if error.kind == .cancelled {
-                life.withLock { $0.closing = true }
+                // Nothing to release (no descriptor was adopted): closed at once.
+                life.withLock { life in
+                    if case .beginClose = life.lifecycle.handle(.close) { _ = life.lifecycle.handle(.closeFinished) }
+                }
                 set(.cancelled)
             } else {
                 set(.failed(error))
@@ -240,7 +243,7 @@ public final class AsyncSocket: Sendable {
     /// The read itself, inside the read gate: non-blocking recv(2), and on EAGAIN a wait for readability.
     private func read(into buffer: UnsafeMutableRawBufferPointer) async throws(ConnectionError) -> Int? {
         let fd = try usableDescriptor()
-        if life.withLock({ $0.endReported }) { throw .closed("the end of the stream was already reported") }
+        if life.withLock({ $0.lifecycle.inputEnded }) { throw .closed("the end of the stream was already reported") }
         while true {
             let result =
                 transport == .udp
@@ -248,7 +251,7 @@ public final class AsyncSocket: Sendable {
             switch result {
             case .processed(let count):
                 if count == 0 && transport != .udp {
-                    life.withLock { $0.endReported = true }
+                    _ = life.withLock { $0.lifecycle.handle(.peerEnded) }
                     return nil
                 }
                 if count > buffer.count {
@@ -296,7 +299,7 @@ public final class AsyncSocket: Sendable {
         if !writeGate.tryEnter() { await writeGate.enter() }
         defer { writeGate.leave() }
         let fd = try usableDescriptor()
-        if life.withLock({ $0.outputClosed }) { throw .closed("the output was closed") }
+        if case .refuse(let error) = life.withLock({ $0.lifecycle.handle(.send) }) { throw error }
         var offset = 0
         repeat {
             switch try write(fd, offset) {
@@ -310,8 +313,9 @@ public final class AsyncSocket: Sendable {
                 } catch {
                     if error.kind == .cancelled && offset > 0 {
                         // Part of the message is on the wire: nothing can follow it sensibly.
-                        life.withLock { $0.outputClosed = true }
-                        try? Syscall.shutdown(fd, .write)
+                        if case .shutdownOutput = life.withLock({ $0.lifecycle.handle(.closeOutput) }) {
+                            try? Syscall.shutdown(fd, .write)
+                        }
                     }
                     throw error
                 }
@@ -325,15 +329,18 @@ public final class AsyncSocket: Sendable {
         if !writeGate.tryEnter() { await writeGate.enter() }
         defer { writeGate.leave() }
         let fd = try usableDescriptor()
-        life.withLock { $0.outputClosed = true }
-        try Syscall.shutdown(fd, .write)
+        switch life.withLock({ $0.lifecycle.handle(.closeOutput) }) {
+        case .shutdownOutput: try Syscall.shutdown(fd, .write)
+        case .refuse(let error): throw error
+        default: return
+        }
     }
 
     private func usableDescriptor() throws(ConnectionError) -> Int32 {
         let fd = descriptor.raw
-        if fd < 0 || life.withLock({ $0.closing }) {
-            throw fd < 0 && !life.withLock({ $0.closing })
-                ? ConnectionError(.unsupported, "the socket is not started") : .closed()
+        let open = life.withLock { $0.lifecycle.isOpen }
+        if fd < 0 || !open {
+            throw fd < 0 && open ? ConnectionError(.unsupported, "the socket is not started") : .closed()
         }
         return fd
     }
@@ -378,7 +385,7 @@ public final class AsyncSocket: Sendable {
         life.withLock { life in
             // Under the lock, no close has started, so the descriptor is still ours.
             let fd = descriptor.raw
-            if !life.closing, transport == .tcp, fd >= 0 { Syscall.resetConnection(fd) }
+            if life.lifecycle.isOpen, transport == .tcp, fd >= 0 { Syscall.resetConnection(fd) }
         }
         await close()
     }
@@ -389,11 +396,8 @@ public final class AsyncSocket: Sendable {
     public func close() async {
         await closeGate.enter()
         defer { closeGate.leave() }
-        let first = life.withLock { life in
-            defer { life.closing = true }
-            return !life.closing
-        }
-        guard first else { return }
+        // The gate lets one close run at a time: a second one finds the first finished (`.none`).
+        guard case .beginClose = life.withLock({ $0.lifecycle.handle(.close) }) else { return }
         readiness.close()
         // Wait for operations inside a system call to leave, so the descriptor number is not reused under them.
         await readGate.enter()
@@ -401,6 +405,7 @@ public final class AsyncSocket: Sendable {
         descriptor.close(beforeClosing: reactor.loop.unregister)
         writeGate.leave()
         readGate.leave()
+        _ = life.withLock { $0.lifecycle.handle(.closeFinished) }
         set(.cancelled)
         stateContinuation.finish()
     }
