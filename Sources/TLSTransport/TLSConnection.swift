@@ -26,13 +26,8 @@ public final class TLSConnection: Connection, Sendable {
     private let engine: TLSEngine
     private let sendGate = AsyncGate()
     private let receiveGate = AsyncGate()
-    private let flags = Guarded(Flags())
-
-    private struct Flags {
-        var closed = false
-        var outputClosed = false
-        var endReported = false
-    }
+    /// Open, half-closed, end reported, closing, closed: ConnectionCore's one lifecycle.
+    private let life = SharedLifecycle()
 
     /// Plaintext per SSL_write call: four full records, so a large send streams instead of being encrypted
     /// whole into memory first.
@@ -137,9 +132,7 @@ public final class TLSConnection: Connection, Sendable {
     ) async throws(ConnectionError) {
         await sendGate.enter()
         defer { sendGate.leave() }
-        let state = flags.withLock { $0 }
-        if state.closed { throw .closed() }
-        if state.outputClosed { throw .closed("the output is closed (closeOutput sent close_notify)") }
+        if case .refuse(let error) = life.handle(.send) { throw error }
         var offset = 0
         repeat {
             let end = min(offset + Self.writeChunk, count)
@@ -160,12 +153,11 @@ public final class TLSConnection: Connection, Sendable {
     public func closeOutput() async throws(ConnectionError) {
         await sendGate.enter()
         defer { sendGate.leave() }
-        let alreadyClosed = try flags.withLock { (flags) throws(ConnectionError) -> Bool in
-            if flags.closed { throw .closed() }
-            defer { flags.outputClosed = true }
-            return flags.outputClosed
+        switch life.handle(.closeOutput) {
+        case .refuse(let error): throw error
+        case .shutdownOutput: break
+        default: return  // already half-closed
         }
-        if alreadyClosed { return }
         let closeNotify = engine.shutdown()
         if !closeNotify.isEmpty { try await tcp.send(Message(closeNotify)) }
         try await tcp.closeOutput()
@@ -177,16 +169,16 @@ public final class TLSConnection: Connection, Sendable {
         await receiveGate.enter()
         defer { receiveGate.leave() }
         while true {
-            let state = flags.withLock { $0 }
-            if state.closed { throw .closed() }
-            if state.endReported { throw .closed("the end of the stream was already reported") }
+            let state = life.current
+            if !state.isOpen { throw .closed() }
+            if state.inputEnded { throw .closed("the end of the stream was already reported") }
             let (result, hasOutput) = engine.read(maximumLength: maximumLength)
             if hasOutput { try? await flushOutput() }
             switch result {
             case .data(let bytes):
                 return Message(bytes)
             case .end:
-                flags.withLock { $0.endReported = true }
+                _ = life.handle(.peerEnded)
                 return nil
             case .failed(let error):
                 throw error
@@ -195,7 +187,7 @@ public final class TLSConnection: Connection, Sendable {
                 do throws(ConnectionError) {
                     incoming = try await tcp.receive(maximumLength: options.readChunkSize)
                 } catch {
-                    if flags.withLock({ $0.closed }) { throw .closed() }
+                    if !life.isOpen { throw .closed() }
                     throw error
                 }
                 if let incoming {
@@ -209,28 +201,28 @@ public final class TLSConnection: Connection, Sendable {
 
     // MARK: Closing
 
+    /// Closes once; a second close returns when the first has finished.
     public func close() async {
-        let first = flags.withLock { flags in
-            defer { flags.closed = true }
-            return !flags.closed
-        }
-        guard first else { return }
-        // close_notify, unless a send is under way (its record must not be cut by ours) or already sent.
-        if sendGate.tryEnter() {
-            let closeNotify = flags.withLock { $0.outputClosed } ? [] : engine.shutdown()
-            if !closeNotify.isEmpty {
-                _ = await runBounded(by: .seconds(1), onTimeout: { [tcp] in await tcp.close() }) { [tcp] in
-                    try? await tcp.send(Message(closeNotify))
+        await life.close(running: { [self] in
+            // close_notify, unless a send is under way (its record must not be cut by ours) or already sent.
+            if sendGate.tryEnter() {
+                let closeNotify = life.current.outputClosed ? [] : engine.shutdown()
+                if !closeNotify.isEmpty {
+                    _ = await runBounded(by: .seconds(1), onTimeout: { [tcp] in await tcp.close() }) { [tcp] in
+                        try? await tcp.send(Message(closeNotify))
+                    }
                 }
+                sendGate.leave()
             }
-            sendGate.leave()
-        }
-        await tcp.close()
+            await tcp.close()
+        })
     }
 
-    /// No close_notify: the TCP connection is reset (see `Connection.abort()`).
+    /// No close_notify: the TCP connection is reset (see `Connection.abort()`), also under a close that is
+    /// still sending its close_notify.
     public func abort() async {
-        flags.withLock { $0.closed = true }
+        let first = life.beginCloseWithoutWaiting()
         await tcp.abort()
+        if first { life.closeFinished() }
     }
 }
