@@ -79,23 +79,9 @@ final class BSDNativeEchoServer: NativeEchoServer {
         }
     }
 
-    private func threadEnded() {
-        done.withLock {
-            $0.threads -= 1
-            done.broadcast()
-        }
-    }
+    private func threadEnded() { done.threadEnded() }
 
-    func stop() async {
-        done.withLock {
-            $0.stopping = true
-            // Under the lock: a socket still in `open` is not closed yet, so its descriptor is not reused.
-            for client in $0.open.values { try? client.shutdown(.both) }  // wakes recv(2)
-        }
-        try? listener.shutdown(.both)  // wakes accept(2)
-        await done.waitUntilThreadsEnded()
-        listener.close()
-    }
+    func stop() async { await done.stop(listener) }
 }
 
 /// What the threads of a blocking server share, under its lock: the sockets open (so a stop can wake their
@@ -116,8 +102,29 @@ struct BSDNativeThreads {
 }
 
 extension ConditionLock where State == BSDNativeThreads {
+    /// One of the server's threads has ended.
+    func threadEnded() {
+        withLock {
+            $0.threads -= 1
+            broadcast()
+        }
+    }
+
+    /// Stops the server: admits no one more, wakes every blocked call (shutdown of each open socket, then of the
+    /// listener), waits for every thread to end, and closes the listener.
+    func stop(_ listener: BSDSocket) async {
+        withLock {
+            $0.stopping = true
+            // Under the lock: a socket still in `open` is not closed yet, so its descriptor is not reused.
+            for socket in $0.open.values { try? socket.shutdown(.both) }  // wakes recv(2)
+        }
+        try? listener.shutdown(.both)  // wakes accept(2)
+        await waitUntilThreadsEnded()
+        listener.close()
+    }
+
     /// Waits, on a thread of its own (so no task blocks), until every thread has ended.
-    func waitUntilThreadsEnded() async {
+    private func waitUntilThreadsEnded() async {
         await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
             PosixThread.spawn(name: "bsd-native-stop") { [self] in
                 withLock(waitingUntil: { $0.threads == 0 }) { _ in }
@@ -230,21 +237,7 @@ final class BSDNativeRelay: NativeRelay {
         for socket in sockets { socket.close() }
     }
 
-    private func threadEnded() {
-        done.withLock {
-            $0.threads -= 1
-            done.broadcast()
-        }
-    }
+    private func threadEnded() { done.threadEnded() }
 
-    func stop() async {
-        done.withLock {
-            $0.stopping = true
-            // Under the lock: a socket still in `open` is not closed yet, so its descriptor is not reused.
-            for socket in $0.open.values { try? socket.shutdown(.both) }
-        }
-        try? listener.shutdown(.both)
-        await done.waitUntilThreadsEnded()
-        listener.close()
-    }
+    func stop() async { await done.stop(listener) }
 }
