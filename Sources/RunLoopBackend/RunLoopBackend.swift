@@ -148,6 +148,7 @@ final class RunLoopTCPConnection: Connection, SocketStreamDelegate, Sendable {
         }
         input.delegate = self
         output.delegate = self
+        input.core.delegateToleratesEmptyReads = true  // drainInput stops at a short or empty read
         input.schedule(in: runLoop)
         output.schedule(in: runLoop)
         input.open()
