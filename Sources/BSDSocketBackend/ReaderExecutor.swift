@@ -38,7 +38,7 @@ final class ReaderExecutor: TaskExecutor, Sendable {
     /// the middle of a read (it is running this task's job).
     var isCurrent: Bool { work.isLoopThread }
 
-    /// The reader thread, for state only it touches (``LoopConfined``).
+    /// The reader thread, for state only it touches (`LoopConfined`).
     var thread: LoopThread { work.thread }
 
     // MARK: On the reader thread

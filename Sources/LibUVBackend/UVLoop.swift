@@ -83,7 +83,7 @@ public final class UVLoop: @unchecked Sendable {
     /// `true` when called on this loop's thread.
     public var isOnLoopThread: Bool { work.isLoopThread }
 
-    /// The loop's thread, for state that only its callbacks touch (``LoopConfined``).
+    /// The loop's thread, for state that only its callbacks touch (`LoopConfined`).
     package var thread: LoopThread { work.thread }
 
     /// Runs `block` on the loop thread, soon (from any thread: `uv_async_send`). Once ``shutdown()`` has

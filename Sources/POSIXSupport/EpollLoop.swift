@@ -66,7 +66,7 @@ public final class EpollLoop: TaskExecutor, Sendable {
     /// `true` on the thread running the loop.
     public var inLoop: Bool { work.isLoopThread }
 
-    /// The loop's thread, for state that only its handlers touch (``LoopConfined``).
+    /// The loop's thread, for state that only its handlers touch (`LoopConfined`).
     package var thread: LoopThread { work.thread }
 
     // MARK: Handing work over

@@ -74,7 +74,7 @@ package final class LoopWorkQueue: Sendable {
     /// `true` on the loop thread.
     package var isLoopThread: Bool { local.isOwnerThread }
 
-    /// The loop's thread, for the state its objects confine to it (``LoopConfined``).
+    /// The loop's thread, for the state its objects confine to it (`LoopConfined`).
     package var thread: LoopThread { local.owner }
 
     /// Queues `work` for the loop: locally on the loop thread, otherwise in the locked list, signalling a loop that

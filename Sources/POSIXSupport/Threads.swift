@@ -83,7 +83,7 @@ private let threadEntry: @convention(c) (UnsafeMutableRawPointer?) -> UnsafeMuta
 /// A mutex with a condition variable, for threads that must sleep until told (a blocked reader waiting for
 /// room in its queue, a writer thread waiting for work). Not for async code: it blocks the calling thread.
 ///
-/// It guards `State` as `Mutex` does (reached only inside ``withLock(_:)``), so an object whose threads share
+/// It guards `State` as `Mutex` does (reached only inside `withLock(_:)`), so an object whose threads share
 /// state under it needs no `@unchecked Sendable` of its own; `ConditionLock()` guards nothing, for callers whose
 /// condition lives elsewhere.
 public final class ConditionLock<State>: @unchecked Sendable {
@@ -127,29 +127,12 @@ public final class ConditionLock<State>: @unchecked Sendable {
         return body(&state)
     }
 
-    /// Waits (holding the mutex, which is released while asleep) until `predicate` holds.
-    /// Call only from inside ``withLock(_:)``, with a predicate that reads no guarded state of this lock.
-    public func wait(until predicate: () -> Bool) {
-        while !predicate() { pthread_cond_wait(condition, mutex) }
-    }
-
-    /// Waits like ``wait(until:)`` but for at most `timeout`; returns whether `predicate` holds.
-    /// Call only from inside ``withLock(_:)``.
-    public func wait(until predicate: () -> Bool, timeout: Duration) -> Bool {
-        let deadline = MonotonicClock.nanoseconds() &+ timeout.wholeNanoseconds
-        var limit = timespec(tv_sec: Int(deadline / 1_000_000_000), tv_nsec: Int(deadline % 1_000_000_000))
-        while !predicate() {
-            if pthread_cond_timedwait(condition, mutex, &limit) == ETIMEDOUT { return predicate() }
-        }
-        return true
-    }
-
-    /// Wakes every waiting thread. Call from inside ``withLock(_:)``.
+    /// Wakes every waiting thread. Call from inside `withLock(_:)`.
     public func broadcast() {
         pthread_cond_broadcast(condition)
     }
 
-    /// Wakes one waiting thread. Call from inside ``withLock(_:)``.
+    /// Wakes one waiting thread. Call from inside `withLock(_:)`.
     public func signal() {
         pthread_cond_signal(condition)
     }
@@ -159,9 +142,30 @@ extension ConditionLock where State == Void {
     /// A lock guarding no state: its callers keep their condition elsewhere.
     public convenience init() { self.init(()) }
 
-    /// Runs `body` holding the mutex.
+    /// Runs `body` holding the mutex. No access to the (empty) state is open while it runs, so `body` may
+    /// `wait(until:)`, which releases the mutex while asleep (a wait inside a state's access would let another
+    /// thread in while the access is still open: an exclusivity violation, which ThreadSanitizer reports).
     public func withLock<R, E: Error>(_ body: () throws(E) -> R) throws(E) -> R {
-        try withLock { (_: inout Void) throws(E) -> R in try body() }
+        pthread_mutex_lock(mutex)
+        defer { pthread_mutex_unlock(mutex) }
+        return try body()
+    }
+
+    /// Waits (holding the mutex, which is released while asleep) until `predicate` holds.
+    /// Call only from inside `withLock(_:)`. A lock with a state waits with `withLock(waitingUntil:_:)`.
+    public func wait(until predicate: () -> Bool) {
+        while !predicate() { pthread_cond_wait(condition, mutex) }
+    }
+
+    /// Waits like `wait(until:)` but for at most `timeout`; returns whether `predicate` holds.
+    /// Call only from inside `withLock(_:)`.
+    public func wait(until predicate: () -> Bool, timeout: Duration) -> Bool {
+        let deadline = MonotonicClock.nanoseconds() &+ timeout.wholeNanoseconds
+        var limit = timespec(tv_sec: Int(deadline / 1_000_000_000), tv_nsec: Int(deadline % 1_000_000_000))
+        while !predicate() {
+            if pthread_cond_timedwait(condition, mutex, &limit) == ETIMEDOUT { return predicate() }
+        }
+        return true
     }
 }
 
