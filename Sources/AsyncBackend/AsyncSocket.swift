@@ -161,11 +161,14 @@ public final class AsyncSocket: Sendable {
     }
 
     private func connect(to address: SocketAddress, deadline: UInt64) async throws(ConnectionError) {
-        let (socket, connected) = try Socket.startConnect(to: address, transport: transport, options: options)
+        let socket = try Socket.connectingSocket(for: address, transport: transport, options: options)
         let fd = socket.raw
+        // Registered before connect(2), as before the socket layer: registering after it made a loopback
+        // connect's p50 2.7x slower (`sockbench compare --full --scenarios connect`, 55 -> 150 us; see
+        // docs/benchmarks.md, session 26).
         try reactor.loop.register(fd, events: Self.watchedEvents, handler: readiness)
         do throws(ConnectionError) {
-            if !connected {
+            if try !Socket.startConnect(socket, to: address) {
                 try await withDeadline(
                     Socket.timeLeft(until: deadline, atLeast: .zero), what: "connect to \(endpoint) (\(address))"
                 ) {

@@ -57,13 +57,31 @@ public enum Socket {
     public static func startConnect(
         to address: SocketAddress, transport: Transport, options: ConnectionOptions
     ) throws(ConnectionError) -> (descriptor: SocketDescriptor, connected: Bool) {
+        let socket = try connectingSocket(for: address, transport: transport, options: options)
+        return (socket, try startConnect(socket, to: address))
+    }
+
+    /// The first half of ``startConnect(to:transport:options:)``: the non-blocking socket with `options` applied,
+    /// not yet connecting. For an event loop that registers the socket before connect(2) (the async backend: see
+    /// `AsyncSocket`).
+    public static func connectingSocket(
+        for address: SocketAddress, transport: Transport, options: ConnectionOptions
+    ) throws(ConnectionError) -> SocketDescriptor {
         let datagram = transport == .udp
         let socket = SocketDescriptor(
             adopting: try Syscall.socket(family: address.family, datagram: datagram, nonBlocking: true))
         let fd = socket.raw
         if !datagram { try Syscall.setNoDelay(fd, options.tcpNoDelay) }
         try Syscall.setBufferSizes(fd, receive: options.receiveBufferSize, send: options.sendBufferSize)
-        return (socket, try Syscall.connect(fd, to: address))
+        return socket
+    }
+
+    /// The second half: connect(2) on a socket from ``connectingSocket(for:transport:options:)``. `true` when it
+    /// is connected already; otherwise wait for writability and call ``finishConnect(_:to:endpoint:)``.
+    public static func startConnect(_ socket: SocketDescriptor, to address: SocketAddress) throws(ConnectionError)
+        -> Bool
+    {
+        try Syscall.connect(socket.raw, to: address)
     }
 
     /// After a started connect became writable: its result (SO_ERROR), thrown when the connect failed.
