@@ -78,7 +78,9 @@ public enum Socket {
 
     /// The second half: connect(2) on a socket from ``connectingSocket(for:transport:options:)``. `true` when it
     /// is connected already; otherwise wait for writability and call ``finishConnect(_:to:endpoint:)``.
-    public static func startConnect(_ socket: SocketDescriptor, to address: SocketAddress) throws(ConnectionError)
+    public static func startConnect(
+        _ socket: SocketDescriptor, to address: SocketAddress
+    ) throws(ConnectionError)
         -> Bool
     {
         try Syscall.connect(socket.raw, to: address)
