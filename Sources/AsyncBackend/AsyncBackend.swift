@@ -192,3 +192,12 @@ final class AsyncUDPListener: Listener, Sendable {
         await pump.withLock { $0 }?.value
     }
 }
+
+extension Backend {
+    /// async/await over non-blocking sockets and one epoll reactor thread (`AsyncBackend`).
+    public static let `async` = Backend(
+        name: "async",
+        summary: "async/await on non-blocking sockets; one epoll reactor thread resumes waiting tasks",
+        style: "async/await and AsyncSequences on one reactor thread: Swift's own cancellation",
+        make: { AsyncBackend() })
+}

@@ -75,3 +75,12 @@ public struct BSDBackend: ConnectionBackend {
         }
     }
 }
+
+extension Backend {
+    /// Blocking BSD sockets on threads of their own (`BSDBackend`).
+    public static let bsd = Backend(
+        name: "bsd",
+        summary: "blocking BSD sockets; a reader thread (and a writer thread when needed) per connection",
+        style: "blocking calls on a thread per connection: the simplest code, and a thread per client",
+        make: { BSDBackend() })
+}

@@ -212,3 +212,12 @@ extension Duration {
         return UInt64(seconds) * 1000 + UInt64((attoseconds + 999_999_999_999_999) / 1_000_000_000_000_000)
     }
 }
+
+extension Backend {
+    /// libuv's event loop and callbacks on one loop thread (`LibUVBackend`).
+    public static let uv = Backend(
+        name: "uv",
+        summary: "libuv 1.44 loop and callbacks; every connection on one loop thread, uv_async_send to reach it",
+        style: "libuv callbacks on one loop thread: every buffer's lifetime managed by hand",
+        make: { LibUVBackend.shared })
+}

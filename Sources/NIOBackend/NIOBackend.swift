@@ -126,3 +126,13 @@ package func connectionError(_ error: any Error, _ doing: String) -> ConnectionE
             .system, "\(doing): \(error)", systemCode: .init(domain: "nio", code: 0, name: "\(type(of: error))"))
     }
 }
+
+extension Backend {
+    /// SwiftNIO channels on one event-loop thread (`NIOBackend`): the reference a user would otherwise pick.
+    public static let nio = Backend(
+        name: "nio",
+        summary: "SwiftNIO 2.101 channels and handlers on one event-loop thread; the reference to beat",
+        style: "SwiftNIO channel handlers and futures (or the same Connection)",
+        isReference: true,
+        make: { NIOBackend() })
+}

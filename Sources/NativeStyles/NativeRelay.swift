@@ -1,5 +1,4 @@
 public import ConnectionCore
-public import SocketStyles
 import Synchronization
 
 /// A TCP relay (the seeds' proxy server) written in one backend's own style: no `Connection`, no `Listener`.
@@ -16,17 +15,8 @@ public protocol NativeRelay: AnyObject, Sendable {
 }
 
 extension Backend {
-    /// How this backend's own relay is written, in a line.
-    public var nativeRelayStyle: String {
-        switch self {
-        case .bsd: "two threads per client, each a blocking recv -> send loop; shutdown(SHUT_WR) carries a FIN"
-        case .uv: "read callbacks write to the other handle; uv_read_stop while its write queue is long; uv_shutdown"
-        case .runloop:
-            "stream delegates: hasBytesAvailable reads and writes on, hasSpaceAvailable flushes what was left"
-        case .async: "AsyncSocket: a task per direction, receive -> send, then closeOutput"
-        case .nio: "a glue handler per channel: channelRead writes to the partner, read() only while it is writable"
-        }
-    }
+    /// How this backend's own relay is written, in a line (empty when it has no native style).
+    public var nativeRelayStyle: String { NativeStyleEntry.entries[self]?.relayLine ?? "" }
 
     /// A TCP relay from `listen` to `upstream` written in this backend's own style.
     public func nativeRelay(listen: Endpoint, upstream: Endpoint) async throws(ConnectionError) -> any NativeRelay {
@@ -36,13 +26,8 @@ extension Backend {
                 "the native relays are tcp -> tcp; other transports relay through Connection (sockbench proxy without --native)"
             )
         }
-        switch self {
-        case .bsd: return try await BSDNativeRelay.start(listen: listen, upstream: upstream)
-        case .uv: return try await UVNativeRelay.start(listen: listen, upstream: upstream)
-        case .runloop: return try await RunLoopNativeRelay.start(listen: listen, upstream: upstream)
-        case .async: return try AsyncNativeRelay(listen: listen, upstream: upstream)
-        case .nio: return try await NIONativeRelay.start(listen: listen, upstream: upstream)
-        }
+        guard let entry = NativeStyleEntry.entries[self] else { throw nativeUnsupported(.tcp) }
+        return try await entry.relay(listen, upstream)
     }
 }
 

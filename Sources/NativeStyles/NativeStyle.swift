@@ -15,25 +15,108 @@ public protocol NativeEchoServer: AnyObject, Sendable {
 /// TCP ping-pong as `pingpong-SIZE` with the unified `Connection` taken out on both ends, so the difference is
 /// the price of the unified API. Both ends set TCP_NODELAY, as the unified backends do. For nio there is also
 /// ws: SwiftNIO's own WebSocket (NIOHTTP1 upgrade + NIOWebSocket frames), the reference for our WebSocket stack.
+/// One backend's own style: what `nativePingPong` and `nativeEchoServer` run for it. The styles are written here,
+/// beside the package's backends, not in their modules (they measure against BenchmarkDriver's tally, and nio's
+/// uses swift-nio-ssl); a backend without an entry has no native style, and compare leaves its native rows out.
+struct NativeStyleEntry: Sendable {
+    /// How the native ping-pong is written, in a line.
+    let line: String
+    /// The transports it has a style of its own for.
+    let transports: [Transport]
+    let pingpong:
+        @Sendable (_ endpoint: Endpoint, _ tally: PingPongTally, _ tls: TLSConfiguration) async throws(ConnectionError)
+            -> PingRunner.Result
+    let echoServer:
+        @Sendable (_ endpoint: Endpoint, _ tls: TLSConfiguration?) async throws(ConnectionError) ->
+            any NativeEchoServer
+    /// How its TCP relay is written, in a line.
+    let relayLine: String
+    let relay: @Sendable (_ listen: Endpoint, _ upstream: Endpoint) async throws(ConnectionError) -> any NativeRelay
+
+    static let entries: [Backend: NativeStyleEntry] = [
+        .bsd: NativeStyleEntry(
+            line: "a blocking send/recv loop on a thread of its own; the server a thread per client",
+            transports: [.tcp],
+            pingpong: { endpoint, tally, _ throws(ConnectionError) in
+                try await BSDNative.pingpong(to: endpoint, tally: tally)
+            },
+            echoServer: { endpoint, _ throws(ConnectionError) in try BSDNativeEchoServer(on: endpoint) },
+            relayLine: "two threads per client, each a blocking recv -> send loop; shutdown(SHUT_WR) carries a FIN",
+            relay: { listen, upstream throws(ConnectionError) in
+                try await BSDNativeRelay.start(listen: listen, upstream: upstream)
+            }),
+        .uv: NativeStyleEntry(
+            line: "uv_write and the read callback on a libuv loop thread; the next probe is written from the callback",
+            transports: [.tcp],
+            pingpong: { endpoint, tally, _ throws(ConnectionError) in
+                try await UVNative.pingpong(to: endpoint, tally: tally)
+            },
+            echoServer: { endpoint, _ throws(ConnectionError) in try await UVNativeEchoServer.start(on: endpoint) },
+            relayLine:
+                "read callbacks write to the other handle; uv_read_stop while its write queue is long; uv_shutdown",
+            relay: { listen, upstream throws(ConnectionError) in
+                try await UVNativeRelay.start(listen: listen, upstream: upstream)
+            }),
+        .runloop: NativeStyleEntry(
+            line:
+                "stream delegates on the calling thread's run loop (hasBytesAvailable -> read -> write); the server a delegate per client",
+            transports: [.tcp],
+            pingpong: { endpoint, tally, _ throws(ConnectionError) in
+                try await RunLoopNative.pingpong(to: endpoint, tally: tally)
+            },
+            echoServer: { endpoint, _ throws(ConnectionError) in
+                try await RunLoopNativeEchoServer.start(on: endpoint)
+            },
+            relayLine:
+                "stream delegates: hasBytesAvailable reads and writes on, hasSpaceAvailable flushes what was left",
+            relay: { listen, upstream throws(ConnectionError) in
+                try await RunLoopNativeRelay.start(listen: listen, upstream: upstream)
+            }),
+        .async: NativeStyleEntry(
+            line: "AsyncSocket send/receive in a task on the reactor's executor; the server a task per client",
+            transports: [.tcp],
+            pingpong: { endpoint, tally, _ throws(ConnectionError) in
+                try await AsyncNative.pingpong(to: endpoint, tally: tally)
+            },
+            echoServer: { endpoint, _ throws(ConnectionError) in try AsyncNativeEchoServer(on: endpoint) },
+            relayLine: "AsyncSocket: a task per direction, receive -> send, then closeOutput",
+            relay: { listen, upstream throws(ConnectionError) in
+                try AsyncNativeRelay(listen: listen, upstream: upstream)
+            }),
+        .nio: NativeStyleEntry(
+            line: "ChannelInboundHandlers: channelRead writes the next probe; the server an echo handler",
+            transports: [.tcp, .ws, .tls, .wss],
+            pingpong: { endpoint, tally, tls throws(ConnectionError) in
+                endpoint.transport == .ws || endpoint.transport == .wss
+                    ? try await NIOWebSocketNative.pingpong(to: endpoint, tally: tally, tls: tls)
+                    : try await NIONative.pingpong(to: endpoint, tally: tally, tls: tls)
+            },
+            echoServer: { endpoint, tls throws(ConnectionError) in
+                endpoint.transport == .ws || endpoint.transport == .wss
+                    ? try await NIOWebSocketNativeEchoServer.start(on: endpoint, tls: tls)
+                    : try await NIONativeEchoServer.start(on: endpoint, tls: tls)
+            },
+            relayLine:
+                "a glue handler per channel: channelRead writes to the partner, read() only while it is writable",
+            relay: { listen, upstream throws(ConnectionError) in
+                try await NIONativeRelay.start(listen: listen, upstream: upstream)
+            }),
+    ]
+}
+
 extension Backend {
-    /// How this backend's native ping-pong is written, in a line.
-    public var nativeStyle: String {
-        switch self {
-        case .bsd: "a blocking send/recv loop on a thread of its own; the server a thread per client"
-        case .uv: "uv_write and the read callback on a libuv loop thread; the next probe is written from the callback"
-        case .runloop:
-            "stream delegates on the calling thread's run loop (hasBytesAvailable -> read -> write); the server a delegate per client"
-        case .async: "AsyncSocket send/receive in a task on the reactor's executor; the server a task per client"
-        case .nio: "ChannelInboundHandlers: channelRead writes the next probe; the server an echo handler"
+    /// How this backend's native ping-pong is written, in a line (empty when it has no native style).
+    public var nativeStyle: String { NativeStyleEntry.entries[self]?.line ?? "" }
+
+    /// The transports this backend has a style of its own for: tcp for the package's backends; for nio also ws
+    /// (NIOWebSocket), tls and wss (swift-nio-ssl); none for a backend registered from outside.
+    public var nativeTransports: [Transport] { NativeStyleEntry.entries[self]?.transports ?? [] }
+
+    func nativeUnsupported(_ transport: Transport) -> ConnectionError {
+        guard NativeStyleEntry.entries[self] != nil else {
+            return ConnectionError(.unsupported, "\(name) has no native style of its own")
         }
-    }
-
-    /// The transports this backend has a style of its own for: tcp for all; for nio also ws (NIOWebSocket), tls
-    /// and wss (swift-nio-ssl).
-    public var nativeTransports: [Transport] { self == .nio ? [.tcp, .ws, .tls, .wss] : [.tcp] }
-
-    static func nativeUnsupported(_ transport: Transport) -> ConnectionError {
-        ConnectionError(
+        return ConnectionError(
             .unsupported,
             "native style over \(transport): every backend has one for tcp; only nio has WebSocket and TLS of its own (NIOWebSocket, swift-nio-ssl)"
         )
@@ -44,18 +127,10 @@ extension Backend {
     public func nativePingPong(
         to endpoint: Endpoint, size: Int, count: Int, warmup: Int, tls: TLSConfiguration = TLSConfiguration()
     ) async throws(ConnectionError) -> PingRunner.Result {
-        guard nativeTransports.contains(endpoint.transport) else { throw Self.nativeUnsupported(endpoint.transport) }
-        let tally = PingPongTally(size: size, count: count, warmup: warmup)
-        switch self {
-        case .bsd: return try await BSDNative.pingpong(to: endpoint, tally: tally)
-        case .uv: return try await UVNative.pingpong(to: endpoint, tally: tally)
-        case .runloop: return try await RunLoopNative.pingpong(to: endpoint, tally: tally)
-        case .async: return try await AsyncNative.pingpong(to: endpoint, tally: tally)
-        case .nio:
-            return endpoint.transport == .ws || endpoint.transport == .wss
-                ? try await NIOWebSocketNative.pingpong(to: endpoint, tally: tally, tls: tls)
-                : try await NIONative.pingpong(to: endpoint, tally: tally, tls: tls)
+        guard let entry = NativeStyleEntry.entries[self], entry.transports.contains(endpoint.transport) else {
+            throw nativeUnsupported(endpoint.transport)
         }
+        return try await entry.pingpong(endpoint, PingPongTally(size: size, count: count, warmup: warmup), tls)
     }
 
     /// nio only: `warmup` then `count` TCP round trips of `size` bytes written with SwiftNIO's async/await bridge
@@ -82,17 +157,10 @@ extension Backend {
     public func nativeEchoServer(
         on endpoint: Endpoint, tls: TLSConfiguration? = nil
     ) async throws(ConnectionError) -> any NativeEchoServer {
-        guard nativeTransports.contains(endpoint.transport) else { throw Self.nativeUnsupported(endpoint.transport) }
-        switch self {
-        case .bsd: return try BSDNativeEchoServer(on: endpoint)
-        case .uv: return try await UVNativeEchoServer.start(on: endpoint)
-        case .runloop: return try await RunLoopNativeEchoServer.start(on: endpoint)
-        case .async: return try AsyncNativeEchoServer(on: endpoint)
-        case .nio:
-            return endpoint.transport == .ws || endpoint.transport == .wss
-                ? try await NIOWebSocketNativeEchoServer.start(on: endpoint, tls: tls)
-                : try await NIONativeEchoServer.start(on: endpoint, tls: tls)
+        guard let entry = NativeStyleEntry.entries[self], entry.transports.contains(endpoint.transport) else {
+            throw nativeUnsupported(endpoint.transport)
         }
+        return try await entry.echoServer(endpoint, tls)
     }
 }
 

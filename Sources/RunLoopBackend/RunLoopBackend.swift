@@ -589,3 +589,13 @@ final class RunLoopUDPListener: Listener, DatagramSocketDelegate, Sendable {
         }
     }
 }
+
+extension Backend {
+    /// Delegate-driven input/output streams on a run loop of our own (`RunLoopBackend`), as Apple's
+    /// Stream/CFStream.
+    public static let runloop = Backend(
+        name: "runloop",
+        summary: "input/output streams with a delegate (openCompleted, hasBytesAvailable, ...) on one epoll run loop",
+        style: "stream delegates on one run loop, as Stream/CFStream code is written",
+        make: { RunLoopBackend.shared })
+}

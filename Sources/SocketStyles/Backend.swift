@@ -1,43 +1,37 @@
 import POSIXSupport
+import Synchronization
 
-/// Every connection style this package offers, by the name users type (`--backend bsd`).
-///
-/// Adding a backend is adding a case here: the compiler's exhaustive switches then show every place that must
-/// learn about it, and the conformance suite runs every scenario for it.
-public enum Backend: String, Sendable, Hashable, CaseIterable, CustomStringConvertible {
-    /// Blocking BSD sockets on threads of their own (`BSDBackend`).
-    case bsd
-    /// libuv's event loop and callbacks on one loop thread (`LibUVBackend`).
-    case uv
-    /// Delegate-driven input/output streams on a run loop of our own (`RunLoopBackend`), as Apple's
-    /// Stream/CFStream.
-    case runloop
-    /// async/await over non-blocking sockets and one epoll reactor thread (`AsyncBackend`).
-    case async
-    /// SwiftNIO channels on one event-loop thread (`NIOBackend`): the reference a user would otherwise pick.
-    case nio
+/// The list of connection styles: the five this package ships, in the order reports show them, then any a program
+/// registered. Each backend module declares its own `Backend` value (its name, summary and factory); this is
+/// the one place that lists them. Adding a backend is its module, its registration value, one entry here and its
+/// Package.swift lines: the CLI, compare, the report and the conformance suite iterate `allCases`.
+extension Backend {
+    /// The package's own styles.
+    public static let builtIn: [Backend] = [.bsd, .uv, .runloop, .async, .nio]
 
-    /// The backend's factory.
-    public var implementation: any ConnectionBackend {
-        switch self {
-        case .bsd: BSDBackend()
-        case .uv: LibUVBackend.shared
-        case .runloop: RunLoopBackend.shared
-        case .async: AsyncBackend()
-        case .nio: NIOBackend()
+    private static let registered = Guarded<[Backend]>([])
+
+    /// Every backend: `builtIn`, then those added with `register(_:)`.
+    public static var allCases: [Backend] { builtIn + registered.withLock { $0 } }
+
+    /// Adds a backend written outside the package to `allCases` (what `Backend(name:)` finds and the conformance
+    /// suite runs). Fails when the name is taken.
+    public static func register(_ backend: Backend) throws(ConnectionError) {
+        try registered.withLock { (list) throws(ConnectionError) in
+            guard !(builtIn + list).contains(where: { $0.name == backend.name }) else {
+                throw ConnectionError(.invalidEndpoint, "a backend named '\(backend.name)' is registered already")
+            }
+            list.append(backend)
         }
     }
 
-    /// One line on the style, for `sockbench` listings.
-    public var summary: String {
-        switch self {
-        case .bsd: "blocking BSD sockets; a reader thread (and a writer thread when needed) per connection"
-        case .uv: "libuv 1.44 loop and callbacks; every connection on one loop thread, uv_async_send to reach it"
-        case .runloop:
-            "input/output streams with a delegate (openCompleted, hasBytesAvailable, ...) on one epoll run loop"
-        case .async: "async/await on non-blocking sockets; one epoll reactor thread resumes waiting tasks"
-        case .nio: "SwiftNIO 2.101 channels and handlers on one event-loop thread; the reference to beat"
-        }
+    /// The reference the others are set against (SwiftNIO's), if the list has one.
+    public static var reference: Backend? { allCases.first(where: \.isReference) }
+
+    /// Looks a backend up by name (as `--backend` takes it), `nil` when none has it.
+    public init?(rawValue: String) {
+        guard let found = Backend.allCases.first(where: { $0.name == rawValue.lowercased() }) else { return nil }
+        self = found
     }
 
     /// The transports available on this backend: its own, plus what ``TransportStack`` layers on top of its TCP
@@ -49,14 +43,12 @@ public enum Backend: String, Sendable, Hashable, CaseIterable, CustomStringConve
 
     /// Parses a backend name, with an error listing the valid ones.
     public init(name: String) throws(ConnectionError) {
-        guard let backend = Backend(rawValue: name.lowercased()) else {
-            let names = Backend.allCases.map(\.rawValue).joined(separator: ", ")
+        guard let backend = Backend(rawValue: name) else {
+            let names = Backend.allCases.map(\.name).joined(separator: ", ")
             throw ConnectionError(.invalidEndpoint, "unknown backend '\(name)' (available: \(names))")
         }
         self = backend
     }
-
-    public var description: String { rawValue }
 
     /// Connects with this backend: ``TransportStack/connect(to:options:webSocket:tls:)``.
     public func connect(

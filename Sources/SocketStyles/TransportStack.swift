@@ -3,7 +3,7 @@ import POSIXSupport
 /// The transports stacked over a backend's own: `tls` (TLS over its TCP), `ws` (WebSocket over its TCP) and
 /// `wss` (WebSocket over TLS over its TCP), client and server, with their handshake deadlines. Any
 /// `ConnectionBackend` gets them, a user's own included: a backend provides `tcp` (and `udp` if it can), and
-/// the stack does the rest, as ``Backend``'s methods, ``Relay`` and ``ReconnectingConnection`` use it.
+/// the stack does the rest, as `Backend`'s methods, ``Relay`` and ``ReconnectingConnection`` use it.
 ///
 /// ```swift
 /// let stack = TransportStack(over: MyBackend())

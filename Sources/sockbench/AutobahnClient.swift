@@ -12,7 +12,7 @@ struct AutobahnClient: AsyncParsableCommand {
     @Argument(help: "The fuzzingserver, e.g. ws://127.0.0.1:9001 or wss://127.0.0.1:9001.")
     var url: String
 
-    @Option var backend: String = "bsd"
+    @Option var backend: String = Backend.bsd.name
     @Option var agent: String = "socketstyles"
     @OptionGroup var tls: TLSClientOptions
     @Flag(help: "Offer permessage-deflate (cases 12 and 13).") var deflate = false

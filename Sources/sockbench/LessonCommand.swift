@@ -14,7 +14,7 @@ struct LessonCommand: AsyncParsableCommand {
     var name: String?
 
     @Option(help: "The connection style to run it with.")
-    var backend: String = "bsd"
+    var backend: String = Backend.bsd.name
 
     @Flag(
         help:
@@ -91,7 +91,7 @@ struct LessonProbeCommand: AsyncParsableCommand {
 
     @Argument var mode: String
     @Argument var url: String
-    @Option var backend: String = "bsd"
+    @Option var backend: String = Backend.bsd.name
 
     func run() async throws {
         let encoder = JSONEncoder()

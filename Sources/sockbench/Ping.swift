@@ -20,7 +20,7 @@ struct Ping: AsyncParsableCommand {
     var url: String
 
     @Option(help: "The connection style: \(Backend.allCases.map(\.rawValue).joined(separator: ", ")).")
-    var backend: String = "bsd"
+    var backend: String = Backend.bsd.name
 
     @Option(help: "Bytes per message.")
     var size: Int = 64

@@ -27,7 +27,7 @@ struct Proxy: AsyncParsableCommand {
     var upstream: String
 
     @Option(help: "The connection style: \(Backend.allCases.map(\.rawValue).joined(separator: ", ")).")
-    var backend: String = "async"
+    var backend: String = Backend.async.name
 
     @Flag(
         help:

@@ -21,7 +21,7 @@ struct PumpCommand: AsyncParsableCommand {
     var url: String
 
     @Option(help: "The connection style: \(Backend.allCases.map(\.rawValue).joined(separator: ", ")).")
-    var backend: String = "bsd"
+    var backend: String = Backend.bsd.name
 
     @Option(help: "Bytes per write (default 65536; udp: 1400).")
     var size: Int?

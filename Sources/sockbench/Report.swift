@@ -205,7 +205,7 @@ struct Report: Codable {
                 ("wss", "SwiftNIO's own WebSocket over swift-nio-ssl (NIOSSL, NIOHTTP1 and NIOWebSocket handlers"),
             ]
             for (transport, written) in references {
-                guard let reference = p50("nio", transport, .native(size: size)) else { continue }
+                guard let reference = p50(Backend.nio.name, transport, .native(size: size)) else { continue }
                 let ratios = rows.filter { $0.scenario == .pingpong(size: size) && $0.transport == transport }
                     .compactMap { row in row.median.latency.map { (row.backend, Double($0.p50) / max(1, reference)) } }
                 lines.append(
@@ -225,18 +225,18 @@ struct Report: Codable {
             }
         }
         for case .asyncChannel(let size) in plan.scenarios {
-            guard let bridge = p50("nio", "tcp", .asyncChannel(size: size)) else { continue }
+            guard let bridge = p50(Backend.nio.name, "tcp", .asyncChannel(size: size)) else { continue }
             var compared = [String]()
             if let floor = p50(Self.floorName, "tcp", .pingpong(size: size)) {
                 compared.append("\(fixed(bridge / floor))x the C floor")
             }
-            if let handlers = p50("nio", "tcp", .native(size: size)) {
+            if let handlers = p50(Backend.nio.name, "tcp", .native(size: size)) {
                 compared.append("\(fixed(bridge / handlers))x nio's ChannelHandlers (native-\(size))")
             }
-            if let unified = p50("nio", "tcp", .pingpong(size: size)) {
+            if let unified = p50(Backend.nio.name, "tcp", .pingpong(size: size)) {
                 compared.append("\(fixed(bridge / unified))x nio through Connection")
             }
-            if let async = p50("async", "tcp", .native(size: size)) {
+            if let async = p50(Backend.async.name, "tcp", .native(size: size)) {
                 compared.append("\(fixed(bridge / async))x the async backend's own style")
             }
             lines.append(

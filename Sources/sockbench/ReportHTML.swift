@@ -75,13 +75,7 @@ struct ReportHTML {
     }
 
     /// What each style asks of the code that uses it, in a line (the cost of the verdict's picks).
-    static let codeCost: [String: String] = [
-        "bsd": "blocking calls on a thread per connection: the simplest code, and a thread per client",
-        "uv": "libuv callbacks on one loop thread: every buffer's lifetime managed by hand",
-        "runloop": "stream delegates on one run loop, as Stream/CFStream code is written",
-        "async": "async/await and AsyncSequences on one reactor thread: Swift's own cancellation",
-        "nio": "SwiftNIO channel handlers and futures (or the same Connection)",
-    ]
+    static func codeCost(_ backend: String) -> String? { Backend(rawValue: backend)?.style }
 
     /// The verdict's lines, derived from the run's rows: lowest latency, least CPU per message, bulk, many
     /// connections, each with what the style costs in code. Rows of the C floor and external tools are
@@ -102,7 +96,7 @@ struct ReportHTML {
             let others = valued.filter { $0.0.backend != best.0.backend }.sorted { lowest ? $0.1 < $1.1 : $0.1 > $1.1 }
             let next = others.first.map { " (next: \(escape($0.0.backend)), \(describe($0.0, $0.1)))" } ?? ""
             return "<b>\(title): \(escape(best.0.backend))</b>, \(describe(best.0, best.1))\(next). In code: "
-                + escape(Self.codeCost[best.0.backend] ?? "")
+                + escape(Self.codeCost(best.0.backend) ?? "")
                 + "."
         }
         var lines: [String] = []
@@ -198,7 +192,7 @@ struct ReportHTML {
 
     /// The same colour for a backend (or reference) in every line chart of the page.
     static func color(of name: String) -> String {
-        let order = [Report.floorName, "bsd", "uv", "runloop", "async", "nio", "sockperf", "iperf3"]
+        let order = [Report.floorName] + Backend.allCases.map(\.name) + ["sockperf", "iperf3"]
         return palette[(order.firstIndex(of: name) ?? palette.count - 1) % palette.count]
     }
 

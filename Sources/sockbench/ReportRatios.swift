@@ -1,4 +1,5 @@
 import BenchmarkDriver
+import SocketStyles
 
 /// One row's figure over another's, over the repetitions they share. Rows of one run are measured back to back in
 /// each repetition (backends interleaved), so repetition i of one row is paired with repetition i of the other:
@@ -111,7 +112,7 @@ extension Report {
     }
 
     /// nio's row for the same scenario and transport.
-    func nioRow(for row: ReportRow) -> ReportRow? { self.row("nio", row.transport, row.scenario) }
+    func nioRow(for row: ReportRow) -> ReportRow? { self.row(Backend.nio.name, row.transport, row.scenario) }
 
     // MARK: Ranking
 

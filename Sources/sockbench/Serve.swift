@@ -17,7 +17,7 @@ struct Serve: AsyncParsableCommand {
     var url: String
 
     @Option(help: "The connection style: \(Backend.allCases.map(\.rawValue).joined(separator: ", ")).")
-    var backend: String = "bsd"
+    var backend: String = Backend.bsd.name
 
     @Option(help: "Pin the server to this CPU.")
     var cpu: Int?

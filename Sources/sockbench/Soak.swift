@@ -20,7 +20,7 @@ struct Soak: AsyncParsableCommand {
     var url: String
 
     @Option(help: "The connection style: \(Backend.allCases.map(\.rawValue).joined(separator: ", ")).")
-    var backend: String = "bsd"
+    var backend: String = Backend.bsd.name
 
     @Option(help: "Messages to send (0: no limit, then --time must be set).")
     var messages: Int = 10_000

@@ -4,7 +4,8 @@ import SocketStyles
 import Testing
 
 /// One backend x transport combination. Every scenario runs for each case that exists; a new backend joins the
-/// suite by adding its ``Backend`` case, with no change here.
+/// suite by its registration (`Backend.builtIn`, or `Backend.register(_:)` before the suite is planned), with no
+/// change here.
 struct ConformanceCase: Sendable, CustomTestStringConvertible {
     let backend: Backend
     let transport: Transport

@@ -1,9 +1,10 @@
 import ConnectionTestKit
+import NativeStyles
 import SocketStyles
 import Testing
 
 /// A backend written outside the package's own five (``MemoryBackend``: tcp only, no kernel) gets tls, ws and
-/// wss, relaying and reconnection from ``TransportStack``, as `Backend`'s cases do.
+/// wss, relaying and reconnection from ``TransportStack``, as the package's own backends do.
 @Suite("Transport stack over a user's backend", .timeLimit(.minutes(10)))
 struct TransportStackTests {
     static let secure = ConformanceCase(backend: .bsd, transport: .tls)
@@ -95,6 +96,38 @@ struct TransportStackTests {
             #expect(try await withTimeLimit(.seconds(10)) { try await receiver.value } == "two")
             await reconnecting.close()
             await back.stop()
+        }
+    }
+
+    @Test("A backend registered from outside: listed, found by name, given tls and wss; a taken name is refused")
+    func registration() async throws {
+        try await SocketTest.run {
+            let memory = MemoryBackend()  // one table: the listener and the connects must share it
+            let mine = Backend(name: "memory-registered", summary: "in-memory pairs", style: "a test's own") { memory }
+            try Backend.register(mine)
+            #expect(Backend.allCases.last == mine)
+            #expect(try Backend(name: "MEMORY-registered") == mine)
+            #expect(mine.transports == [.tcp, .tls, .ws, .wss])
+            await expectConnectionError(.invalidEndpoint) { () throws(ConnectionError) in try Backend.register(mine) }
+            let taken = Backend(name: "bsd", summary: "", style: "") { memory }
+            await expectConnectionError(.invalidEndpoint) { () throws(ConnectionError) in try Backend.register(taken) }
+            #expect(Backend.bsd.implementation is BSDBackend)
+            // No native style of its own: compare leaves its native rows out, and asking says why.
+            #expect(mine.nativeTransports.isEmpty)
+            await expectConnectionError(.unsupported) { () throws(ConnectionError) in
+                _ = try await mine.nativeEchoServer(on: Self.memory(.tcp))
+            }
+            for transport in [Transport.tls, .wss] {
+                let server = try await EchoServer.start(
+                    Backend(name: "memory-registered"), on: Self.memory(transport), tls: Self.secure.serverTLS)
+                let client = try await mine.connect(to: server.endpoint, tls: Self.secure.clientTLS)
+                try await client.send(Array("registered".utf8))
+                let reply =
+                    transport.isByteStream ? try await client.receive(exactly: 10) : try await client.receive()?.bytes
+                #expect(reply == Array("registered".utf8))
+                await client.close()
+                await server.stop()
+            }
         }
     }
 }

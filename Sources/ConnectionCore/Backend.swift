@@ -1,0 +1,47 @@
+/// A connection style, as users name it (`--backend bsd`): the registration a backend module gives of itself, once.
+///
+/// Each backend module declares its own (`Backend.bsd` in BSDSocketBackend, `Backend.nio` in NIOBackend, ...):
+/// its name, what its style is, and the factory of its ``ConnectionBackend``. The umbrella `SocketStyles` keeps
+/// the list (`Backend.allCases`) and layers tls, ws and wss over any of them (`TransportStack`); the CLI, compare,
+/// the report and the conformance suite iterate that list. A backend written outside the package is a value of
+/// this type too: `Backend(name:summary:style:make:)`, and `Backend.register(_:)` adds it to the list.
+///
+/// ```swift
+/// let mine = Backend(name: "mine", summary: "my style", style: "how my style is written") { MyBackend() }
+/// let connection = try await mine.connect(to: try Endpoint(url: "wss://127.0.0.1:8443/chat"))
+/// ```
+public struct Backend: Sendable, Hashable, CustomStringConvertible {
+    /// The name users type: `bsd`, `uv`, `runloop`, `async`, `nio`. Unique in the list.
+    public let name: String
+    /// One line on the implementation, for `sockbench backends`.
+    public let summary: String
+    /// One line on how code in this style is written, for the report.
+    public let style: String
+    /// `true` for the reference the other styles are set against (SwiftNIO): the report's `x nio` columns and
+    /// targets. At most one backend in the list is.
+    public let isReference: Bool
+    private let make: @Sendable () -> any ConnectionBackend
+
+    public init(
+        name: String, summary: String, style: String, isReference: Bool = false,
+        make: @escaping @Sendable () -> any ConnectionBackend
+    ) {
+        self.name = name
+        self.summary = summary
+        self.style = style
+        self.isReference = isReference
+        self.make = make
+    }
+
+    /// The backend's factory (a shared one for styles with one loop per process).
+    public var implementation: any ConnectionBackend { make() }
+
+    /// The name, as before this was an enum: `Backend.bsd.rawValue == "bsd"`.
+    public var rawValue: String { name }
+
+    public var description: String { name }
+
+    public static func == (lhs: Backend, rhs: Backend) -> Bool { lhs.name == rhs.name }
+
+    public func hash(into hasher: inout Hasher) { hasher.combine(name) }
+}
