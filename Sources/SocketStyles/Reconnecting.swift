@@ -119,6 +119,8 @@ public final class ReconnectingConnection: Connection, Sendable {
         var queue: [QueuedSend] = []
         var waiters: [CheckedContinuation<(any Connection)?, Never>] = []
         var connector: Task<Void, Never>?
+        /// Forwards the current WebSocket's events to ``webSocketEvents``; ends after its `closed`.
+        var forwarder: Task<Void, Never>?
         /// Under ``ReconnectPolicy/never``: the peer's end was returned by a receive (a later one throws).
         var endReported = false
     }
@@ -230,6 +232,13 @@ public final class ReconnectingConnection: Connection, Sendable {
                         if !shared.queue.isEmpty { return .send(shared.queue.removeFirst()) }
                         shared.current = connection
                         shared.connector = nil
+                        if let webSocket = connection as? WebSocketConnection {
+                            // Made with the adoption, so that a close() that finds this connection finds its
+                            // forwarder too, and waits for it to pass the `closed` event on.
+                            shared.forwarder = Task { [eventSink] in
+                                for await event in webSocket.events { eventSink.yield(event) }
+                            }
+                        }
                         set(.ready, &shared)
                         defer { shared.waiters.removeAll() }
                         return .adopted(shared.waiters)
@@ -254,10 +263,6 @@ public final class ReconnectingConnection: Connection, Sendable {
                 guard let adopted else {
                     await connection.close()
                     return
-                }
-                if let webSocket = connection as? WebSocketConnection {
-                    // Its events end with its `closed`; the task holds the sink, not this object.
-                    Task { [eventSink] in for await event in webSocket.events { eventSink.yield(event) } }
                 }
                 for waiter in adopted { waiter.resume(returning: connection) }
                 return
@@ -453,14 +458,17 @@ public final class ReconnectingConnection: Connection, Sendable {
     }
 
     private func close(_ closing: (any Connection) async -> Void) async {
-        let (current, connector, waiters, queued) = shared.withLock { shared in
+        let (current, connector, forwarder, waiters, queued) = shared.withLock { shared in
             defer {
                 shared.current = nil
                 shared.connector = nil
+                shared.forwarder = nil
                 shared.waiters.removeAll()
             }
             if shared.state != .cancelled { set(.cancelled, &shared) }
-            return (shared.current, shared.connector, shared.waiters, Self.dropQueue(&shared))
+            return (
+                shared.current, shared.connector, shared.forwarder, shared.waiters, Self.dropQueue(&shared)
+            )
         }
         connector?.cancel()
         // An attempt in flight ends before close() returns, so that no socket of it outlives the close.
@@ -468,6 +476,8 @@ public final class ReconnectingConnection: Connection, Sendable {
         for waiter in waiters { waiter.resume(returning: nil) }
         for send in queued { send.finish(ConnectionError(.cancelled, "closed before the message could be sent")) }
         if let current { await closing(current) }
+        // The closed connection's events end with its `closed` event: passed on before the stream ends.
+        await forwarder?.value
         stateSink.finish()
         eventSink.finish()
     }
