@@ -39,6 +39,31 @@ public enum SocketTest {
         }
     }
 
+    /// ``run(timeLimit:_:)`` for a test that must open no socket (protocol code over `MemoryConnection` or
+    /// `MemoryBackend`): it also fails when the process's open sockets differ afterwards from before. Socket tests
+    /// run one at a time under the same lock, so a socket that appears or goes meanwhile is this test's.
+    public static func runWithoutSockets<R: Sendable>(
+        timeLimit: Duration = .seconds(60), _ body: @escaping @Sendable () async throws -> R
+    ) async throws -> R {
+        try await run(timeLimit: timeLimit) {
+            let before = openSockets()
+            let result = try await body()
+            let after = openSockets()
+            guard after == before else {
+                throw Failure(
+                    description:
+                        "a socket-free test changed the open sockets: before \(before.sorted()), after \(after.sorted())"
+                )
+            }
+            return result
+        }
+    }
+
+    /// The process's open socket descriptors (`N -> socket:[inode]`).
+    static func openSockets() -> Set<String> {
+        Set(Syscall.openDescriptors().filter { $0.contains("socket:") })
+    }
+
     /// The open descriptors, less the concurrency runtime's timerfd: Dispatch opens it while a task sleeps
     /// (the time limit itself sleeps) and closes it on its own thread some time after, so it comes and goes
     /// independently of the code under test. No code of this package creates a timerfd. A descriptor whose

@@ -7,22 +7,9 @@ import Testing
 /// handshakes, messages and closes, and what they do with a wire that misbehaves.
 @Suite("In-memory connections (no socket)", .serialized, .timeLimit(.minutes(20)))
 struct MemoryConnectionTests {
-    /// Sockets this process has open (entries of /proc/self/fd that are sockets).
-    static func openSockets() -> Int {
-        let entries = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd")) ?? []
-        return entries.count { entry in
-            (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/fd/\(entry)"))?.hasPrefix(
-                "socket:") == true
-        }
-    }
-
-    /// Runs `body` alone among socket tests and checks that it left the number of open sockets as it was.
+    /// Runs `body` alone among socket tests and checks that it left the open sockets as they were.
     func socketless(_ body: @escaping @Sendable () async throws -> Void) async throws {
-        try await SocketTest.run(timeLimit: .seconds(60)) {
-            let before = Self.openSockets()
-            try await body()
-            #expect(Self.openSockets() == before, "a socket was opened (or closed) by a socket-free test")
-        }
+        try await SocketTest.runWithoutSockets(timeLimit: .seconds(60), body)
     }
 
     @Test("Bytes arrive in order, joined or held and released; a FIN follows them; close and reset end the peer")

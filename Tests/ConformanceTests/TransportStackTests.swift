@@ -16,7 +16,7 @@ struct TransportStackTests {
 
     @Test("tcp, tls, ws and wss echo over the memory backend", arguments: [Transport.tcp, .tls, .ws, .wss])
     func echo(_ transport: Transport) async throws {
-        try await SocketTest.run {
+        try await SocketTest.runWithoutSockets {
             let stack = TransportStack(over: MemoryBackend())
             #expect(stack.transports == [.tcp, .tls, .ws, .wss])
             let listener = try await stack.listen(
@@ -56,7 +56,7 @@ struct TransportStackTests {
 
     @Test("Relay and ReconnectingConnection take the user's backend")
     func relayAndReconnection() async throws {
-        try await SocketTest.run {
+        try await SocketTest.runWithoutSockets {
             let backend = MemoryBackend()
             let stack = TransportStack(over: backend)
             let upstream = EchoServer(listener: try await stack.listen(on: Self.memory(.ws)))
@@ -101,7 +101,7 @@ struct TransportStackTests {
 
     @Test("A backend registered from outside: listed, found by name, given tls and wss; a taken name is refused")
     func registration() async throws {
-        try await SocketTest.run {
+        try await SocketTest.runWithoutSockets {
             let memory = MemoryBackend()  // one table: the listener and the connects must share it
             let mine = Backend(name: "memory-registered", summary: "in-memory pairs", style: "a test's own") { memory }
             try Backend.register(mine)
