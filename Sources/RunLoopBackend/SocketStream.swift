@@ -83,7 +83,7 @@ public class SocketStream: @unchecked Sendable {
 public final class SocketInputStream: SocketStream, @unchecked Sendable {
     override var isInput: Bool { true }
 
-    /// `true` when a ``read(into:)`` would return bytes now (FIONREAD).
+    /// `true` when a ``read(into:)`` would return bytes now (bytes read ahead, or FIONREAD).
     public var hasBytesAvailable: Bool {
         streamStatus == .open && core.bytesAvailable > 0
     }
@@ -187,6 +187,16 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
     /// For it a readable event is `hasBytesAvailable` at once, without the FIONREAD (and peek) that makes the
     /// event exact for Darwin's `while stream.hasBytesAvailable { read }` loops: one system call less per read.
     var delegateToleratesEmptyReads = false
+    /// Bytes read from the socket to decide a readable event (for a delegate that does not tolerate empty
+    /// reads), served by the next ``read(into:from:)`` before the socket is read again: the read that proves
+    /// there are bytes is the read the delegate then makes, where a FIONREAD cost a system call of its own.
+    /// Made on the first such event; `readAheadStart..<readAheadEnd` is what is left of it.
+    private var readAhead: UnsafeMutableRawBufferPointer?
+    private var readAheadStart = 0
+    private var readAheadEnd = 0
+    /// An error the read straight after the read-ahead's bytes met: reported by the next read, not lost.
+    private var deferredReadError: ConnectionError?
+    static let readAheadSize = 4096
 
     init(endpoint: Endpoint, options: ConnectionOptions) {
         self.endpoint = endpoint
@@ -206,6 +216,7 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
             if registered { runLoop?.loop.unregister(fd) }
             Syscall.close(fd)
         }
+        readAhead?.deallocate()
     }
 
     func makeStreams() -> (SocketInputStream, SocketOutputStream) {
@@ -222,7 +233,7 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
 
     var bytesAvailable: Int {
         guard fd >= 0 else { return 0 }
-        return Syscall.bytesReadable(fd)
+        return readAheadEnd > readAheadStart ? readAheadEnd - readAheadStart : Syscall.bytesReadable(fd)
     }
 
     var spaceAvailable: Bool {
@@ -369,7 +380,7 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
             return
         }
         if events & (Syscall.epollError | Syscall.epollHangUp) != 0, let input, input.streamStatus == .open,
-            !endDelivered, Syscall.bytesReadable(fd) > 0
+            !endDelivered, bytesAvailable > 0
         {
             return breakAway()
         }
@@ -391,7 +402,7 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
                     _ = deliverReadable(input)
                 }
                 if failed { return }
-            } else if events & (Syscall.epollHangUp | Syscall.epollReadHangUp) != 0, Syscall.bytesReadable(fd) == 0 {
+            } else if events & (Syscall.epollHangUp | Syscall.epollReadHangUp) != 0, bytesAvailable == 0 {
                 // Not re-armed, but every byte was read: the end is due (and a hang-up is reported whatever the
                 // interest, so waiting for a read would spin).
                 deliverEndIfThere(input)
@@ -449,21 +460,31 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
     /// Delivers what a read would find now: `hasBytesAvailable` while bytes wait (so the property is true when
     /// the delegate looks: Darwin's `while stream.hasBytesAvailable { read }` must find them), the end once every
     /// byte is read and the peer has ended (whether or not the delegate ever reads 0), or the error. Returns
-    /// `false` when a read would find nothing yet.
+    /// `false` when a read would find nothing yet. It finds out by reading ahead: the bytes wait in
+    /// ``readAhead`` for the delegate's read.
     private func deliverReadable(_ input: SocketInputStream) -> Bool {
-        do throws(ConnectionError) {
-            if Syscall.bytesReadable(fd) == 0, case let peeked = try Syscall.peekByte(fd) {
-                switch peeked {
+        if readAheadEnd == readAheadStart {
+            let buffer =
+                readAhead
+                ?? {
+                    let made = UnsafeMutableRawBufferPointer.allocate(byteCount: Self.readAheadSize, alignment: 16)
+                    readAhead = made
+                    return made
+                }()
+            do throws(ConnectionError) {
+                switch try Syscall.recv(fd, buffer, dontWait: true) {
                 case .processed(0):
                     deliverEnd(input)
                     return true
-                case .processed: break  // a byte came between the two calls
+                case .processed(let count):
+                    readAheadStart = 0
+                    readAheadEnd = count
                 case .wouldBlock: return false
                 }
+            } catch {
+                fail(error)
+                return true
             }
-        } catch {
-            fail(error)
-            return true
         }
         inputArmed = false
         input.deliver(.hasBytesAvailable)
@@ -502,6 +523,36 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
     // MARK: Reading and writing
 
     func read(into buffer: UnsafeMutableRawBufferPointer, from input: SocketInputStream) -> Int {
+        if let error = deferredReadError {
+            deferredReadError = nil
+            fail(error)
+            return -1
+        }
+        if readAheadEnd > readAheadStart, let readAhead, buffer.count > 0 {
+            let count = min(buffer.count, readAheadEnd - readAheadStart)
+            buffer.baseAddress!.copyMemory(from: readAhead.baseAddress! + readAheadStart, byteCount: count)
+            readAheadStart += count
+            var total = count
+            // The read-ahead took all it had room for: more may wait, read straight into what is left (a 0 here
+            // is the end, which the next read finds again).
+            if readAheadStart == readAheadEnd, readAheadEnd == readAhead.count, count < buffer.count {
+                do throws(ConnectionError) {
+                    let rest = UnsafeMutableRawBufferPointer(rebasing: buffer[count...])
+                    if case .processed(let more) = try Syscall.recv(fd, rest, dontWait: true) { total += more }
+                } catch {
+                    deferredReadError = error
+                }
+            }
+            inputArmed = true
+            inputSuppressed = false
+            do throws(ConnectionError) {
+                try updateInterest()
+            } catch {
+                fail(error)
+                return -1
+            }
+            return total
+        }
         do throws(ConnectionError) {
             switch try Syscall.recv(fd, buffer, dontWait: true) {
             case .processed(0):
