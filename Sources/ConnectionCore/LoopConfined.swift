@@ -1,9 +1,14 @@
-import Glibc
-package import Synchronization
+// Public imports: the inlinable bodies below read an atomic and call pthread_self().
+public import Glibc
+public import Synchronization
 
 /// The thread a loop (or a reader) runs on, as the owner of ``LoopConfined`` values: a loop binds it once when
 /// its thread starts, and every value confined to that loop checks against it, however many objects hold one.
-package final class LoopThread: Sendable {
+///
+/// `LoopThread` and ``LoopConfined`` are public only to an SPI (`@_spi(Loop)`), not to users: the compiler inlines a
+/// `package` declaration's `@inlinable` body into no other module (checked with Swift 6.3.1: a call remains, and for
+/// a generic one an unspecialized call), and these run on every turn of every loop.
+@_spi(Loop) public final class LoopThread: Sendable {
     @usableFromInline let id = Atomic<UInt>(0)
 
     package init() {}
@@ -20,7 +25,7 @@ package final class LoopThread: Sendable {
 
     /// `true` on the owning thread.
     @inlinable
-    package var isCurrent: Bool {
+    public var isCurrent: Bool {
         id.load(ordering: .acquiring) == UInt(pthread_self())
     }
 
@@ -42,11 +47,13 @@ package final class LoopThread: Sendable {
 /// checks the thread, so a touch from a wrong thread stops the test that makes it instead of racing; release builds
 /// check nothing. Accesses are short (`withValue`) and must not nest: run no callback or job inside one, since it
 /// may come back to the same value.
-package final class LoopConfined<Value>: @unchecked Sendable {
-    // Inlinable, so the loops in other modules touch their state without a generic call per access.
-    @usableFromInline var value: Value
+@_spi(Loop) public final class LoopConfined<Value>: @unchecked Sendable {
+    // The value lives behind a pointer, not in a stored `var`: every `inout` use of a class's stored property is
+    // checked for exclusive access at run time (swift_beginAccess and a thread-local access set), which the
+    // confinement makes redundant.
+    @usableFromInline let storage: UnsafeMutablePointer<Value>
     /// The thread allowed to touch the value.
-    package let owner: LoopThread
+    public let owner: LoopThread
     /// Called with the value when this box goes (from whichever thread drops the last reference: no other can
     /// reach the value then), for a value that must be released by hand (a buffer the loop reads into).
     private let release: ((Value) -> Void)?
@@ -54,12 +61,17 @@ package final class LoopConfined<Value>: @unchecked Sendable {
     /// A value owned by `owner` (by default a thread of its own, bound with ``bindToCurrentThread()``); `release`
     /// runs on it when the box goes.
     package init(_ value: Value, on owner: LoopThread = LoopThread(), release: ((Value) -> Void)? = nil) {
-        self.value = value
+        storage = .allocate(capacity: 1)
+        storage.initialize(to: value)
         self.owner = owner
         self.release = release
     }
 
-    deinit { release?(value) }
+    deinit {
+        release?(storage.pointee)
+        storage.deinitialize(count: 1)
+        storage.deallocate()
+    }
 
     /// Makes the calling thread the owner (the loop or reader thread, as it starts).
     package func bindToCurrentThread() { owner.bindToCurrentThread() }
@@ -69,12 +81,12 @@ package final class LoopConfined<Value>: @unchecked Sendable {
 
     /// `true` on the owning thread.
     @inlinable
-    package var isOwnerThread: Bool { owner.isCurrent }
+    public var isOwnerThread: Bool { owner.isCurrent }
 
     /// Reads or changes the value; on the owning thread only (or while none is bound).
     @inlinable
-    package func withValue<R, E: Error>(_ body: (inout Value) throws(E) -> R) throws(E) -> R {
+    public func withValue<R, E: Error>(_ body: (inout Value) throws(E) -> R) throws(E) -> R {
         assert(owner.allowsCurrentThread(), "loop-confined state touched off its thread")
-        return try body(&value)
+        return try body(&storage.pointee)
     }
 }

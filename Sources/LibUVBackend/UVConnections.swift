@@ -1,4 +1,4 @@
-import ConnectionCore
+@_spi(Loop) import ConnectionCore
 import POSIXSupport
 import Synchronization
 

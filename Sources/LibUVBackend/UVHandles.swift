@@ -1,5 +1,5 @@
 internal import CLibUV
-import ConnectionCore
+@_spi(Loop) import ConnectionCore
 public import POSIXSupport
 
 /// What every libuv handle shares: its loop, its memory, and closing.

@@ -1,5 +1,5 @@
 internal import CLibUV
-public import ConnectionCore
+@_spi(Loop) public import ConnectionCore
 import Glibc
 import POSIXSupport
 import Synchronization

@@ -1,5 +1,5 @@
 import BenchmarkDriver
-import ConnectionCore
+@_spi(Loop) import ConnectionCore
 import POSIXSupport
 import SocketStyles
 

@@ -1,4 +1,4 @@
-public import ConnectionCore
+@_spi(Loop) public import ConnectionCore
 import Synchronization
 
 /// Receives readiness events from an ``EpollLoop`` (called on the loop thread).

@@ -1,4 +1,4 @@
-package import ConnectionCore
+@_spi(Loop) package import ConnectionCore
 import Synchronization
 
 /// One item of work for a loop thread: a block, or a job of a task that prefers the loop as its executor.

@@ -1,4 +1,4 @@
-public import ConnectionCore
+@_spi(Loop) public import ConnectionCore
 import POSIXSupport
 import Synchronization
 
