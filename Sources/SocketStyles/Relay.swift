@@ -231,18 +231,27 @@ public final class Relay: Sendable {
                         return
                     }
                     if let limit = plan.blackHoleAfterBytes, forwarded >= limit { continue }
+                    var outgoing = message
+                    if let limit = plan.cutAfterBytes, source.transport.isByteStream,
+                        forwarded + message.bytes.count > limit
+                    {
+                        // A byte stream is cut at the byte asked for; a message (udp, ws) cannot be split and goes
+                        // whole before the cut.
+                        outgoing = Message(
+                            kind: message.kind, bytes: Array(message.bytes.prefix(max(0, limit - forwarded))))
+                    }
                     // Counted before the send, so that whoever receives these bytes finds them in the statistics
                     // (the deadpeer lesson sizes its black hole from them); a failed send ends the pair anyway.
-                    forwarded += message.bytes.count
+                    forwarded += outgoing.bytes.count
                     counters.update {
                         if upstreamBound {
-                            $0.bytesToUpstream += message.bytes.count
+                            $0.bytesToUpstream += outgoing.bytes.count
                         } else {
-                            $0.bytesToClients += message.bytes.count
+                            $0.bytesToClients += outgoing.bytes.count
                         }
                     }
                     do throws(ConnectionError) {
-                        try await sink.send(message)
+                        try await sink.send(outgoing)
                     } catch {
                         await cut()
                         return
@@ -253,7 +262,7 @@ public final class Relay: Sendable {
                     }
                     if let bandwidth = plan.bandwidth, bandwidth > 0 {
                         try? await Task.sleep(
-                            for: .nanoseconds(Int64(message.bytes.count) * 1_000_000_000 / Int64(bandwidth)))
+                            for: .nanoseconds(Int64(outgoing.bytes.count) * 1_000_000_000 / Int64(bandwidth)))
                     }
                 }
             }
