@@ -122,18 +122,7 @@ struct RelayMemoryTests {
             for upstreamResets in [true, false] {
                 let client = try await stack.connect(to: relay.endpoint)
                 let server = try await upstream.accept()
-                let (resetting, other) = upstreamResets ? (server, client) : (client, server)
-                try await resetting.send([7, 7])
-                if transport.isByteStream {
-                    #expect(try await other.receive(exactly: 2) == [7, 7])
-                } else {
-                    #expect(try await other.receive()?.bytes == [7, 7])
-                }
-                await resetting.abort()
-                await expectConnectionError(.reset) { () throws(ConnectionError) in
-                    while try await other.receive() != nil {}
-                }
-                await other.close()
+                try await expectResetCarried(client: client, server: server, upstreamResets: upstreamResets)
             }
             await relay.stop()
             await upstream.close()

@@ -116,18 +116,7 @@ struct RelayTests {
             for upstreamResets in [true, false] {
                 let client = try await test.connect(to: proxy.endpoint)
                 let server = try await upstream.accept()
-                let (resetting, other) = upstreamResets ? (server, client) : (client, server)
-                try await resetting.send([7, 7])
-                if test.transport.isByteStream {
-                    #expect(try await other.receive(exactly: 2) == [7, 7])
-                } else {
-                    #expect(try await other.receive()?.bytes == [7, 7])
-                }
-                await resetting.abort()
-                await expectConnectionError(.reset) { () throws(ConnectionError) in
-                    while try await other.receive() != nil {}
-                }
-                await other.close()
+                try await expectResetCarried(client: client, server: server, upstreamResets: upstreamResets)
             }
             await proxy.stop()
             // --cut-after: the relay resets the client and the upstream once 4 bytes went toward the upstream.
@@ -269,4 +258,25 @@ struct RelayTests {
             await server.stop()
         }
     }
+}
+
+/// One side of a relayed pair sends two bytes, which must arrive, then resets (`abort()`): the other side must
+/// see `.reset`, not a clean end. `upstreamResets` picks the side. Closes the other side (the resetting one is
+/// gone with its reset).
+func expectResetCarried(
+    client: any Connection, server: any Connection, upstreamResets: Bool,
+    sourceLocation: SourceLocation = #_sourceLocation
+) async throws {
+    let (resetting, other) = upstreamResets ? (server, client) : (client, server)
+    try await resetting.send([7, 7])
+    if client.transport.isByteStream {
+        #expect(try await other.receive(exactly: 2) == [7, 7], sourceLocation: sourceLocation)
+    } else {
+        #expect(try await other.receive()?.bytes == [7, 7], sourceLocation: sourceLocation)
+    }
+    await resetting.abort()
+    await expectConnectionError(.reset, sourceLocation: sourceLocation) { () throws(ConnectionError) in
+        while try await other.receive() != nil {}
+    }
+    await other.close()
 }
