@@ -182,19 +182,13 @@ struct RelayTests {
             await delayed.stop()
             await server.stop()
 
-            // Loss: 25% of datagrams toward the server, none back. Over 2,000 the share lost is 25% +- 4 points
-            // (more than 4 standard deviations), plus whatever loopback itself drops (none at this pace).
+            // Loss: 25% of datagrams toward the server, none back, plus whatever loopback itself drops (none at
+            // this pace).
             let udp = ConformanceCase(backend: backend, transport: .udp)
             let udpServer = try await udp.echoServer()
             let lossy = try await relay(udp, to: udpServer.endpoint, toUpstream: .with { $0.loss = 0.25 })
             let udpClient = try await udp.connect(to: lossy.endpoint)
-            var configuration = SoakRunner.Configuration(messages: 2000)
-            configuration.sizes = 16...64
-            configuration.window = 64
-            configuration.lossTimeout = .milliseconds(300)
-            let report = await SoakRunner(configuration).run(on: udpClient)
-            let share = Double(report.lost) / Double(report.sent)
-            #expect(abs(share - 0.25) < 0.04, "\(report.lost) of \(report.sent) lost (\(share))")
+            let report = try await expectQuarterLost(on: udpClient)
             #expect(lossy.statistics.dropped == report.lost || report.lost > lossy.statistics.dropped)
             await lossy.stop()
             await udpServer.stop()
@@ -279,4 +273,20 @@ func expectResetCarried(
         while try await other.receive() != nil {}
     }
     await other.close()
+}
+
+/// 2,000 small messages through a relay that drops 25% of them toward the server: the share lost must be 25% +- 4
+/// points (more than four standard deviations over 2,000). Returns the soak's report.
+func expectQuarterLost(
+    on client: any Connection, sourceLocation: SourceLocation = #_sourceLocation
+) async throws -> SoakRunner.Report {
+    var configuration = SoakRunner.Configuration(messages: 2000)
+    configuration.sizes = 16...64
+    configuration.window = 64
+    configuration.lossTimeout = .milliseconds(300)
+    let report = await SoakRunner(configuration).run(on: client)
+    let share = Double(report.lost) / Double(report.sent)
+    #expect(
+        abs(share - 0.25) < 0.04, "\(report.lost) of \(report.sent) lost (\(share))", sourceLocation: sourceLocation)
+    return report
 }
