@@ -214,12 +214,7 @@ struct RelayTests {
                 })
             try await client.send(text: "hello")
             #expect(try await client.receive()?.text == "hello")
-            let started = ContinuousClock.now
-            let error = await expectConnectionError(.timedOut) { () throws(ConnectionError) in
-                while true { _ = try await client.receive() }
-            }
-            #expect(error?.systemCode?.code == 1001)
-            #expect(ContinuousClock.now - started < .seconds(5), "noticed only after \(ContinuousClock.now - started)")
+            await expectKeepAliveEnds(client)
             await client.close()
             await proxy.stop()
             await server.stop()
@@ -289,4 +284,17 @@ func expectQuarterLost(
     #expect(
         abs(share - 0.25) < 0.04, "\(report.lost) of \(report.sent) lost (\(share))", sourceLocation: sourceLocation)
     return report
+}
+
+/// After its last message came, a WebSocket client behind a black hole must end with `.timedOut` (close code 1001,
+/// going away) from its keep-alive, within 5 s (with keep-alive every 100 ms and a 300 ms pong deadline).
+func expectKeepAliveEnds(_ client: WebSocketConnection, sourceLocation: SourceLocation = #_sourceLocation) async {
+    let started = ContinuousClock.now
+    let error = await expectConnectionError(.timedOut, sourceLocation: sourceLocation) {
+        () throws(ConnectionError) in
+        while true { _ = try await client.receive() }
+    }
+    #expect(error?.systemCode?.code == 1001, sourceLocation: sourceLocation)
+    let took = ContinuousClock.now - started
+    #expect(took < .seconds(5), "noticed only after \(took)", sourceLocation: sourceLocation)
 }
