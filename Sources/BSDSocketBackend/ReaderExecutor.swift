@@ -17,7 +17,7 @@ final class ReaderExecutor: TaskExecutor, Sendable {
     init() throws(ConnectionError) {
         let wakeFD = try Syscall.eventFD()
         self.wakeFD = wakeFD
-        work = LoopWorkQueue(signalsUnderLock: true, signal: { Syscall.eventFDSignal(wakeFD) })
+        work = LoopWorkQueue(signal: { Syscall.eventFDSignal(wakeFD) })
     }
 
     /// The eventfd is closed once the queue no longer signals it: by ``stop()``, or here for an executor whose

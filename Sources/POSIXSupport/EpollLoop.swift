@@ -47,7 +47,7 @@ public final class EpollLoop: TaskExecutor, Sendable {
             throw error
         }
         self.wakeFD = wakeFD
-        work = LoopWorkQueue(signalsUnderLock: false, signal: { Syscall.eventFDSignal(wakeFD) })
+        work = LoopWorkQueue(signal: { Syscall.eventFDSignal(wakeFD) })
         try Syscall.epollControl(epoll, Syscall.epollAdd, wakeFD, events: Syscall.epollIn, data: Self.wakeToken)
     }
 

@@ -1,4 +1,5 @@
 @_spi(Loop) package import ConnectionCore
+import Glibc
 import Synchronization
 
 /// One item of work for a loop thread: a block, or a job of a task that prefers the loop as its executor.
@@ -20,15 +21,16 @@ package enum LoopWork: Sendable {
 /// bsd reader thread, the libuv loop).
 ///
 /// Work added from another thread goes into a locked list, and the loop is signalled (an eventfd write,
-/// `uv_async_send`) only when it has said it is about to sleep (``prepareToSleep()``), and then once however much
+/// an eventfd write) only when it has said it is about to sleep (``prepareToSleep()``), and then once however much
 /// work comes; work the loop thread adds itself goes into a list only that thread touches: no lock, no signal.
 /// ``runAll(jobsAs:)`` swaps each list with a spare buffer that keeps its capacity, so a steady loop allocates
 /// nothing. A job may wait in place for the loop's own events (a receive on bsd's reader thread blocks in the poll
 /// the loop would make): ``hasUnrunWork`` tells it not to sleep while work the loop already took is still to run,
 /// since one of those jobs may be the send its reply depends on.
 ///
-/// Once ``close()`` is called, ``add(_:)`` refuses work (the caller runs it elsewhere or drops it) and no signal is
-/// sent again, so the caller may then release what `signal` writes to.
+/// Once ``close()`` has returned, ``add(_:)`` refuses work (the caller runs it elsewhere or drops it) and no signal
+/// is in flight or sent again, so the caller may then release what `signal` writes to (bsd's reader closes its
+/// eventfd, and so does the libuv loop when it ends).
 package final class LoopWorkQueue: Sendable {
     private struct Shared {
         var items: [LoopWork] = []
@@ -51,18 +53,23 @@ package final class LoopWorkQueue: Sendable {
     private let shared = Guarded(Shared())
     private let local = LoopConfined(Local())
     private let signal: @Sendable () -> Void
-    private let signalsUnderLock: Bool
+    /// Signals decided under the lock and not yet finished: ``close()`` waits for them.
+    private let signalsInFlight = Atomic<Int>(0)
 
-    /// `signal` wakes the loop from another thread. With `signalsUnderLock` it is called with the queue's lock
-    /// held, so never after ``close()`` returned: for a signal whose target a close releases (bsd's reader closes
-    /// its eventfd when its thread ends; libuv forbids `uv_async_send` on a closing handle). Otherwise it is
-    /// called after the lock is released, which a loop whose signal lives as long as the queue should choose: a
-    /// woken loop thread on the same CPU may run at once, and must not find the lock still held by the thread
-    /// that woke it (measured with `sockbench microbench perform --placement same`: p90 38 us with the signal
-    /// under the lock, 6 us without).
-    package init(signalsUnderLock: Bool, signal: @escaping @Sendable () -> Void) {
+    /// `signal` wakes the loop from another thread. It is called after the queue's lock is released: a woken loop
+    /// thread on the same CPU may run at once, and must not find the lock still held by the thread that woke it
+    /// (measured with `sockbench microbench perform --placement same`: p90 38 us with the signal under the lock,
+    /// 6 us without; and in an open-loop run with a spinning pacer, the bsd reader spun in the lock's slow path
+    /// while its holder waited for the CPU: 30 us per hand-over). ``close()`` waits for a signal already decided,
+    /// so none reaches a target the caller releases after closing.
+    package init(signal: @escaping @Sendable () -> Void) {
         self.signal = signal
-        self.signalsUnderLock = signalsUnderLock
+    }
+
+    /// Calls `signal` for a wake-up decided under the lock (counted there, so a ``close()`` after it waits).
+    private func sendSignal() {
+        signal()
+        signalsInFlight.subtract(1, ordering: .releasing)
     }
 
     /// Makes the calling thread the loop thread (its adds are local from now on).
@@ -93,10 +100,10 @@ package final class LoopWorkQueue: Sendable {
             shared.items.append(work)
             guard shared.sleeping else { return (true, false) }
             shared.sleeping = false
-            if signalsUnderLock { signal() }
-            return (true, !signalsUnderLock)
+            signalsInFlight.add(1, ordering: .relaxed)
+            return (true, true)
         }
-        if wake { signal() }
+        if wake { sendSignal() }
         return taken
     }
 
@@ -110,10 +117,10 @@ package final class LoopWorkQueue: Sendable {
                 return false
             }
             shared.sleeping = false
-            if signalsUnderLock { signal() }
-            return !signalsUnderLock
+            signalsInFlight.add(1, ordering: .relaxed)
+            return true
         }
-        if wake { signal() }
+        if wake { sendSignal() }
     }
 
     /// Loop thread: work is queued locally, or taken in a batch and not run yet.
@@ -176,7 +183,7 @@ package final class LoopWorkQueue: Sendable {
     }
 
     /// Refuses work from now on and returns what was added and not run (the loop's own list too, when called on
-    /// the loop thread). Returns `nil` when it was already closed.
+    /// the loop thread), once no signal is in flight. Returns `nil` when it was already closed.
     package func close() -> [LoopWork]? {
         let added: [LoopWork]? = shared.withLock { shared in
             guard shared.open else { return nil }
@@ -185,6 +192,9 @@ package final class LoopWorkQueue: Sendable {
             return shared.items
         }
         guard var added else { return nil }
+        // A signal decided before the queue closed is between the lock and its write: a few instructions, so
+        // yield the CPU to it (it may be waiting for this one) rather than sleep.
+        while signalsInFlight.load(ordering: .acquiring) > 0 { sched_yield() }
         if local.isOwnerThread {
             added =
                 local.withValue { local in

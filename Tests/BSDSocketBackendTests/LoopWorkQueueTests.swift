@@ -1,4 +1,5 @@
 import ConnectionCore
+import Glibc
 import POSIXSupport
 import Synchronization
 import Testing
@@ -35,7 +36,7 @@ struct LoopWorkQueueTests {
     @Test("Work from another thread signals only a loop that said it sleeps, and once per sleep")
     func signalsOnlyASleepingLoop() {
         let signals = Counter()
-        let queue = LoopWorkQueue(signalsUnderLock: true, signal: { signals.add() })
+        let queue = LoopWorkQueue(signal: { signals.add() })
         let ran = Counter()
         // No loop thread is bound: every add below comes from "another thread".
         queue.add(.block({ ran.add() }))
@@ -55,7 +56,7 @@ struct LoopWorkQueueTests {
     @Test("A wake-up that comes while the loop is awake makes its next prepareToSleep say no, once")
     func wakeWhileAwakeIsRemembered() {
         let signals = Counter()
-        let queue = LoopWorkQueue(signalsUnderLock: true, signal: { signals.add() })
+        let queue = LoopWorkQueue(signal: { signals.add() })
         queue.wake()
         #expect(signals.count == 0)
         #expect(!queue.prepareToSleep())
@@ -67,7 +68,7 @@ struct LoopWorkQueueTests {
     @Test("The loop thread's own work runs first, work it adds while running runs in the same call, nothing waits")
     func orderAndNestedWork() {
         let signals = Counter()
-        let queue = LoopWorkQueue(signalsUnderLock: true, signal: { signals.add() })
+        let queue = LoopWorkQueue(signal: { signals.add() })
         let log = Log()
         let unrun = Guarded<[Bool]>([])
         queue.add(.block({ log.add("other thread") }))
@@ -89,7 +90,7 @@ struct LoopWorkQueueTests {
 
     @Test("A job of a batch being run sees the rest of its batch as unrun work, and may not sleep")
     func unrunBatchWork() {
-        let queue = LoopWorkQueue(signalsUnderLock: true, signal: {})
+        let queue = LoopWorkQueue(signal: {})
         let seen = Guarded<[Bool]>([])
         Self.onLoopThread(queue) {
             queue.add(
@@ -108,7 +109,7 @@ struct LoopWorkQueueTests {
     @Test("A closed queue returns what was not run, refuses new work and never signals again")
     func closeRefuses() {
         let signals = Counter()
-        let queue = LoopWorkQueue(signalsUnderLock: true, signal: { signals.add() })
+        let queue = LoopWorkQueue(signal: { signals.add() })
         let ran = Counter()
         let leftLocal = Counter()
         let refusedLocal = Counter()
@@ -127,5 +128,25 @@ struct LoopWorkQueueTests {
         #expect(signals.count == 0)
         #expect(ran.count == 0)
         #expect(!queue.isOpen)
+    }
+
+    @Test("close() returns only once a signal decided before it has finished, so its target may then be released")
+    func closeWaitsForASignalInFlight() {
+        let inSignal = Latch()
+        let finished = Counter()
+        let queue = Guarded<LoopWorkQueue?>(nil)
+        // The signal goes on until the queue is closed (close() marks it closed before anything else), then ends.
+        let made = LoopWorkQueue(signal: {
+            inSignal.open()
+            while queue.withLock({ $0?.isOpen ?? true }) { sched_yield() }
+            finished.add()
+        })
+        queue.withLock { $0 = made }
+        #expect(made.prepareToSleep())
+        // Another thread adds work to the sleeping loop: it decides to signal, and is inside the signal.
+        PosixThread.spawn(name: "queue-signaller") { _ = made.add(.block({})) }
+        inSignal.wait()
+        _ = made.close()
+        #expect(finished.count == 1, "close() returned while the signal was still being sent")
     }
 }
