@@ -11,12 +11,18 @@ public struct RateRunner: Sendable {
     public var perSecond: Int
     public var duration: Duration
     public var warmup: Duration
+    /// How the sender waits for each send time.
+    public var pacing: Pacing
     public let size = 64
 
-    public init(perSecond: Int, duration: Duration = .seconds(2), warmup: Duration = .milliseconds(250)) {
+    public init(
+        perSecond: Int, duration: Duration = .seconds(2), warmup: Duration = .milliseconds(250),
+        pacing: Pacing = .spin
+    ) {
         self.perSecond = perSecond
         self.duration = duration
         self.warmup = warmup
+        self.pacing = pacing
     }
 
     /// Messages in all, warm-up included.
@@ -40,8 +46,8 @@ public struct RateRunner: Sendable {
         let book = Book(count: total)
         let stream = connection.transport.isByteStream
         let size = size
-        let pacer = Pacer(start: MonotonicClock.nanoseconds() + 1_000_000, interval: interval, count: total)
-        defer { pacer.stop() }
+        let pacer = Pacer(
+            start: MonotonicClock.nanoseconds() + 1_000_000, interval: interval, count: total, pacing: pacing)
         enum Part { case receiver(ConnectionError?), sender(ConnectionError?), timer }
         let failure: ConnectionError? = await withTaskGroup(of: Part.self) { group in
             // The receiver, on the connection's executor (resumed by I/O without a hop), only notes when each echo
@@ -73,9 +79,10 @@ public struct RateRunner: Sendable {
                 }
                 return .receiver(nil)
             }
-            // The sender, on the connection's executor too: waits for each message's time on the pacer (never
-            // spins: a spinning sender would starve the event loop it may share with the receiver and, pinned, the
-            // server; timer lateness shows in the corrected latency, as it should), notes the time and sends.
+            // The sender, on the connection's executor too: waits for each message's time on the pacer (which
+            // spins or sleeps on a thread of its own: a sender spinning on the executor would starve the receiver
+            // sharing it; the pacer's lateness shows in the corrected latency, as it should), notes the time and
+            // sends.
             group.addTask(executorPreference: connection.preferredExecutor) {
                 var payload = [UInt8](repeating: 0x5a, count: size)
                 for sequence in 0..<total {
@@ -117,9 +124,12 @@ public struct RateRunner: Sendable {
             }
             return sendFailure ?? receiveFailure
         }
+        let pacerCPU = await pacer.end()
         if let failure { throw failure }
         let times = book.times.withLock { $0 }
-        return result(intended: times.intended, actual: times.actual, received: times.received)
+        var measurement = result(intended: times.intended, actual: times.actual, received: times.received)
+        measurement.pacingCPUNanoseconds = pacerCPU
+        return measurement
     }
 
     /// The figures of a run from when each message was meant to go, went and came back (0: never): latency

@@ -177,12 +177,17 @@ public struct ScenarioResult: Sendable, Codable {
     /// UDP pump: datagrams the sink received per second of the send window (goodput; what iperf3 reports as the
     /// receiver's rate).
     public var receivedPerSecond: Double?
+    /// rate: the CPU time the sender's clock spent waiting for send times (all of it while spinning), part of the
+    /// client's CPU time and left out of ``cpuPerMessageNanoseconds``: it is the load generator's, not the cost of
+    /// a message.
+    public var pacingCPUNanoseconds: UInt64?
 
     public init() {}
 
-    /// CPU time of both sides per message, nanoseconds (the cost of a message).
+    /// CPU time of both sides per message, nanoseconds (the cost of a message; a rate sender's waiting left out).
     public var cpuPerMessageNanoseconds: Double? {
         guard messages > 0, let client, let server else { return nil }
-        return Double(client.cpuNanoseconds + server.cpuNanoseconds) / Double(messages)
+        let spent = client.cpuNanoseconds + server.cpuNanoseconds
+        return Double(spent - min(spent, pacingCPUNanoseconds ?? 0)) / Double(messages)
     }
 }

@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -292,8 +293,14 @@ static void *receive_echoes(void *context) {
     return NULL;
 }
 
-int cfloor_rate(int fd, int datagram, int size, int total, uint64_t interval_ns, uint64_t *intended_ns,
-                uint64_t *actual_ns, uint64_t *received_ns, int *received) {
+static uint64_t thread_cpu_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
+int cfloor_rate(int fd, int datagram, int size, int total, uint64_t interval_ns, int spin, uint64_t *intended_ns,
+                uint64_t *actual_ns, uint64_t *received_ns, int *received, uint64_t *waiting_cpu_ns) {
     if (size < (int)sizeof(uint32_t)) size = (int)sizeof(uint32_t);
     char *out = malloc((size_t)size);
     if (!out) { errno = ENOMEM; return -1; }
@@ -304,12 +311,19 @@ int cfloor_rate(int fd, int datagram, int size, int total, uint64_t interval_ns,
     int status = pthread_create(&thread, NULL, receive_echoes, &r);
     if (status != 0) { free(out); errno = status; return -1; }
     int result = 0;
+    uint64_t waited = 0;
     uint64_t start = now_ns() + 1000000;
     for (int i = 0; i < total; i++) {
         uint64_t intended = start + (uint64_t)((double)i * (double)interval_ns);
-        /* Sleep until the schedule says, never spin (as the Swift sender); lateness shows in the corrected time. */
-        struct timespec until = {(time_t)(intended / 1000000000ull), (long)(intended % 1000000000ull)};
-        while (now_ns() < intended && clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &until, NULL) == EINTR) {}
+        /* Wait as the Swift pacer does; lateness shows in the corrected time. */
+        uint64_t cpu_before = thread_cpu_ns();
+        if (spin) {
+            while (now_ns() < intended) sched_yield();
+        } else {
+            struct timespec until = {(time_t)(intended / 1000000000ull), (long)(intended % 1000000000ull)};
+            while (now_ns() < intended && clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &until, NULL) == EINTR) {}
+        }
+        waited += thread_cpu_ns() - cpu_before; /* before the actual send time: not in the uncorrected latency */
         uint64_t actual = now_ns();
         intended_ns[i] = intended;
         actual_ns[i] = actual;
@@ -324,6 +338,7 @@ int cfloor_rate(int fd, int datagram, int size, int total, uint64_t interval_ns,
     pthread_join(thread, NULL);
     free(out);
     *received = r.received;
+    *waiting_cpu_ns = waited;
     if (result != 0) { errno = code; return -1; }
     if (r.failed) { errno = r.error; return -1; }
     return 0;

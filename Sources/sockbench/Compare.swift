@@ -60,6 +60,12 @@ struct Compare: AsyncParsableCommand {
     @Option(help: "CPU placement: `same` (client and server on one CPU), `cross` (different CPUs) or `none`.")
     var placement: Placement = .same
 
+    @Option(
+        help:
+            "How the open-loop (rate) senders, ours and the C floor's, wait for each send time: `spin` (check the clock, yielding the CPU between checks, as sockperf's sender polls it: no timer or idle wake-up in the latency) or `sleep` (clock_nanosleep: every message pays the timer's lateness and an idle CPU's wake-up)."
+    )
+    var pacing: String = Pacing.spin.rawValue
+
     @Option(help: "Write results.json, results.csv, report.md and report.html to this directory.")
     var out: String?
 

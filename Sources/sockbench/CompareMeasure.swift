@@ -135,7 +135,7 @@ extension Compare {
             case .rate(let perSecond):
                 return try await runFloorRate(
                     endpoint: endpoint, perSecond: perSecond, duration: .milliseconds(Int(plan.rateSeconds * 1000)),
-                    warmup: .milliseconds(250))
+                    warmup: .milliseconds(250), pacing: plan.pacing ?? .sleep)
             default:
                 throw ConnectionError(.unsupported, "the C floor runs pingpong, native, rate, pump and proxy only")
             }
@@ -171,7 +171,9 @@ extension Compare {
             return Self.measurement(result, size: size, count: roundTrips)
         case .rate(let perSecond):
             let connection = try await connect()
-            let runner = RateRunner(perSecond: perSecond, duration: .milliseconds(Int(plan.rateSeconds * 1000)))
+            let runner = RateRunner(
+                perSecond: perSecond, duration: .milliseconds(Int(plan.rateSeconds * 1000)),
+                pacing: plan.pacing ?? .sleep)
             do throws(ConnectionError) {
                 let result = try await runner.run(on: connection)
                 await connection.close()

@@ -27,6 +27,8 @@ extension Compare {
         var remeasure: Int?
         var pingpongWarmup: Int
         var rateSeconds: Double
+        /// How the rate senders wait for each send time (`nil` in reports made before there was a choice: sleep).
+        var pacing: Pacing?
         var pumpBytes: Int
         var connectCount: Int
         var faninCount: Int
@@ -56,6 +58,9 @@ extension Compare {
                 }
         } catch {
             throw fail(error.detail)
+        }
+        guard let chosenPacing = Pacing(rawValue: pacing) else {
+            throw fail("unknown pacing '\(pacing)' (spin, sleep)")
         }
         var chosenTransports: [Transport] = []
         for name in (transports ?? (full ? "tcp,udp,ws,tls,wss" : "tcp,udp,ws")).split(separator: ",") {
@@ -88,7 +93,7 @@ extension Compare {
             scenarios: chosenScenarios, repetitions: repetitions ?? (full ? 5 : 3),
             pingpongCount: count ?? 2_000, pingpongSeconds: count == nil ? (seconds ?? 1) : nil,
             slices: count == nil ? max(1, slices) : 1, remeasure: max(0, remeasure), pingpongWarmup: warmup,
-            rateSeconds: full ? 2 : 0.5,
+            rateSeconds: full ? 2 : 0.5, pacing: chosenPacing,
             pumpBytes: full ? 1024 << 20 : 256 << 20, connectCount: full ? 200 : 30, faninCount: full ? 500 : 100,
             placement: placement, serverCPU: serverCPU, clientCPU: clientCPU,
             options:

@@ -135,9 +135,10 @@ func runFloorPump(endpoint: Endpoint, size: Int, totalBytes: Int) async throws(C
 /// the same figures as ``RateRunner``: latency from the intended and from the actual send time, the first
 /// `warmup` not recorded, echoes missing half a second after the last send counted as lost.
 func runFloorRate(
-    endpoint: Endpoint, perSecond: Int, duration: Duration, warmup: Duration
+    endpoint: Endpoint, perSecond: Int, duration: Duration, warmup: Duration, pacing: Pacing
 ) async throws(ConnectionError) -> ScenarioResult {
-    let runner = RateRunner(perSecond: perSecond, duration: duration, warmup: warmup)
+    let runner = RateRunner(perSecond: perSecond, duration: duration, warmup: warmup, pacing: pacing)
+    let spin: Int32 = pacing == .spin ? 1 : 0
     let total = runner.total
     let socket = try BSDSocket.connect(to: endpoint)
     defer { socket.close() }
@@ -145,28 +146,32 @@ func runFloorRate(
     let datagram: Int32 = endpoint.transport == .udp ? 1 : 0
     let interval = UInt64(1e9 / Double(perSecond))
     typealias Times = (intended: [UInt64], actual: [UInt64], received: [UInt64])
-    let outcome: (status: Int32, errno: Int32, times: Times, received: Int32) = await withCheckedContinuation {
-        continuation in
-        PosixThread.spawn(name: "cfloor-rate") {
-            var times: Times = (
-                [UInt64](repeating: 0, count: total), [UInt64](repeating: 0, count: total),
-                [UInt64](repeating: 0, count: total)
-            )
-            var received: Int32 = 0
-            let status = times.intended.withUnsafeMutableBufferPointer { intended in
-                times.actual.withUnsafeMutableBufferPointer { actual in
-                    times.received.withUnsafeMutableBufferPointer { echoed in
-                        cfloor_rate(
-                            fd, datagram, Int32(runner.size), Int32(total), interval, intended.baseAddress,
-                            actual.baseAddress, echoed.baseAddress, &received)
+    let outcome: (status: Int32, errno: Int32, times: Times, received: Int32, waiting: UInt64) =
+        await withCheckedContinuation {
+            continuation in
+            PosixThread.spawn(name: "cfloor-rate") {
+                var times: Times = (
+                    [UInt64](repeating: 0, count: total), [UInt64](repeating: 0, count: total),
+                    [UInt64](repeating: 0, count: total)
+                )
+                var received: Int32 = 0
+                var waiting: UInt64 = 0
+                let status = times.intended.withUnsafeMutableBufferPointer { intended in
+                    times.actual.withUnsafeMutableBufferPointer { actual in
+                        times.received.withUnsafeMutableBufferPointer { echoed in
+                            cfloor_rate(
+                                fd, datagram, Int32(runner.size), Int32(total), interval, spin, intended.baseAddress,
+                                actual.baseAddress, echoed.baseAddress, &received, &waiting)
+                        }
                     }
                 }
+                let code = errno
+                continuation.resume(returning: (status, code, times, received, waiting))
             }
-            let code = errno
-            continuation.resume(returning: (status, code, times, received))
         }
-    }
     guard outcome.status == 0 else { throw .errno(outcome.errno, "C floor open-loop client") }
-    return runner.result(
+    var measurement = runner.result(
         intended: outcome.times.intended, actual: outcome.times.actual, received: outcome.times.received)
+    measurement.pacingCPUNanoseconds = outcome.waiting
+    return measurement
 }

@@ -159,6 +159,7 @@ struct Report: Codable {
         result.lost = mid(runs.compactMap(\.lost))
         result.received = mid(runs.compactMap(\.received))
         result.receivedPerSecond = mid(runs.compactMap(\.receivedPerSecond))
+        result.pacingCPUNanoseconds = mid(runs.compactMap(\.pacingCPUNanoseconds))
         result.reordered = mid(runs.compactMap(\.reordered))
         result.kernelReceiveBufferDrops = mid(runs.compactMap(\.kernelReceiveBufferDrops))
         result.elapsedNanoseconds = mid(runs.map(\.elapsedNanoseconds)) ?? 0

@@ -7,9 +7,12 @@ import Testing
 /// does not wait; stopping lets a waiting sender go.
 @Suite("Pacer", .timeLimit(.minutes(1)))
 struct PacerTests {
-    @Test("Each wait returns at or after its message's time, in order, and a late sender does not wait")
-    func waitsUntilDue() async {
-        let pacer = Pacer(start: MonotonicClock.nanoseconds() + 2_000_000, interval: 1_000_000, count: 20)
+    @Test(
+        "Each wait returns at or after its message's time, in order, and a late sender does not wait",
+        arguments: Pacing.allCases)
+    func waitsUntilDue(pacing: Pacing) async {
+        let pacer = Pacer(
+            start: MonotonicClock.nanoseconds() + 2_000_000, interval: 1_000_000, count: 20, pacing: pacing)
         defer { pacer.stop() }
         for index in 0..<10 {
             await pacer.wait(for: index)
@@ -22,14 +25,22 @@ struct PacerTests {
         #expect(MonotonicClock.nanoseconds() - before < pacer.due(1) - pacer.due(0) + 1_000_000)
     }
 
-    @Test("stop() lets a sender waiting for a later message go at once")
-    func stopResumesTheWaiter() async {
-        let pacer = Pacer(start: MonotonicClock.nanoseconds(), interval: 0.5e9, count: 3)  // its thread ends 0.5 s on
+    @Test(
+        "stop() lets a sender waiting for a later message go at once, and a spinning pacer ends",
+        arguments: Pacing.allCases)
+    func stopResumesTheWaiter(pacing: Pacing) async {
+        // Its thread ends 0.5 s on when sleeping; a spinning one ends at the stop.
+        let pacer = Pacer(start: MonotonicClock.nanoseconds(), interval: 0.5e9, count: 3, pacing: pacing)
         let waiting = Task { await pacer.wait(for: 2) }
         while pacer.hasWaiter == false { await Task.yield() }
         let stopped = MonotonicClock.nanoseconds()
         pacer.stop()
         await waiting.value
         #expect(MonotonicClock.nanoseconds() < stopped + 250_000_000, "the waiter went only at its message's time")
+        if pacing == .spin {
+            let deadline = stopped + 250_000_000
+            while pacer.cpuNanoseconds == nil && MonotonicClock.nanoseconds() < deadline { await Task.yield() }
+            #expect(pacer.cpuNanoseconds != nil, "the spinning pacer went on after stop()")
+        }
     }
 }

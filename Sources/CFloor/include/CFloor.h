@@ -35,11 +35,14 @@ typedef struct {
 int cfloor_pump(int fd, int datagram, int size, uint64_t total_bytes, cfloor_pump_result *result);
 
 /* Open-loop load on a connected blocking socket, as sockbench's rate runner does it: `total` messages of `size`
- * bytes (the first four carry the sequence number), message i meant to leave at start + i x interval_ns; the
- * sender sleeps until then (clock_nanosleep, never a spin) and a second thread receives the echoes. Fills
+ * bytes (the first four carry the sequence number), message i meant to leave at start + i x interval_ns, and a
+ * second thread receives the echoes. The sender waits for each send time as sockbench's pacer does: with `spin`,
+ * it checks the clock and yields the CPU to any other runnable thread between checks (sched_yield), so the CPU
+ * never idles and a thread woken on it (the server, the receiver) runs at once; without, it sleeps
+ * (clock_nanosleep), and the message pays the timer's lateness and the wake-up of an idle CPU. Fills
  * intended_ns[i] and actual_ns[i] (when each was meant to go and went) and received_ns[i] (when its echo came
- * back; 0 when it never did within half a second of the last send), and *received. Returns 0, or -1 with
- * errno set. */
-int cfloor_rate(int fd, int datagram, int size, int total, uint64_t interval_ns, uint64_t *intended_ns,
-                uint64_t *actual_ns, uint64_t *received_ns, int *received);
+ * back; 0 when it never did within half a second of the last send), *received, and *waiting_cpu_ns (the
+ * sender's CPU time spent waiting for send times). Returns 0, or -1 with errno set. */
+int cfloor_rate(int fd, int datagram, int size, int total, uint64_t interval_ns, int spin, uint64_t *intended_ns,
+                uint64_t *actual_ns, uint64_t *received_ns, int *received, uint64_t *waiting_cpu_ns);
 #endif
