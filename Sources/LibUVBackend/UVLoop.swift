@@ -9,30 +9,24 @@ import Synchronization
 /// libuv's rules, kept here:
 /// 1. One loop per thread. Handles of this loop are used only on its thread (inside callbacks, or inside blocks
 ///    given to ``execute(_:)``).
-/// 2. No libuv call is made from another thread: ``execute(_:)`` queues a block and wakes the loop by writing to
-///    an eventfd the loop watches with a `uv_poll_t` (wake-ups coalesce; every queued block runs). Not
-///    `uv_async_send`: libuv 1.44's loop spins (997 pauses, then `sched_yield`, over and over) while a sender is
-///    between marking the handle pending and finishing its write, and a sender the woken loop preempted on the
-///    same CPU is exactly there: 25-30 us per hand-over from a thread pinned beside the loop (a rate run's pacer;
-///    docs/benchmarks.md).
+/// 2. The only thread-safe call is `uv_async_send`: ``execute(_:)`` queues a block and wakes the loop with it
+///    (wake-ups coalesce; every queued block runs).
 /// 3. A handle's memory is released only in its close callback.
 /// 4. ``shutdown()`` stops the loop and `uv_loop_close` must succeed: every handle must have been closed first,
 ///    otherwise it reports `EBUSY` with the handles still open.
 public final class UVLoop: @unchecked Sendable {
-    // `@unchecked`: libuv's loop and handle structs are raw pointers; only the loop thread touches them.
+    // `@unchecked`: libuv's loop and handle structs are raw pointers; only the loop thread touches them, except
+    // `uv_async_send` on `wakeup`, which libuv makes thread-safe.
     let raw: UnsafeMutablePointer<uv_loop_t>
-    /// The eventfd other threads write to wake the loop, and the `uv_poll_t` that watches it; the eventfd is
-    /// closed when the loop has ended (the queue, closed before, no longer signals it).
-    private let wakeFD: Int32
-    private let wakeup: UnsafeMutablePointer<uv_poll_t>
+    private let wakeup: UnsafeMutablePointer<uv_async_t>
     /// Run the work queued on the loop thread itself after the callbacks of each poll (`uv_check_t`), and
     /// everything queued before the loop waits (`uv_prepare_t`, which also tells the queue the loop is about to
     /// sleep); unreferenced, so they never keep the loop alive.
     private let prepare: UnsafeMutablePointer<uv_prepare_t>
     private let check: UnsafeMutablePointer<uv_check_t>
-    /// Blocks and jobs for the loop thread: the package's one loop work queue, woken through `wakeFD` (only
+    /// Blocks and jobs for the loop thread: the package's one loop work queue, woken with `uv_async_send` (only
     /// while the loop sleeps in its poll). Closed on the loop thread just before the wake-up handle is: later work
-    /// is dropped.
+    /// is dropped, since `uv_async_send` on a closing handle is not allowed.
     private let work: LoopWorkQueue
     private let state = Guarded(LoopState())
     /// The thread's name, for `top -H` and debuggers.
@@ -47,11 +41,14 @@ public final class UVLoop: @unchecked Sendable {
     /// Creates a loop and starts its thread.
     public init(name: String = "uv-loop") throws(ConnectionError) {
         self.name = name
-        let wakeFD = try Syscall.eventFD()
-        self.wakeFD = wakeFD
         raw = .allocate(capacity: 1)
         wakeup = .allocate(capacity: 1)
-        work = LoopWorkQueue(signal: { Syscall.eventFDSignal(wakeFD) })
+        let wakeupAddress = UInt(bitPattern: wakeup)
+        work = LoopWorkQueue(
+            signalsUnderLock: true,
+            signal: {
+                uv_async_send(UnsafeMutablePointer<uv_async_t>(bitPattern: wakeupAddress))
+            })
         prepare = .allocate(capacity: 1)
         check = .allocate(capacity: 1)
         let status = uv_loop_init(raw)
@@ -60,13 +57,11 @@ public final class UVLoop: @unchecked Sendable {
             wakeup.deallocate()
             prepare.deallocate()
             check.deallocate()
-            Syscall.close(wakeFD)
             throw UVError(status).connectionError("uv_loop_init")
         }
         csuv_reserve_emfile_fd(raw)
-        uv_poll_init(raw, wakeup, wakeFD)
+        uv_async_init(raw, wakeup, uvLoopWakeup)
         uv_handle_set_data(csuv_handle(wakeup), Unmanaged.passUnretained(self).toOpaque())
-        uv_poll_start(wakeup, Int32(UV_READABLE.rawValue), uvLoopWakeup)
         uv_prepare_init(raw, prepare)
         uv_check_init(raw, check)
         uv_handle_set_data(csuv_handle(prepare), Unmanaged.passUnretained(self).toOpaque())
@@ -91,7 +86,7 @@ public final class UVLoop: @unchecked Sendable {
     /// The loop's thread, for state that only its callbacks touch (`LoopConfined`).
     package var thread: LoopThread { work.thread }
 
-    /// Runs `block` on the loop thread, soon (from any thread: an eventfd write). Once ``shutdown()`` has
+    /// Runs `block` on the loop thread, soon (from any thread: `uv_async_send`). Once ``shutdown()`` has
     /// closed the wake-up handle, blocks are dropped.
     public func execute(_ block: @escaping @Sendable () -> Void) {
         work.add(.block(block))
@@ -114,12 +109,6 @@ public final class UVLoop: @unchecked Sendable {
         repeat { drain() } while !work.prepareToSleep()
     }
 
-    /// The wake-up callback: empties the eventfd, then as after the poll.
-    fileprivate func woken() {
-        Syscall.eventFDDrain(wakeFD)
-        afterPoll()
-    }
-
     /// After the poll (and in the wake-up callback): adds stop signalling; runs what the callbacks queued.
     fileprivate func afterPoll() {
         work.awoke()
@@ -140,7 +129,6 @@ public final class UVLoop: @unchecked Sendable {
             uv_run(raw, UV_RUN_DEFAULT)
             status = uv_loop_close(raw)
         }
-        Syscall.close(wakeFD)
         let result: Result<Void, ConnectionError>
         if leftOpen.isEmpty && status == 0 {
             result = .success(())
@@ -192,8 +180,8 @@ public final class UVLoop: @unchecked Sendable {
     }
 }
 
-private let uvLoopWakeup: @convention(c) (UnsafeMutablePointer<uv_poll_t>?, Int32, Int32) -> Void = { handle, _, _ in
-    Unmanaged<UVLoop>.fromOpaque(uv_handle_get_data(csuv_handle(handle!))).takeUnretainedValue().woken()
+private let uvLoopWakeup: @convention(c) (UnsafeMutablePointer<uv_async_t>?) -> Void = { handle in
+    Unmanaged<UVLoop>.fromOpaque(uv_handle_get_data(csuv_handle(handle!))).takeUnretainedValue().afterPoll()
 }
 
 private let uvLoopPrepare: @convention(c) (UnsafeMutablePointer<uv_prepare_t>?) -> Void = { handle in
@@ -239,10 +227,10 @@ extension LibUVBackend {
 /// The loop as a `TaskExecutor`: a task that prefers it (`withTaskExecutorPreference(loop)`, or a connection's
 /// ``Connection/preferredExecutor``) runs on the loop thread, so a read callback that resumes it needs no thread
 /// hop and its sends go straight to `uv_try_write`. A job enqueued from another thread goes through the same
-/// queue as ``execute(_:)`` (one eventfd write, coalesced). A job enqueued on the loop thread itself (the
+/// queue as ``execute(_:)`` (one `uv_async_send`, coalesced). A job enqueued on the loop thread itself (the
 /// common case: a read callback resumes a waiting receive) is kept in a loop-local queue that a `uv_check_t`
 /// runs right after the callbacks of the same poll, and a `uv_prepare_t` before the loop next waits: no
-/// eventfd write, no extra turn of the loop. A job never runs inside `enqueue`. Jobs
+/// `uv_async_send`, no eventfd write, no extra turn of the loop. A job never runs inside `enqueue`. Jobs
 /// enqueued after ``shutdown()`` has closed the wake-up handle are dropped, like blocks: shut a loop down only
 /// once no task uses it.
 extension UVLoop: TaskExecutor {
