@@ -45,7 +45,6 @@ public final class UVLoop: @unchecked Sendable {
         wakeup = .allocate(capacity: 1)
         let wakeupAddress = UInt(bitPattern: wakeup)
         work = LoopWorkQueue(
-            signalsUnderLock: true,
             signal: {
                 uv_async_send(UnsafeMutablePointer<uv_async_t>(bitPattern: wakeupAddress))
             })

@@ -21,7 +21,7 @@ package enum LoopWork: Sendable {
 /// bsd reader thread, the libuv loop).
 ///
 /// Work added from another thread goes into a locked list, and the loop is signalled (an eventfd write,
-/// an eventfd write) only when it has said it is about to sleep (``prepareToSleep()``), and then once however much
+/// `uv_async_send`) only when it has said it is about to sleep (``prepareToSleep()``), and then once however much
 /// work comes; work the loop thread adds itself goes into a list only that thread touches: no lock, no signal.
 /// ``runAll(jobsAs:)`` swaps each list with a spare buffer that keeps its capacity, so a steady loop allocates
 /// nothing. A job may wait in place for the loop's own events (a receive on bsd's reader thread blocks in the poll
@@ -30,7 +30,7 @@ package enum LoopWork: Sendable {
 ///
 /// Once ``close()`` has returned, ``add(_:)`` refuses work (the caller runs it elsewhere or drops it) and no signal
 /// is in flight or sent again, so the caller may then release what `signal` writes to (bsd's reader closes its
-/// eventfd, and so does the libuv loop when it ends).
+/// eventfd; libuv forbids `uv_async_send` on a closing handle).
 package final class LoopWorkQueue: Sendable {
     private struct Shared {
         var items: [LoopWork] = []
