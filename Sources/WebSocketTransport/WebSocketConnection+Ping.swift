@@ -21,7 +21,14 @@ extension WebSocketConnection {
                     outcome = error
                 }
                 if let outcome, outcome.kind != .timedOut {
-                    return  // the connection ended or failed: the receive path reports it
+                    // The connection ended or failed: the receive path reports it. When the ping could not even
+                    // be sent (the peer had reset), nothing read the end yet; with no receive running, read it
+                    // here, so the end is reported without one.
+                    if receiveLock.tryEnter() {
+                        defer { receiveLock.leave() }
+                        await pump { $0.isOpen }
+                    }
+                    return
                 }
                 if outcome != nil {
                     // No pong before the deadline.
@@ -93,7 +100,14 @@ extension WebSocketConnection {
     /// With the receive lock held and no receive running: reads frames until ping `id` is settled, the buffered
     /// data reaches the receive limit, or the connection ends.
     private func pump(untilPing id: UInt64) async {
-        while state.withLock({ $0.awaitsPong(id) }) {
+        await pump { $0.awaitsPong(id) }
+    }
+
+    /// With the receive lock held and no receive running: reads frames while `condition` holds, until the
+    /// buffered data reaches the receive limit or the connection ends (data messages are kept for the next
+    /// receive).
+    private func pump(while condition: (borrowing WebSocketSession<PingWaiter>) -> Bool) async {
+        while state.withLock({ condition($0) }) {
             if state.withLock({ $0.pendingBytes }) >= tcp.options.receiveQueueLimit { return }
             do throws(ConnectionError) {
                 switch try await readOne(duringClose: false, placingInto: nil) {
