@@ -25,12 +25,14 @@ public final class MemoryConnection: Connection, Sendable {
     private let side: Int
 
     /// A connected pair: `first` is the client's end, `second` the server's.
+    /// `client` and `server` are the ends' addresses (by default `memory-client:1` and `memory-server:2`).
     public static func pair(
-        transport: Transport = .tcp, options: ConnectionOptions = ConnectionOptions()
+        transport: Transport = .tcp, options: ConnectionOptions = ConnectionOptions(), client: Endpoint? = nil,
+        server: Endpoint? = nil
     ) -> (first: MemoryConnection, second: MemoryConnection, wire: MemoryWire) {
         let wire = Wire(datagrams: transport == .udp, capacity: options.receiveQueueLimit)
-        let client = Endpoint(transport: transport, host: .name("memory-client"), port: 1)
-        let server = Endpoint(transport: transport, host: .name("memory-server"), port: 2)
+        let client = client ?? Endpoint(transport: transport, host: .name("memory-client"), port: 1)
+        let server = server ?? Endpoint(transport: transport, host: .name("memory-server"), port: 2)
         return (
             MemoryConnection(transport, local: client, remote: server, options, wire, side: 0),
             MemoryConnection(transport, local: server, remote: client, options, wire, side: 1),
@@ -49,6 +51,12 @@ public final class MemoryConnection: Connection, Sendable {
         self.wire = wire
         self.side = side
     }
+
+    /// The test's hand on the wire this end is on (the same for both ends).
+    public var controls: MemoryWire { MemoryWire(wire) }
+
+    /// The direction toward this end's peer.
+    public var towardPeer: Direction { side == 0 ? .toSecond : .toFirst }
 
     public func send(_ message: Message) async throws(ConnectionError) {
         try await wire.send(message.bytes, from: side)

@@ -41,7 +41,9 @@ struct ChromiumWebSocketTests {
         """
     }
 
-    @Test("Chromium echoes through our server: ws and wss, permessage-deflate agreed", arguments: ConformanceCase.ws)
+    @Test(
+        "Chromium echoes through our server: ws and wss, permessage-deflate agreed",
+        arguments: ConformanceCase.ws.filter(\.usesSockets))
     func browserClient(_ test: ConformanceCase) async throws {
         guard let chromium = HeadlessChromium.path else {
             print("skipped: no chromium (scripts/ensure-deps installs it)")

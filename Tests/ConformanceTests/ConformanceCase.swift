@@ -1,5 +1,6 @@
 import ConnectionTestKit
 import Glibc
+import POSIXSupport
 import SocketStyles
 import Testing
 
@@ -15,11 +16,25 @@ struct ConformanceCase: Sendable, CustomTestStringConvertible {
     /// The loopback address to listen on, port 0.
     var anyPort: Endpoint { try! Endpoint(url: "\(transport)://127.0.0.1:0") }
 
-    static let all: [ConformanceCase] = Backend.allCases.flatMap { backend in
+    /// Every registered backend and the in-memory one, or those named in `SOCKETSTYLES_CONFORMANCE_BACKENDS`
+    /// (comma-separated, e.g. `memory,bsd`) to run the suite on some of them.
+    static let backends: [Backend] = {
+        let every = Backend.allCases + [.memory]
+        guard let names = getenv("SOCKETSTYLES_CONFORMANCE_BACKENDS").map({ String(cString: $0) }) else { return every }
+        let chosen = Set(names.split(separator: ",").map(String.init))
+        return every.filter { chosen.contains($0.name) }
+    }()
+
+    static let all: [ConformanceCase] = backends.flatMap { backend in
         [Transport.tcp, .udp, .ws, .tls, .wss].filter(backend.transports.contains).map {
             ConformanceCase(backend: backend, transport: $0)
         }
     }
+    /// Cases whose connections are the kernel's, which other processes (openssl, Python, Chromium) can reach:
+    /// every backend but the in-memory one.
+    static let withSockets = all.filter(\.usesSockets)
+    var usesSockets: Bool { !(backend.implementation is MemoryBackend) }
+
     /// Byte streams: TCP and TLS.
     static let streams = all.filter { $0.transport.isByteStream }
     static let udp = all.filter { $0.transport == .udp }
@@ -71,6 +86,29 @@ struct ConformanceCase: Sendable, CustomTestStringConvertible {
     /// A listener for the stream under a WebSocket transport: TCP for ws, TLS for wss.
     func listenStream() async throws(ConnectionError) -> any Listener {
         try await backend.listen(on: anyPort.with(transport: transport.isSecure ? .tls : .tcp), tls: serverTLS)
+    }
+
+    /// A TCP listener that never accepts, with this backlog: once its queue is full, a further connect cannot
+    /// complete. On sockets a raw listening socket (the backends accept as connections come, so their kernel
+    /// queue would never fill); on the memory backend, its own listener (which holds connects until accepted).
+    func listenerNobodyAccepts(backlog: Int32) async throws -> (endpoint: Endpoint, close: @Sendable () async -> Void) {
+        let options = ConnectionOptions.with { $0.backlog = backlog }
+        guard usesSockets else {
+            let listener = try await backend.listen(on: try Endpoint(url: "tcp://127.0.0.1:0"), options: options)
+            return (listener.localEndpoint, { await listener.close() })
+        }
+        let listener = try BSDSocket.listen(on: try Endpoint(url: "tcp://127.0.0.1:0"), options: options)
+        return (try listener.localAddress.endpoint(.tcp), { listener.close() })
+    }
+
+    /// A TCP client below the backend under test, for what `Connection` cannot do: put bytes where the receiver
+    /// has them (its kernel's buffer, or the memory backend's side of the wire), then reset.
+    func rawPeer(to endpoint: Endpoint) async throws -> any RawPeer {
+        if usesSockets { return try SocketRawPeer(to: endpoint) }
+        guard let connection = try await backend.connect(to: endpoint) as? MemoryConnection else {
+            throw SocketTest.Failure(description: "the memory backend made something else than a MemoryConnection")
+        }
+        return MemoryRawPeer(connection: connection)
     }
 
     func echoServer() async throws(ConnectionError) -> EchoServer {
@@ -161,4 +199,62 @@ func udpRequest(
         if let reply, let bytes = reply, bytes == payload { return bytes }
     }
     throw SocketTest.Failure(description: "no UDP reply after \(attempts) attempts")
+}
+
+/// A peer written below `Connection` (see ``ConformanceCase/rawPeer(to:)``).
+protocol RawPeer: Sendable {
+    /// Sends `bytes` and returns once the receiving end holds all of them, then resets the connection.
+    func deliverThenReset(_ bytes: [UInt8]) async throws
+    func close() async
+}
+
+/// A raw socket: sends until the kernel has every byte acknowledged, then SO_LINGER 0 and close (a RST).
+struct SocketRawPeer: RawPeer {
+    let fd: Int32
+
+    init(to endpoint: Endpoint) throws {
+        let address = try Syscall.resolve(endpoint)[0]
+        fd = try Syscall.socket(family: address.family, datagram: false)
+        do {
+            _ = try Syscall.connect(fd, to: address)
+        } catch {
+            Syscall.close(fd)
+            throw error
+        }
+    }
+
+    func deliverThenReset(_ bytes: [UInt8]) async throws {
+        var offset = 0
+        while offset < bytes.count {
+            let result = try bytes[offset...].withUnsafeBytes { (bytes) throws(ConnectionError) in
+                try Syscall.send(fd, bytes)
+            }
+            if case .processed(let count) = result { offset += count }
+        }
+        // Every byte acknowledged: all of it is in the receiver's kernel or its queue. Then the reset.
+        let deadline = ContinuousClock.now + .seconds(20)
+        while Syscall.bytesUnsent(fd) > 0 {
+            try #require(ContinuousClock.now < deadline, "the receiver's kernel never took the bytes")
+            try await Task.sleep(for: .milliseconds(2))
+        }
+        Syscall.resetConnection(fd)
+    }
+
+    func close() async { Syscall.close(fd) }
+}
+
+/// A memory connection: the bytes are held on the wire, then released into the receiver's queue at once (as a
+/// kernel's buffer takes them beyond what the receiver reads), then the wire is reset.
+struct MemoryRawPeer: RawPeer {
+    let connection: MemoryConnection
+
+    func deliverThenReset(_ bytes: [UInt8]) async throws {
+        let wire = connection.controls
+        wire.hold(toward: connection.towardPeer)
+        try await connection.send(bytes)
+        wire.release(toward: connection.towardPeer)
+        wire.reset()
+    }
+
+    func close() async { await connection.close() }
 }

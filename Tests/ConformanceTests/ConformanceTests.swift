@@ -412,9 +412,7 @@ struct ConformanceTests {
         try await SocketTest.run {
             // A listener with a backlog of 1 whose queue is full drops further SYNs, so the handshake never
             // completes: a real, local connect that hangs.
-            let options = ConnectionOptions.with { $0.backlog = 1 }
-            let listener = try BSDSocket.listen(on: try Endpoint(url: "tcp://127.0.0.1:0"), options: options)
-            let endpoint = try listener.localAddress.endpoint(.tcp)
+            let (endpoint, closeListener) = try await test.listenerNobodyAccepts(backlog: 1)
             var fillers: [any Connection] = []
             let short = ConnectionOptions.with { $0.connectTimeout = .milliseconds(300) }
             var timedOut = false
@@ -429,7 +427,7 @@ struct ConformanceTests {
             }
             #expect(timedOut)
             for filler in fillers { await filler.close() }
-            listener.close()
+            await closeListener()
         }
     }
 
@@ -539,26 +537,10 @@ struct ConformanceTests {
             options.readChunkSize = 4096
             options.receiveQueueLimit = 4096
             let listener = try await test.listen(options: options)
-            let address = try Syscall.resolve(listener.localEndpoint)[0]
-            let fd = try Syscall.socket(family: address.family, datagram: false)
-            defer { Syscall.close(fd) }
-            _ = try Syscall.connect(fd, to: address)
+            let raw = try await test.rawPeer(to: listener.localEndpoint)
             let server = try await listener.accept()
             let sent = pattern(64 * 1024)
-            var offset = 0
-            while offset < sent.count {
-                let result = try sent[offset...].withUnsafeBytes { (bytes) throws(ConnectionError) in
-                    try Syscall.send(fd, bytes)
-                }
-                if case .processed(let count) = result { offset += count }
-            }
-            // Every byte acknowledged: all of it is in the receiver's kernel or its queue. Then the reset.
-            let deadline = ContinuousClock.now + .seconds(20)
-            while Syscall.bytesUnsent(fd) > 0 {
-                try #require(ContinuousClock.now < deadline, "the receiver's kernel never took the bytes")
-                try await Task.sleep(for: .milliseconds(2))
-            }
-            Syscall.resetConnection(fd)
+            try await raw.deliverThenReset(sent)
             var got: [UInt8] = []
             var failure: ConnectionError?
             do throws(ConnectionError) {
@@ -570,6 +552,7 @@ struct ConformanceTests {
             #expect(intact, "\(got.count) of \(sent.count) bytes, in order: \(sent.starts(with: got))")
             #expect(failure?.kind == .reset, "\(String(describing: failure))")
             await server.close()
+            await raw.close()
             await listener.close()
         }
     }

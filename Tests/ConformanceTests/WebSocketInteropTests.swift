@@ -16,7 +16,7 @@ struct WebSocketInteropTests {
 
     @Test(
         "Our client against the Python server, without and with permessage-deflate (websockets' defaults)",
-        arguments: ConformanceCase.ws, [false, true])
+        arguments: ConformanceCase.ws.filter(\.usesSockets), [false, true])
     func ourClient(_ test: ConformanceCase, deflate: Bool) async throws {
         guard Self.available else {
             print("skipped: no Python WebSocket peer (run scripts/peers/setup)")
@@ -62,7 +62,7 @@ struct WebSocketInteropTests {
 
     @Test(
         "The Python client against our server, without and with permessage-deflate (websockets' defaults)",
-        arguments: ConformanceCase.ws, [false, true])
+        arguments: ConformanceCase.ws.filter(\.usesSockets), [false, true])
     func ourServer(_ test: ConformanceCase, deflate: Bool) async throws {
         guard Self.available else {
             print("skipped: no Python WebSocket peer (run scripts/peers/setup)")
