@@ -3,17 +3,23 @@ import Glibc
 import POSIXSupport
 import Synchronization
 
-/// A ``ConnectionBackend`` with no kernel underneath: `tcp` connections are ``MemoryConnection`` pairs, and a
-/// listener is a name in this backend's table. Ports are this backend's own (port 0 picks the next free one);
-/// hosts are IP literals, `localhost` and `HostPins` names, matched against the listener's. A connect to a port nobody listens on is refused, as a closed port is.
+/// A ``ConnectionBackend`` with no kernel underneath: `tcp` connections are ``MemoryConnection`` pairs, `udp`
+/// datagrams go between ends in this backend's table (see `MemoryUDPClient`), and a listener is an entry in that
+/// table. Ports are this backend's own (port 0 picks the next free one); hosts are IP literals, `localhost` and
+/// `HostPins` names, matched against the listener's as a kernel matches addresses. What a kernel does at the
+/// edges it does too: a connect to a port nobody listens on is refused (`ECONNREFUSED`), one to a listener whose
+/// backlog is full waits up to `connectTimeout`, a UDP datagram to nobody comes back as `.refused` on the next
+/// receive. It passes the whole conformance suite (`SOCKETSTYLES_CONFORMANCE_BACKENDS=memory`), registered as
+/// ``Backend/memory``.
 ///
 /// Through `TransportStack` it carries `tls`, `ws` and `wss` as any backend does, so the protocol layers above
 /// `Connection` (TLS, WebSocket, the relay, reconnection) run on it without a socket, and a test shows what a
 /// backend written outside this package gets.
 public final class MemoryBackend: ConnectionBackend {
     public let name = "memory"
-    public let transports: Set<Transport> = [.tcp]
+    public let transports: Set<Transport> = [.tcp, .udp]
     private let table = Guarded(Table())
+    private let udp = MemoryUDPNetwork()
 
     private struct Table {
         var nextPort: UInt16 = 1
@@ -23,9 +29,17 @@ public final class MemoryBackend: ConnectionBackend {
 
     public init() {}
 
-    private static func requireTCP(_ endpoint: Endpoint) throws(ConnectionError) {
-        guard endpoint.transport == .tcp else {
-            throw ConnectionError(.unsupported, "the memory backend carries tcp only, not \(endpoint.transport)")
+    private static func requireCarried(_ endpoint: Endpoint) throws(ConnectionError) {
+        guard endpoint.transport == .tcp || endpoint.transport == .udp else {
+            throw ConnectionError(.unsupported, "the memory backend carries tcp and udp, not \(endpoint.transport)")
+        }
+    }
+
+    /// The next client port (49152 and up, as the kernel's ephemeral ports).
+    private func clientPort() -> UInt16 {
+        table.withLock { table in
+            defer { table.nextClientPort = table.nextClientPort == .max ? 49_152 : table.nextClientPort + 1 }
+            return table.nextClientPort
         }
     }
 
@@ -47,8 +61,17 @@ public final class MemoryBackend: ConnectionBackend {
     ) async throws(ConnectionError)
         -> any Connection
     {
-        try Self.requireTCP(endpoint)
+        try Self.requireCarried(endpoint)
         let hosts = try Self.addresses(of: endpoint)
+        if endpoint.transport == .udp {
+            // A UDP connect sends nothing: it takes the first address, and a datagram finds out.
+            let host = hosts[0]
+            let client = MemoryUDPClient(
+                local: Endpoint(transport: .udp, host: host, port: clientPort()),
+                remote: Endpoint(transport: .udp, host: host, port: endpoint.port), options: options, network: udp)
+            udp.add(client: client)
+            return client
+        }
         let found = table.withLock { table -> (MemoryListener, Endpoint.Host)? in
             guard let listener = table.listeners[endpoint.port] else { return nil }
             return hosts.first(where: listener.serves).map { (listener, $0) }
@@ -58,13 +81,9 @@ public final class MemoryBackend: ConnectionBackend {
                 .refused, "connect to \(endpoint): nothing listens on memory port \(endpoint.port)",
                 systemCode: ConnectionError.SystemCode(domain: "errno", code: ECONNREFUSED, name: "ECONNREFUSED"))
         }
-        let clientPort = table.withLock { table in
-            defer { table.nextClientPort = table.nextClientPort == .max ? 49_152 : table.nextClientPort + 1 }
-            return table.nextClientPort
-        }
         let (client, server, _) = MemoryConnection.pair(
             transport: .tcp, options: options,
-            client: Endpoint(transport: .tcp, host: host, port: clientPort),
+            client: Endpoint(transport: .tcp, host: host, port: clientPort()),
             server: Endpoint(transport: .tcp, host: host, port: endpoint.port))
         switch await listener.offer(server, within: options.connectTimeout) {
         case .queued: return client
@@ -83,8 +102,19 @@ public final class MemoryBackend: ConnectionBackend {
     ) async throws(ConnectionError)
         -> any Listener
     {
-        try Self.requireTCP(endpoint)
+        try Self.requireCarried(endpoint)
         guard let host = try Self.addresses(of: endpoint).first else { throw .closed() }
+        if endpoint.transport == .udp {
+            var port = endpoint.port
+            if port == 0 {
+                port = table.withLock { table in
+                    while udp.isBound(table.nextPort) { table.nextPort &+= 1 }
+                    defer { table.nextPort &+= 1 }
+                    return table.nextPort
+                }
+            }
+            return try udp.bind(Endpoint(transport: .udp, host: host, port: port), options: options)
+        }
         return try table.withLock { (table) throws(ConnectionError) -> MemoryListener in
             var port = endpoint.port
             if port == 0 {
@@ -143,9 +173,14 @@ final class MemoryListener: Listener {
     /// Whether a connect to `host` reaches this listener: the same address, or any address of its family when
     /// it listens on the unspecified one.
     func serves(_ host: Endpoint.Host) -> Bool {
-        switch (localEndpoint.host, host) {
+        Self.serves(localEndpoint.host, host)
+    }
+
+    /// Whether a listener on `bound` is reached by a connect to `host`.
+    static func serves(_ bound: Endpoint.Host, _ host: Endpoint.Host) -> Bool {
+        switch (bound, host) {
         case (.ipv4("0.0.0.0"), .ipv4), (.ipv6("::"), .ipv6): true
-        default: localEndpoint.host == host
+        default: bound == host
         }
     }
 

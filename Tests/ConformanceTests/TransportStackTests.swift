@@ -18,7 +18,7 @@ struct TransportStackTests {
     func echo(_ transport: Transport) async throws {
         try await SocketTest.runWithoutSockets {
             let stack = TransportStack(over: MemoryBackend())
-            #expect(stack.transports == [.tcp, .tls, .ws, .wss])
+            #expect(stack.transports == [.tcp, .udp, .tls, .ws, .wss])
             let listener = try await stack.listen(
                 on: Self.memory(transport), tls: transport.isSecure ? Self.secure.serverTLS : nil)
             let server = EchoServer(listener: listener)
@@ -107,7 +107,7 @@ struct TransportStackTests {
             try Backend.register(mine)
             #expect(Backend.allCases.last == mine)
             #expect(try Backend(name: "MEMORY-registered") == mine)
-            #expect(mine.transports == [.tcp, .tls, .ws, .wss])
+            #expect(mine.transports == [.tcp, .udp, .tls, .ws, .wss])
             await expectConnectionError(.invalidEndpoint) { () throws(ConnectionError) in try Backend.register(mine) }
             let taken = Backend(name: "bsd", summary: "", style: "") { memory }
             await expectConnectionError(.invalidEndpoint) { () throws(ConnectionError) in try Backend.register(taken) }
