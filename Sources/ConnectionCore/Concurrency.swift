@@ -39,7 +39,7 @@ public final class OnceFlag: Sendable {
 /// return, for example by closing what it waits on) and then waits for the operation. Returns `true` when the
 /// operation finished in time. Cancelling the caller cancels the operation and never counts as a timeout.
 public func runBounded(
-    by limit: Duration, onTimeout: @escaping @Sendable () async -> Void,
+    by limit: Duration, on clock: DeadlineClock = .continuous, onTimeout: @escaping @Sendable () async -> Void,
     _ operation: @escaping @Sendable () async -> Void
 ) async -> Bool {
     enum Outcome { case finished, limitReached, timerCancelled }
@@ -50,7 +50,7 @@ public func runBounded(
         }
         group.addTask {
             do {
-                try await Task.sleep(for: limit)
+                try await clock.sleep(for: limit)
                 return .limitReached
             } catch {
                 return .timerCancelled
@@ -77,11 +77,11 @@ public func runBounded(
 /// passes first, `connection` is closed, which ends whatever the step waits for, and `.timedOut` is thrown with
 /// `what` in its message. A peer that connects and then says nothing, or too little, is let go in bounded time.
 public func withDeadline<R: Sendable>(
-    _ limit: Duration, closing connection: any Connection, _ what: String,
+    _ limit: Duration, on clock: DeadlineClock = .continuous, closing connection: any Connection, _ what: String,
     _ operation: @escaping @Sendable () async throws(ConnectionError) -> R
 ) async throws(ConnectionError) -> R {
     let outcome = Guarded<Result<R, ConnectionError>?>(nil)
-    let finished = await runBounded(by: limit, onTimeout: { await connection.close() }) {
+    let finished = await runBounded(by: limit, on: clock, onTimeout: { await connection.close() }) {
         let result: Result<R, ConnectionError>
         do throws(ConnectionError) {
             result = .success(try await operation())

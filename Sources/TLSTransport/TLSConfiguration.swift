@@ -1,3 +1,5 @@
+public import ConnectionCore
+
 /// How a TLS connection or listener is set up. The defaults are the secure ones: a client verifies the server's
 /// certificate chain against the system trust store and checks that it names the host it dialled, sends SNI, and
 /// speaks TLS 1.2 or 1.3 only.
@@ -58,6 +60,9 @@ public struct TLSConfiguration: Sendable, Hashable {
     public var allowsTruncation: Bool = false
     /// How long the TLS handshake may take (after TCP connected) before failing with `.timedOut`.
     public var handshakeTimeout: Duration = .seconds(10)
+    /// The clock ``handshakeTimeout`` runs on: the system's by default; a test gives a clock it advances by hand
+    /// (ConnectionTestKit's `ManualClock`) to reach the deadline without waiting for it.
+    public var clock: DeadlineClock = .continuous
 
     /// The secure client defaults.
     public init() {}

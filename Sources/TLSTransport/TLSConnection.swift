@@ -52,7 +52,7 @@ public final class TLSConnection: Connection, Sendable {
     ) async throws(ConnectionError) -> TLSConnection {
         let context = try TLSContext.shared(.client, configuration)
         let engine = try TLSEngine(context: context, host: endpoint.host.literal)
-        try await handshake(engine, over: tcp, timeout: configuration.handshakeTimeout)
+        try await handshake(engine, over: tcp, timeout: configuration.handshakeTimeout, on: configuration.clock)
         return TLSConnection(
             tcp: tcp, engine: engine, configuration: configuration, remote: endpoint.with(transport: .tls))
     }
@@ -63,7 +63,7 @@ public final class TLSConnection: Connection, Sendable {
     ) async throws(ConnectionError) -> TLSConnection {
         let context = try TLSContext.shared(.server, configuration)
         let engine = try TLSEngine(context: context, host: nil)
-        try await handshake(engine, over: tcp, timeout: configuration.handshakeTimeout)
+        try await handshake(engine, over: tcp, timeout: configuration.handshakeTimeout, on: configuration.clock)
         return TLSConnection(
             tcp: tcp, engine: engine, configuration: configuration, remote: tcp.remoteEndpoint.with(transport: .tls))
     }
@@ -81,9 +81,9 @@ public final class TLSConnection: Connection, Sendable {
     }
 
     private static func handshake(
-        _ engine: TLSEngine, over tcp: any Connection, timeout: Duration
+        _ engine: TLSEngine, over tcp: any Connection, timeout: Duration, on clock: DeadlineClock
     ) async throws(ConnectionError) {
-        try await withDeadline(timeout, closing: tcp, "the TLS handshake (does the peer speak TLS?)") {
+        try await withDeadline(timeout, on: clock, closing: tcp, "the TLS handshake (does the peer speak TLS?)") {
             () throws(ConnectionError) in try await runHandshake(engine, over: tcp)
         }
     }

@@ -22,7 +22,8 @@ extension WebSocketConnection {
             host: host, path: endpoint.path, key: key, protocols: options.subprotocols, origin: options.origin,
             headers: extensions + options.headers.map { ($0.name, $0.value) })
         let (head, leftover) = try await withDeadline(
-            options.handshakeTimeout, closing: tcp, "the WebSocket opening handshake with \(endpoint)"
+            options.handshakeTimeout, on: options.clock, closing: tcp,
+            "the WebSocket opening handshake with \(endpoint)"
         ) { () throws(ConnectionError) in
             try await tcp.send(Array(request.utf8))
             switch try await readHead(tcp, request: false, limit: options.maximumHandshakeSize) {
@@ -60,7 +61,8 @@ extension WebSocketConnection {
         async throws(ConnectionError) -> WebSocketConnection
     {
         let read = try await withDeadline(
-            options.handshakeTimeout, closing: tcp, "the WebSocket opening handshake from \(tcp.remoteEndpoint)"
+            options.handshakeTimeout, on: options.clock, closing: tcp,
+            "the WebSocket opening handshake from \(tcp.remoteEndpoint)"
         ) { () throws(ConnectionError) in
             try await readHead(tcp, request: true, limit: options.maximumHandshakeSize)
         }

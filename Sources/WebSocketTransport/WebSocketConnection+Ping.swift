@@ -11,7 +11,7 @@ extension WebSocketConnection {
     func startKeepAlive(every interval: Duration, deadline: Duration) {
         let task = Task { [weak self] in
             while !Task.isCancelled {
-                try? await Task.sleep(for: interval)
+                try? await self?.webSocketOptions.clock.sleep(for: interval)
                 guard let self, !Task.isCancelled, state.withLock({ $0.isOpen }) else { return }
                 let outcome: ConnectionError?
                 do throws(ConnectionError) {
@@ -65,7 +65,7 @@ extension WebSocketConnection {
             await withTaskGroup(of: Void.self) { group in
                 group.addTask { [self] in
                     // Cut short by cancellation: the cancellation handler settles the ping, not this timer.
-                    guard (try? await Task.sleep(for: limit)) != nil else { return }
+                    guard (try? await webSocketOptions.clock.sleep(for: limit)) != nil else { return }
                     resolvePing(id, .failure(ConnectionError(.timedOut, "no pong within \(limit)")))
                 }
                 if receiveLock.tryEnter() {

@@ -182,7 +182,8 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
         // closeTimeout as well, and past it the TCP connection is closed under the stuck sends.
         let closeFrameSent = OnceFlag()
         if !frames.isEmpty {
-            _ = await runBounded(by: timeout, onTimeout: { [tcp] in await tcp.close() }) { [self] in
+            _ = await runBounded(by: timeout, on: webSocketOptions.clock, onTimeout: { [tcp] in await tcp.close() }) {
+                [self] in
                 if (try? await sendFrames(frames)) != nil { _ = closeFrameSent.claim() }
             }
         }
@@ -194,7 +195,7 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
                         guard (try? await receive(duringClose: true)) != nil else { break }
                     }
                 },
-                { try? await Task.sleep(for: timeout) })
+                { [webSocketOptions] in try? await webSocketOptions.clock.sleep(for: timeout) })
         }
         await closeTCP(failing: .closed())
         emitClosed(code: peerCloseCode, reason: peerCloseReason ?? "")

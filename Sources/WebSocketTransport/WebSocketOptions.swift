@@ -1,3 +1,4 @@
+public import ConnectionCore
 public import WebSocketCodec
 
 /// Options of a WebSocket connection.
@@ -37,6 +38,10 @@ public struct WebSocketOptions: Sendable, Hashable {
     /// and a server accepts a client's offer; the decompressed size of a message is held to
     /// ``maximumMessageSize`` (1009 past it).
     public var deflate: WebSocketDeflateOptions? = nil
+    /// The clock the deadlines and intervals above run on (handshake, pong deadline, keep-alive, close
+    /// timeout): the system's by default; a test gives a clock it advances by hand (ConnectionTestKit's
+    /// `ManualClock`) to reach a deadline without waiting for it.
+    public var clock: DeadlineClock = .continuous
 
     public init() {}
 

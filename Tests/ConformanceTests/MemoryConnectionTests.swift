@@ -80,18 +80,28 @@ struct MemoryConnectionTests {
         }
     }
 
-    @Test("WebSocket over the pair: a handshake answer that never comes times out; garbage is refused")
+    @Test("WebSocket over the pair: a handshake answer that never comes times out at its deadline; garbage is refused")
     func webSocketBadPeer() async throws {
         try await socketless {
             let (tcpClient, tcpServer, wire) = MemoryConnection.pair()
             wire.hold(toward: .toFirst)  // the server's answer never arrives
-            var options = WebSocketOptions()
-            options.handshakeTimeout = .milliseconds(200)
+            let clock = ManualClock()
+            let options = WebSocketOptions.with {
+                $0.handshakeTimeout = .seconds(30)
+                $0.clock = clock.deadlineClock
+            }
             let endpoint = try Endpoint(url: "ws://memory-server:2/")
             async let accepted = try? WebSocketConnection.server(over: tcpServer)
-            await expectConnectionError(.timedOut) { () throws(ConnectionError) in
+            let started = ContinuousClock.now
+            let handshake = Task {
                 _ = try await WebSocketConnection.client(over: tcpClient, endpoint: endpoint, options: options)
             }
+            await clock.waitForSleepers(1)  // the handshake's deadline is armed
+            clock.advance(by: .seconds(29))
+            #expect(clock.sleeperCount == 1)  // a second short: still waiting
+            clock.advance(by: .seconds(1))
+            await expectFailure(.timedOut, of: handshake)
+            #expect(ContinuousClock.now - started < .seconds(10), "30 s on the manual clock, not in real time")
             await (await accepted)?.close()
             await tcpServer.close()
 
@@ -124,13 +134,19 @@ struct MemoryConnectionTests {
     @Test("WebSocket over the pair: a ping whose pong is held back fails at its deadline; a pong in time succeeds")
     func webSocketPingDeadline() async throws {
         try await socketless {
-            let (client, server, wire) = try await Self.webSocketPair()
+            let clock = ManualClock()
+            let (client, server, wire) = try await Self.webSocketPair(client: .with { $0.clock = clock.deadlineClock })
             let serving = Task { while (try? await server.receive()) != nil {} }  // answers pings as it reads
-            try await client.sendPing(timeout: .seconds(5))
+            try await client.sendPing(timeout: .seconds(5))  // its pong comes with no time passing on the clock
             wire.hold(toward: .toFirst)  // the pong never reaches the client
-            await expectConnectionError(.timedOut) { () throws(ConnectionError) in
-                try await client.sendPing(timeout: .milliseconds(100))
-            }
+            let started = ContinuousClock.now
+            let ping = Task { try await client.sendPing(timeout: .seconds(30)) }
+            await clock.waitForSleepers(1)  // the ping's deadline is armed
+            clock.advance(by: .seconds(29))
+            #expect(clock.sleeperCount == 1)  // a second short: still waiting
+            clock.advance(by: .seconds(1))
+            await expectFailure(.timedOut, of: ping)
+            #expect(ContinuousClock.now - started < .seconds(10), "30 s on the manual clock, not in real time")
             wire.release(toward: .toFirst)
             await client.close()
             await serving.value
@@ -141,17 +157,46 @@ struct MemoryConnectionTests {
     @Test("WebSocket over the pair: keep-alive fails a receive when the peer goes silent behind the wire")
     func webSocketKeepAlive() async throws {
         try await socketless {
-            var options = WebSocketOptions()
-            options.keepAliveInterval = .milliseconds(50)
-            options.pongDeadline = .milliseconds(100)
+            let clock = ManualClock()
+            let options = WebSocketOptions.with {
+                $0.keepAliveInterval = .seconds(20)
+                $0.pongDeadline = .seconds(10)
+                $0.clock = clock.deadlineClock
+            }
             let (client, server, wire) = try await Self.webSocketPair(client: options)
             let serving = Task { while (try? await server.receive()) != nil {} }
             wire.hold(toward: .toFirst)  // a black hole toward the client: no pong, no data, no end
-            await expectConnectionError(.timedOut) { () throws(ConnectionError) in _ = try await client.receive() }
+            let receiving = Task { try await client.receive() }
+            await clock.waitForSleepers(1)  // keep-alive waits out its interval
+            clock.advance(by: .seconds(20))  // a ping goes out; its pong cannot come
+            await clock.waitForSleepers(1)  // the ping's deadline is armed
+            clock.advance(by: .seconds(9))
+            #expect(clock.sleeperCount == 1)  // a second short: the connection stands
+            clock.advance(by: .seconds(1))
+            await expectFailure(.timedOut, of: receiving)
             wire.release(toward: .toFirst)
             await client.close()
             await server.close()
             await serving.value
+        }
+    }
+
+    @Test("WebSocket over the pair: a message in 7-byte fragments arrives whole; fragments past the limit get 1009")
+    func webSocketFragments() async throws {
+        try await socketless {
+            let (client, server, _) = try await Self.webSocketPair(
+                client: .with { $0.fragmentSize = 7 }, server: .with { $0.maximumMessageSize = 200 })
+            let text = "fragmented: κόσμε 🎉 " + String(repeating: "x", count: 100)
+            try await client.send(text: text)  // 7-byte fragments split code points across frames
+            #expect(try await server.receive()?.text == text)
+            try await client.send(text: String(repeating: "y", count: 300))  // 43 fragments, over the limit
+            await expectConnectionError(.messageTooLarge) { () throws(ConnectionError) in
+                _ = try await server.receive()
+            }
+            #expect(try await client.receive() == nil)  // the server's close (1009) ended the client's stream
+            #expect(client.peerCloseCode == .messageTooBig)
+            await client.close()
+            await server.close()
         }
     }
 
@@ -178,7 +223,9 @@ struct MemoryConnectionTests {
         }
     }
 
-    @Test("TLS over the pair: the handshake, bytes both ways, close_notify as the end; garbage is refused")
+    @Test(
+        "TLS over the pair: the handshake, bytes both ways, close_notify as the end; garbage is refused; silence times out"
+    )
     func tls() async throws {
         try await socketless {
             let certificates = ConformanceCase.certificates
@@ -208,6 +255,34 @@ struct MemoryConnectionTests {
             try await answering.value
             await garbageClient.close()
             await garbageServer.close()
+
+            // A peer that takes the connection and never answers: the handshake ends at its deadline.
+            let (silentClient, silentServer, _) = MemoryConnection.pair()
+            let clock = ManualClock()
+            var configuration = certificates.client
+            configuration.handshakeTimeout = .seconds(30)
+            configuration.clock = clock.deadlineClock
+            let handshake = Task {
+                try await TLSConnection.client(over: silentClient, endpoint: endpoint, configuration: configuration)
+            }
+            await clock.waitForSleepers(1)
+            clock.advance(by: .seconds(29))
+            #expect(clock.sleeperCount == 1)  // a second short: still waiting
+            clock.advance(by: .seconds(1))
+            await expectFailure(.timedOut, of: handshake)
+            await silentClient.close()
+            await silentServer.close()
+        }
+    }
+
+    /// Expects `task` to fail with a ``ConnectionError`` of `kind`.
+    func expectFailure<T>(
+        _ kind: ConnectionError.Kind, of task: Task<T, any Error>, sourceLocation: SourceLocation = #_sourceLocation
+    ) async {
+        switch await task.result {
+        case .success: Issue.record("expected \(kind), but it succeeded", sourceLocation: sourceLocation)
+        case .failure(let error):
+            #expect((error as? ConnectionError)?.kind == kind, "\(error)", sourceLocation: sourceLocation)
         }
     }
 }
