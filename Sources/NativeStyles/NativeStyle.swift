@@ -133,19 +133,22 @@ extension Backend {
         return try await entry.pingpong(endpoint, PingPongTally(size: size, count: count, warmup: warmup), tls)
     }
 
+    /// Whether this backend has the async/await-bridge style (`asyncchannel-SIZE` rows): nio, over tcp.
+    public var hasAsyncChannelStyle: Bool { self == .nio }
+
     /// nio only: `warmup` then `count` TCP round trips of `size` bytes written with SwiftNIO's async/await bridge
     /// (`NIOAsyncChannel`), against ``asyncChannelEchoServer(on:)``.
     public func asyncChannelPingPong(
         to endpoint: Endpoint, size: Int, count: Int, warmup: Int
     ) async throws(ConnectionError) -> PingRunner.Result {
-        guard self == .nio, endpoint.transport == .tcp else { throw Self.asyncChannelUnsupported }
+        guard hasAsyncChannelStyle, endpoint.transport == .tcp else { throw Self.asyncChannelUnsupported }
         return try await NIOAsyncChannelNative.pingpong(
             to: endpoint, tally: PingPongTally(size: size, count: count, warmup: warmup))
     }
 
     /// nio only: a TCP echo server written with `NIOAsyncChannel` (a task per connection).
     public func asyncChannelEchoServer(on endpoint: Endpoint) async throws(ConnectionError) -> any NativeEchoServer {
-        guard self == .nio, endpoint.transport == .tcp else { throw Self.asyncChannelUnsupported }
+        guard hasAsyncChannelStyle, endpoint.transport == .tcp else { throw Self.asyncChannelUnsupported }
         return try await NIOAsyncChannelEchoServer.start(on: endpoint)
     }
 

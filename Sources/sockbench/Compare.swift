@@ -174,7 +174,7 @@ struct Compare: AsyncParsableCommand {
                 needsNative && backend?.nativeTransports.contains(transport) == true
                 ? try await start(backend, transport, "native") : nil
             let asyncChannel =
-                needsAsyncChannel && backend == .nio && transport == .tcp
+                needsAsyncChannel && backend?.hasAsyncChannelStyle == true && transport == .tcp
                 ? try await start(backend, transport, "async-channel") : nil
             func relay(to upstream: (any ServerHandle)?) throws -> (any ServerHandle)? {
                 guard let upstream, let backend, transport == .tcp else { return nil }

@@ -111,8 +111,10 @@ extension Report {
             ? ratio(row, over: floor, \.receivedPerSecond) : ratio(row, over: floor, \.bytesPerSecond)
     }
 
-    /// nio's row for the same scenario and transport.
-    func nioRow(for row: ReportRow) -> ReportRow? { self.row(Backend.nio.name, row.transport, row.scenario) }
+    /// The reference backend's row (SwiftNIO's: `Backend.reference`) for the same scenario and transport.
+    func referenceRow(for row: ReportRow) -> ReportRow? {
+        Backend.reference.flatMap { self.row($0.name, row.transport, row.scenario) }
+    }
 
     // MARK: Ranking
 

@@ -153,7 +153,7 @@ extension Report {
                 var cells: [String] = [
                     row.backend, row.transport, microseconds(UInt64(p50)),
                     p50Ratio(row, over: floorRow(for: row))?.text ?? "-",
-                    p50Ratio(row, over: nioRow(for: row))?.text ?? "-", unifiedPrice(for: row)?.text ?? "-",
+                    p50Ratio(row, over: referenceRow(for: row))?.text ?? "-", unifiedPrice(for: row)?.text ?? "-",
                     "\(microseconds(UInt64(row.spread[0])))-\(microseconds(UInt64(row.spread[1])))",
                     microseconds(m.latency?.p90 ?? 0), microseconds(m.latency?.p99 ?? 0),
                     microseconds(m.latency?.p999 ?? 0), microseconds(m.latency?.max ?? 0),

@@ -47,7 +47,7 @@ extension Report {
                     ratio: { report, backend in
                         report.p50Ratio(
                             report.row(backend, transport, .pingpong(size: 64)),
-                            over: report.row(Backend.nio.name, transport, .pingpong(size: 64)))
+                            over: Backend.reference.flatMap { report.row($0.name, transport, .pingpong(size: 64)) })
                     }))
         }
         let bulkReference =
