@@ -21,7 +21,7 @@ struct Compare: AsyncParsableCommand {
             """
     )
 
-    @Option(help: "Comma-separated backends, or `all` (bsd, uv, runloop, async, nio).")
+    @Option(help: "Comma-separated backends, or `all` (\(Backend.allCases.map(\.name).joined(separator: ", "))).")
     var backends: String = "all"
 
     @Option(help: "Comma-separated transports: tcp, udp, ws, tls, wss.")

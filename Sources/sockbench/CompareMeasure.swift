@@ -88,7 +88,7 @@ extension Compare {
             limit.rlim_cur < Self.descriptors(for: connections, backend: backend)
         {
             return
-                "fanin-\(connections) on \(backend) needs \(Self.descriptors(for: connections, backend: backend)) descriptors per process (bsd: a socket and an eventfd per connection); the limit is \(limit.rlim_cur)"
+                "fanin-\(connections) on \(backend) needs \(Self.descriptors(for: connections, backend: backend)) descriptors per process (\(Backend.bsd.name): a socket and an eventfd per connection); the limit is \(limit.rlim_cur)"
         }
         if scenario.kind == .json, target.transport != .ws && target.transport != .wss {
             return "JSON text messages are WebSocket's (ws, wss)"
@@ -110,10 +110,11 @@ extension Compare {
                 ? nil : "the C floor runs pingpong, native, rate, pump, proxy and proxypump (the direct paths) only"
         }
         if scenario.kind == .native, target.native == nil {
-            return "native styles: every backend over tcp; nio also over ws (NIOWebSocket), tls and wss (swift-nio-ssl)"
+            return
+                "native styles: every backend over tcp; \(Backend.nio.name) also over ws (NIOWebSocket), tls and wss (swift-nio-ssl)"
         }
         if scenario.kind == .asyncChannel, target.asyncChannel == nil {
-            return "NIOAsyncChannel is SwiftNIO's async/await bridge: nio over tcp only"
+            return "NIOAsyncChannel is SwiftNIO's async/await bridge: \(Backend.nio.name) over tcp only"
         }
         return nil
     }

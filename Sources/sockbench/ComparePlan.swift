@@ -122,13 +122,13 @@ extension Compare {
             let needed = rlim_t(descriptors(for: connections, backend: .uv))
             guard limit.rlim_max >= needed, setrlimit(Int32(RLIMIT_NOFILE.rawValue), &raised) == 0 else {
                 throw fail(
-                    "fanin-\(connections) needs \(needed) descriptors in each process (bsd \(wanted)), and the limit is \(before) (hard \(limit.rlim_max)); raise it (`ulimit -n \(wanted)`, as root for more than the hard limit) or run fewer connections"
+                    "fanin-\(connections) needs \(needed) descriptors in each process (\(Backend.bsd.name) \(wanted)), and the limit is \(before) (hard \(limit.rlim_max)); raise it (`ulimit -n \(wanted)`, as root for more than the hard limit) or run fewer connections"
                 )
             }
         }
         guard raised.rlim_cur > before else {
             return
-                "descriptor limit \(before) is the hard limit; fanin-\(connections) on bsd would need \(wanted) (rows that need more are skipped)"
+                "descriptor limit \(before) is the hard limit; fanin-\(connections) on \(Backend.bsd.name) would need \(wanted) (rows that need more are skipped)"
         }
         return
             "descriptor limit raised from \(before) to \(raised.rlim_cur) for fanin-\(connections) (RLIMIT_NOFILE, inherited by the servers)"

@@ -62,7 +62,7 @@ struct Ping: AsyncParsableCommand {
 
     @Flag(
         help:
-            "Ping in the backend's own style instead of through Connection (tcp; nio also ws, tls and wss): compare with `serve --native`."
+            "Ping in the backend's own style instead of through Connection (tcp; \(Backend.nio.name) also ws, tls and wss): compare with `serve --native`."
     )
     var native = false
 

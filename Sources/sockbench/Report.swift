@@ -104,7 +104,7 @@ struct Report: Codable {
         self.rows = rows
         notes = [
             "Every backend is measured through the unified Connection on both ends (client here, server in its own process), except native-SIZE: the same tcp ping-pong written in the backend's own style on both ends (x native = the price of the unified API), and proxy-SIZE: the C client and C echo server with one relay between them written in the backend's own style (sockbench proxy --native, in its own process on the server's CPU); the C floor's proxy row is the direct path. Its CPU figures are the client's and the relay's (the C echo server is not counted).",
-            "SwiftNIO (nio) runs with TCP_NODELAY and a 64 KiB UDP buffer like every other backend (its defaults differ); its tls/wss use the same OpenSSL layer as the others, so TLS numbers compare connection styles, not TLS libraries; nio's native tls and wss rows are swift-nio-ssl (BoringSSL in SwiftNIO's pipeline), what a SwiftNIO user would write. Its ws and wss frames go through the shared WebSocket codec like every backend's; SwiftNIO's own WebSocket (NIOHTTP1 upgrade and NIOWebSocket handlers on both ends) is nio's native ws row.",
+            "SwiftNIO (\(Backend.nio.name)) runs with TCP_NODELAY and a 64 KiB UDP buffer like every other backend (its defaults differ); its tls/wss use the same OpenSSL layer as the others, so TLS numbers compare connection styles, not TLS libraries; nio's native tls and wss rows are swift-nio-ssl (BoringSSL in SwiftNIO's pipeline), what a SwiftNIO user would write. Its ws and wss frames go through the shared WebSocket codec like every backend's; SwiftNIO's own WebSocket (NIOHTTP1 upgrade and NIOWebSocket handlers on both ends) is nio's native ws row.",
             "iperf3 and sockperf rows (when installed) are those tools measured in the same run with the same pinning: iperf3's single TCP stream and UDP sender, sockperf's ping-pong (its --full-rtt round trips) and its under-load mode at each rate (every message answered; its sender polls the clock instead of sleeping, so it pays no timer or idle wake-up; its latency is from the actual send time, set against the C floor's uncorrected p50).",
             "CPU time per side is read from each process's CPU-time clock (clock_getcpuclockid: every thread, nanoseconds); cost per message is (client + server CPU) / messages over the window. Context switches: the client from getrusage (every thread), the server summed over its live threads in /proc/PID/task (a server thread that ended in the window is not counted); peak memory from /proc/PID/status. All figures per repetition, medians across repetitions.",
         ]
@@ -232,10 +232,10 @@ struct Report: Codable {
                 compared.append("\(fixed(bridge / floor))x the C floor")
             }
             if let handlers = p50(Backend.nio.name, "tcp", .native(size: size)) {
-                compared.append("\(fixed(bridge / handlers))x nio's ChannelHandlers (native-\(size))")
+                compared.append("\(fixed(bridge / handlers))x \(Backend.nio.name)'s ChannelHandlers (native-\(size))")
             }
             if let unified = p50(Backend.nio.name, "tcp", .pingpong(size: size)) {
-                compared.append("\(fixed(bridge / unified))x nio through Connection")
+                compared.append("\(fixed(bridge / unified))x \(Backend.nio.name) through Connection")
             }
             if let async = p50(Backend.async.name, "tcp", .native(size: size)) {
                 compared.append("\(fixed(bridge / async))x the async backend's own style")
@@ -277,9 +277,10 @@ struct Report: Codable {
         }
         lines += disturbanceLines()
         lines += targets()
+        let measured = Set(rows.map(\.backend))
+        lines.append("- Threads and style, as each backend registers itself:")
+        lines += Backend.allCases.filter { measured.contains($0.name) }.map { "  \($0.name): \($0.summary)." }
         lines += [
-            "- Threads and style: bsd uses a reader thread per connection (plus a writer when a send would block): simplest code, most threads;",
-            "  uv, runloop, async and nio run every connection on one loop thread: callbacks (uv), delegates (runloop), async/await (async), handlers and futures (nio).",
             "- Backpressure: every backend stops reading when its receive queue is full and makes send wait while the kernel buffer is full.",
             "- Read the ratios from this run, never absolute numbers from another day: shared machines are noisy.",
         ]

@@ -126,7 +126,8 @@ extension Report {
         default:
             let header =
                 [
-                    "backend", "transport", "p50 us", "x floor", "x nio", "x native", "p50 spread", "p90 us", "p99 us",
+                    "backend", "transport", "p50 us", "x floor", "x \(Backend.reference?.name ?? "reference")",
+                    "x native", "p50 spread", "p90 us", "p99 us",
                     "p99.9 us",
                     "max us", "rt/s", "lost", "cpu us/rt", "client", "server", "ctx sw/rt", "client", "server",
                     "threads",

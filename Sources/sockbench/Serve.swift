@@ -29,13 +29,13 @@ struct Serve: AsyncParsableCommand {
 
     @Flag(
         help:
-            "Serve in the backend's own style instead of through Listener/Connection (tcp; nio also ws with NIOWebSocket, tls and wss with swift-nio-ssl): the server side of `compare`'s native-SIZE."
+            "Serve in the backend's own style instead of through Listener/Connection (tcp; \(Backend.nio.name) also ws with NIOWebSocket, tls and wss with swift-nio-ssl): the server side of `compare`'s native-SIZE."
     )
     var native = false
 
     @Flag(
         help:
-            "nio, tcp: serve with SwiftNIO's async/await bridge (NIOAsyncChannel, a task per connection): the server side of `compare`'s asyncchannel-SIZE."
+            "\(Backend.nio.name), tcp: serve with SwiftNIO's async/await bridge (NIOAsyncChannel, a task per connection): the server side of `compare`'s asyncchannel-SIZE."
     )
     var asyncChannel = false
 
