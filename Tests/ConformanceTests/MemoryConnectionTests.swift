@@ -92,16 +92,10 @@ struct MemoryConnectionTests {
             }
             let endpoint = try Endpoint(url: "ws://memory-server:2/")
             async let accepted = try? WebSocketConnection.server(over: tcpServer)
-            let started = ContinuousClock.now
             let handshake = Task {
                 _ = try await WebSocketConnection.client(over: tcpClient, endpoint: endpoint, options: options)
             }
-            await clock.waitForSleepers(1)  // the handshake's deadline is armed
-            clock.advance(by: .seconds(29))
-            #expect(clock.sleeperCount == 1)  // a second short: still waiting
-            clock.advance(by: .seconds(1))
-            await expectFailure(.timedOut, of: handshake)
-            #expect(ContinuousClock.now - started < .seconds(10), "30 s on the manual clock, not in real time")
+            await expectTimedOut(handshake, after: .seconds(30), on: clock)
             await (await accepted)?.close()
             await tcpServer.close()
 
@@ -139,14 +133,8 @@ struct MemoryConnectionTests {
             let serving = Task { while (try? await server.receive()) != nil {} }  // answers pings as it reads
             try await client.sendPing(timeout: .seconds(5))  // its pong comes with no time passing on the clock
             wire.hold(toward: .toFirst)  // the pong never reaches the client
-            let started = ContinuousClock.now
             let ping = Task { try await client.sendPing(timeout: .seconds(30)) }
-            await clock.waitForSleepers(1)  // the ping's deadline is armed
-            clock.advance(by: .seconds(29))
-            #expect(clock.sleeperCount == 1)  // a second short: still waiting
-            clock.advance(by: .seconds(1))
-            await expectFailure(.timedOut, of: ping)
-            #expect(ContinuousClock.now - started < .seconds(10), "30 s on the manual clock, not in real time")
+            await expectTimedOut(ping, after: .seconds(30), on: clock)
             wire.release(toward: .toFirst)
             await client.close()
             await serving.value
@@ -169,11 +157,7 @@ struct MemoryConnectionTests {
             let receiving = Task { try await client.receive() }
             await clock.waitForSleepers(1)  // keep-alive waits out its interval
             clock.advance(by: .seconds(20))  // a ping goes out; its pong cannot come
-            await clock.waitForSleepers(1)  // the ping's deadline is armed
-            clock.advance(by: .seconds(9))
-            #expect(clock.sleeperCount == 1)  // a second short: the connection stands
-            clock.advance(by: .seconds(1))
-            await expectFailure(.timedOut, of: receiving)
+            await expectTimedOut(receiving, after: .seconds(10), on: clock)  // the ping's pong deadline
             wire.release(toward: .toFirst)
             await client.close()
             await server.close()
@@ -265,14 +249,25 @@ struct MemoryConnectionTests {
             let handshake = Task {
                 try await TLSConnection.client(over: silentClient, endpoint: endpoint, configuration: configuration)
             }
-            await clock.waitForSleepers(1)
-            clock.advance(by: .seconds(29))
-            #expect(clock.sleeperCount == 1)  // a second short: still waiting
-            clock.advance(by: .seconds(1))
-            await expectFailure(.timedOut, of: handshake)
+            await expectTimedOut(handshake, after: .seconds(30), on: clock)
             await silentClient.close()
             await silentServer.close()
         }
+    }
+
+    /// Once `task` has armed its deadline on `clock`: one second short of `deadline` it still waits, at
+    /// `deadline` it fails with `.timedOut`, and far less real time than `deadline` went by.
+    func expectTimedOut<T>(
+        _ task: Task<T, any Error>, after deadline: Duration, on clock: ManualClock,
+        sourceLocation: SourceLocation = #_sourceLocation
+    ) async {
+        let started = ContinuousClock.now
+        await clock.waitForSleepers(1)
+        clock.advance(by: deadline - .seconds(1))
+        #expect(clock.sleeperCount == 1, "a second short, still waiting", sourceLocation: sourceLocation)
+        clock.advance(by: .seconds(1))
+        await expectFailure(.timedOut, of: task, sourceLocation: sourceLocation)
+        #expect(ContinuousClock.now - started < deadline / 3, "on the manual clock, not in real time")
     }
 
     /// Expects `task` to fail with a ``ConnectionError`` of `kind`.
