@@ -9,9 +9,10 @@ extension WebSocketConnection {
     /// Pings every `interval`; a ping without a pong within `deadline` fails the connection (close 1001). The ping
     /// reads the connection itself when no receive is running, so a vanished peer is seen without one.
     func startKeepAlive(every interval: Duration, deadline: Duration) {
+        let clock = webSocketOptions.clock  // read here: the loop holds the connection only while it pings
         let task = Task { [weak self] in
             while !Task.isCancelled {
-                try? await self?.webSocketOptions.clock.sleep(for: interval)
+                try? await clock.sleep(for: interval)
                 guard let self, !Task.isCancelled, state.withLock({ $0.isOpen }) else { return }
                 let outcome: ConnectionError?
                 do throws(ConnectionError) {
