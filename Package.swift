@@ -26,6 +26,7 @@ let package = Package(
         .library(name: "SocketStylesRunLoop", targets: ["RunLoopBackend"]),
         .library(name: "SocketStylesAsync", targets: ["AsyncBackend"]),
         .library(name: "SocketStylesNIO", targets: ["NIOBackend"]),
+        .library(name: "SocketStylesUring", targets: ["UringBackend"]),
         .library(name: "SocketStylesWebSocket", targets: ["WebSocketTransport", "WebSocketCodec"]),
         .library(name: "SocketStylesTLS", targets: ["TLSTransport"]),
         // Routes the library's diagnostics (server bounds: connection limit, idle timeouts...) to swift-log.
@@ -69,6 +70,15 @@ let package = Package(
             dependencies: ["ConnectionCore", "POSIXSupport"],
             swiftSettings: strictSettings
         ),
+        // liburing from the system (Debian's liburing-dev), behind a C file of its own: liburing.h defines
+        // _GNU_SOURCE, which Swift's Glibc module must not see.
+        .target(name: "CURing", linkerSettings: [.linkedLibrary("uring")]),
+        // Style 5: completion-based I/O, io_uring's submission and completion rings.
+        .target(
+            name: "UringBackend",
+            dependencies: ["ConnectionCore", "POSIXSupport", "CURing"],
+            swiftSettings: strictSettings
+        ),
         // Style 3: delegate-driven input/output streams on a run loop of our own (as Stream/CFStream).
         .target(
             name: "RunLoopBackend",
@@ -110,7 +120,7 @@ let package = Package(
             name: "SocketStyles",
             dependencies: [
                 "ConnectionCore", "POSIXSupport", "BSDSocketBackend", "LibUVBackend", "RunLoopBackend", "AsyncBackend",
-                "NIOBackend", "WebSocketCodec", "WebSocketTransport", "TLSTransport",
+                "NIOBackend", "UringBackend", "WebSocketCodec", "WebSocketTransport", "TLSTransport",
             ],
             swiftSettings: strictSettings
         ),

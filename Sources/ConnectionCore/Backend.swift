@@ -21,17 +21,25 @@ public struct Backend: Sendable, Hashable, CustomStringConvertible {
     /// targets. At most one backend in the list is.
     public let isReference: Bool
     private let make: @Sendable () -> any ConnectionBackend
+    private let availability: @Sendable () -> String?
 
+    /// `availability` says, in one line, why the backend cannot run on this machine (io_uring on a kernel or in a
+    /// sandbox that forbids it), or `nil` when it can.
     public init(
         name: String, summary: String, style: String, isReference: Bool = false,
+        availability: @escaping @Sendable () -> String? = { nil },
         make: @escaping @Sendable () -> any ConnectionBackend
     ) {
         self.name = name
         self.summary = summary
         self.style = style
         self.isReference = isReference
+        self.availability = availability
         self.make = make
     }
+
+    /// Why this backend cannot run here, in one line; `nil` when it can.
+    public var unavailableReason: String? { availability() }
 
     /// The backend's factory (a shared one for styles with one loop per process).
     public var implementation: any ConnectionBackend { make() }

@@ -83,6 +83,18 @@ struct NativeStyleEntry: Sendable {
             relay: { listen, upstream throws(ConnectionError) in
                 try AsyncNativeRelay(listen: listen, upstream: upstream)
             }),
+        .uring: NativeStyleEntry(
+            line:
+                "UringSocket: send from a buffer it owns, receive into another, each one ring entry awaited to completion",
+            transports: [.tcp],
+            pingpong: { endpoint, tally, _ throws(ConnectionError) in
+                try await UringNative.pingpong(to: endpoint, tally: tally)
+            },
+            echoServer: { endpoint, _ throws(ConnectionError) in try await UringNativeEchoServer.start(on: endpoint) },
+            relayLine: "UringSocket: a task per direction, receive into a buffer -> send from it, then closeOutput",
+            relay: { listen, upstream throws(ConnectionError) in
+                try await UringNativeRelay.start(listen: listen, upstream: upstream)
+            }),
         .nio: NativeStyleEntry(
             line: "ChannelInboundHandlers: channelRead writes the next probe; the server an echo handler",
             transports: [.tcp, .ws, .tls, .wss],

@@ -7,12 +7,17 @@ import Synchronization
 /// Package.swift lines: the CLI, compare, the report and the conformance suite iterate `allCases`.
 extension Backend {
     /// The package's own styles.
-    public static let builtIn: [Backend] = [.bsd, .uv, .runloop, .async, .nio]
+    public static let builtIn: [Backend] = [.bsd, .uv, .runloop, .async, .nio, .uring]
 
     private static let registered = Guarded<[Backend]>([])
 
-    /// Every backend: `builtIn`, then those added with `register(_:)`.
-    public static var allCases: [Backend] { builtIn + registered.withLock { $0 } }
+    /// Every backend: `builtIn`, then those added with `register(_:)`, also those that cannot run here.
+    public static var everyCase: [Backend] { builtIn + registered.withLock { $0 } }
+
+    /// Every backend that can run on this machine: what compare, the CLI's lists and the test suites iterate. One
+    /// that cannot (io_uring forbidden by the kernel or a sandbox) is left out; `sockbench backends` lists it with
+    /// its ``Backend/unavailableReason``.
+    public static var allCases: [Backend] { everyCase.filter { $0.unavailableReason == nil } }
 
     /// Adds a backend written outside the package to `allCases` (what `Backend(name:)` finds and the conformance
     /// suite runs). Fails when the name is taken.
@@ -43,6 +48,11 @@ extension Backend {
 
     /// Parses a backend name, with an error listing the valid ones.
     public init(name: String) throws(ConnectionError) {
+        if let known = Backend.everyCase.first(where: { $0.name == name.lowercased() }),
+            let reason = known.unavailableReason
+        {
+            throw ConnectionError(.unsupported, "backend '\(known.name)' is unavailable here: \(reason)")
+        }
         guard let backend = Backend(rawValue: name) else {
             let names = Backend.allCases.map(\.name).joined(separator: ", ")
             throw ConnectionError(.invalidEndpoint, "unknown backend '\(name)' (available: \(names))")

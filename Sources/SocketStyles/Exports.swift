@@ -8,6 +8,7 @@
 @_exported public import NIOBackend
 @_exported public import RunLoopBackend
 @_exported public import TLSTransport
+@_exported public import UringBackend
 @_exported public import WebSocketCodec
 @_exported public import WebSocketTransport
 

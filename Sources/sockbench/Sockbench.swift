@@ -84,12 +84,17 @@ struct Backends: ParsableCommand {
     static let configuration = CommandConfiguration(abstract: "List the backends and their transports.")
 
     func run() {
-        for backend in Backend.allCases {
+        let width = Backend.everyCase.map { $0.transports.map(\.rawValue).joined(separator: ",").count }.max() ?? 0
+        for backend in Backend.everyCase {
+            let name = backend.rawValue.padding(toLength: 8, withPad: " ", startingAt: 0)
+            if let reason = backend.unavailableReason {
+                Console.line(
+                    "\(name) \("unavailable".padding(toLength: width, withPad: " ", startingAt: 0))  \(reason)")
+                continue
+            }
             let transports = backend.transports.map(\.rawValue).sorted().joined(separator: ",")
-            let width = Backend.allCases.map { $0.transports.map(\.rawValue).joined(separator: ",").count }.max() ?? 0
             Console.line(
-                "\(backend.rawValue.padding(toLength: 8, withPad: " ", startingAt: 0)) \(transports.padding(toLength: width, withPad: " ", startingAt: 0))  \(backend.summary)"
-            )
+                "\(name) \(transports.padding(toLength: width, withPad: " ", startingAt: 0))  \(backend.summary)")
         }
     }
 }

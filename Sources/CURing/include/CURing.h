@@ -1,0 +1,58 @@
+#ifndef SOCKETSTYLES_CURING_H
+#define SOCKETSTYLES_CURING_H
+/* The uring backend's door to liburing (Debian's liburing-dev). liburing.h defines _GNU_SOURCE, which changes
+ * system types (fd_set's fields) under Swift's Glibc module, so it is included only in uring.c; this header
+ * shows Swift opaque handles and plain integers. Each prep call fills one submission queue entry (submitting what
+ * is queued first when the queue is full) and returns 0, or -EBUSY when no entry could be had. Symbols prefixed
+ * csur_. */
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+struct csur_ring;
+
+/* Sets a ring of `entries` up, asking the kernel for one-thread submission and deferred completion work, and for
+ * fewer flags each time it refuses them. NULL with *error = errno when io_uring is unavailable; *flags gets the
+ * IORING_SETUP_* flags that held. */
+struct csur_ring *csur_create(unsigned entries, unsigned *flags, int *error);
+void csur_destroy(struct csur_ring *ring);
+
+/* Submits what is queued; with wait, sleeps until at least one completion is there; without, collects what is
+ * there. Returns io_uring_enter's result (-errno on failure). */
+int csur_enter(struct csur_ring *ring, int wait);
+
+/* Up to `max` completions (at most 64): user_data, result and flags copied out and marked seen. */
+unsigned csur_reap(struct csur_ring *ring, uint64_t *data, int32_t *results, uint32_t *flags, unsigned max);
+
+/* Whether the kernel supports an operation, by name: "recv_multishot", "send_zc", "buffer_ring". */
+int csur_supports(struct csur_ring *ring, const char *feature);
+
+int csur_prep_recv(struct csur_ring *ring, uint64_t data, int fd, void *buffer, size_t length, int flags);
+int csur_prep_send(struct csur_ring *ring, uint64_t data, int fd, const void *buffer, size_t length, int flags);
+int csur_prep_accept(struct csur_ring *ring, uint64_t data, int fd, void *address, socklen_t *length);
+/* connect(2); with timeout_ns >= 0 a linked timeout that cancels it then (its timespec written at `timespec`,
+ * 16 bytes the caller keeps until the connect completes; the timeout's own completion carries `timer_data`). */
+int csur_prep_connect(struct csur_ring *ring, uint64_t data, int fd, const void *address, socklen_t length,
+                      int64_t timeout_ns, void *timespec, uint64_t timer_data);
+/* A completion (-ETIME) after `ns`; `timespec` as above. */
+int csur_prep_sleep(struct csur_ring *ring, uint64_t data, int64_t ns, void *timespec);
+int csur_prep_read(struct csur_ring *ring, uint64_t data, int fd, void *buffer, unsigned length);
+/* Cancels the operation whose user_data is `target`. */
+int csur_prep_cancel(struct csur_ring *ring, uint64_t data, uint64_t target);
+/* Cancels every operation on `fd`. */
+int csur_prep_cancel_fd(struct csur_ring *ring, uint64_t data, int fd);
+
+/* A message header with its iovec and room for an address, for recvmsg/sendmsg on an unconnected UDP socket. */
+struct csur_message;
+struct csur_message *csur_message_create(void);
+void csur_message_destroy(struct csur_message *message);
+/* Points it at `length` bytes at `base`; for a send, at a copy of the destination `address`. */
+void csur_message_prepare(struct csur_message *message, void *base, size_t length, const void *address,
+                          socklen_t address_length);
+/* After a recvmsg: the sender's address and its length; whether the datagram was cut to fit. */
+const void *csur_message_address(const struct csur_message *message, socklen_t *length);
+int csur_message_truncated(const struct csur_message *message);
+int csur_prep_recvmsg(struct csur_ring *ring, uint64_t data, int fd, struct csur_message *message);
+int csur_prep_sendmsg(struct csur_ring *ring, uint64_t data, int fd, const struct csur_message *message, int flags);
+
+#endif

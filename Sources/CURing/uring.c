@@ -1,0 +1,205 @@
+#include "CURing.h"
+
+#include <errno.h>
+#include <liburing.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct csur_ring {
+    struct io_uring ring;
+};
+
+struct csur_message {
+    struct msghdr header;
+    struct iovec vector;
+    struct sockaddr_storage address;
+};
+
+struct csur_ring *csur_create(unsigned entries, unsigned *flags, int *error) {
+    const unsigned tries[] = {
+        IORING_SETUP_SUBMIT_ALL | IORING_SETUP_COOP_TASKRUN | IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN,
+        IORING_SETUP_SUBMIT_ALL | IORING_SETUP_COOP_TASKRUN,
+        0,
+    };
+    struct csur_ring *ring = calloc(1, sizeof *ring);
+    if (!ring) {
+        *error = ENOMEM;
+        return NULL;
+    }
+    int result = -EINVAL;
+    for (unsigned index = 0; index < sizeof tries / sizeof tries[0]; index++) {
+        struct io_uring_params params;
+        memset(&params, 0, sizeof params);
+        params.flags = tries[index] | IORING_SETUP_CQSIZE;
+        params.cq_entries = entries * 4;
+        result = io_uring_queue_init_params(entries, &ring->ring, &params);
+        if (result == 0) {
+            *flags = tries[index];
+            return ring;
+        }
+        if (result != -EINVAL) break;
+    }
+    free(ring);
+    *error = -result;
+    return NULL;
+}
+
+void csur_destroy(struct csur_ring *ring) {
+    io_uring_queue_exit(&ring->ring);
+    free(ring);
+}
+
+int csur_enter(struct csur_ring *ring, int wait) {
+    return wait ? io_uring_submit_and_wait(&ring->ring, 1) : io_uring_submit_and_get_events(&ring->ring);
+}
+
+unsigned csur_reap(struct csur_ring *ring, uint64_t *data, int32_t *results, uint32_t *flags, unsigned max) {
+    struct io_uring_cqe *cqes[64];
+    if (max > 64) max = 64;
+    unsigned count = io_uring_peek_batch_cqe(&ring->ring, cqes, max);
+    for (unsigned index = 0; index < count; index++) {
+        data[index] = cqes[index]->user_data;
+        results[index] = cqes[index]->res;
+        flags[index] = cqes[index]->flags;
+    }
+    io_uring_cq_advance(&ring->ring, count);
+    return count;
+}
+
+int csur_supports(struct csur_ring *ring, const char *feature) {
+    struct io_uring_probe *probe = io_uring_get_probe_ring(&ring->ring);
+    if (!probe) return 0;
+    int supported = 0;
+    if (strcmp(feature, "send_zc") == 0) supported = io_uring_opcode_supported(probe, IORING_OP_SEND_ZC);
+    else if (strcmp(feature, "recv") == 0) supported = io_uring_opcode_supported(probe, IORING_OP_RECV);
+    else if (strcmp(feature, "accept") == 0) supported = io_uring_opcode_supported(probe, IORING_OP_ACCEPT);
+    io_uring_free_probe(probe);
+    return supported;
+}
+
+static struct io_uring_sqe *entry(struct csur_ring *ring, uint64_t data) {
+    struct io_uring_sqe *sqe = io_uring_get_sqe(&ring->ring);
+    if (!sqe) {
+        if (io_uring_submit(&ring->ring) < 0) return NULL;
+        sqe = io_uring_get_sqe(&ring->ring);
+        if (!sqe) return NULL;
+    }
+    io_uring_sqe_set_data64(sqe, data);
+    return sqe;
+}
+
+static void set_time(void *timespec, int64_t ns) {
+    struct __kernel_timespec *time = timespec;
+    if (ns < 0) ns = 0;
+    time->tv_sec = ns / 1000000000;
+    time->tv_nsec = ns % 1000000000;
+}
+
+int csur_prep_recv(struct csur_ring *ring, uint64_t data, int fd, void *buffer, size_t length, int flags) {
+    struct io_uring_sqe *sqe = entry(ring, data);
+    if (!sqe) return -EBUSY;
+    io_uring_prep_recv(sqe, fd, buffer, length, flags);
+    return 0;
+}
+
+int csur_prep_send(struct csur_ring *ring, uint64_t data, int fd, const void *buffer, size_t length, int flags) {
+    struct io_uring_sqe *sqe = entry(ring, data);
+    if (!sqe) return -EBUSY;
+    io_uring_prep_send(sqe, fd, buffer, length, flags);
+    return 0;
+}
+
+int csur_prep_accept(struct csur_ring *ring, uint64_t data, int fd, void *address, socklen_t *length) {
+    struct io_uring_sqe *sqe = entry(ring, data);
+    if (!sqe) return -EBUSY;
+    io_uring_prep_accept(sqe, fd, address, length, SOCK_CLOEXEC);
+    return 0;
+}
+
+int csur_prep_connect(struct csur_ring *ring, uint64_t data, int fd, const void *address, socklen_t length,
+                      int64_t timeout_ns, void *timespec, uint64_t timer_data) {
+    /* Both entries or neither: a connect whose timeout could not be queued would wait without bound. */
+    if (timeout_ns >= 0 && io_uring_sq_space_left(&ring->ring) < 2 && io_uring_submit(&ring->ring) < 0) return -EBUSY;
+    struct io_uring_sqe *sqe = entry(ring, data);
+    if (!sqe) return -EBUSY;
+    io_uring_prep_connect(sqe, fd, address, length);
+    if (timeout_ns < 0) return 0;
+    sqe->flags |= IOSQE_IO_LINK;
+    struct io_uring_sqe *timer = io_uring_get_sqe(&ring->ring);
+    set_time(timespec, timeout_ns);
+    io_uring_prep_link_timeout(timer, timespec, 0);
+    io_uring_sqe_set_data64(timer, timer_data);
+    return 0;
+}
+
+int csur_prep_sleep(struct csur_ring *ring, uint64_t data, int64_t ns, void *timespec) {
+    struct io_uring_sqe *sqe = entry(ring, data);
+    if (!sqe) return -EBUSY;
+    set_time(timespec, ns);
+    io_uring_prep_timeout(sqe, timespec, 0, 0);
+    return 0;
+}
+
+int csur_prep_read(struct csur_ring *ring, uint64_t data, int fd, void *buffer, unsigned length) {
+    struct io_uring_sqe *sqe = entry(ring, data);
+    if (!sqe) return -EBUSY;
+    io_uring_prep_read(sqe, fd, buffer, length, 0);
+    return 0;
+}
+
+int csur_prep_cancel(struct csur_ring *ring, uint64_t data, uint64_t target) {
+    struct io_uring_sqe *sqe = entry(ring, data);
+    if (!sqe) return -EBUSY;
+    io_uring_prep_cancel64(sqe, target, 0);
+    io_uring_sqe_set_data64(sqe, data);
+    return 0;
+}
+
+int csur_prep_cancel_fd(struct csur_ring *ring, uint64_t data, int fd) {
+    struct io_uring_sqe *sqe = entry(ring, data);
+    if (!sqe) return -EBUSY;
+    io_uring_prep_cancel_fd(sqe, fd, IORING_ASYNC_CANCEL_ALL);
+    io_uring_sqe_set_data64(sqe, data);
+    return 0;
+}
+
+struct csur_message *csur_message_create(void) { return calloc(1, sizeof(struct csur_message)); }
+
+void csur_message_destroy(struct csur_message *message) { free(message); }
+
+void csur_message_prepare(struct csur_message *message, void *base, size_t length, const void *address,
+                          socklen_t address_length) {
+    memset(&message->header, 0, sizeof message->header);
+    message->vector.iov_base = base;
+    message->vector.iov_len = length;
+    message->header.msg_iov = &message->vector;
+    message->header.msg_iovlen = 1;
+    message->header.msg_name = &message->address;
+    if (address && address_length <= sizeof message->address) {
+        memcpy(&message->address, address, address_length);
+        message->header.msg_namelen = address_length;
+    } else {
+        message->header.msg_namelen = sizeof message->address;
+    }
+}
+
+const void *csur_message_address(const struct csur_message *message, socklen_t *length) {
+    *length = message->header.msg_namelen;
+    return &message->address;
+}
+
+int csur_message_truncated(const struct csur_message *message) { return (message->header.msg_flags & MSG_TRUNC) != 0; }
+
+int csur_prep_recvmsg(struct csur_ring *ring, uint64_t data, int fd, struct csur_message *message) {
+    struct io_uring_sqe *sqe = entry(ring, data);
+    if (!sqe) return -EBUSY;
+    io_uring_prep_recvmsg(sqe, fd, &message->header, 0);
+    return 0;
+}
+
+int csur_prep_sendmsg(struct csur_ring *ring, uint64_t data, int fd, const struct csur_message *message, int flags) {
+    struct io_uring_sqe *sqe = entry(ring, data);
+    if (!sqe) return -EBUSY;
+    io_uring_prep_sendmsg(sqe, fd, &message->header, (unsigned)flags);
+    return 0;
+}

@@ -1,0 +1,122 @@
+public import ConnectionCore
+import POSIXSupport
+
+/// Backend `uring`: completion-based I/O with io_uring. Every operation (connect, accept, recv, send, recvmsg,
+/// sendmsg) is an entry submitted to the ring of one ``UringLoop`` thread, which submits a turn's entries with one
+/// system call and resumes each waiting task when its completion arrives. The native style is ``UringSocket``
+/// and ``UringListener``.
+///
+/// Where io_uring is unavailable (an old kernel, `kernel.io_uring_disabled`, a seccomp filter), connecting and
+/// listening throw `.unsupported`-like errors that say so in one line, and ``UringBackend/unavailableReason``
+/// gives that line up front.
+public struct UringBackend: ConnectionBackend {
+    public let name = "uring"
+    public let transports: Set<Transport> = [.tcp, .udp]
+
+    /// Starts the shared ring (when io_uring is available here; otherwise connect and listen say why).
+    public init() {
+        Syscall.ignoreSIGPIPE()
+        _ = try? UringLoop.shared()
+    }
+
+    /// `nil` when io_uring works here; otherwise why not, in one line.
+    public static var unavailableReason: String? {
+        do throws(ConnectionError) {
+            _ = try UringLoop.shared()
+            return nil
+        } catch {
+            return error.detail
+        }
+    }
+
+    public func connect(
+        to endpoint: Endpoint, options: ConnectionOptions
+    ) async throws(ConnectionError) -> any Connection {
+        try check(endpoint)
+        return UringConnection(socket: try await UringSocket.connect(to: endpoint, options: options))
+    }
+
+    public func listen(
+        on endpoint: Endpoint, options: ConnectionOptions
+    ) async throws(ConnectionError) -> any Listener {
+        try check(endpoint)
+        let loop = try UringLoop.shared()
+        if endpoint.transport == .udp {
+            return try await UringUDPListener.start(on: endpoint, options: options, loop: loop)
+        }
+        return UringTCPListener(listener: try await UringListener.listen(on: endpoint, options: options, loop: loop))
+    }
+
+    private func check(_ endpoint: Endpoint) throws(ConnectionError) {
+        guard transports.contains(endpoint.transport) else {
+            throw ConnectionError(
+                .unsupported, "the uring backend provides tcp and udp; \(endpoint.transport) is layered on top")
+        }
+    }
+}
+
+/// ``UringSocket`` as a ``Connection``: a thin wrapper.
+final class UringConnection: Connection, Sendable {
+    let socket: UringSocket
+
+    init(socket: UringSocket) { self.socket = socket }
+
+    var transport: Transport { socket.transport }
+    var localEndpoint: Endpoint { socket.localEndpoint }
+    var remoteEndpoint: Endpoint { socket.remoteEndpoint }
+    var options: ConnectionOptions { socket.options }
+    var preferredExecutor: (any TaskExecutor)? { socket.loop }
+
+    func send(_ message: Message) async throws(ConnectionError) {
+        try await socket.send(message.bytes)
+    }
+
+    func send(contentsOf bytes: UnsafeRawBufferPointer) async throws(ConnectionError) {
+        try await socket.send(contentsOf: bytes)
+    }
+
+    func send(batch: [UnsafeRawBufferPointer]) async throws(ConnectionError) {
+        try await socket.send(batch: batch)
+    }
+
+    func receive(maximumLength: Int) async throws(ConnectionError) -> Message? {
+        try await socket.receive(maximumLength: maximumLength).map(Message.init)
+    }
+
+    func receive(into buffer: UnsafeMutableRawBufferPointer) async throws(ConnectionError) -> Received? {
+        try await socket.receive(into: buffer).map { Received(count: $0) }
+    }
+
+    func closeOutput() async throws(ConnectionError) {
+        try await socket.closeOutput()
+    }
+
+    func close() async { await socket.close() }
+
+    func abort() async { await socket.abort() }
+}
+
+final class UringTCPListener: Listener, Sendable {
+    let transport = Transport.tcp
+    let listener: UringListener
+
+    init(listener: UringListener) { self.listener = listener }
+
+    var localEndpoint: Endpoint { listener.localEndpoint }
+
+    func accept() async throws(ConnectionError) -> any Connection {
+        UringConnection(socket: try await listener.accept())
+    }
+
+    func close() async { await listener.close() }
+}
+
+extension Backend {
+    /// Completion-based I/O with io_uring (`UringBackend`).
+    public static let uring = Backend(
+        name: "uring",
+        summary: "io_uring: operations submitted to a ring in batches, one completion-loop thread resumes tasks",
+        style: "submit an operation, await its completion: the kernel does the I/O, no readiness, no retry",
+        availability: { UringBackend.unavailableReason },
+        make: { UringBackend() })
+}

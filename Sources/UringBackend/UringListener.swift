@@ -1,0 +1,221 @@
+internal import CURing
+public import ConnectionCore
+internal import Glibc
+import POSIXSupport
+import Synchronization
+
+/// A TCP listener in the completion style: each ``accept()`` is one IORING_OP_ACCEPT that the kernel completes
+/// with the new connection's descriptor and its peer's address.
+///
+/// ```swift
+/// let listener = try await UringListener.listen(on: try Endpoint(url: "tcp://127.0.0.1:0"))
+/// let client = try await listener.accept()
+/// ```
+public final class UringListener: Sendable {
+    /// The bound address (the real port when 0 was asked).
+    public let localEndpoint: Endpoint
+    /// Options applied to accepted sockets.
+    public let options: ConnectionOptions
+    /// The ring the listener and its sockets use.
+    public let loop: UringLoop
+    private let descriptor: SocketDescriptor
+    private let submissions = UringDescriptorGuard()
+    private let gate = AsyncGate()
+    // The peer address of the accept in flight; used only inside the gate.
+    nonisolated(unsafe) private let peer: UnsafeMutableRawPointer
+    nonisolated(unsafe) private let peerLength: UnsafeMutablePointer<socklen_t>
+
+    /// Binds and listens (a blocking socket: the ring waits for clients, never the caller's thread).
+    public static func listen(
+        on endpoint: Endpoint, options: ConnectionOptions = ConnectionOptions(), loop given: UringLoop? = nil
+    ) async throws(ConnectionError) -> UringListener {
+        let loop: UringLoop
+        if let given { loop = given } else { loop = try UringLoop.shared() }
+        guard endpoint.transport == .tcp else { throw ConnectionError(.unsupported, "UringListener listens on tcp") }
+        let address = try await Syscall.resolveAsync(endpoint, passive: true)[0]
+        let (socket, local) = try Socket.listen(
+            on: address, transport: .tcp, options: options, nonBlocking: false, describing: endpoint)
+        return UringListener(descriptor: socket, local: local.endpoint(.tcp), options: options, loop: loop)
+    }
+
+    private init(descriptor: SocketDescriptor, local: Endpoint, options: ConnectionOptions, loop: UringLoop) {
+        self.descriptor = descriptor
+        self.localEndpoint = local
+        self.options = options
+        self.loop = loop
+        peer = .allocate(byteCount: MemoryLayout<sockaddr_storage>.size, alignment: 8)
+        peerLength = .allocate(capacity: 1)
+    }
+
+    deinit {
+        descriptor.close()
+        peer.deallocate()
+        peerLength.deallocate()
+    }
+
+    /// Waits for the next client. Throws `.closed` after ``close()``, `.cancelled` when the task is cancelled.
+    public func accept() async throws(ConnectionError) -> UringSocket {
+        if !gate.tryEnter() { await gate.enter() }
+        defer { gate.leave() }
+        while true {
+            let fd = descriptor.raw
+            guard fd >= 0, !submissions.isClosed else { throw .closed("the listener is closed") }
+            peerLength.pointee = socklen_t(MemoryLayout<sockaddr_storage>.size)
+            let result = await loop.run(
+                .accept(fd: fd, address: UInt(bitPattern: peer), length: UInt(bitPattern: peerLength)),
+                guardedBy: submissions)
+            if submissions.isClosed {
+                if result >= 0 { Syscall.close(result) }
+                throw .closed("the listener is closed")
+            }
+            if result == -ECANCELED { throw .cancelled("accept was cancelled") }
+            if result == -ECONNABORTED || result == -EINTR { continue }  // a client that left before it was taken
+            if result == -EMFILE || result == -ENFILE || result == -ENOBUFS || result == -ENOMEM {
+                // Out of descriptors: clients wait in the backlog; try again after a pause, on the ring's timer.
+                BoundsLog.note(
+                    .descriptorLimit,
+                    "accepting paused for \(options.acceptBackoff): \(ConnectionError.errno(-result, "accept"))")
+                _ = await loop.run(.sleep, timeout: options.acceptBackoff)
+                if Task.isCancelled { throw .cancelled() }
+                continue
+            }
+            if result < 0 { throw .errno(-result, "accept") }
+            let socket = SocketDescriptor(adopting: result)
+            do throws(ConnectionError) {
+                guard let address = SocketAddress(peer, length: Int(peerLength.pointee)) else {
+                    throw ConnectionError(.unsupported, "accept: not an IP peer")
+                }
+                try Syscall.setNoDelay(result, options.tcpNoDelay)
+                try Syscall.setBufferSizes(result, receive: options.receiveBufferSize, send: options.sendBufferSize)
+                let local = try Syscall.localAddress(result).endpoint(.tcp)
+                return UringSocket(
+                    adopting: socket, transport: .tcp, local: local, remote: address.endpoint(.tcp), options: options,
+                    loop: loop)
+            } catch {
+                socket.close()
+                if error.kind == .reset { continue }  // the client left already
+                throw error
+            }
+        }
+    }
+
+    /// Stops listening. A waiting ``accept()`` throws `.closed`.
+    public func close() async {
+        submissions.close()
+        let fd = descriptor.raw
+        if fd >= 0 { loop.cancelAll(on: fd) }
+        await gate.enter()
+        descriptor.close()
+        gate.leave()
+    }
+}
+
+/// The UDP server side: one bound socket whose datagrams arrive by IORING_OP_RECVMSG (with the sender's address),
+/// sorted by sender into per-peer connections by ConnectionCore's `DatagramDemultiplexer`, as on every backend;
+/// replies go out by IORING_OP_SENDMSG.
+final class UringUDPListener: Listener, Sendable {
+    let transport = Transport.udp
+    let localEndpoint: Endpoint
+    let options: ConnectionOptions
+    let loop: UringLoop
+    private let descriptor: SocketDescriptor
+    private let submissions = UringDescriptorGuard()
+    private let gate = AsyncGate()
+    private let peers: DatagramDemultiplexer<SocketAddress>
+    private let pump = Guarded<Task<Void, Never>?>(nil)
+
+    static func start(
+        on endpoint: Endpoint, options: ConnectionOptions, loop: UringLoop
+    ) async throws(ConnectionError) -> UringUDPListener {
+        let address = try await Syscall.resolveAsync(endpoint, passive: true)[0]
+        let (bound, local) = try Socket.listen(
+            on: address, transport: .udp, options: options, nonBlocking: false, describing: endpoint)
+        let listener = UringUDPListener(descriptor: bound, local: local.endpoint(.udp), options: options, loop: loop)
+        let task = Task(executorPreference: loop) { await listener.run() }
+        listener.pump.withLock { $0 = task }
+        return listener
+    }
+
+    private init(descriptor: SocketDescriptor, local: Endpoint, options: ConnectionOptions, loop: UringLoop) {
+        self.descriptor = descriptor
+        self.localEndpoint = local
+        self.options = options
+        self.loop = loop
+        let fd = descriptor.raw
+        let submissions = submissions
+        peers = DatagramDemultiplexer(
+            localEndpoint: local, options: options, executor: loop,
+            endpoint: { $0.endpoint(.udp) },
+            send: { bytes, address throws(ConnectionError) in
+                try await Self.send(bytes, to: address, fd: fd, loop: loop, submissions: submissions)
+            })
+    }
+
+    deinit {
+        descriptor.close()
+    }
+
+    /// Receives one datagram at a time and sorts it by sender, until the listener closes.
+    private func run() async {
+        guard let message = csur_message_create() else { return }
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: options.maxDatagramSize, alignment: 16)
+        defer {
+            csur_message_destroy(message)
+            buffer.deallocate()
+        }
+        await gate.enter()
+        defer { gate.leave() }
+        let fd = descriptor.raw
+        while !submissions.isClosed {
+            csur_message_prepare(message, buffer.baseAddress, buffer.count, nil, 0)
+            let result = await loop.run(
+                .receiveMessage(fd: fd, message: UInt(bitPattern: message), flags: 0), guardedBy: submissions)
+            if submissions.isClosed || result == -ECANCELED { return }
+            if result < 0 { continue }  // a stale ICMP error: the socket lives on
+            var addressLength: socklen_t = 0
+            let address = csur_message_address(message, &addressLength)
+            // Not an IP sender: nobody to serve.
+            guard let address, let from = SocketAddress(address, length: Int(addressLength)) else { continue }
+            if csur_message_truncated(message) != 0 {
+                peers.deliverFailure(
+                    ConnectionError(.messageTooLarge, "a datagram exceeds \(buffer.count) bytes"), from: from)
+            } else {
+                peers.deliver([UInt8](UnsafeRawBufferPointer(rebasing: buffer[..<Int(result)])), from: from)
+            }
+        }
+    }
+
+    /// sendmsg to one peer, from a copy that lives until the ring has completed the send.
+    private static func send(
+        _ bytes: [UInt8], to address: SocketAddress, fd: Int32, loop: UringLoop, submissions: UringDescriptorGuard
+    ) async throws(ConnectionError) {
+        guard let message = csur_message_create() else { throw ConnectionError(.resourceExhausted, "out of memory") }
+        let copy = UnsafeMutableRawBufferPointer.allocate(byteCount: max(1, bytes.count), alignment: 16)
+        defer {
+            csur_message_destroy(message)
+            copy.deallocate()
+        }
+        bytes.withUnsafeBytes { copy.copyMemory(from: $0) }
+        address.withSockAddr { pointer, length in
+            csur_message_prepare(message, copy.baseAddress, bytes.count, pointer, length)
+        }
+        let result = await loop.run(
+            .sendMessage(fd: fd, message: UInt(bitPattern: message), flags: UInt32(MSG_NOSIGNAL)),
+            guardedBy: submissions)
+        if result == -ECANCELED { throw submissions.isClosed ? .closed() : .cancelled() }
+        if result < 0 { throw .errno(-result, "sendmsg to \(address)") }
+    }
+
+    func accept() async throws(ConnectionError) -> any Connection { try await peers.accept() }
+
+    func close() async {
+        peers.close()
+        submissions.close()
+        let fd = descriptor.raw
+        if fd >= 0 { loop.cancelAll(on: fd) }
+        await pump.withLock { $0 }?.value
+        await gate.enter()
+        descriptor.close()
+        gate.leave()
+    }
+}

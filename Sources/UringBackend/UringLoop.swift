@@ -1,0 +1,407 @@
+internal import CURing
+@_spi(Loop) public import ConnectionCore
+internal import Glibc
+@_spi(Loop) internal import POSIXSupport
+import Synchronization
+
+/// One operation for the ring: the fields of a submission queue entry the backend uses. Buffers and addresses are
+/// carried as addresses (`UInt`), so a request can be handed to the loop thread from any thread; whoever makes
+/// one keeps what they point at alive until ``UringLoop/run(_:timeout:guardedBy:)`` returns.
+enum UringOperation: Sendable {
+    /// recv(2) into `length` bytes at `buffer`.
+    case receive(fd: Int32, buffer: UInt, length: Int, flags: Int32)
+    /// send(2) of `length` bytes at `buffer`.
+    case send(fd: Int32, buffer: UInt, length: Int, flags: Int32)
+    /// accept4(2); the peer's address is written at `address` (a `sockaddr_storage`), its length at `length`.
+    case accept(fd: Int32, address: UInt, length: UInt)
+    /// connect(2) to the `length`-byte address at `address`.
+    case connect(fd: Int32, address: UInt, length: UInt32)
+    /// recvmsg(2) with the `csur_message` at `message`.
+    case receiveMessage(fd: Int32, message: UInt, flags: UInt32)
+    /// sendmsg(2) with the `csur_message` at `message`.
+    case sendMessage(fd: Int32, message: UInt, flags: UInt32)
+    /// Completes after `after` (with -ETIME).
+    case sleep
+
+    var descriptor: Int32? {
+        switch self {
+        case .receive(let fd, _, _, _), .send(let fd, _, _, _), .accept(let fd, _, _), .connect(let fd, _, _),
+            .receiveMessage(let fd, _, _), .sendMessage(let fd, _, _):
+            return fd
+        case .sleep: return nil
+        }
+    }
+}
+
+/// What a descriptor's owner closes: once ``close()`` has run, the loop submits no more operations on it (one
+/// already queued for submission completes with `-ECANCELED`), so the owner can cancel what is in flight and know
+/// nothing follows.
+final class UringDescriptorGuard: Sendable {
+    private let closed = Atomic<Bool>(false)
+
+    var isClosed: Bool { closed.load(ordering: .acquiring) }
+
+    func close() { closed.store(true, ordering: .releasing) }
+}
+
+/// The completion loop of the `uring` style: one thread that owns an io_uring instance, submits what its
+/// connections ask for in batches (one `io_uring_enter` per turn of the loop, however many operations the turn
+/// queued) and resumes each waiting task with its operation's result.
+///
+/// It is a `TaskExecutor`: a task that prefers it runs on the ring's thread, where its operations go straight into
+/// the submission queue and its completions resume it with no hop to another thread. Work from other threads comes
+/// through a ``LoopWorkQueue`` and wakes the ring by writing to an eventfd that a read on the ring waits for.
+public final class UringLoop: TaskExecutor, Sendable {
+    /// The process-wide ring, started at first use; `nil` with the reason when io_uring is unavailable here.
+    private static let sharedLoop: Result<UringLoop, ConnectionError> = {
+        do throws(ConnectionError) {
+            return .success(try UringLoop(name: "uring-loop"))
+        } catch {
+            return .failure(error)
+        }
+    }()
+
+    /// The shared ring, or the one-line reason io_uring cannot be used on this machine.
+    public static func shared() throws(ConnectionError) -> UringLoop {
+        try sharedLoop.get()
+    }
+
+    /// A name for the thread.
+    public let name: String
+    /// The set-up flags the kernel accepted (`IORING_SETUP_*`), for the report.
+    public var setupFlags: UInt32 { flags.load(ordering: .relaxed) }
+    private let flags = Atomic<UInt32>(0)
+    private let wakeFD: Int32
+    private let work: LoopWorkQueue
+    private let confined: LoopConfined<Confined>
+
+    private static let wakeToken: UInt64 = .max
+    private static let ignoredToken: UInt64 = .max - 1
+
+    private enum Slot {
+        case free(next: Int)
+        /// In flight; the task's continuation is attached right after submission, before any completion is read.
+        /// `owned` is freed when the operation completes (a timer's timespec).
+        case waiting(UnsafeContinuation<Int32, Never>?, owned: UnsafeMutableRawPointer?)
+        /// One operation of a batch (``run(batch:guardedBy:)``).
+        case member(UringBatch, position: Int)
+    }
+
+    /// What only the ring's thread touches.
+    private struct Confined {
+        /// Made on the ring's thread: with IORING_SETUP_SINGLE_ISSUER only the thread that made a ring may enter it.
+        var ring: OpaquePointer?
+        let wakeBuffer: UnsafeMutablePointer<UInt64>
+        var slots: [Slot] = []
+        var generations: [UInt32] = []
+        var firstFree = -1
+        var jobExecutor: UnownedTaskExecutor?
+    }
+
+    /// Sets a ring up and starts its thread. Throws (one line, with the kernel's reason) when io_uring is
+    /// unavailable: an old kernel, `kernel.io_uring_disabled`, or a seccomp filter that forbids it.
+    public init(name: String, entries: UInt32 = 1024) throws(ConnectionError) {
+        self.name = name
+        let wakeFD = try Syscall.eventFD()
+        self.wakeFD = wakeFD
+        work = LoopWorkQueue(signal: { Syscall.eventFDSignal(wakeFD) })
+        confined = LoopConfined(
+            Confined(ring: nil, wakeBuffer: .allocate(capacity: 1)), on: work.thread,
+            release: { $0.wakeBuffer.deallocate() })
+        let failure = Atomic<Int32>(0)
+        PosixThread.spawnAndWait(
+            name: name,
+            started: { [self] in
+                work.bindToCurrentThread()
+                var setup: UInt32 = 0
+                var code: Int32 = 0
+                let ring = csur_create(entries, &setup, &code)
+                confined.withValue { $0.ring = ring }
+                flags.store(setup, ordering: .relaxed)
+                if ring == nil { failure.store(code, ordering: .relaxed) }
+            }
+        ) { [self] in
+            if confined.withValue({ $0.ring }) != nil { runLoop() }
+        }
+        let code = failure.load(ordering: .relaxed)
+        if code != 0 {
+            Syscall.close(wakeFD)
+            let error = ConnectionError.errno(code, "io_uring_setup")
+            let hint =
+                switch code {
+                case EPERM: " (kernel.io_uring_disabled, or a seccomp filter, forbids it)"
+                case ENOSYS: " (a kernel without io_uring)"
+                default: ""
+                }
+            throw ConnectionError(error.kind, error.detail + hint, systemCode: error.systemCode)
+        }
+    }
+
+    /// TaskExecutor: a job of a task that prefers the ring runs on its thread.
+    public func enqueue(_ job: consuming ExecutorJob) {
+        work.add(.job(UnownedJob(job)))
+    }
+
+    /// Runs `block` on the ring's thread (at once in order when called there).
+    func perform(_ block: @escaping @Sendable () -> Void) {
+        work.add(.block(block))
+    }
+
+    /// `true` on the ring's thread.
+    var inLoop: Bool { work.isLoopThread }
+
+    // MARK: Operations
+
+    /// Runs one operation and returns its result: what the system call would return, or `-errno`. With `timeout`,
+    /// the kernel cancels the operation when it has not completed by then (a linked timeout; the result is then
+    /// `-ECANCELED`). Cancelling the calling task asks the ring to cancel the operation; the call still returns only
+    /// once the operation has completed (with `-ECANCELED`, or its result when it finished first), so the memory
+    /// it uses is never written after this returns. With `gate`, an operation not submitted before the gate closed
+    /// is not submitted at all (`-ECANCELED`).
+    func run(
+        _ operation: UringOperation, timeout: Duration? = nil, guardedBy gate: UringDescriptorGuard? = nil
+    ) async -> Int32 {
+        if inLoop {
+            guard let id = submit(operation, timeout: timeout, gate: gate) else { return -ECANCELED }
+            return await withTaskCancellationHandler {
+                await withUnsafeContinuation { continuation in attach(continuation, to: id) }
+            } onCancel: {
+                perform { [self] in cancel(id) }
+            }
+        }
+        let token = CancelToken()
+        return await withTaskCancellationHandler {
+            await withUnsafeContinuation { continuation in
+                perform { [self] in
+                    guard let id = submit(operation, timeout: timeout, gate: gate) else {
+                        continuation.resume(returning: -ECANCELED)
+                        return
+                    }
+                    attach(continuation, to: id)
+                    if !token.publish(id) { cancel(id) }
+                }
+            }
+        } onCancel: {
+            if let id = token.cancel() { perform { [self] in cancel(id) } }
+        }
+    }
+
+    /// Runs operations submitted together (one `io_uring_enter` for all of them) and returns their results in
+    /// order, once every one has completed. Meant for operations that complete at once (UDP sends): cancelling the
+    /// task does not cancel them; closing their descriptor does.
+    func run(batch operations: [UringOperation], guardedBy gate: UringDescriptorGuard? = nil) async -> [Int32] {
+        if operations.isEmpty { return [] }
+        return await withUnsafeContinuation { continuation in
+            let submitAll: @Sendable () -> Void = { [self] in
+                let batch = UringBatch(count: operations.count, continuation: continuation)
+                for (position, operation) in operations.enumerated() {
+                    if !submit(member: operation, of: batch, at: position, gate: gate) {
+                        batch.complete(position, -ECANCELED)
+                    }
+                }
+            }
+            if inLoop { submitAll() } else { perform(submitAll) }
+        }
+    }
+
+    /// Loop thread: one member of a batch into the submission queue. `false` when not submitted.
+    private func submit(
+        member operation: UringOperation, of batch: UringBatch, at position: Int, gate: UringDescriptorGuard?
+    )
+        -> Bool
+    {
+        if let gate, gate.isClosed { return false }
+        return confined.withValue { confined -> Bool in
+            guard case .send(let fd, let buffer, let length, let flags) = operation else { return false }
+            let id = Self.allocate(&confined, owned: nil)
+            confined.slots[Int(truncatingIfNeeded: id & 0xffff_ffff)] = .member(batch, position: position)
+            if csur_prep_send(confined.ring!, id, fd, UnsafeRawPointer(bitPattern: buffer), length, flags) != 0 {
+                Self.release(&confined, id)
+                return false
+            }
+            return true
+        }
+    }
+
+    /// Cancels every operation in flight on `fd` (loop thread or not): each completes with `-ECANCELED`.
+    func cancelAll(on fd: Int32) {
+        let block: @Sendable () -> Void = { [self] in
+            confined.withValue { confined in _ = csur_prep_cancel_fd(confined.ring!, Self.ignoredToken, fd) }
+        }
+        perform(block)
+    }
+
+    /// Loop thread: the SQE(s) of `operation`, with a slot for its completion. `nil` when the gate has closed or
+    /// the ring refused an entry.
+    private func submit(_ operation: UringOperation, timeout: Duration?, gate: UringDescriptorGuard?) -> UInt64? {
+        if let gate, gate.isClosed { return nil }
+        return confined.withValue { confined -> UInt64? in
+            let ring = confined.ring!
+            let needsTime = timeout != nil
+            let time = needsTime ? UnsafeMutableRawPointer.allocate(byteCount: 16, alignment: 8) : nil
+            let id = Self.allocate(&confined, owned: time)
+            let nanoseconds: Int64 = timeout.map { Int64(clamping: $0.wholeNanoseconds) } ?? -1
+            let prepared: Int32
+            switch operation {
+            case .receive(let fd, let buffer, let length, let flags):
+                prepared = csur_prep_recv(ring, id, fd, UnsafeMutableRawPointer(bitPattern: buffer), length, flags)
+            case .send(let fd, let buffer, let length, let flags):
+                prepared = csur_prep_send(ring, id, fd, UnsafeRawPointer(bitPattern: buffer), length, flags)
+            case .accept(let fd, let address, let length):
+                prepared = csur_prep_accept(
+                    ring, id, fd, UnsafeMutableRawPointer(bitPattern: address), UnsafeMutablePointer(bitPattern: length)
+                )
+            case .connect(let fd, let address, let length):
+                prepared = csur_prep_connect(
+                    ring, id, fd, UnsafeRawPointer(bitPattern: address), length, Int64(clamping: nanoseconds), time,
+                    Self.ignoredToken)
+            case .receiveMessage(let fd, let message, _):
+                prepared = csur_prep_recvmsg(ring, id, fd, OpaquePointer(bitPattern: message))
+            case .sendMessage(let fd, let message, let flags):
+                prepared = csur_prep_sendmsg(ring, id, fd, OpaquePointer(bitPattern: message), Int32(bitPattern: flags))
+            case .sleep:
+                prepared = csur_prep_sleep(ring, id, Int64(clamping: max(0, nanoseconds)), time)
+            }
+            if prepared != 0 {
+                Self.release(&confined, id)
+                return nil
+            }
+            return id
+        }
+    }
+
+    private static func allocate(_ confined: inout Confined, owned: UnsafeMutableRawPointer?) -> UInt64 {
+        let index: Int
+        if confined.firstFree >= 0 {
+            index = confined.firstFree
+            guard case .free(let next) = confined.slots[index] else { preconditionFailure("slot list corrupt") }
+            confined.firstFree = next
+            confined.slots[index] = .waiting(nil, owned: owned)
+        } else {
+            index = confined.slots.count
+            confined.slots.append(.waiting(nil, owned: owned))
+            confined.generations.append(0)
+        }
+        return UInt64(confined.generations[index]) << 32 | UInt64(index)
+    }
+
+    /// Frees slot `id` (and what it owns) and returns what it held.
+    @discardableResult
+    private static func release(_ confined: inout Confined, _ id: UInt64) -> Slot? {
+        let index = Int(truncatingIfNeeded: id & 0xffff_ffff)
+        guard index < confined.slots.count, confined.generations[index] == UInt32(truncatingIfNeeded: id >> 32)
+        else { return nil }
+        let slot = confined.slots[index]
+        if case .free = slot { return nil }
+        if case .waiting(_, let owned) = slot { owned?.deallocate() }
+        confined.generations[index] &+= 1
+        confined.slots[index] = .free(next: confined.firstFree)
+        confined.firstFree = index
+        return slot
+    }
+
+    private func attach(_ continuation: UnsafeContinuation<Int32, Never>, to id: UInt64) {
+        confined.withValue { confined in
+            let index = Int(truncatingIfNeeded: id & 0xffff_ffff)
+            guard case .waiting(_, let owned) = confined.slots[index] else { preconditionFailure("no such operation") }
+            confined.slots[index] = .waiting(continuation, owned: owned)
+        }
+    }
+
+    /// Loop thread: asks the kernel to cancel operation `id` (nothing when it completed already).
+    private func cancel(_ id: UInt64) {
+        confined.withValue { confined in
+            let index = Int(truncatingIfNeeded: id & 0xffff_ffff)
+            guard index < confined.slots.count, confined.generations[index] == UInt32(truncatingIfNeeded: id >> 32),
+                case .waiting = confined.slots[index]
+            else { return }
+            _ = csur_prep_cancel(confined.ring!, Self.ignoredToken, id)
+        }
+    }
+
+    // MARK: The loop
+
+    private func armWake(_ confined: inout Confined) {
+        _ = csur_prep_read(confined.ring!, Self.wakeToken, wakeFD, confined.wakeBuffer, 8)
+    }
+
+    private func runLoop() {
+        let executor = asUnownedTaskExecutor()
+        confined.withValue { armWake(&$0) }
+        let capacity = 64
+        let data = UnsafeMutablePointer<UInt64>.allocate(capacity: capacity)
+        let results = UnsafeMutablePointer<Int32>.allocate(capacity: capacity)
+        let flags = UnsafeMutablePointer<UInt32>.allocate(capacity: capacity)
+        guard let ring = confined.withValue({ $0.ring }) else { return }
+        while true {
+            work.runAll(jobsAs: executor)
+            // Announce sleep, then submit the turn's entries and wait for a completion (or, when work came in
+            // meanwhile, only submit and collect what is there).
+            let sleeps = work.prepareToSleep()
+            let entered = csur_enter(ring, sleeps ? 1 : 0)
+            if sleeps { work.awoke() }
+            if entered < 0 && entered != -EINTR && entered != -EAGAIN && entered != -EBUSY && entered != -ETIME {
+                fatalError("io_uring_enter failed: \(String(cString: strerror(-entered)))")
+            }
+            while true {
+                let count = Int(csur_reap(ring, data, results, flags, UInt32(capacity)))
+                if count == 0 { break }
+                for index in 0..<count { complete(data[index], results[index], flags[index]) }
+            }
+        }
+    }
+
+    /// Loop thread: one completion.
+    private func complete(_ id: UInt64, _ result: Int32, _ flags: UInt32) {
+        if id == Self.ignoredToken { return }
+        if id == Self.wakeToken {
+            confined.withValue { armWake(&$0) }
+            return
+        }
+        let slot = confined.withValue { Self.release(&$0, id) }
+        switch slot {
+        case .waiting(let continuation, _):
+            continuation?.resume(returning: result)
+        case .member(let batch, let position):
+            batch.complete(position, result)
+        case .free, nil:
+            return
+        }
+    }
+}
+
+/// The operations of one ``UringLoop/run(batch:guardedBy:)`` call (loop thread only).
+final class UringBatch {
+    private var results: [Int32]
+    private var remaining: Int
+    private let continuation: UnsafeContinuation<[Int32], Never>
+
+    init(count: Int, continuation: UnsafeContinuation<[Int32], Never>) {
+        results = Array(repeating: 0, count: count)
+        remaining = count
+        self.continuation = continuation
+    }
+
+    func complete(_ position: Int, _ result: Int32) {
+        results[position] = result
+        remaining -= 1
+        if remaining == 0 { continuation.resume(returning: results) }
+    }
+}
+
+/// Hands an operation's id from the loop to a cancellation handler on another thread: whichever comes second acts.
+private final class CancelToken: Sendable {
+    private static let cancelled: UInt64 = .max
+    private let state = Atomic<UInt64>(0)
+
+    /// Loop thread, after submitting: `false` when the task was cancelled already (the caller cancels `id`).
+    func publish(_ id: UInt64) -> Bool {
+        state.compareExchange(expected: 0, desired: id &+ 1, ordering: .acquiringAndReleasing).exchanged
+    }
+
+    /// The cancellation handler: the id to cancel when the operation was submitted, else `nil` (it will be).
+    func cancel() -> UInt64? {
+        let previous = state.exchange(Self.cancelled, ordering: .acquiringAndReleasing)
+        return previous == 0 || previous == Self.cancelled ? nil : previous &- 1
+    }
+}

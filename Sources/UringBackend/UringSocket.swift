@@ -1,0 +1,272 @@
+internal import CURing
+public import ConnectionCore
+internal import Glibc
+import POSIXSupport
+import Synchronization
+
+/// The completion style: a connected socket whose every operation is submitted to the ring of a ``UringLoop`` and
+/// awaited until the kernel reports it complete. There is no readiness and no retry: a receive is a recv(2) that
+/// the kernel finishes when data comes, into the buffer the caller gave, and the task is resumed with how much.
+///
+/// ```swift
+/// let socket = try await UringSocket.connect(to: try Endpoint(url: "tcp://127.0.0.1:9000"))
+/// try await socket.send(Array("hello".utf8))          // one IORING_OP_SEND, completed
+/// let reply = try await socket.receive()               // one IORING_OP_RECV, completed
+/// await socket.close()                                 // in-flight operations cancelled, then close(2)
+/// ```
+///
+/// Buffers: a buffer given to ``receive(into:)`` or ``send(contentsOf:)`` belongs to the kernel until the call
+/// returns, and the call returns only once its operation has completed, also when the task is cancelled (the ring
+/// is asked to cancel it, and the call waits for that to complete).
+///
+/// Cancellation: a cancelled receive that had read nothing throws `.cancelled` and the data goes to the next
+/// receive; one whose recv completed first returns its data. A cancelled send that had sent part of its bytes
+/// closes the output (TCP FIN), as on every backend.
+public final class UringSocket: Sendable {
+    /// `tcp` or `udp`.
+    public let transport: Transport
+    /// Options applied when connecting or accepting.
+    public let options: ConnectionOptions
+    /// The ring this socket's operations go to. It is a `TaskExecutor`: a task that prefers it submits with no
+    /// hand-over and is resumed on the ring's thread.
+    public let loop: UringLoop
+    /// This end's address.
+    public let localEndpoint: Endpoint
+    /// The peer's address.
+    public let remoteEndpoint: Endpoint
+
+    private let descriptor: SocketDescriptor
+    private let submissions = UringDescriptorGuard()
+    private let lifecycle = SharedLifecycle()
+    private let readGate = AsyncGate()
+    private let writeGate = AsyncGate()
+    // Used only inside the read gate.
+    nonisolated(unsafe) private let scratch: UnsafeMutableRawBufferPointer
+
+    /// Resolves `endpoint` and connects to its addresses in order (IORING_OP_CONNECT, bounded by
+    /// `options.connectTimeout` with a linked timeout).
+    public static func connect(
+        to endpoint: Endpoint, options: ConnectionOptions = ConnectionOptions(), loop given: UringLoop? = nil
+    ) async throws(ConnectionError) -> UringSocket {
+        let loop: UringLoop
+        if let given { loop = given } else { loop = try UringLoop.shared() }
+        let transport = endpoint.transport
+        guard transport == .tcp || transport == .udp else {
+            throw ConnectionError(
+                .unsupported, "the uring backend provides tcp and udp; \(transport) is layered on top")
+        }
+        let addresses = try await Syscall.resolveAsync(endpoint)
+        return try await Socket.connect(toFirstOf: addresses, endpoint: endpoint, options: options) {
+            (address, deadline) async throws(ConnectionError) -> UringSocket in
+            let socket = try Socket.connectingSocket(for: address, transport: transport, options: options)
+            do throws(ConnectionError) {
+                // Blocking, as the ring expects: it waits in the kernel, never returns EAGAIN.
+                try Syscall.setNonBlocking(socket.raw, false)
+                if transport == .udp {
+                    _ = try Syscall.connect(socket.raw, to: address)
+                } else {
+                    let storage = UnsafeMutableRawPointer.allocate(
+                        byteCount: MemoryLayout<sockaddr_storage>.size, alignment: 8)
+                    defer { storage.deallocate() }
+                    let length = address.withSockAddr { pointer, length in
+                        storage.copyMemory(from: pointer, byteCount: Int(length))
+                        return UInt32(length)
+                    }
+                    let result = await loop.run(
+                        .connect(fd: socket.raw, address: UInt(bitPattern: storage), length: length),
+                        timeout: Socket.timeLeft(until: deadline))
+                    if result == -ECANCELED {
+                        throw Task.isCancelled
+                            ? .cancelled("connect to \(endpoint) was cancelled")
+                            : ConnectionError(
+                                .timedOut, "connect to \(endpoint) (\(address)) took longer than the timeout")
+                    }
+                    if result < 0 { throw .errno(-result, "connect to \(endpoint) (\(address))") }
+                }
+                let local = try Syscall.localAddress(socket.raw).endpoint(transport)
+                let remote = try Syscall.peerAddress(socket.raw).endpoint(transport)
+                return UringSocket(
+                    adopting: socket, transport: transport, local: local, remote: remote, options: options, loop: loop)
+            } catch {
+                socket.close()
+                throw error
+            }
+        }
+    }
+
+    /// A socket around a connected, blocking descriptor (accepted connections). It owns `descriptor` from here.
+    init(
+        adopting descriptor: SocketDescriptor, transport: Transport, local: Endpoint, remote: Endpoint,
+        options: ConnectionOptions, loop: UringLoop
+    ) {
+        self.descriptor = descriptor
+        self.transport = transport
+        self.localEndpoint = local
+        self.remoteEndpoint = remote
+        self.options = options
+        self.loop = loop
+        scratch = .allocate(
+            byteCount: transport == .udp ? options.maxDatagramSize : options.readChunkSize, alignment: 16)
+    }
+
+    deinit {
+        descriptor.close()
+        scratch.deallocate()
+    }
+
+    /// The descriptor (-1 after ``close()``).
+    public var fileDescriptor: Int32 { descriptor.raw }
+
+    // MARK: Receiving
+
+    /// Receives what is available (TCP: at most `maximumLength` bytes; UDP: one datagram). `nil` once, when the
+    /// peer finished sending (TCP).
+    public func receive(maximumLength: Int = .max) async throws(ConnectionError) -> [UInt8]? {
+        if !readGate.tryEnter() { await readGate.enter() }
+        defer { readGate.leave() }
+        let limit = transport == .udp ? scratch.count : min(max(1, maximumLength), scratch.count)
+        let buffer = UnsafeMutableRawBufferPointer(rebasing: scratch[..<limit])
+        guard let count = try await read(into: buffer) else { return nil }
+        return [UInt8](UnsafeRawBufferPointer(rebasing: buffer[..<count]))
+    }
+
+    /// Receives into the caller's buffer, which the kernel writes directly (TCP: what is available, at most
+    /// `buffer.count` bytes; UDP: one datagram, `.messageTooLarge` when it did not fit). `nil` once at the end.
+    public func receive(into buffer: UnsafeMutableRawBufferPointer) async throws(ConnectionError) -> Int? {
+        try Received.requireRoom(buffer)
+        if !readGate.tryEnter() { await readGate.enter() }
+        defer { readGate.leave() }
+        return try await read(into: buffer)
+    }
+
+    /// Inside the read gate: one IORING_OP_RECV (with MSG_TRUNC on UDP, so a datagram's real length comes back).
+    private func read(into buffer: UnsafeMutableRawBufferPointer) async throws(ConnectionError) -> Int? {
+        let fd = try usableDescriptor()
+        if lifecycle.current.inputEnded { throw .closed("the end of the stream was already reported") }
+        let result = await loop.run(
+            .receive(
+                fd: fd, buffer: UInt(bitPattern: buffer.baseAddress), length: buffer.count,
+                flags: transport == .udp ? Int32(MSG_TRUNC) : 0),
+            guardedBy: submissions)
+        if result < 0 { throw failure(result, "recv") }
+        let count = Int(result)
+        if count == 0 && transport == .tcp {
+            _ = lifecycle.handle(.peerEnded)
+            return nil
+        }
+        if count > buffer.count {
+            throw ConnectionError(.messageTooLarge, "a \(count)-byte datagram did not fit in \(buffer.count) bytes")
+        }
+        return count
+    }
+
+    // MARK: Sending
+
+    /// Sends all of `bytes` (UDP: one datagram).
+    public func send(_ bytes: [UInt8]) async throws(ConnectionError) {
+        let copy = UnsafeMutableRawBufferPointer.allocate(byteCount: max(1, bytes.count), alignment: 16)
+        defer { copy.deallocate() }
+        bytes.withUnsafeBytes { copy.copyMemory(from: $0) }
+        try await send(contentsOf: UnsafeRawBufferPointer(rebasing: copy[..<bytes.count]))
+    }
+
+    /// Sends bytes the caller keeps until this returns, from where they lie (the kernel reads them there).
+    public func send(contentsOf bytes: UnsafeRawBufferPointer) async throws(ConnectionError) {
+        if !writeGate.tryEnter() { await writeGate.enter() }
+        defer { writeGate.leave() }
+        let fd = try usableDescriptor()
+        if case .refuse(let error) = lifecycle.handle(.send) { throw error }
+        let base = UInt(bitPattern: bytes.baseAddress)
+        var offset = 0
+        repeat {
+            let result = await loop.run(
+                .send(fd: fd, buffer: base + UInt(offset), length: bytes.count - offset, flags: Int32(MSG_NOSIGNAL)),
+                guardedBy: submissions)
+            if result < 0 {
+                let error = failure(result, "send")
+                if error.kind == .cancelled && offset > 0 { endOutputAfterPartialSend(fd) }
+                throw error
+            }
+            if transport == .udp { return }
+            offset += Int(result)
+            if offset < bytes.count && Task.isCancelled {
+                endOutputAfterPartialSend(fd)
+                throw .cancelled("a send was cancelled after \(offset) of \(bytes.count) bytes")
+            }
+        } while offset < bytes.count
+    }
+
+    /// Sends datagrams (UDP) or chunks (TCP) in order: every send of the batch is submitted in the same turn of the
+    /// ring, one `io_uring_enter` for all of them.
+    public func send(batch: [UnsafeRawBufferPointer]) async throws(ConnectionError) {
+        guard transport == .udp else {
+            for bytes in batch { try await send(contentsOf: bytes) }
+            return
+        }
+        if !writeGate.tryEnter() { await writeGate.enter() }
+        defer { writeGate.leave() }
+        let fd = try usableDescriptor()
+        if case .refuse(let error) = lifecycle.handle(.send) { throw error }
+        let operations = batch.map { bytes in
+            UringOperation.send(
+                fd: fd, buffer: UInt(bitPattern: bytes.baseAddress), length: bytes.count, flags: Int32(MSG_NOSIGNAL))
+        }
+        let results = await loop.run(batch: operations, guardedBy: submissions)
+        if let failed = results.first(where: { $0 < 0 }) { throw failure(failed, "send") }
+    }
+
+    private func endOutputAfterPartialSend(_ fd: Int32) {
+        // Part of the message is on the wire: nothing can follow it sensibly.
+        if case .shutdownOutput = lifecycle.handle(.closeOutput) { try? Syscall.shutdown(fd, .write) }
+    }
+
+    /// Half-close (TCP): FIN after everything sent so far.
+    public func closeOutput() async throws(ConnectionError) {
+        guard transport == .tcp else { throw ConnectionError(.unsupported, "half-close needs a TCP connection") }
+        if !writeGate.tryEnter() { await writeGate.enter() }
+        defer { writeGate.leave() }
+        let fd = try usableDescriptor()
+        switch lifecycle.handle(.closeOutput) {
+        case .shutdownOutput: try Syscall.shutdown(fd, .write)
+        case .refuse(let error): throw error
+        default: return
+        }
+    }
+
+    private func usableDescriptor() throws(ConnectionError) -> Int32 {
+        let fd = descriptor.raw
+        guard fd >= 0, lifecycle.isOpen else { throw .closed() }
+        return fd
+    }
+
+    /// The error for a failed operation: a cancelled one is `.closed` when the socket was closed under it.
+    private func failure(_ result: Int32, _ what: String) -> ConnectionError {
+        if !lifecycle.isOpen { return .closed() }
+        if result == -ECANCELED { return .cancelled("\(what) was cancelled") }
+        return .errno(-result, what)
+    }
+
+    // MARK: Closing
+
+    /// Closes with a reset: a TCP peer gets `.reset`, unsent data is discarded. Otherwise as ``close()``.
+    public func abort() async {
+        let fd = descriptor.raw
+        if lifecycle.isOpen, transport == .tcp, fd >= 0 { Syscall.resetConnection(fd) }
+        await close()
+    }
+
+    /// Closes: no operation is submitted any more, those in flight are cancelled (IORING_ASYNC_CANCEL_FD) and end
+    /// with `.closed`, and the descriptor is closed once they have completed. Every caller returns after that.
+    public func close() async {
+        await lifecycle.close(running: { [self] () async in
+            submissions.close()
+            let fd = descriptor.raw
+            if fd >= 0 { loop.cancelAll(on: fd) }
+            await readGate.enter()
+            await writeGate.enter()
+            descriptor.close()
+            writeGate.leave()
+            readGate.leave()
+        })
+    }
+}
