@@ -147,6 +147,12 @@ int csur_prep_read(struct csur_ring *ring, uint64_t data, int fd, void *buffer, 
     return 0;
 }
 
+void csur_link_last(struct csur_ring *ring) {
+    struct io_uring *uring = &ring->ring;
+    struct io_uring_sqe *last = &uring->sq.sqes[(uring->sq.sqe_tail - 1) & uring->sq.ring_mask];
+    last->flags |= IOSQE_IO_LINK;
+}
+
 int csur_prep_cancel(struct csur_ring *ring, uint64_t data, uint64_t target) {
     struct io_uring_sqe *sqe = entry(ring, data);
     if (!sqe) return -EBUSY;

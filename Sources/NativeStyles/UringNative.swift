@@ -1,47 +1,22 @@
 import BenchmarkDriver
-import ConnectionCore
+@_spi(Loop) import ConnectionCore
+import Glibc
+import POSIXSupport
 import SocketStyles
 import Synchronization
 
-/// Style 5 by hand: `UringSocket` in a task that prefers the ring's executor. Each probe is copied into a buffer
-/// the client owns and sent from there (one IORING_OP_SEND), and each reply is received into another (one
-/// IORING_OP_RECV the kernel completes with the bytes in place).
+/// Style 5 by hand, in the ring's own idiom: each probe is sent with its receive linked behind it (IOSQE_IO_LINK:
+/// the receive starts only once the send completed in full), so one `io_uring_enter` submits both and sleeps until
+/// the reply is there; the receive's completion handler, on the ring's thread, consumes the reply and queues the
+/// next pair. No task is suspended or resumed per round trip.
 enum UringNative {
     static func pingpong(
         to endpoint: Endpoint, tally: PingPongTally
     ) async throws(ConnectionError) -> PingRunner.Result {
         let socket = try await UringSocket.connect(to: endpoint)
-        let output = UnsafeMutableRawBufferPointer.allocate(byteCount: 64 * 1024, alignment: 16)
-        let input = UnsafeMutableRawBufferPointer.allocate(byteCount: 64 * 1024, alignment: 16)
-        defer {
-            output.deallocate()
-            input.deallocate()
-        }
-        let result: Result<PingRunner.Result, ConnectionError> = await withTaskExecutorPreference(socket.loop) {
-            do throws(ConnectionError) {
-                while true {
-                    let probe = tally.next()
-                    var sent = 0
-                    while sent < probe.count {
-                        let chunk = min(output.count, probe.count - sent)
-                        probe.withUnsafeBytes {
-                            output.copyMemory(from: UnsafeRawBufferPointer(rebasing: $0[sent..<sent + chunk]))
-                        }
-                        try await socket.send(contentsOf: UnsafeRawBufferPointer(rebasing: output[..<chunk]))
-                        sent += chunk
-                    }
-                    var step = PingPongTally.Step.needMore
-                    while step == .needMore {
-                        guard let count = try await socket.receive(into: input) else {
-                            throw .closed("the server ended the connection")
-                        }
-                        step = try tally.consume(UnsafeRawBufferPointer(rebasing: input[..<count]))
-                    }
-                    if step == .finished { return .success(tally.result()) }
-                }
-            } catch {
-                return .failure(error)
-            }
+        let client = UringPingClient(fd: socket.fileDescriptor, tally: tally, thread: socket.loop.thread)
+        let result = await withUnsafeContinuation { continuation in
+            socket.loop.execute { ring in client.start(ring, continuation) }
         }
         await socket.close()
         return try result.get()
@@ -57,7 +32,8 @@ enum UringNative {
     }
 }
 
-/// A `UringListener` and a task per client that sends back what it receives, from the buffer it received into.
+/// A `UringListener` whose clients are echoed in the ring's idiom: a receive whose handler sends the bytes back
+/// with the next receive linked behind the send (into the same buffer, free again once the send completed).
 final class UringNativeEchoServer: NativeEchoServer, Sendable {
     let localEndpoint: Endpoint
     private let listener: UringListener
@@ -83,17 +59,148 @@ final class UringNativeEchoServer: NativeEchoServer, Sendable {
     }
 
     private func echo(_ client: UringSocket) async {
-        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 64 * 1024, alignment: 16)
-        try? await UringNative.forward(from: client, to: client, buffer: buffer)
-        buffer.deallocate()
+        let echo = UringEcho(fd: client.fileDescriptor, thread: client.loop.thread)
+        await withUnsafeContinuation { continuation in
+            client.loop.execute { ring in echo.start(ring, continuation) }
+        }
         clients.withLock { _ = $0.removeValue(forKey: ObjectIdentifier(client)) }
         await client.close()
     }
 
     func stop() async {
         await listener.close()
-        for client in clients.withLock({ Array($0.values) }) { await client.close() }
+        // Ends each client's receive in flight (it completes with 0), which ends its echo; then it is closed.
+        for client in clients.withLock({ Array($0.values) }) { try? Syscall.shutdown(client.fileDescriptor, .both) }
         await acceptor.withLock { $0 }?.value
+    }
+}
+
+/// The native ping-pong's state, touched only on the ring's thread.
+final class UringPingClient: Sendable {
+    private struct State {
+        let fd: Int32
+        let tally: PingPongTally
+        let output = UnsafeMutableRawBufferPointer.allocate(byteCount: 64 * 1024, alignment: 16)
+        let input = UnsafeMutableRawBufferPointer.allocate(byteCount: 64 * 1024, alignment: 16)
+        var probe: [UInt8] = []
+        var continuation: UnsafeContinuation<Result<PingRunner.Result, ConnectionError>, Never>?
+    }
+    private let state: LoopConfined<State>
+
+    init(fd: Int32, tally: PingPongTally, thread: LoopThread) {
+        // The buffers go with the last reference: a completion handler of an operation still in flight keeps them.
+        state = LoopConfined(
+            State(fd: fd, tally: tally), on: thread,
+            release: {
+                $0.output.deallocate()
+                $0.input.deallocate()
+            })
+    }
+
+    func start(_ ring: UringRing, _ continuation: UnsafeContinuation<Result<PingRunner.Result, ConnectionError>, Never>)
+    {
+        state.withValue { $0.continuation = continuation }
+        nextProbe(ring)
+    }
+
+    private func finish(_ result: Result<PingRunner.Result, ConnectionError>) {
+        state.withValue { state in
+            state.continuation?.resume(returning: result)
+            state.continuation = nil
+        }
+    }
+
+    private func nextProbe(_ ring: UringRing) {
+        let probe = state.withValue { state in
+            state.probe = state.tally.next()
+            return state.probe
+        }
+        send(ring, from: 0, count: probe.count)
+    }
+
+    /// Sends the probe from `offset`, a buffer-full at a time; the last piece with the receive linked behind it.
+    private func send(_ ring: UringRing, from offset: Int, count: Int) {
+        let (fd, piece, input) = state.withValue { state in
+            let length = min(state.output.count, count - offset)
+            state.probe.withUnsafeBytes {
+                state.output.copyMemory(from: UnsafeRawBufferPointer(rebasing: $0[offset..<offset + length]))
+            }
+            return (state.fd, UnsafeRawBufferPointer(rebasing: state.output[..<length]), state.input)
+        }
+        let last = offset + piece.count == count
+        ring.send(fd, piece, linked: last) { [self] sent in
+            if sent < 0 { return finish(.failure(.errno(-sent, "send"))) }
+            let next = offset + Int(sent)
+            // A short send broke the link (its receive completes with -ECANCELED): send the rest, then receive.
+            if next < count { send(ring, from: next, count: count) }
+        }
+        if last { receive(ring, fd: fd, into: input) }
+    }
+
+    private func receive(_ ring: UringRing, fd: Int32, into input: UnsafeMutableRawBufferPointer) {
+        ring.receive(fd, into: input) { [self] received in
+            if received == -ECANCELED { return }  // the send before it fell short; it queues this again
+            if received < 0 { return finish(.failure(.errno(-received, "recv"))) }
+            if received == 0 { return finish(.failure(.closed("the server ended the connection"))) }
+            let step: PingPongTally.Step
+            do throws(ConnectionError) {
+                step = try state.withValue { state throws(ConnectionError) in
+                    try state.tally.consume(UnsafeRawBufferPointer(rebasing: input[..<Int(received)]))
+                }
+            } catch {
+                return finish(.failure(error))
+            }
+            switch step {
+            case .needMore: receive(ring, fd: fd, into: input)
+            case .finished: finish(.success(state.withValue { $0.tally.result() }))
+            default: nextProbe(ring)
+            }
+        }
+    }
+}
+
+/// One echoed client's state, on the ring's thread: a buffer that is received into and sent from in turn.
+final class UringEcho: Sendable {
+    private struct State {
+        let fd: Int32
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 64 * 1024, alignment: 16)
+        var done: UnsafeContinuation<Void, Never>?
+    }
+    private let state: LoopConfined<State>
+
+    init(fd: Int32, thread: LoopThread) {
+        state = LoopConfined(State(fd: fd), on: thread, release: { $0.buffer.deallocate() })
+    }
+
+    func start(_ ring: UringRing, _ done: UnsafeContinuation<Void, Never>) {
+        state.withValue { $0.done = done }
+        receive(ring)
+    }
+
+    private func end() {
+        state.withValue { state in
+            state.done?.resume()
+            state.done = nil
+        }
+    }
+
+    private func receive(_ ring: UringRing) {
+        let (fd, buffer) = state.withValue { ($0.fd, $0.buffer) }
+        ring.receive(fd, into: buffer) { [self] received in
+            if received == -ECANCELED { return }  // the send before it fell short; it queues this again
+            if received <= 0 { return end() }
+            send(ring, from: 0, count: Int(received))
+        }
+    }
+
+    /// Sends back `buffer[offset..<count]`, the next receive linked behind it.
+    private func send(_ ring: UringRing, from offset: Int, count: Int) {
+        let (fd, buffer) = state.withValue { ($0.fd, $0.buffer) }
+        ring.send(fd, UnsafeRawBufferPointer(rebasing: buffer[offset..<count]), linked: true) { [self] sent in
+            if sent < 0 { return end() }
+            if offset + Int(sent) < count { send(ring, from: offset + Int(sent), count: count) }
+        }
+        receive(ring)
     }
 }
 

@@ -85,6 +85,8 @@ public final class UringLoop: TaskExecutor, Sendable {
         case waiting(UnsafeContinuation<Int32, Never>?, owned: UnsafeMutableRawPointer?)
         /// One operation of a batch (``run(batch:guardedBy:)``).
         case member(UringBatch, position: Int)
+        /// An operation of the ring's own style (``UringRing``): its completion handler.
+        case callback((Int32) -> Void)
     }
 
     /// What only the ring's thread touches.
@@ -149,6 +151,9 @@ public final class UringLoop: TaskExecutor, Sendable {
 
     /// `true` on the ring's thread.
     var inLoop: Bool { work.isLoopThread }
+
+    /// The ring's thread, for state only its completion handlers touch (`LoopConfined`).
+    package var thread: LoopThread { work.thread }
 
     // MARK: Operations
 
@@ -319,6 +324,38 @@ public final class UringLoop: TaskExecutor, Sendable {
         }
     }
 
+    // MARK: The ring's own style
+
+    /// Runs `body` on the ring's thread with the ring, for code written in the ring's own idiom (``UringRing``):
+    /// operations queued with what to do when each completes, no task suspended in between.
+    public func execute(_ body: @escaping @Sendable (UringRing) -> Void) {
+        perform { [self] in body(UringRing(loop: self)) }
+    }
+
+    /// Loop thread: queues `operation` with a completion handler. With `linked`, the next entry queued starts only
+    /// once this one completed in full (IOSQE_IO_LINK); when this one fails or falls short, the next completes with
+    /// `-ECANCELED`. Returns `false` when the ring had no room (the handler is not called).
+    func submit(_ operation: UringOperation, linked: Bool, then handler: @escaping (Int32) -> Void) -> Bool {
+        precondition(inLoop, "UringRing is used on its loop's thread only (UringLoop.execute)")
+        return confined.withValue { confined -> Bool in
+            let ring = confined.ring!
+            let id = Self.allocate(&confined, owned: nil)
+            confined.slots[Int(truncatingIfNeeded: id & 0xffff_ffff)] = .callback(handler)
+            let prepared: Int32
+            switch operation {
+            case .receive(let fd, let buffer, let length, let flags):
+                prepared = csur_prep_recv(ring, id, fd, UnsafeMutableRawPointer(bitPattern: buffer), length, flags)
+            case .send(let fd, let buffer, let length, let flags):
+                prepared = csur_prep_send(ring, id, fd, UnsafeRawPointer(bitPattern: buffer), length, flags)
+            default:
+                prepared = -EINVAL
+            }
+            if prepared == 0, linked { csur_link_last(ring) }
+            if prepared != 0 { Self.release(&confined, id) }
+            return prepared == 0
+        }
+    }
+
     // MARK: The loop
 
     private func armWake(_ confined: inout Confined) {
@@ -364,9 +401,46 @@ public final class UringLoop: TaskExecutor, Sendable {
             continuation?.resume(returning: result)
         case .member(let batch, let position):
             batch.complete(position, result)
+        case .callback(let handler):
+            handler(result)
         case .free, nil:
             return
         }
+    }
+}
+
+/// The ring as code on its own thread uses it (``UringLoop/execute(_:)``): each operation is queued with what to do
+/// when it completes, and every entry queued in one turn of the loop goes to the kernel with one `io_uring_enter`.
+/// A handler runs on the ring's thread; the buffers an operation names must stay valid until its handler ran.
+///
+/// ```swift
+/// loop.execute { ring in
+///     // send, then (only once the send completed in full) receive into the same buffer: one system call for both
+///     ring.send(fd, request, linked: true) { sent in }
+///     ring.receive(fd, into: buffer) { count in print("received", count) }
+/// }
+/// ```
+public struct UringRing {
+    let loop: UringLoop
+
+    /// send(2) of `bytes` on `fd`; `then` gets the count sent or `-errno`. `linked`: the next operation queued
+    /// starts only after this one sent everything.
+    public func send(
+        _ fd: Int32, _ bytes: UnsafeRawBufferPointer, linked: Bool = false, then: @escaping (Int32) -> Void
+    ) {
+        let operation = UringOperation.send(
+            fd: fd, buffer: UInt(bitPattern: bytes.baseAddress), length: bytes.count, flags: Int32(MSG_NOSIGNAL))
+        if !loop.submit(operation, linked: linked, then: then) { then(-EBUSY) }
+    }
+
+    /// recv(2) into `buffer` on `fd`; `then` gets the count received (0 at the end of a TCP stream) or `-errno`.
+    public func receive(
+        _ fd: Int32, into buffer: UnsafeMutableRawBufferPointer, linked: Bool = false,
+        then: @escaping (Int32) -> Void
+    ) {
+        let operation = UringOperation.receive(
+            fd: fd, buffer: UInt(bitPattern: buffer.baseAddress), length: buffer.count, flags: 0)
+        if !loop.submit(operation, linked: linked, then: then) { then(-EBUSY) }
     }
 }
 

@@ -31,7 +31,7 @@ struct DocSnippetRunTests {
             let output = try await blocking { child.readToEnd() }
             let status = try await blocking { try child.wait() }
             #expect(status == 0, "the samples in the namespace:\n\(output)")
-            #expect(output.contains("samples ran: 9"), "\(output)")
+            #expect(output.contains("samples ran: 11"), "\(output)")
         }
     }
 
@@ -45,6 +45,8 @@ struct DocSnippetRunTests {
             ("docs/styles.md (AsyncSocket)", DocSnippets.docs_styles_5),
             ("docs/styles.md (unified Connection)", DocSnippets.docs_styles_6),
             ("docs/styles.md (SwiftNIO)", DocSnippets.docs_styles_nio),
+            ("docs/styles.md (io_uring)", DocSnippets.docs_styles_uring),
+            ("docs/backends/uring.md (buffers the kernel writes)", DocSnippets.docs_backends_uring),
             ("TheConnectionContract.md (buffers you own, uv)", DocSnippets.docc_contract_owned_buffers),
         ]
         let tcp = try await EchoServer.start(.async, on: Endpoint(url: "tcp://127.0.0.1:9000"))

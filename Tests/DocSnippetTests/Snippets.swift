@@ -112,7 +112,7 @@ enum DocSnippets {
 
     // snippet: docs/styles.md
     static func docs_styles_6() async throws {
-        // Any backend, the same code: .bsd, .uv, .runloop, .async or .nio.
+        // Any backend, the same code: .bsd, .uv, .runloop, .async, .nio or .uring.
         let connection = try await Backend.uv.connect(to: Endpoint(url: "tcp://127.0.0.1:9000"))
         try await connection.send(Array("hello".utf8))
         let reply = try await connection.receive(exactly: 5)
@@ -220,6 +220,41 @@ enum DocSnippets {
         try await chat.send(.text("hello"))
         for try await message in chat.messages { print(message.text ?? "binary") }
         await chat.close()
+    }
+    // end snippet
+
+    // snippet: docs/styles.md (io_uring)
+    static func docs_styles_uring() async throws {
+        let socket = try await UringSocket.connect(to: Endpoint(url: "tcp://127.0.0.1:9000"))
+        try await socket.send(Array("hello".utf8))               // one IORING_OP_SEND, awaited until it completed
+        var reply: [UInt8] = []
+        while reply.count < 5 {                                  // TCP may deliver the 5 bytes in pieces
+            guard let bytes = try await socket.receive(maximumLength: 5 - reply.count) else { break }  // one IORING_OP_RECV
+            reply += bytes
+        }
+        print(String(decoding: reply, as: UTF8.self))
+        await socket.close()
+    }
+    // end snippet
+
+    // snippet: docs/backends/uring.md
+    static func docs_backends_uring() async throws {
+        let socket = try await UringSocket.connect(to: Endpoint(url: "tcp://127.0.0.1:9000"))
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 64 * 1024, alignment: 16)
+        defer { buffer.deallocate() }
+        // On the ring's thread: each operation goes straight into the submission queue, and its completion
+        // resumes this task there.
+        try await withTaskExecutorPreference(socket.loop) {
+            try await socket.send(Array("hello".utf8))
+            var received = 0
+            while received < 5 {
+                let free = UnsafeMutableRawBufferPointer(rebasing: buffer[received...])
+                guard let count = try await socket.receive(into: free) else { break }  // the kernel wrote them there
+                received += count
+            }
+            print(String(decoding: UnsafeRawBufferPointer(rebasing: buffer[..<received]), as: UTF8.self))
+        }
+        await socket.close()
     }
     // end snippet
 

@@ -37,6 +37,8 @@ int csur_prep_connect(struct csur_ring *ring, uint64_t data, int fd, const void 
 /* A completion (-ETIME) after `ns`; `timespec` as above. */
 int csur_prep_sleep(struct csur_ring *ring, uint64_t data, int64_t ns, void *timespec);
 int csur_prep_read(struct csur_ring *ring, uint64_t data, int fd, void *buffer, unsigned length);
+/* Marks the entry queued last IOSQE_IO_LINK: the next one starts when it completed in full. */
+void csur_link_last(struct csur_ring *ring);
 /* Cancels the operation whose user_data is `target`. */
 int csur_prep_cancel(struct csur_ring *ring, uint64_t data, uint64_t target);
 /* Cancels every operation on `fd`. */
