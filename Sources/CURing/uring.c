@@ -209,3 +209,102 @@ int csur_prep_sendmsg(struct csur_ring *ring, uint64_t data, int fd, const struc
     io_uring_prep_sendmsg(sqe, fd, &message->header, (unsigned)flags);
     return 0;
 }
+
+struct csur_buffers {
+    struct io_uring_buf_ring *ring;
+    unsigned char *memory;
+    unsigned count;
+    size_t size;
+    unsigned short group;
+    struct msghdr template;
+};
+
+struct csur_buffers *csur_buffers_create(struct csur_ring *ring, unsigned short group, unsigned count, size_t size,
+                                         int *error) {
+    struct csur_buffers *buffers = calloc(1, sizeof *buffers);
+    if (!buffers) {
+        *error = ENOMEM;
+        return NULL;
+    }
+    void *ring_memory = NULL;
+    if (posix_memalign(&ring_memory, 4096, count * sizeof(struct io_uring_buf)) != 0) {
+        free(buffers);
+        *error = ENOMEM;
+        return NULL;
+    }
+    memset(ring_memory, 0, count * sizeof(struct io_uring_buf));
+    buffers->ring = ring_memory;
+    buffers->memory = malloc(count * size);
+    if (!buffers->memory) {
+        free(ring_memory);
+        free(buffers);
+        *error = ENOMEM;
+        return NULL;
+    }
+    buffers->count = count;
+    buffers->size = size;
+    buffers->group = group;
+    struct io_uring_buf_reg registration;
+    memset(&registration, 0, sizeof registration);
+    registration.ring_addr = (unsigned long)ring_memory;
+    registration.ring_entries = count;
+    registration.bgid = group;
+    int result = io_uring_register_buf_ring(&ring->ring, &registration, 0);
+    if (result != 0) {
+        free(buffers->memory);
+        free(ring_memory);
+        free(buffers);
+        *error = -result;
+        return NULL;
+    }
+    io_uring_buf_ring_init(buffers->ring);
+    for (unsigned id = 0; id < count; id++) {
+        io_uring_buf_ring_add(buffers->ring, buffers->memory + id * size, size, id, io_uring_buf_ring_mask(count), id);
+    }
+    io_uring_buf_ring_advance(buffers->ring, count);
+    memset(&buffers->template, 0, sizeof buffers->template);
+    buffers->template.msg_namelen = sizeof(struct sockaddr_storage);
+    return buffers;
+}
+
+void csur_buffers_destroy(struct csur_ring *ring, struct csur_buffers *buffers) {
+    io_uring_unregister_buf_ring(&ring->ring, buffers->group);
+    free(buffers->memory);
+    free(buffers->ring);
+    free(buffers);
+}
+
+void csur_buffers_recycle(struct csur_buffers *buffers, unsigned id) {
+    io_uring_buf_ring_add(buffers->ring, buffers->memory + id * buffers->size, buffers->size, id,
+                          io_uring_buf_ring_mask(buffers->count), 0);
+    io_uring_buf_ring_advance(buffers->ring, 1);
+}
+
+int csur_buffer_id(uint32_t flags) {
+    return (flags & IORING_CQE_F_BUFFER) ? (int)(flags >> IORING_CQE_BUFFER_SHIFT) : -1;
+}
+
+int csur_more(uint32_t flags) { return (flags & IORING_CQE_F_MORE) != 0; }
+
+int csur_prep_recvmsg_multishot(struct csur_ring *ring, uint64_t data, int fd, struct csur_buffers *buffers) {
+    struct io_uring_sqe *sqe = entry(ring, data);
+    if (!sqe) return -EBUSY;
+    io_uring_prep_recvmsg_multishot(sqe, fd, &buffers->template, MSG_TRUNC);
+    sqe->flags |= IOSQE_BUFFER_SELECT;
+    sqe->buf_group = buffers->group;
+    return 0;
+}
+
+int csur_recvmsg_parse(struct csur_buffers *buffers, unsigned id, int32_t result, const void **address,
+                       socklen_t *address_length, const void **payload, size_t *payload_length, int *truncated) {
+    if (id >= buffers->count) return -EINVAL;
+    struct io_uring_recvmsg_out *out =
+        io_uring_recvmsg_validate(buffers->memory + id * buffers->size, result, &buffers->template);
+    if (!out) return -EINVAL;
+    *address = io_uring_recvmsg_name(out);
+    *address_length = out->namelen > sizeof(struct sockaddr_storage) ? sizeof(struct sockaddr_storage) : out->namelen;
+    *payload = io_uring_recvmsg_payload(out, &buffers->template);
+    *payload_length = io_uring_recvmsg_payload_length(out, result, &buffers->template);
+    *truncated = (out->flags & MSG_TRUNC) != 0;
+    return 0;
+}

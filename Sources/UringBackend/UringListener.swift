@@ -155,16 +155,79 @@ final class UringUDPListener: Listener, Sendable {
         descriptor.close()
     }
 
-    /// Receives one datagram at a time and sorts it by sender, until the listener closes.
+    /// Receives datagrams and sorts them by sender until the listener closes: with a multishot recvmsg into a
+    /// provided buffer ring where the kernel has them (6.0+), one datagram per recvmsg otherwise.
     private func run() async {
+        await gate.enter()
+        defer { gate.leave() }
+        if await receiveMultishot() { return }
+        await receiveEach()
+    }
+
+    /// One multishot recvmsg: the kernel picks a buffer for each datagram and completes with it, with no entry per
+    /// datagram; each payload is copied out and its buffer given back at once. When the buffers ran out (every one
+    /// waiting to be given back) the kernel ends the multishot, and it is armed again. Returns `false` at once when
+    /// the kernel has no buffer rings or no multishot recvmsg.
+    private func receiveMultishot() async -> Bool {
+        guard loop.inLoop, let buffers = loop.makeBuffers(count: 64, size: options.maxDatagramSize + 16 + 128)
+        else { return false }
+        let fd = descriptor.raw
+        let supported = await withUnsafeContinuation { (done: UnsafeContinuation<Bool, Never>) in
+            let receiving = MultishotReceiver(done: done)
+            receiving.arm = { [self] in
+                let armed = loop.receiveMessages(on: fd, buffers: buffers, guardedBy: submissions) {
+                    [self] result, flags in
+                    let id = csur_buffer_id(flags)
+                    if id >= 0 {
+                        if result >= 0 { deliver(from: buffers, id: UInt32(id), result: result) }
+                        csur_buffers_recycle(buffers, UInt32(id))
+                        receiving.received = true
+                    }
+                    guard csur_more(flags) == 0 else { return }
+                    // The multishot ended: closed, out of buffers, or never supported (EINVAL before anything came).
+                    if submissions.isClosed || result == -ECANCELED {
+                        receiving.finish(true)
+                    } else if result == -EINVAL && !receiving.received {
+                        receiving.finish(false)
+                    } else {
+                        receiving.arm()
+                    }
+                }
+                if !armed { receiving.finish(true) }
+            }
+            receiving.arm()
+        }
+        loop.destroyBuffers(buffers)
+        return supported
+    }
+
+    /// Loop thread: hands the datagram in buffer `id` to its sender's connection.
+    private func deliver(from buffers: OpaquePointer, id: UInt32, result: Int32) {
+        var address: UnsafeRawPointer?
+        var addressLength: socklen_t = 0
+        var payload: UnsafeRawPointer?
+        var length = 0
+        var truncated: Int32 = 0
+        guard
+            csur_recvmsg_parse(buffers, id, result, &address, &addressLength, &payload, &length, &truncated) == 0,
+            let address, let from = SocketAddress(address, length: Int(addressLength))
+        else { return }  // not an IP sender: nobody to serve
+        if truncated != 0 {
+            peers.deliverFailure(
+                ConnectionError(.messageTooLarge, "a datagram exceeds \(options.maxDatagramSize) bytes"), from: from)
+        } else {
+            peers.deliver([UInt8](UnsafeRawBufferPointer(start: payload, count: length)), from: from)
+        }
+    }
+
+    /// One datagram per IORING_OP_RECVMSG, each awaited.
+    private func receiveEach() async {
         guard let message = csur_message_create() else { return }
         let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: options.maxDatagramSize, alignment: 16)
         defer {
             csur_message_destroy(message)
             buffer.deallocate()
         }
-        await gate.enter()
-        defer { gate.leave() }
         let fd = descriptor.raw
         while !submissions.isClosed {
             csur_message_prepare(message, buffer.baseAddress, buffer.count, nil, 0)
@@ -217,5 +280,20 @@ final class UringUDPListener: Listener, Sendable {
         await gate.enter()
         descriptor.close()
         gate.leave()
+    }
+}
+
+/// The state of one multishot receive, on the ring's thread only: how to arm it again and whom to tell when it ends.
+private final class MultishotReceiver {
+    var arm: () -> Void = {}
+    var received = false
+    private var done: UnsafeContinuation<Bool, Never>?
+
+    init(done: UnsafeContinuation<Bool, Never>) { self.done = done }
+
+    func finish(_ supported: Bool) {
+        done?.resume(returning: supported)
+        done = nil
+        arm = {}  // breaks the cycle through the handler
     }
 }

@@ -87,6 +87,9 @@ public final class UringLoop: TaskExecutor, Sendable {
         case member(UringBatch, position: Int)
         /// An operation of the ring's own style (``UringRing``): its completion handler.
         case callback((Int32) -> Void)
+        /// A multishot operation: its handler gets every completion, the slot lives while IORING_CQE_F_MORE says
+        /// more follow.
+        case multishot((_ result: Int32, _ flags: UInt32) -> Void)
     }
 
     /// What only the ring's thread touches.
@@ -98,6 +101,7 @@ public final class UringLoop: TaskExecutor, Sendable {
         var generations: [UInt32] = []
         var firstFree = -1
         var jobExecutor: UnownedTaskExecutor?
+        var nextBufferGroup: UInt16 = 0
     }
 
     /// Sets a ring up and starts its thread. Throws (one line, with the kernel's reason) when io_uring is
@@ -356,6 +360,43 @@ public final class UringLoop: TaskExecutor, Sendable {
         }
     }
 
+    // MARK: Multishot receives with provided buffers
+
+    /// Loop thread: a provided buffer ring of `count` buffers of `size` bytes, or `nil` when the kernel has none.
+    func makeBuffers(count: UInt32, size: Int) -> OpaquePointer? {
+        precondition(inLoop, "buffer rings are made on the ring's thread")
+        return confined.withValue { confined -> OpaquePointer? in
+            confined.nextBufferGroup &+= 1
+            var code: Int32 = 0
+            return csur_buffers_create(confined.ring!, confined.nextBufferGroup, count, size, &code)
+        }
+    }
+
+    /// Loop thread: unregisters and frees a buffer ring once no operation uses it.
+    func destroyBuffers(_ buffers: OpaquePointer) {
+        precondition(inLoop, "buffer rings are released on the ring's thread")
+        confined.withValue { csur_buffers_destroy($0.ring!, buffers) }
+    }
+
+    /// Loop thread: arms a multishot recvmsg on `fd` with `buffers`; `handler` gets each completion (result and
+    /// flags: the buffer id, and whether more follow). `false` when the gate has closed or the ring had no room.
+    func receiveMessages(
+        on fd: Int32, buffers: OpaquePointer, guardedBy gate: UringDescriptorGuard,
+        then handler: @escaping (_ result: Int32, _ flags: UInt32) -> Void
+    ) -> Bool {
+        precondition(inLoop, "multishot operations are armed on the ring's thread")
+        if gate.isClosed { return false }
+        return confined.withValue { confined -> Bool in
+            let id = Self.allocate(&confined, owned: nil)
+            confined.slots[Int(truncatingIfNeeded: id & 0xffff_ffff)] = .multishot(handler)
+            if csur_prep_recvmsg_multishot(confined.ring!, id, fd, buffers) != 0 {
+                Self.release(&confined, id)
+                return false
+            }
+            return true
+        }
+    }
+
     // MARK: The loop
 
     private func armWake(_ confined: inout Confined) {
@@ -395,8 +436,19 @@ public final class UringLoop: TaskExecutor, Sendable {
             confined.withValue { armWake(&$0) }
             return
         }
-        let slot = confined.withValue { Self.release(&$0, id) }
+        let slot = confined.withValue { confined -> Slot? in
+            let index = Int(truncatingIfNeeded: id & 0xffff_ffff)
+            if csur_more(flags) != 0, index < confined.slots.count,
+                confined.generations[index] == UInt32(truncatingIfNeeded: id >> 32),
+                case .multishot = confined.slots[index]
+            {
+                return confined.slots[index]
+            }
+            return Self.release(&confined, id)
+        }
         switch slot {
+        case .multishot(let handler):
+            handler(result, flags)
         case .waiting(let continuation, _):
             continuation?.resume(returning: result)
         case .member(let batch, let position):

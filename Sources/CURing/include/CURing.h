@@ -57,4 +57,26 @@ int csur_message_truncated(const struct csur_message *message);
 int csur_prep_recvmsg(struct csur_ring *ring, uint64_t data, int fd, struct csur_message *message);
 int csur_prep_sendmsg(struct csur_ring *ring, uint64_t data, int fd, const struct csur_message *message, int flags);
 
+/* A provided buffer ring (IORING_REGISTER_PBUF_RING): `count` buffers of `size` bytes the kernel picks from for
+ * operations of buffer group `group`. NULL with *error = errno when the kernel has none (before 5.19). */
+struct csur_buffers;
+struct csur_buffers *csur_buffers_create(struct csur_ring *ring, unsigned short group, unsigned count, size_t size,
+                                         int *error);
+/* Unregisters and frees; call once no operation of the group is in flight. */
+void csur_buffers_destroy(struct csur_ring *ring, struct csur_buffers *buffers);
+/* Gives buffer `id` back to the kernel. */
+void csur_buffers_recycle(struct csur_buffers *buffers, unsigned id);
+/* The buffer id of a completion's flags (IORING_CQE_F_BUFFER), or -1. */
+int csur_buffer_id(uint32_t flags);
+/* Whether a completion's flags say more completions follow (IORING_CQE_F_MORE). */
+int csur_more(uint32_t flags);
+
+/* Multishot recvmsg on an unconnected UDP socket (kernel 6.0+): each datagram completes with `data`, in a buffer
+ * of `buffers` that holds the sender's address and the payload, until it is cancelled or runs out of buffers. */
+int csur_prep_recvmsg_multishot(struct csur_ring *ring, uint64_t data, int fd, struct csur_buffers *buffers);
+/* A multishot recvmsg's completion (`result` bytes in buffer `id`): where the sender's address and the payload lie,
+ * and whether the datagram was cut to fit. 0, or -EINVAL when the result does not hold a header. */
+int csur_recvmsg_parse(struct csur_buffers *buffers, unsigned id, int32_t result, const void **address,
+                       socklen_t *address_length, const void **payload, size_t *payload_length, int *truncated);
+
 #endif
