@@ -16,7 +16,7 @@ extension Backend {
 
     /// Every backend that can run on this machine: what compare, the CLI's lists and the test suites iterate. One
     /// that cannot (io_uring forbidden by the kernel or a sandbox) is left out; `sockbench backends` lists it with
-    /// its ``Backend/unavailableReason``.
+    /// its `unavailableReason`.
     public static var allCases: [Backend] { everyCase.filter { $0.unavailableReason == nil } }
 
     /// Adds a backend written outside the package to `allCases` (what `Backend(name:)` finds and the conformance

@@ -50,7 +50,7 @@ final class UringDescriptorGuard: Sendable {
 ///
 /// It is a `TaskExecutor`: a task that prefers it runs on the ring's thread, where its operations go straight into
 /// the submission queue and its completions resume it with no hop to another thread. Work from other threads comes
-/// through a ``LoopWorkQueue`` and wakes the ring by writing to an eventfd that a read on the ring waits for.
+/// through a `LoopWorkQueue` and wakes the ring by writing to an eventfd that a read on the ring waits for.
 public final class UringLoop: TaskExecutor, Sendable {
     /// The process-wide ring, started at first use; `nil` with the reason when io_uring is unavailable here.
     private static let sharedLoop: Result<UringLoop, ConnectionError> = {
