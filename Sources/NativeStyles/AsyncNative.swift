@@ -39,21 +39,14 @@ enum AsyncNative {
 final class AsyncNativeEchoServer: NativeEchoServer, Sendable {
     let localEndpoint: Endpoint
     private let listener: AsyncListener
-    private let acceptor: Guarded<Task<Void, Never>?> = Guarded(nil)
-    private let clients = Guarded<[ObjectIdentifier: AsyncSocket]>([:])
+    private let clients = TaskPerClient<AsyncSocket>()
 
     init(on endpoint: Endpoint) throws(ConnectionError) {
         listener = try AsyncListener(on: endpoint)
         localEndpoint = listener.localEndpoint
-        let task = Task(executorPreference: listener.reactor) { [self] in
-            await withDiscardingTaskGroup { group in
-                while let client = try? await listener.accept() {
-                    clients.withLock { $0[ObjectIdentifier(client)] = client }
-                    group.addTask { await self.echo(client) }
-                }
-            }
+        clients.start(on: listener.reactor, accept: { [listener] in try? await listener.accept() }) { [self] in
+            await echo($0)
         }
-        acceptor.withLock { $0 = task }
     }
 
     private func echo(_ client: AsyncSocket) async {
@@ -62,14 +55,13 @@ final class AsyncNativeEchoServer: NativeEchoServer, Sendable {
                 try await client.send(bytes)
             }
         } catch {}
-        clients.withLock { _ = $0.removeValue(forKey: ObjectIdentifier(client)) }
+        clients.closed(client)
         await client.close()
     }
 
     func stop() async {
         await listener.close()
-        for client in clients.withLock({ Array($0.values) }) { await client.close() }
-        await acceptor.withLock { $0 }?.value
+        await clients.stop { await $0.close() }
     }
 }
 
@@ -79,31 +71,23 @@ final class AsyncNativeEchoServer: NativeEchoServer, Sendable {
 final class AsyncNativeRelay: NativeRelay, Sendable {
     let localEndpoint: Endpoint
     private let listener: AsyncListener
-    private let acceptor: Guarded<Task<Void, Never>?> = Guarded(nil)
-    private let sockets = Guarded<[ObjectIdentifier: AsyncSocket]>([:])
-    private let accepted = ClientCounter()
+    private let sockets = TaskPerClient<AsyncSocket>()
 
-    var clients: Int { accepted.value }
+    var clients: Int { sockets.acceptedCount }
 
     init(listen: Endpoint, upstream: Endpoint) throws(ConnectionError) {
         listener = try AsyncListener(on: listen)
         localEndpoint = listener.localEndpoint
-        let task = Task(executorPreference: listener.reactor) { [self] in
-            await withDiscardingTaskGroup { group in
-                while let client = try? await listener.accept() {
-                    accepted.increment()
-                    group.addTask { await self.relay(client, to: upstream) }
-                }
-            }
+        sockets.start(on: listener.reactor, accept: { [listener] in try? await listener.accept() }) { [self] in
+            await relay($0, to: upstream)
         }
-        acceptor.withLock { $0 = task }
     }
 
     private func relay(_ client: AsyncSocket, to upstream: Endpoint) async {
         let server = AsyncSocket(to: upstream, reactor: listener.reactor)
         let both = [client, server]
-        sockets.withLock { for socket in both { $0[ObjectIdentifier(socket)] = socket } }
-        defer { sockets.withLock { for socket in both { $0[ObjectIdentifier(socket)] = nil } } }
+        sockets.opened(server)
+        defer { for socket in both { sockets.closed(socket) } }
         do throws(ConnectionError) {
             try await server.start()
             await withDiscardingTaskGroup { group in
@@ -129,7 +113,6 @@ final class AsyncNativeRelay: NativeRelay, Sendable {
 
     func stop() async {
         await listener.close()
-        for socket in sockets.withLock({ Array($0.values) }) { await socket.close() }
-        await acceptor.withLock { $0 }?.value
+        await sockets.stop { await $0.close() }
     }
 }

@@ -41,3 +41,46 @@ final class ClientCounter: Sendable {
     func increment() { count.add(1, ordering: .relaxed) }
     var value: Int { count.load(ordering: .relaxed) }
 }
+
+/// The accept loop of the native servers written as a task per client (async's and uring's echo servers and
+/// relays): one task on the style's executor accepts until the listener closes and serves each client in a child
+/// task; the sockets open now are kept for `stop`, which closes them and then waits for every task.
+final class TaskPerClient<Socket: AnyObject & Sendable>: Sendable {
+    private let acceptor = Guarded<Task<Void, Never>?>(nil)
+    private let open = Guarded<[ObjectIdentifier: Socket]>([:])
+    private let accepted = ClientCounter()
+
+    /// How many clients were accepted so far.
+    var acceptedCount: Int { accepted.value }
+
+    /// Starts accepting: each client `accept` returns is kept as open and handed to `serve` in a task of its own;
+    /// `accept` returning `nil` (the listener closed) ends the loop.
+    func start(
+        on executor: any TaskExecutor, accept: @escaping @Sendable () async -> Socket?,
+        serve: @escaping @Sendable (Socket) async -> Void
+    ) {
+        let task = Task(executorPreference: executor) { [self] in
+            await withDiscardingTaskGroup { group in
+                while let client = await accept() {
+                    accepted.increment()
+                    opened(client)
+                    group.addTask { await serve(client) }
+                }
+            }
+        }
+        acceptor.withLock { $0 = task }
+    }
+
+    /// Keeps `socket` (an upstream a relay opened) for `stop`.
+    func opened(_ socket: Socket) { open.withLock { $0[ObjectIdentifier(socket)] = socket } }
+
+    /// Forgets `socket` (its server closes it).
+    func closed(_ socket: Socket) { open.withLock { $0[ObjectIdentifier(socket)] = nil } }
+
+    /// After the listener closed: `close` for every socket still open, then waits for the accept loop and every
+    /// client's task.
+    func stop(closing close: (Socket) async -> Void) async {
+        for socket in open.withLock({ Array($0.values) }) { await close(socket) }
+        await acceptor.withLock { $0 }?.value
+    }
+}

@@ -37,8 +37,7 @@ enum UringNative {
 final class UringNativeEchoServer: NativeEchoServer, Sendable {
     let localEndpoint: Endpoint
     private let listener: UringListener
-    private let acceptor: Guarded<Task<Void, Never>?> = Guarded(nil)
-    private let clients = Guarded<[ObjectIdentifier: UringSocket]>([:])
+    private let clients = TaskPerClient<UringSocket>()
 
     static func start(on endpoint: Endpoint) async throws(ConnectionError) -> UringNativeEchoServer {
         UringNativeEchoServer(listener: try await UringListener.listen(on: endpoint))
@@ -47,15 +46,9 @@ final class UringNativeEchoServer: NativeEchoServer, Sendable {
     private init(listener: UringListener) {
         self.listener = listener
         localEndpoint = listener.localEndpoint
-        let task = Task(executorPreference: listener.loop) { [self] in
-            await withDiscardingTaskGroup { group in
-                while let client = try? await listener.accept() {
-                    clients.withLock { $0[ObjectIdentifier(client)] = client }
-                    group.addTask { await self.echo(client) }
-                }
-            }
+        clients.start(on: listener.loop, accept: { [listener] in try? await listener.accept() }) { [self] in
+            await echo($0)
         }
-        acceptor.withLock { $0 = task }
     }
 
     private func echo(_ client: UringSocket) async {
@@ -63,15 +56,14 @@ final class UringNativeEchoServer: NativeEchoServer, Sendable {
         await withUnsafeContinuation { continuation in
             client.loop.execute { ring in echo.start(ring, continuation) }
         }
-        clients.withLock { _ = $0.removeValue(forKey: ObjectIdentifier(client)) }
+        clients.closed(client)
         await client.close()
     }
 
     func stop() async {
         await listener.close()
         // Ends each client's receive in flight (it completes with 0), which ends its echo; then it is closed.
-        for client in clients.withLock({ Array($0.values) }) { try? Syscall.shutdown(client.fileDescriptor, .both) }
-        await acceptor.withLock { $0 }?.value
+        await clients.stop { try? Syscall.shutdown($0.fileDescriptor, .both) }
     }
 }
 
@@ -210,11 +202,9 @@ final class UringEcho: Sendable {
 final class UringNativeRelay: NativeRelay, Sendable {
     let localEndpoint: Endpoint
     private let listener: UringListener
-    private let acceptor: Guarded<Task<Void, Never>?> = Guarded(nil)
-    private let sockets = Guarded<[ObjectIdentifier: UringSocket]>([:])
-    private let accepted = ClientCounter()
+    private let sockets = TaskPerClient<UringSocket>()
 
-    var clients: Int { accepted.value }
+    var clients: Int { sockets.acceptedCount }
 
     static func start(listen: Endpoint, upstream: Endpoint) async throws(ConnectionError) -> UringNativeRelay {
         UringNativeRelay(listener: try await UringListener.listen(on: listen), upstream: upstream)
@@ -223,26 +213,19 @@ final class UringNativeRelay: NativeRelay, Sendable {
     private init(listener: UringListener, upstream: Endpoint) {
         self.listener = listener
         localEndpoint = listener.localEndpoint
-        let task = Task(executorPreference: listener.loop) { [self] in
-            await withDiscardingTaskGroup { group in
-                while let client = try? await listener.accept() {
-                    accepted.increment()
-                    group.addTask { await self.relay(client, to: upstream) }
-                }
-            }
+        sockets.start(on: listener.loop, accept: { [listener] in try? await listener.accept() }) { [self] in
+            await relay($0, to: upstream)
         }
-        acceptor.withLock { $0 = task }
     }
 
     private func relay(_ client: UringSocket, to upstream: Endpoint) async {
-        sockets.withLock { $0[ObjectIdentifier(client)] = client }
-        defer { sockets.withLock { $0[ObjectIdentifier(client)] = nil } }
+        defer { sockets.closed(client) }
         guard let server = try? await UringSocket.connect(to: upstream, loop: listener.loop) else {
             await client.close()
             return
         }
-        sockets.withLock { $0[ObjectIdentifier(server)] = server }
-        defer { sockets.withLock { $0[ObjectIdentifier(server)] = nil } }
+        sockets.opened(server)
+        defer { sockets.closed(server) }
         await withDiscardingTaskGroup { group in
             group.addTask { await Self.pump(from: client, to: server) }
             group.addTask { await Self.pump(from: server, to: client) }
@@ -266,7 +249,6 @@ final class UringNativeRelay: NativeRelay, Sendable {
 
     func stop() async {
         await listener.close()
-        for socket in sockets.withLock({ Array($0.values) }) { await socket.close() }
-        await acceptor.withLock { $0 }?.value
+        await sockets.stop { await $0.close() }
     }
 }
