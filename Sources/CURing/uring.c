@@ -4,6 +4,7 @@
 #include <liburing.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netinet/in.h>
 
 struct csur_ring {
     struct io_uring ring;
@@ -207,6 +208,50 @@ int csur_prep_sendmsg(struct csur_ring *ring, uint64_t data, int fd, const struc
     struct io_uring_sqe *sqe = entry(ring, data);
     if (!sqe) return -EBUSY;
     io_uring_prep_sendmsg(sqe, fd, &message->header, (unsigned)flags);
+    return 0;
+}
+
+#ifndef UDP_SEGMENT
+#define UDP_SEGMENT 103
+#endif
+
+struct csur_segmented {
+    struct msghdr header;
+    struct iovec vectors[64];
+    union {
+        char buffer[CMSG_SPACE(sizeof(uint16_t))];
+        struct cmsghdr align;
+    } control;
+};
+
+struct csur_segmented *csur_segmented_create(void) { return calloc(1, sizeof(struct csur_segmented)); }
+
+void csur_segmented_destroy(struct csur_segmented *segmented) { free(segmented); }
+
+void csur_segmented_prepare(struct csur_segmented *segmented, const void *const *bases, const size_t *lengths,
+                            unsigned count, uint16_t segment) {
+    if (count > 64) count = 64;
+    for (unsigned index = 0; index < count; index++) {
+        segmented->vectors[index].iov_base = (void *)bases[index];
+        segmented->vectors[index].iov_len = lengths[index];
+    }
+    memset(&segmented->header, 0, sizeof segmented->header);
+    memset(&segmented->control, 0, sizeof segmented->control);
+    segmented->header.msg_iov = segmented->vectors;
+    segmented->header.msg_iovlen = count;
+    segmented->header.msg_control = segmented->control.buffer;
+    segmented->header.msg_controllen = sizeof segmented->control.buffer;
+    struct cmsghdr *cmsg = CMSG_FIRSTHDR(&segmented->header);
+    cmsg->cmsg_level = IPPROTO_UDP;
+    cmsg->cmsg_type = UDP_SEGMENT;
+    cmsg->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+    memcpy(CMSG_DATA(cmsg), &segment, sizeof segment);
+}
+
+int csur_prep_send_segmented(struct csur_ring *ring, uint64_t data, int fd, struct csur_segmented *segmented) {
+    struct io_uring_sqe *sqe = entry(ring, data);
+    if (!sqe) return -EBUSY;
+    io_uring_prep_sendmsg(sqe, fd, &segmented->header, MSG_NOSIGNAL);
     return 0;
 }
 

@@ -20,13 +20,15 @@ enum UringOperation: Sendable {
     case receiveMessage(fd: Int32, message: UInt, flags: UInt32)
     /// sendmsg(2) with the `csur_message` at `message`.
     case sendMessage(fd: Int32, message: UInt, flags: UInt32)
+    /// One sendmsg of datagrams the kernel cuts apart (UDP GSO), with the `csur_segmented` at `segments`.
+    case sendSegmented(fd: Int32, segments: UInt)
     /// Completes after `after` (with -ETIME).
     case sleep
 
     var descriptor: Int32? {
         switch self {
         case .receive(let fd, _, _, _), .send(let fd, _, _, _), .accept(let fd, _, _), .connect(let fd, _, _),
-            .receiveMessage(let fd, _, _), .sendMessage(let fd, _, _):
+            .receiveMessage(let fd, _, _), .sendMessage(let fd, _, _), .sendSegmented(let fd, _):
             return fd
         case .sleep: return nil
         }
@@ -221,10 +223,18 @@ public final class UringLoop: TaskExecutor, Sendable {
     {
         if let gate, gate.isClosed { return false }
         return confined.withValue { confined -> Bool in
-            guard case .send(let fd, let buffer, let length, let flags) = operation else { return false }
             let id = Self.allocate(&confined, owned: nil)
             confined.slots[Int(truncatingIfNeeded: id & 0xffff_ffff)] = .member(batch, position: position)
-            if csur_prep_send(confined.ring!, id, fd, UnsafeRawPointer(bitPattern: buffer), length, flags) != 0 {
+            let prepared: Int32
+            switch operation {
+            case .send(let fd, let buffer, let length, let flags):
+                prepared = csur_prep_send(confined.ring!, id, fd, UnsafeRawPointer(bitPattern: buffer), length, flags)
+            case .sendSegmented(let fd, let segments):
+                prepared = csur_prep_send_segmented(confined.ring!, id, fd, OpaquePointer(bitPattern: segments))
+            default:
+                prepared = -EINVAL
+            }
+            if prepared != 0 {
                 Self.release(&confined, id)
                 return false
             }
@@ -268,6 +278,8 @@ public final class UringLoop: TaskExecutor, Sendable {
                 prepared = csur_prep_recvmsg(ring, id, fd, OpaquePointer(bitPattern: message))
             case .sendMessage(let fd, let message, let flags):
                 prepared = csur_prep_sendmsg(ring, id, fd, OpaquePointer(bitPattern: message), Int32(bitPattern: flags))
+            case .sendSegmented(let fd, let segments):
+                prepared = csur_prep_send_segmented(ring, id, fd, OpaquePointer(bitPattern: segments))
             case .sleep:
                 prepared = csur_prep_sleep(ring, id, Int64(clamping: max(0, nanoseconds)), time)
             }

@@ -57,6 +57,16 @@ int csur_message_truncated(const struct csur_message *message);
 int csur_prep_recvmsg(struct csur_ring *ring, uint64_t data, int fd, struct csur_message *message);
 int csur_prep_sendmsg(struct csur_ring *ring, uint64_t data, int fd, const struct csur_message *message, int flags);
 
+/* Datagrams of one size (the last may be shorter) as one sendmsg that the kernel cuts into datagrams (UDP GSO,
+ * UDP_SEGMENT), on a connected UDP socket: up to 64 of them, 65,000 bytes in all. Kept until the send completes. */
+struct csur_segmented;
+struct csur_segmented *csur_segmented_create(void);
+void csur_segmented_destroy(struct csur_segmented *segmented);
+/* Points it at `count` datagrams; `segment` is the size of each but the last. */
+void csur_segmented_prepare(struct csur_segmented *segmented, const void *const *bases, const size_t *lengths,
+                            unsigned count, uint16_t segment);
+int csur_prep_send_segmented(struct csur_ring *ring, uint64_t data, int fd, struct csur_segmented *segmented);
+
 /* A provided buffer ring (IORING_REGISTER_PBUF_RING): `count` buffers of `size` bytes the kernel picks from for
  * operations of buffer group `group`. NULL with *error = errno when the kernel has none (before 5.19). */
 struct csur_buffers;
