@@ -1,7 +1,7 @@
 import POSIXSupport
 import Synchronization
 
-/// The list of connection styles: the five this package ships, in the order reports show them, then any a program
+/// The list of connection styles: the six this package ships, in the order reports show them, then any a program
 /// registered. Each backend module declares its own `Backend` value (its name, summary and factory); this is
 /// the one place that lists them. Adding a backend is its module, its registration value, one entry here and its
 /// Package.swift lines: the CLI, compare, the report and the conformance suite iterate `allCases`.
