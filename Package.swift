@@ -251,6 +251,11 @@ let package = Package(
             swiftSettings: strictSettings
         ),
         .testTarget(
+            name: "UringBackendTests",
+            dependencies: ["UringBackend", "POSIXSupport", "ConnectionTestKit"],
+            swiftSettings: strictSettings
+        ),
+        .testTarget(
             name: "RunLoopBackendTests",
             dependencies: ["RunLoopBackend", "BSDSocketBackend", "POSIXSupport", "ConnectionTestKit"],
             swiftSettings: strictSettings
