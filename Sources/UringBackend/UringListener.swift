@@ -21,9 +21,6 @@ public final class UringListener: Sendable {
     private let descriptor: SocketDescriptor
     private let submissions = UringDescriptorGuard()
     private let gate = AsyncGate()
-    // The peer address of the accept in flight; used only inside the gate.
-    nonisolated(unsafe) private let peer: UnsafeMutableRawPointer
-    nonisolated(unsafe) private let peerLength: UnsafeMutablePointer<socklen_t>
 
     /// Binds and listens (a blocking socket: the ring waits for clients, never the caller's thread).
     public static func listen(
@@ -43,20 +40,23 @@ public final class UringListener: Sendable {
         self.localEndpoint = local
         self.options = options
         self.loop = loop
-        peer = .allocate(byteCount: MemoryLayout<sockaddr_storage>.size, alignment: 8)
-        peerLength = .allocate(capacity: 1)
     }
 
     deinit {
         descriptor.close()
-        peer.deallocate()
-        peerLength.deallocate()
     }
 
     /// Waits for the next client. Throws `.closed` after ``close()``, `.cancelled` when the task is cancelled.
     public func accept() async throws(ConnectionError) -> UringSocket {
         if !gate.tryEnter() { await gate.enter() }
         defer { gate.leave() }
+        // Where the kernel writes the peer's address: this call's own, alive until its accept completed.
+        let peer = UnsafeMutableRawPointer.allocate(byteCount: MemoryLayout<sockaddr_storage>.size, alignment: 8)
+        let peerLength = UnsafeMutablePointer<socklen_t>.allocate(capacity: 1)
+        defer {
+            peer.deallocate()
+            peerLength.deallocate()
+        }
         while true {
             let fd = descriptor.raw
             guard fd >= 0, !submissions.isClosed else { throw .closed("the listener is closed") }

@@ -40,7 +40,9 @@ public final class UringSocket: Sendable {
     private let lifecycle = SharedLifecycle()
     private let readGate = AsyncGate()
     private let writeGate = AsyncGate()
-    // Used only inside the read gate.
+    // The buffer `receive(maximumLength:)` hands the kernel. Unchecked because a pointer is not Sendable; safe
+    // because only code inside the read gate touches it (one receive at a time), and a lock could not be held across
+    // the await of the ring's completion. Allocated once per socket, not per receive: it is on every message's path.
     nonisolated(unsafe) private let scratch: UnsafeMutableRawBufferPointer
 
     /// Resolves `endpoint` and connects to its addresses in order (IORING_OP_CONNECT, bounded by
