@@ -92,6 +92,6 @@ extension PingRunner.Result {
         self.init(
             latency: LatencySummary(histogram), lost: 0, stale: 0, elapsedNanoseconds: elapsedNanoseconds,
             roundTripsPerSecond: Double(samples.count) / (Double(max(1, elapsedNanoseconds)) / 1e9),
-            histogram: histogram)
+            histogram: histogram, samples: samples)
     }
 }

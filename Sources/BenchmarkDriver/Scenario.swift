@@ -177,6 +177,9 @@ public struct ScenarioResult: Sendable, Codable {
     /// UDP pump: datagrams the sink received per second of the send window (goodput; what iperf3 reports as the
     /// receiver's rate).
     public var receivedPerSecond: Double?
+    /// Closed-loop round trips: the median round trip in the run's quiet stretches (``QuietP50``), nanoseconds;
+    /// what the report's ratios compare.
+    public var quietP50: UInt64?
     /// rate: the CPU time the sender's clock spent waiting for send times (all of it while spinning), part of the
     /// client's CPU time and left out of ``cpuPerMessageNanoseconds``: it is the load generator's, not the cost of
     /// a message.

@@ -148,8 +148,9 @@ extension Compare {
         case .pingpong(let size):
             let connection = try await connect()
             defer { Task { await connection.close() } }
-            let result = try await PingRunner(size: size, count: roundTrips, warmup: plan.pingpongWarmup).run(
-                on: connection)
+            var runner = PingRunner(size: size, count: roundTrips, warmup: plan.pingpongWarmup)
+            runner.keepsSamples = true  // in order, for the quiet p50
+            let result = try await runner.run(on: connection)
             await endWindow()
             await connection.close()
             return Self.measurement(result, size: size, count: roundTrips)
@@ -211,6 +212,7 @@ extension Compare {
                 throw ConnectionError(.unsupported, "the server did not agree to permessage-deflate")
             }
             var runner = PingRunner(count: roundTrips, warmup: plan.pingpongWarmup)
+            runner.keepsSamples = true
             runner.messageMaker = { .text(MarketData.book($0)) }
             let before = connection.sent
             do throws(ConnectionError) {
@@ -239,6 +241,7 @@ extension Compare {
         measurement.elapsedNanoseconds = result.elapsedNanoseconds
         measurement.messagesPerSecond = result.roundTripsPerSecond
         measurement.bytesPerSecond = result.roundTripsPerSecond * Double(size)
+        measurement.quietP50 = result.samples.flatMap { QuietP50.of($0) }
         return measurement
     }
 }

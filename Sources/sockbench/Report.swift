@@ -159,6 +159,7 @@ struct Report: Codable {
         result.lost = mid(runs.compactMap(\.lost))
         result.received = mid(runs.compactMap(\.received))
         result.receivedPerSecond = mid(runs.compactMap(\.receivedPerSecond))
+        result.quietP50 = mid(runs.compactMap(\.quietP50))
         result.pacingCPUNanoseconds = mid(runs.compactMap(\.pacingCPUNanoseconds))
         result.reordered = mid(runs.compactMap(\.reordered))
         result.kernelReceiveBufferDrops = mid(runs.compactMap(\.kernelReceiveBufferDrops))
@@ -183,11 +184,12 @@ struct Report: Codable {
                     $0.scenario == ping && $0.transport == transport && Backend(rawValue: $0.backend) != nil
                 }
                 guard !candidates.isEmpty else { continue }
+                let figure = Self.comparedP50(candidates)
+                let quiet = candidates.allSatisfy { $0.median.quietP50 != nil }
                 let ordered = ranking(
-                    candidates, lowerIsBetter: true, figure: { $0.latency.map { Double($0.p50) } },
-                    show: { microseconds(UInt64($0)) })
+                    candidates, lowerIsBetter: true, figure: figure, show: { microseconds(UInt64($0)) })
                 lines.append(
-                    "- \(ping) \(transport) p50 us, lowest first (~: the ranges over the repetitions overlap, not distinguishable in this run): \(ordered)."
+                    "- \(ping) \(transport) \(quiet ? "quiet p50" : "p50") us, lowest first (~: the ranges over the repetitions overlap, not distinguishable in this run): \(ordered)."
                 )
             }
         }

@@ -73,9 +73,16 @@ extension Report {
         return Ratio(values)
     }
 
-    /// p50 latency of `row` over `reference`'s.
+    /// p50 latency of `row` over `reference`'s: their quiet p50s (``QuietP50``) when both rows have one in every
+    /// repetition (closed-loop round trips measured here), else their p50s (a row another tool measured).
     func p50Ratio(_ row: ReportRow?, over reference: ReportRow?) -> Ratio? {
-        ratio(row, over: reference) { $0.latency.map { Double($0.p50) } }
+        ratio(row, over: reference, Self.comparedP50([row, reference].compactMap { $0 }))
+    }
+
+    /// The latency figure two rows' ratio compares: the quiet p50 when every repetition of both has it.
+    static func comparedP50(_ rows: [ReportRow]) -> (ScenarioResult) -> Double? {
+        let quiet = rows.allSatisfy { $0.repetitions.allSatisfy { $0.quietP50 != nil } }
+        return quiet ? { $0.quietP50.map(Double.init) } : { $0.latency.map { Double($0.p50) } }
     }
 
     /// The C floor's row for a latency row of the same size (ws/tls/wss against tcp): the floor measured in the

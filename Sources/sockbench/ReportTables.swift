@@ -126,7 +126,8 @@ extension Report {
         default:
             let header =
                 [
-                    "backend", "transport", "p50 us", "x floor", "x \(Backend.reference?.name ?? "reference")",
+                    "backend", "transport", "p50 us", "quiet p50", "x floor",
+                    "x \(Backend.reference?.name ?? "reference")",
                     "x native", "p50 spread", "p90 us", "p99 us",
                     "p99.9 us",
                     "max us", "rt/s", "lost", "cpu us/rt", "client", "server", "ctx sw/rt", "client", "server",
@@ -152,7 +153,7 @@ extension Report {
                     return fixed(Double(switches(client) + switches(server)) / Double(m.messages), 1)
                 }()
                 var cells: [String] = [
-                    row.backend, row.transport, microseconds(UInt64(p50)),
+                    row.backend, row.transport, microseconds(UInt64(p50)), m.quietP50.map(microseconds) ?? "-",
                     p50Ratio(row, over: floorRow(for: row))?.text ?? "-",
                     p50Ratio(row, over: referenceRow(for: row))?.text ?? "-", unifiedPrice(for: row)?.text ?? "-",
                     "\(microseconds(UInt64(row.spread[0])))-\(microseconds(UInt64(row.spread[1])))",
