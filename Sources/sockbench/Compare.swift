@@ -72,6 +72,11 @@ struct Compare: AsyncParsableCommand {
     @Flag(inversion: .prefixedNo, help: "Also run the C floor (blocking C ping-pong against a C echo server).")
     var floor = true
 
+    @Flag(
+        inversion: .prefixedNo,
+        help: "Start every server process anew for each repetition (a process's own luck then shows in the spread).")
+    var freshServers = true
+
     @Flag(inversion: .prefixedNo, help: "Also run iperf3 and sockperf when installed, as rows of the same report.")
     var baselines = true
 
@@ -94,6 +99,9 @@ struct Compare: AsyncParsableCommand {
         if let note = try Self.raiseDescriptorLimit(toHold: mostConnections) {
             Console.error("sockbench compare: \(note)")
             plan.options += "; \(note)"
+        }
+        if freshServers, server == nil, plan.repetitions > 1 {
+            plan.options += "; server processes started anew for each repetition"
         }
         try pin(toCPU: plan.clientCPU)
         let chosenTransports = plan.transports.compactMap(Transport.init(rawValue:))
@@ -141,16 +149,7 @@ struct Compare: AsyncParsableCommand {
         defer { proxySink?.stop() }
 
         var targets: [Target] = []
-        defer {
-            for target in targets {
-                target.echo.stop()
-                target.sink?.stop()
-                target.native?.stop()
-                target.asyncChannel?.stop()
-                target.proxy?.stop()
-                target.proxyPump?.stop()
-            }
-        }
+        defer { targets.forEach { $0.stop() } }
         var combos: [(Backend?, Transport)] = []
         if floor {
             for transport in chosenTransports where transport == .tcp || transport == .udp {
@@ -167,7 +166,13 @@ struct Compare: AsyncParsableCommand {
         Console.error(
             "sockbench compare: \(combos.count) server(s) x \(plan.scenarios.count) scenario(s) x \(plan.repetitions) repetition(s), placement \(plan.placement.rawValue)"
                 + (plan.serverCPU.map { " (server cpu \($0), client cpu \(plan.clientCPU!))" } ?? ""))
-        for (backend, transport) in combos {
+        /// Every target's servers, started afresh.
+        func startTargets() async throws -> [Target] {
+            var started: [Target] = []
+            for (backend, transport) in combos { started.append(try await startTarget(backend, transport)) }
+            return started
+        }
+        func startTarget(_ backend: Backend?, _ transport: Transport) async throws -> Target {
             let echo = try await start(backend, transport, "echo")
             let sink = needsSink ? try await start(backend, transport, "sink") : nil
             let native =
@@ -183,12 +188,11 @@ struct Compare: AsyncParsableCommand {
                         "proxy", "tcp://127.0.0.1:0", "\(upstream.endpoint)", "--backend", backend.rawValue, "--native",
                     ], cpu: plan.serverCPU, label: "the \(backend.rawValue) relay")
             }
-            targets.append(
-                Target(
-                    backend: backend, transport: transport, echo: echo, sink: sink, native: native,
-                    asyncChannel: asyncChannel,
-                    proxy: try relay(to: proxyUpstream), proxyPump: try relay(to: proxySink)))
+            return Target(
+                backend: backend, transport: transport, echo: echo, sink: sink, native: native,
+                asyncChannel: asyncChannel, proxy: try relay(to: proxyUpstream), proxyPump: try relay(to: proxySink))
         }
+        targets = try await startTargets()
 
         /// The server a scenario runs against, and other local processes of the measurement.
         func serverOf(_ scenario: Scenario, _ target: Target) -> (any ServerHandle, [any ServerHandle]) {
@@ -265,6 +269,15 @@ struct Compare: AsyncParsableCommand {
         var slots: [Scenario: Int] = [:]
         var cycle = 0
         for repetition in 0..<plan.repetitions {
+            if repetition > 0, freshServers, agent == nil {
+                // New server processes for each repetition: a row's round trip keeps one level for as long as its
+                // server process lives (bsd ws: 14.7 us in every pass of one run, 13.0 in every pass of the next),
+                // so one process per run put that luck between runs; a process per repetition puts it in the
+                // run's spread.
+                targets.forEach { $0.stop() }
+                targets = []
+                targets = try await startTargets()
+            }
             for scenario in plan.scenarios {
                 let passes = scenario.countsRoundTrips && plan.pingpongSeconds != nil ? plan.slices : 1
                 for slice in 0..<passes {
@@ -291,7 +304,8 @@ struct Compare: AsyncParsableCommand {
             )
             var still: [(scenario: Scenario, slot: Int, order: [Target])] = []
             for entry in redo {
-                let again = try await pass(entry.scenario, order: entry.order, label: "again")
+                let order = entry.order.compactMap { old in targets.first { $0.name == old.name } }
+                let again = try await pass(entry.scenario, order: order, label: "again")
                 let before = entry.order.compactMap {
                     runs[Report.key(entry.scenario, $0.backend, $0.transport)]?[entry.slot]
                 }

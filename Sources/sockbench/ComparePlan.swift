@@ -154,5 +154,10 @@ extension Compare {
         /// The backend's own-style relay in front of the C sink (tcp, for proxypump-SIZE).
         var proxyPump: (any ServerHandle)?
         var name: String { "\(backend?.rawValue ?? Report.floorName)/\(transport)" }
+
+        /// Stops every server of the target.
+        func stop() {
+            for server in [echo, sink, native, asyncChannel, proxy, proxyPump] { server?.stop() }
+        }
     }
 }

@@ -55,11 +55,21 @@ struct JSONSchemaTests {
                 "compare", "--scenarios", "pingpong-64,pump-64k,connect,json-deflate", "--transports", "tcp,udp,ws",
                 "--backends",
                 "bsd",
-                "--repetitions", "1", "--no-baselines", "--out", directory.path,
+                "--repetitions", "2", "--seconds", "0.5", "--no-baselines", "--out", directory.path,
             ])
-            try check(
-                try String(contentsOf: directory.appendingPathComponent("results.json"), encoding: .utf8),
-                against: "compare.schema.json")
+            let results = try String(contentsOf: directory.appendingPathComponent("results.json"), encoding: .utf8)
+            try check(results, against: "compare.schema.json")
+            // Two repetitions, each against server processes of its own; the closed-loop rows carry a quiet p50.
+            let object = try #require(
+                try JSONSerialization.jsonObject(with: Data(results.utf8)) as? [String: Any])
+            let plan = try #require(object["plan"] as? [String: Any])
+            #expect((plan["options"] as? String)?.contains("server processes started anew for each repetition") == true)
+            let rows = try #require(object["rows"] as? [[String: Any]])
+            for row in rows where (row["scenario"] as? String) == "pingpong-64" {
+                let repetitions = try #require(row["repetitions"] as? [[String: Any]])
+                #expect(repetitions.count == 2 * 5, "two repetitions of five slices: \(row["backend"] ?? "")")
+                #expect(repetitions.allSatisfy { ($0["quietP50"] as? Int) != nil }, "\(row["backend"] ?? "")")
+            }
             try await checkReportPage(directory.appendingPathComponent("report.html"))
         }
     }
