@@ -74,6 +74,7 @@ int csur_supports(struct csur_ring *ring, const char *feature) {
     if (strcmp(feature, "send_zc") == 0) supported = io_uring_opcode_supported(probe, IORING_OP_SEND_ZC);
     else if (strcmp(feature, "recv") == 0) supported = io_uring_opcode_supported(probe, IORING_OP_RECV);
     else if (strcmp(feature, "accept") == 0) supported = io_uring_opcode_supported(probe, IORING_OP_ACCEPT);
+    else if (strcmp(feature, "cqe_skip") == 0) supported = (ring->ring.features & IORING_FEAT_CQE_SKIP) != 0;
     io_uring_free_probe(probe);
     return supported;
 }
@@ -152,6 +153,19 @@ void csur_link_last(struct csur_ring *ring) {
     struct io_uring *uring = &ring->ring;
     struct io_uring_sqe *last = &uring->sq.sqes[(uring->sq.sqe_tail - 1) & uring->sq.ring_mask];
     last->flags |= IOSQE_IO_LINK;
+}
+
+int csur_reserve(struct csur_ring *ring, unsigned count) {
+    if (io_uring_sq_space_left(&ring->ring) >= count) return 0;
+    int submitted = io_uring_submit(&ring->ring);
+    if (submitted < 0) return submitted;
+    return io_uring_sq_space_left(&ring->ring) >= count ? 0 : -EBUSY;
+}
+
+void csur_skip_success_last(struct csur_ring *ring) {
+    struct io_uring *uring = &ring->ring;
+    struct io_uring_sqe *last = &uring->sq.sqes[(uring->sq.sqe_tail - 1) & uring->sq.ring_mask];
+    last->flags |= IOSQE_CQE_SKIP_SUCCESS;
 }
 
 int csur_prep_cancel(struct csur_ring *ring, uint64_t data, uint64_t target) {

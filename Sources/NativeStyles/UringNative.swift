@@ -6,9 +6,10 @@ import SocketStyles
 import Synchronization
 
 /// Style 5 by hand, in the ring's own idiom: each probe is sent with its receive linked behind it (IOSQE_IO_LINK:
-/// the receive starts only once the send completed in full), so one `io_uring_enter` submits both and sleeps until
-/// the reply is there; the receive's completion handler, on the ring's thread, consumes the reply and queues the
-/// next pair. No task is suspended or resumed per round trip.
+/// the receive starts only once the send completed in full) and the send posting no completion when it succeeds
+/// (`UringRing.sendThenReceive`), so one `io_uring_enter` submits both and sleeps until the reply is there; the
+/// receive's completion handler, on the ring's thread, consumes the reply and queues the next pair. No task is
+/// suspended or resumed per round trip.
 enum UringNative {
     static func pingpong(
         to endpoint: Endpoint, tally: PingPongTally
@@ -110,7 +111,8 @@ final class UringPingClient: Sendable {
         send(ring, from: 0, count: probe.count)
     }
 
-    /// Sends the probe from `offset`, a buffer-full at a time; the last piece with the receive linked behind it.
+    /// Sends the probe from `offset`, a buffer-full at a time; the last piece with the receive linked behind it, so
+    /// that the round trip completes once, with the echo.
     private func send(_ ring: UringRing, from offset: Int, count: Int) {
         let (fd, piece, input) = state.withValue { state in
             let length = min(state.output.count, count - offset)
@@ -119,34 +121,31 @@ final class UringPingClient: Sendable {
             }
             return (state.fd, UnsafeRawBufferPointer(rebasing: state.output[..<length]), state.input)
         }
-        let last = offset + piece.count == count
-        ring.send(fd, piece, linked: last) { [self] sent in
-            if sent < 0 { return finish(.failure(.errno(-sent, "send"))) }
-            let next = offset + Int(sent)
-            // A short send broke the link (its receive completes with -ECANCELED): send the rest, then receive.
-            if next < count { send(ring, from: next, count: count) }
+        guard offset + piece.count == count else {
+            ring.send(fd, piece) { [self] sent in
+                if sent < 0 { return finish(.failure(.errno(-sent, "send"))) }
+                send(ring, from: offset + Int(sent), count: count)
+            }
+            return
         }
-        if last { receive(ring, fd: fd, into: input) }
+        ring.sendThenReceive(fd, piece, into: input) { [self] in received(ring, fd: fd, into: input, $0) }
     }
 
-    private func receive(_ ring: UringRing, fd: Int32, into input: UnsafeMutableRawBufferPointer) {
-        ring.receive(fd, into: input) { [self] received in
-            if received == -ECANCELED { return }  // the send before it fell short; it queues this again
-            if received < 0 { return finish(.failure(.errno(-received, "recv"))) }
-            if received == 0 { return finish(.failure(.closed("the server ended the connection"))) }
-            let step: PingPongTally.Step
-            do throws(ConnectionError) {
-                step = try state.withValue { state throws(ConnectionError) in
-                    try state.tally.consume(UnsafeRawBufferPointer(rebasing: input[..<Int(received)]))
-                }
-            } catch {
-                return finish(.failure(error))
+    private func received(_ ring: UringRing, fd: Int32, into input: UnsafeMutableRawBufferPointer, _ received: Int32) {
+        if received < 0 { return finish(.failure(.errno(-received, "send or recv"))) }
+        if received == 0 { return finish(.failure(.closed("the server ended the connection"))) }
+        let step: PingPongTally.Step
+        do throws(ConnectionError) {
+            step = try state.withValue { state throws(ConnectionError) in
+                try state.tally.consume(UnsafeRawBufferPointer(rebasing: input[..<Int(received)]))
             }
-            switch step {
-            case .needMore: receive(ring, fd: fd, into: input)
-            case .finished: finish(.success(state.withValue { $0.tally.result() }))
-            default: nextProbe(ring)
-            }
+        } catch {
+            return finish(.failure(error))
+        }
+        switch step {
+        case .needMore: ring.receive(fd, into: input) { [self] in self.received(ring, fd: fd, into: input, $0) }
+        case .finished: finish(.success(state.withValue { $0.tally.result() }))
+        default: nextProbe(ring)
         }
     }
 }
@@ -178,21 +177,17 @@ final class UringEcho: Sendable {
 
     private func receive(_ ring: UringRing) {
         let (fd, buffer) = state.withValue { ($0.fd, $0.buffer) }
-        ring.receive(fd, into: buffer) { [self] received in
-            if received == -ECANCELED { return }  // the send before it fell short; it queues this again
-            if received <= 0 { return end() }
-            send(ring, from: 0, count: Int(received))
-        }
+        ring.receive(fd, into: buffer) { [self] in echo(ring, $0) }
     }
 
-    /// Sends back `buffer[offset..<count]`, the next receive linked behind it.
-    private func send(_ ring: UringRing, from offset: Int, count: Int) {
+    /// Sends back what was received, the next receive linked behind it (into the same buffer: it starts once the
+    /// send took every byte): one completion per message, the next one's.
+    private func echo(_ ring: UringRing, _ received: Int32) {
+        if received <= 0 { return end() }  // the end, or an error (the send's or the receive's)
         let (fd, buffer) = state.withValue { ($0.fd, $0.buffer) }
-        ring.send(fd, UnsafeRawBufferPointer(rebasing: buffer[offset..<count]), linked: true) { [self] sent in
-            if sent < 0 { return end() }
-            if offset + Int(sent) < count { send(ring, from: offset + Int(sent), count: count) }
+        ring.sendThenReceive(fd, UnsafeRawBufferPointer(rebasing: buffer[..<Int(received)]), into: buffer) {
+            [self] in echo(ring, $0)
         }
-        receive(ring)
     }
 }
 

@@ -104,6 +104,8 @@ public final class UringLoop: TaskExecutor, Sendable {
         var firstFree = -1
         var jobExecutor: UnownedTaskExecutor?
         var nextBufferGroup: UInt16 = 0
+        /// Whether an entry may post nothing when it succeeds (IOSQE_CQE_SKIP_SUCCESS, Linux 5.17).
+        var skipsSuccess = false
     }
 
     /// Sets a ring up and starts its thread. Throws (one line, with the kernel's reason) when io_uring is
@@ -124,7 +126,10 @@ public final class UringLoop: TaskExecutor, Sendable {
                 var setup: UInt32 = 0
                 var code: Int32 = 0
                 let ring = csur_create(entries, &setup, &code)
-                confined.withValue { $0.ring = ring }
+                confined.withValue {
+                    $0.ring = ring
+                    $0.skipsSuccess = ring.map { csur_supports($0, "cqe_skip") != 0 } ?? false
+                }
                 flags.store(setup, ordering: .relaxed)
                 if ring == nil { failure.store(code, ordering: .relaxed) }
             }
@@ -372,6 +377,38 @@ public final class UringLoop: TaskExecutor, Sendable {
         }
     }
 
+    /// Loop thread: sends all of `bytes` (MSG_WAITALL: the kernel sends a stream socket's rest itself) and, linked
+    /// behind it, receives into `buffer`; `handler` gets the receive's result, or the send's error when it failed.
+    /// The send posts no completion when it succeeds (IOSQE_CQE_SKIP_SUCCESS), so the pair wakes the ring's thread
+    /// once. When it fails, the kernel posts its completion and skips the cancelled receive's (a link head that
+    /// skips success skips its failed links' too: seen here, the receive's never came), so the send carries the
+    /// receive's id and the one completion is the send's error. Where the kernel cannot skip, the send's
+    /// completion is dropped and a failed send shows as the receive's `-ECANCELED`.
+    func submitSendThenReceive(
+        fd: Int32, send bytes: UnsafeRawBufferPointer, into buffer: UnsafeMutableRawBufferPointer,
+        then handler: @escaping (Int32) -> Void
+    ) -> Bool {
+        precondition(inLoop, "UringRing is used on its loop's thread only (UringLoop.execute)")
+        return confined.withValue { confined -> Bool in
+            let ring = confined.ring!
+            let flags = Int32(MSG_NOSIGNAL | MSG_WAITALL)
+            guard csur_reserve(ring, 2) == 0 else { return false }
+            let id = Self.allocate(&confined, owned: nil)
+            confined.slots[Int(truncatingIfNeeded: id & 0xffff_ffff)] = .callback(handler)
+            let sendID = confined.skipsSuccess ? id : Self.ignoredToken
+            guard csur_prep_send(ring, sendID, fd, bytes.baseAddress, bytes.count, flags) == 0 else {
+                _ = Self.release(&confined, id)
+                return false
+            }
+            csur_link_last(ring)
+            if confined.skipsSuccess { csur_skip_success_last(ring) }
+            // Room for both was made: the receive's entry is there.
+            let prepared = csur_prep_recv(ring, id, fd, buffer.baseAddress, buffer.count, 0)
+            precondition(prepared == 0, "the ring had room for the pair")
+            return true
+        }
+    }
+
     // MARK: Multishot receives with provided buffers
 
     /// Loop thread: a provided buffer ring of `count` buffers of `size` bytes, or `nil` when the kernel has none.
@@ -495,6 +532,18 @@ public struct UringRing {
         let operation = UringOperation.send(
             fd: fd, buffer: UInt(bitPattern: bytes.baseAddress), length: bytes.count, flags: Int32(MSG_NOSIGNAL))
         if !loop.submit(operation, linked: linked, then: then) { then(-EBUSY) }
+    }
+
+    /// send(2) of all of `bytes` on a stream socket, then (once every byte went) recv(2) into `buffer`: two
+    /// operations, one completion, so a request and its answer cost the ring's thread one wake-up. `then` gets the
+    /// count received (0 at the end of the stream) or `-errno`: the send's when it failed (`-ECANCELED` on kernels
+    /// before 5.17). `buffer` may be the memory `bytes` points into: the receive starts only after the send
+    /// completed.
+    public func sendThenReceive(
+        _ fd: Int32, _ bytes: UnsafeRawBufferPointer, into buffer: UnsafeMutableRawBufferPointer,
+        then: @escaping (Int32) -> Void
+    ) {
+        if !loop.submitSendThenReceive(fd: fd, send: bytes, into: buffer, then: then) { then(-EBUSY) }
     }
 
     /// recv(2) into `buffer` on `fd`; `then` gets the count received (0 at the end of a TCP stream) or `-errno`.

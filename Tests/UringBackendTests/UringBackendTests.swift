@@ -106,6 +106,43 @@ struct UringBackendTests {
         }
     }
 
+    @Test("UringRing.sendThenReceive: the reply in one completion; a failed send ends it with the send's error")
+    func sendThenReceive() async throws {
+        try await SocketTest.run {
+            let (listener, client, server) = try await Self.pair()
+            let echo = Task {
+                while let bytes = try await server.receive() { try await server.send(bytes) }
+            }
+            let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 64, alignment: 16)
+            defer { buffer.deallocate() }
+            let probe = Array("ping".utf8)
+            buffer.copyBytes(from: probe)
+            let fd = client.fileDescriptor
+            let address = UInt(bitPattern: buffer.baseAddress)
+            /// The pair on the ring; every handler call, in order, until the first.
+            func exchange(_ count: Int) async -> [Int32] {
+                await withCheckedContinuation { (done: CheckedContinuation<[Int32], Never>) in
+                    client.loop.execute { ring in
+                        let memory = UnsafeMutableRawBufferPointer(
+                            start: UnsafeMutableRawPointer(bitPattern: address), count: 64)
+                        ring.sendThenReceive(fd, UnsafeRawBufferPointer(rebasing: memory[..<count]), into: memory) {
+                            done.resume(returning: [$0])
+                        }
+                    }
+                }
+            }
+            #expect(await exchange(probe.count) == [Int32(probe.count)])
+            #expect(Array(buffer[..<probe.count]) == probe)
+            // The client's sending side shut: the send fails (EPIPE), the receive never runs, one completion.
+            try Syscall.shutdown(fd, .write)
+            #expect(await exchange(probe.count) == [-EPIPE])
+            await client.close()
+            _ = try? await echo.value
+            await server.close()
+            await listener.close()
+        }
+    }
+
     @Test("The UDP server sorts datagrams from several clients by sender, received by one multishot recvmsg")
     func udpServer() async throws {
         try await SocketTest.run {

@@ -24,7 +24,8 @@ int csur_enter(struct csur_ring *ring, int wait);
 /* Up to `max` completions (at most 64): user_data, result and flags copied out and marked seen. */
 unsigned csur_reap(struct csur_ring *ring, uint64_t *data, int32_t *results, uint32_t *flags, unsigned max);
 
-/* Whether the kernel supports an operation, by name: "recv_multishot", "send_zc", "buffer_ring". */
+/* Whether the kernel supports an operation or feature, by name: "send_zc", "recv", "accept", "cqe_skip"
+ * (IOSQE_CQE_SKIP_SUCCESS, Linux 5.17). */
 int csur_supports(struct csur_ring *ring, const char *feature);
 
 int csur_prep_recv(struct csur_ring *ring, uint64_t data, int fd, void *buffer, size_t length, int flags);
@@ -39,6 +40,11 @@ int csur_prep_sleep(struct csur_ring *ring, uint64_t data, int64_t ns, void *tim
 int csur_prep_read(struct csur_ring *ring, uint64_t data, int fd, void *buffer, unsigned length);
 /* Marks the entry queued last IOSQE_IO_LINK: the next one starts when it completed in full. */
 void csur_link_last(struct csur_ring *ring);
+/* Makes room for `count` entries in a row (submitting what is queued when needed), so that a linked chain is
+ * submitted whole: 0, or -EBUSY. */
+int csur_reserve(struct csur_ring *ring, unsigned count);
+/* Marks the entry queued last IOSQE_CQE_SKIP_SUCCESS: it posts a completion only when it fails. */
+void csur_skip_success_last(struct csur_ring *ring);
 /* Cancels the operation whose user_data is `target`. */
 int csur_prep_cancel(struct csur_ring *ring, uint64_t data, uint64_t target);
 /* Cancels every operation on `fd`. */
