@@ -17,6 +17,27 @@ struct UringBackendTests {
         return (listener, client, try await accepted)
     }
 
+    /// A connected pair whose server end echoes what it receives (a task); `body` gets the client. Everything is
+    /// closed afterwards, also when `body` throws.
+    private static func withEcho(_ body: (UringSocket) async throws -> Void) async throws {
+        let (listener, client, server) = try await pair()
+        let echo = Task {
+            while let bytes = try await server.receive() { try await server.send(bytes) }
+        }
+        let outcome: Result<Void, any Error>
+        do {
+            try await body(client)
+            outcome = .success(())
+        } catch {
+            outcome = .failure(error)
+        }
+        await client.close()
+        _ = try? await echo.value
+        await server.close()
+        await listener.close()
+        try outcome.get()
+    }
+
     @Test("Bytes both ways, from a task on the ring and from one elsewhere; the end of the stream once")
     func echo() async throws {
         try await SocketTest.run {
@@ -72,74 +93,63 @@ struct UringBackendTests {
     @Test("UringRing: a send with its receive linked behind it, both in one turn, the reply in the handler")
     func linkedSendAndReceive() async throws {
         try await SocketTest.run {
-            let (listener, client, server) = try await Self.pair()
-            let echo = Task {
-                while let bytes = try await server.receive() { try await server.send(bytes) }
-            }
-            let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 64, alignment: 16)
-            defer { buffer.deallocate() }
-            let probe = Array("ping".utf8)
-            let request = UnsafeMutableRawBufferPointer.allocate(byteCount: probe.count, alignment: 16)
-            defer { request.deallocate() }
-            request.copyBytes(from: probe)
-            let fd = client.fileDescriptor
-            let address = UInt(bitPattern: buffer.baseAddress)
-            let outgoing = UInt(bitPattern: request.baseAddress)
-            let results = await withCheckedContinuation { (done: CheckedContinuation<[Int32], Never>) in
-                client.loop.execute { ring in
-                    let sent = UnsafeRawBufferPointer(start: UnsafeRawPointer(bitPattern: outgoing), count: probe.count)
-                    let into = UnsafeMutableRawBufferPointer(
-                        start: UnsafeMutableRawPointer(bitPattern: address), count: 64)
-                    let order = Mutex<[Int32]>([])
-                    ring.send(fd, sent, linked: true) { result in order.withLock { $0.append(result) } }
-                    ring.receive(fd, into: into) { result in
-                        done.resume(returning: order.withLock { $0 + [result] })
+            try await Self.withEcho { client in
+                let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 64, alignment: 16)
+                defer { buffer.deallocate() }
+                let probe = Array("ping".utf8)
+                let request = UnsafeMutableRawBufferPointer.allocate(byteCount: probe.count, alignment: 16)
+                defer { request.deallocate() }
+                request.copyBytes(from: probe)
+                let fd = client.fileDescriptor
+                let address = UInt(bitPattern: buffer.baseAddress)
+                let outgoing = UInt(bitPattern: request.baseAddress)
+                let results = await withCheckedContinuation { (done: CheckedContinuation<[Int32], Never>) in
+                    client.loop.execute { ring in
+                        let sent = UnsafeRawBufferPointer(
+                            start: UnsafeRawPointer(bitPattern: outgoing), count: probe.count)
+                        let into = UnsafeMutableRawBufferPointer(
+                            start: UnsafeMutableRawPointer(bitPattern: address), count: 64)
+                        let order = Mutex<[Int32]>([])
+                        ring.send(fd, sent, linked: true) { result in order.withLock { $0.append(result) } }
+                        ring.receive(fd, into: into) { result in
+                            done.resume(returning: order.withLock { $0 + [result] })
+                        }
                     }
                 }
+                #expect(results == [Int32(probe.count), Int32(probe.count)])
+                #expect(Array(buffer[..<probe.count]) == probe)
             }
-            #expect(results == [Int32(probe.count), Int32(probe.count)])
-            #expect(Array(buffer[..<probe.count]) == probe)
-            await client.close()
-            _ = try? await echo.value
-            await server.close()
-            await listener.close()
         }
     }
 
     @Test("UringRing.sendThenReceive: the reply in one completion; a failed send ends it with the send's error")
     func sendThenReceive() async throws {
         try await SocketTest.run {
-            let (listener, client, server) = try await Self.pair()
-            let echo = Task {
-                while let bytes = try await server.receive() { try await server.send(bytes) }
-            }
-            let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 64, alignment: 16)
-            defer { buffer.deallocate() }
-            let probe = Array("ping".utf8)
-            buffer.copyBytes(from: probe)
-            let fd = client.fileDescriptor
-            let address = UInt(bitPattern: buffer.baseAddress)
-            /// The pair on the ring; every handler call, in order, until the first.
-            func exchange(_ count: Int) async -> [Int32] {
-                await withCheckedContinuation { (done: CheckedContinuation<[Int32], Never>) in
-                    client.loop.execute { ring in
-                        let memory = UnsafeMutableRawBufferPointer(
-                            start: UnsafeMutableRawPointer(bitPattern: address), count: 64)
-                        ring.sendThenReceive(fd, UnsafeRawBufferPointer(rebasing: memory[..<count]), into: memory) {
-                            done.resume(returning: [$0])
+            try await Self.withEcho { client in
+                let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 64, alignment: 16)
+                defer { buffer.deallocate() }
+                let probe = Array("ping".utf8)
+                buffer.copyBytes(from: probe)
+                let fd = client.fileDescriptor
+                let address = UInt(bitPattern: buffer.baseAddress)
+                /// The pair on the ring; every handler call, in order, until the first.
+                func exchange(_ count: Int) async -> [Int32] {
+                    await withCheckedContinuation { (done: CheckedContinuation<[Int32], Never>) in
+                        client.loop.execute { ring in
+                            let memory = UnsafeMutableRawBufferPointer(
+                                start: UnsafeMutableRawPointer(bitPattern: address), count: 64)
+                            ring.sendThenReceive(fd, UnsafeRawBufferPointer(rebasing: memory[..<count]), into: memory) {
+                                done.resume(returning: [$0])
+                            }
                         }
                     }
                 }
+                #expect(await exchange(probe.count) == [Int32(probe.count)])
+                #expect(Array(buffer[..<probe.count]) == probe)
+                // The client's sending side shut: the send fails (EPIPE), the receive never runs, one completion.
+                try Syscall.shutdown(fd, .write)
+                #expect(await exchange(probe.count) == [-EPIPE])
             }
-            #expect(await exchange(probe.count) == [Int32(probe.count)])
-            #expect(Array(buffer[..<probe.count]) == probe)
-            // The client's sending side shut: the send fails (EPIPE), the receive never runs, one completion.
-            try Syscall.shutdown(fd, .write)
-            #expect(await exchange(probe.count) == [-EPIPE])
-            await client.close()
-            _ = try? await echo.value
-            await server.close()
-            await listener.close()
         }
     }
 
