@@ -186,6 +186,52 @@ public struct FaninRunner: Sendable {
         serverUsage: (() async -> ResourceUsage?)? = nil,
         connect: @escaping @Sendable () async throws(ConnectionError) -> any Connection
     ) async throws(ConnectionError) -> ScenarioResult {
+        let opened = try await Self.open(connections, size: size, serverUsage: serverUsage, connect: connect)
+        let clients = opened.clients
+        let start = MonotonicClock.nanoseconds()
+        var runner = PingRunner(size: size, count: count, warmup: warmup)
+        runner.keepsSamples = true
+        runner.keepsHistogram = false
+        let results = await Self.everyClient(clients, runner)
+        let elapsed = MonotonicClock.nanoseconds() - start
+        for client in clients { await client.close() }
+        var merged = LatencySummary.makeHistogram()
+        var lost = 0
+        for result in results {
+            let run = try result.get()
+            for value in run.raw ?? [] { _ = merged.record(value) }
+            lost += run.lost
+        }
+        var measurement = ScenarioResult()
+        measurement.latency = LatencySummary(merged)
+        measurement.messages = connections * count
+        measurement.lost = lost
+        measurement.elapsedNanoseconds = elapsed
+        let perConnectionTotal = Double(connections * (count + warmup))
+        measurement.messagesPerSecond = perConnectionTotal / (Double(elapsed) / 1e9)
+        measurement.bytesPerSecond = perConnectionTotal * Double(size) / (Double(elapsed) / 1e9)
+        measurement.serverKiBPerConnection = opened.serverKiBPerConnection
+        measurement.clientKiBPerConnection = opened.clientKiBPerConnection
+        return measurement
+    }
+
+    /// Connections open and idle, each having made one round trip, and what they cost in memory.
+    struct Opened {
+        var clients: [any Connection]
+        /// Growth of the server's and this process's resident memory per connection, KiB (`nil`: not read).
+        var serverKiBPerConnection: Double?
+        var clientKiBPerConnection: Double?
+    }
+
+    /// Opens `connections` with `connect` (in batches of 64, so a listen backlog is not overrun) and makes one
+    /// `size`-byte round trip on each, so that the server has accepted, set up and served every one. With
+    /// `serverUsage` (the server process's usage), the server's and this process's resident memory is read
+    /// before and after: the growth per connection is the memory of an open, idle connection. On failure every
+    /// connection opened is closed.
+    static func open(
+        _ connections: Int, size: Int, serverUsage: (() async -> ResourceUsage?)?,
+        connect: @escaping @Sendable () async throws(ConnectionError) -> any Connection
+    ) async throws(ConnectionError) -> Opened {
         let serverBefore = await serverUsage?()?.residentKiB
         let clientBefore = ResourceUsage.read()?.residentKiB
         var clients: [any Connection] = []
@@ -215,48 +261,22 @@ public struct FaninRunner: Sendable {
                 }
             }
         }
-        // One round trip on each, so that the server has accepted, set up and served every connection.
         var once = PingRunner(size: size, count: 1, warmup: 0)
         once.keepsSamples = true
         once.keepsHistogram = false
-        let first = await Self.everyClient(clients, once)
+        let first = await everyClient(clients, once)
         for case .failure(let error) in first {
             for client in clients { await client.close() }
             throw error
         }
-        var serverGrowth: Double?
-        var clientGrowth: Double?
+        var result = Opened(clients: clients)
         if let before = serverBefore, let after = await serverUsage?()?.residentKiB {
-            serverGrowth = (Double(after) - Double(before)) / Double(connections)
+            result.serverKiBPerConnection = (Double(after) - Double(before)) / Double(connections)
         }
         if let before = clientBefore, let after = ResourceUsage.read()?.residentKiB {
-            clientGrowth = (Double(after) - Double(before)) / Double(connections)
+            result.clientKiBPerConnection = (Double(after) - Double(before)) / Double(connections)
         }
-        let start = MonotonicClock.nanoseconds()
-        var runner = PingRunner(size: size, count: count, warmup: warmup)
-        runner.keepsSamples = true
-        runner.keepsHistogram = false
-        let results = await Self.everyClient(clients, runner)
-        let elapsed = MonotonicClock.nanoseconds() - start
-        for client in clients { await client.close() }
-        var merged = LatencySummary.makeHistogram()
-        var lost = 0
-        for result in results {
-            let run = try result.get()
-            for value in run.raw ?? [] { _ = merged.record(value) }
-            lost += run.lost
-        }
-        var measurement = ScenarioResult()
-        measurement.latency = LatencySummary(merged)
-        measurement.messages = connections * count
-        measurement.lost = lost
-        measurement.elapsedNanoseconds = elapsed
-        let perConnectionTotal = Double(connections * (count + warmup))
-        measurement.messagesPerSecond = perConnectionTotal / (Double(elapsed) / 1e9)
-        measurement.bytesPerSecond = perConnectionTotal * Double(size) / (Double(elapsed) / 1e9)
-        measurement.serverKiBPerConnection = serverGrowth
-        measurement.clientKiBPerConnection = clientGrowth
-        return measurement
+        return result
     }
 
     /// `runner`'s round trips on every client at once, a task each.

@@ -12,6 +12,7 @@
 /// | `pump-SIZE` | one-way bulk in SIZE-byte writes to a sink; for UDP, datagrams sent and received, loss, reordering, kernel drops |
 /// | `connect` | connections opened one after another: handshake time (TCP, + TLS, + WebSocket upgrade) and connections per second |
 /// | `fanin-N` | N connections at once against one server, each in closed-loop 64-byte round trips |
+/// | `workload-NxRATE/s-SIZEB-SECONDSs` | a user's own load: N connections, each sending SIZE-byte messages RATE times a second on a schedule for SECONDS, every message echoed; latency as in `rate`, plus memory per connection and CPU per message (``Workload``) |
 /// | `json`, `json-deflate` | ws/wss only: closed-loop round trips of market-data JSON text (about 1.1 KB), without and with permessage-deflate; bytes on the wire per message |
 public enum Scenario: Sendable, Hashable, Codable, CustomStringConvertible {
     case pingpong(size: Int)
@@ -30,6 +31,8 @@ public enum Scenario: Sendable, Hashable, Codable, CustomStringConvertible {
     case fanin(connections: Int)
     /// ws/wss: round trips of ``MarketData`` JSON text, with or without permessage-deflate.
     case json(deflate: Bool)
+    /// Open loop over many connections: a user's own load (``Workload``).
+    case workload(Workload)
 
     /// Parses `pingpong-64`, `rate-10000`, `pump-65536`, `connect`, `fanin-100` (sizes may end in `k`, for
     /// KiB, or `m`, for MiB; rates in `k`, for thousands).
@@ -64,10 +67,11 @@ public enum Scenario: Sendable, Hashable, Codable, CustomStringConvertible {
         case "fanin": self = .fanin(connections: try number(parts.count > 1 ? parts[1] : nil, kilo: 1000))
         case "json" where parts.count == 1: self = .json(deflate: false)
         case "json" where parts[1] == "deflate": self = .json(deflate: true)
+        case "workload" where parts.count > 1: self = .workload(try Workload(name: parts[1]))
         default:
             throw ScenarioError(
                 message:
-                    "unknown scenario '\(name)' (pingpong-SIZE, native-SIZE, asyncchannel-SIZE, proxy-SIZE, proxypump-SIZE, rate-PERSECOND, pump-SIZE, connect, fanin-N, json, json-deflate)"
+                    "unknown scenario '\(name)' (pingpong-SIZE, native-SIZE, asyncchannel-SIZE, proxy-SIZE, proxypump-SIZE, rate-PERSECOND, pump-SIZE, connect, fanin-N, json, json-deflate, workload-NxRATE/s-SIZEB-SECONDSs)"
             )
         }
     }
@@ -84,12 +88,13 @@ public enum Scenario: Sendable, Hashable, Codable, CustomStringConvertible {
         case .connect: "connect"
         case .fanin(let connections): "fanin-\(connections)"
         case .json(let deflate): deflate ? "json-deflate" : "json"
+        case .workload(let workload): workload.description
         }
     }
 
     /// What a scenario does, without its parameters; the raw value is the name's prefix (`asyncchannel-64`).
     public enum Kind: String, Sendable, CaseIterable {
-        case pingpong, native, proxy, rate, pump, connect, fanin, json
+        case pingpong, native, proxy, rate, pump, connect, fanin, json, workload
         case asyncChannel = "asyncchannel"
         case proxyPump = "proxypump"
     }
@@ -107,6 +112,16 @@ public enum Scenario: Sendable, Hashable, Codable, CustomStringConvertible {
         case .connect: .connect
         case .fanin: .fanin
         case .json: .json
+        case .workload: .workload
+        }
+    }
+
+    /// The connections a scenario holds open at once, where it holds more than one (fan-in, workloads).
+    public var connections: Int? {
+        switch self {
+        case .fanin(let connections): connections
+        case .workload(let workload): workload.connections
+        default: nil
         }
     }
 

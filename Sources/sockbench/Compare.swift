@@ -17,7 +17,8 @@ struct Compare: AsyncParsableCommand {
             then runs each scenario against each, backends interleaved and the order rotated, --repetitions \
             times, and reports the median with the spread. Client and server are pinned (--placement). \
             Scenarios: pingpong-SIZE, rate-PERSECOND, pump-SIZE, connect, fanin-N (docs/benchmarks.md says what \
-            each times). The quick default takes about three minutes; --full goes deep.
+            each times). The quick default takes about four minutes; --full goes deep; --workload runs your own \
+            load and names the backend that holds it best.
             """
     )
 
@@ -86,16 +87,21 @@ struct Compare: AsyncParsableCommand {
     )
     var server: String?
 
-    @Flag(help: "Go deep: more sizes, rates, fan-in up to 1,000 connections, tls and wss, 5 repetitions.")
-    var full = false
+    @Option(
+        help: ArgumentHelp(
+            "Your own load, run on every backend and ending in a verdict: connections=N,rate=R/s,size=S,transport=T[,duration=D][,p99=B] (rate per connection, or total=R/s over all; default size 64, duration 3s, p99 bound 1ms).",
+            valueName: "spec"))
+    var workload: String?
 
-    enum Placement: String, ExpressibleByArgument, Codable {
-        case same, cross, none
-    }
+    @Flag(
+        help:
+            "Go deep: more sizes, rates, fan-in up to 1,000 connections, a 1,000-connection workload, tls and wss, 5 repetitions."
+    )
+    var full = false
 
     func run() async throws {
         var plan = try makePlan()
-        let mostConnections = plan.scenarios.compactMap { if case .fanin(let n) = $0 { n } else { nil } }.max() ?? 0
+        let mostConnections = plan.scenarios.compactMap(\.connections).max() ?? 0
         if let note = try Self.raiseDescriptorLimit(toHold: mostConnections) {
             Console.error("sockbench compare: \(note)")
             plan.options += "; \(note)"

@@ -27,12 +27,28 @@ extension Compare {
         tls: TLSConfiguration, roundTrips: Int
     ) async throws -> ScenarioResult {
         let cpus = Self.watchedCPUs(plan)
-        let cpuBefore = CPUTimes.read(cpus: cpus)
-        let clientBefore = ResourceUsage.read()
-        let serverBefore = await server.usage()
-        var othersBefore: [ResourceUsage?] = []
-        for other in also { othersBefore.append(await other.usage()) }
-        let windowStart = MonotonicClock.nanoseconds()
+        // Usage at the start of the measured window: taken here, and again where the scenario sets up first
+        // (a workload's connections are opened before its window starts).
+        struct WindowStart: Sendable {
+            var cpu: CPUTimes?
+            var client: ResourceUsage?
+            var server: ResourceUsage?
+            var others: [ResourceUsage?]
+            var at: UInt64
+        }
+        let windowStart = Guarded<WindowStart?>(nil)
+        let startWindow: () async -> Void = {
+            let cpu = CPUTimes.read(cpus: cpus)
+            let client = ResourceUsage.read()
+            let server = await server.usage()
+            var others: [ResourceUsage?] = []
+            for other in also { others.append(await other.usage()) }
+            windowStart.withLock {
+                $0 = WindowStart(
+                    cpu: cpu, client: client, server: server, others: others, at: MonotonicClock.nanoseconds())
+            }
+        }
+        await startWindow()
         // Usage at the end of the measured window: taken before the connection closes where the scenario allows
         // (a bsd server's reader thread, and its counts, end with the connection).
         struct WindowEnd: Sendable {
@@ -47,6 +63,7 @@ extension Compare {
             let client = ResourceUsage.read()
             let server = await server.usage()
             var others: UInt64 = 0
+            let othersBefore = windowStart.withLock { $0?.others } ?? []
             for (other, before) in zip(also, othersBefore) {
                 if let after = await other.usage(), let before { others += after.since(before).cpuNanoseconds }
             }
@@ -58,9 +75,12 @@ extension Compare {
         }
         do throws(ConnectionError) {
             var measurement = try await measure(
-                scenario, target, server: server, plan: plan, tls: tls, roundTrips: roundTrips, endWindow: endWindow)
+                scenario, target, server: server, plan: plan, tls: tls, roundTrips: roundTrips,
+                startWindow: startWindow, endWindow: endWindow)
             if windowEnd.withLock({ $0 }) == nil { await endWindow() }
             let end = windowEnd.withLock { $0 }!
+            let start = windowStart.withLock { $0 }!
+            let (clientBefore, serverBefore, cpuBefore) = (start.client, start.server, start.cpu)
             if let after = end.client, let clientBefore { measurement.client = after.since(clientBefore) }
             if let after = end.server, let serverBefore { measurement.server = after.since(serverBefore) }
             // The measured processes: with a remote server, only the client runs on the watched CPUs.
@@ -69,7 +89,7 @@ extension Compare {
                 + (agentless(server) ? (measurement.server?.cpuNanoseconds ?? 0) : 0) + end.others
             if let cpuBefore, let cpuAfter = end.cpu {
                 measurement.cpuShare = CPUShare(
-                    windowNanoseconds: end.at &- windowStart, before: cpuBefore, after: cpuAfter,
+                    windowNanoseconds: end.at &- start.at, before: cpuBefore, after: cpuAfter,
                     measuredNanoseconds: measured, cpus: cpus?.count ?? Syscall.cpuCount)
             }
             return measurement
@@ -83,17 +103,20 @@ extension Compare {
     /// Why a scenario does not apply to a target, or `nil`.
     func skipReason(_ scenario: Scenario, _ target: Target) -> String? {
         var limit = rlimit()
-        if case .fanin(let connections) = scenario, let backend = target.backend,
+        if let connections = scenario.connections, let backend = target.backend,
             getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0,
             limit.rlim_cur < Self.descriptors(for: connections, backend: backend)
         {
             return
-                "fanin-\(connections) on \(backend) needs \(Self.descriptors(for: connections, backend: backend)) descriptors per process (\(Backend.bsd.name): a socket and an eventfd per connection); the limit is \(limit.rlim_cur)"
+                "\(scenario) on \(backend) needs \(Self.descriptors(for: connections, backend: backend)) descriptors per process (\(Backend.bsd.name): a socket and an eventfd per connection); the limit is \(limit.rlim_cur)"
         }
         if scenario.kind == .json, target.transport != .ws && target.transport != .wss {
             return "JSON text messages are WebSocket's (ws, wss)"
         }
         if case .pump(let size) = scenario, target.transport == .udp, size > 65_507 {
+            return "a UDP datagram carries at most 65,507 bytes"
+        }
+        if case .workload(let workload) = scenario, target.transport == .udp, workload.size > 65_507 {
             return "a UDP datagram carries at most 65,507 bytes"
         }
         if scenario.kind == .proxy || scenario.kind == .proxyPump, target.transport != .tcp || server != nil {
@@ -107,7 +130,8 @@ extension Compare {
                 return target.transport == .tcp ? nil : "the C floor's native row is tcp"
             }
             return ([.pingpong, .rate, .pump, .proxy, .proxyPump] as [Scenario.Kind]).contains(scenario.kind)
-                ? nil : "the C floor runs pingpong, native, rate, pump, proxy and proxypump (the direct paths) only"
+                ? nil
+                : "the C floor runs pingpong, native, rate, pump, proxy and proxypump (the direct paths) only; its open-loop client drives one connection"
         }
         if scenario.kind == .native, target.native == nil {
             return
@@ -121,7 +145,7 @@ extension Compare {
 
     func measure(
         _ scenario: Scenario, _ target: Target, server: any ServerHandle, plan: Plan, tls: TLSConfiguration,
-        roundTrips: Int, endWindow: () async -> Void
+        roundTrips: Int, startWindow: () async -> Void, endWindow: () async -> Void
     ) async throws(ConnectionError) -> ScenarioResult {
         let endpoint = server.endpoint
         guard let backend = target.backend else {
@@ -200,6 +224,9 @@ extension Compare {
             throw ConnectionError(.system, "unreachable")
         case .connect:
             return try await ConnectRunner(count: plan.connectCount).run(connect: connect)
+        case .workload(let workload):
+            return try await WorkloadRunner(workload, pacing: plan.pacing ?? .sleep).run(
+                serverUsage: { await server.usage() }, startWindow: startWindow, endWindow: endWindow, connect: connect)
         case .fanin(let connections):
             let count = plan.faninRoundTrips(connections: connections)
             return try await FaninRunner(connections: connections, count: count, warmup: min(20, count)).run(

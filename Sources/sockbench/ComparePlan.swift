@@ -11,6 +11,11 @@ import Synchronization
 
 /// What a compare run is made of: its plan (from the flags), the descriptor limit it needs, its targets.
 extension Compare {
+    /// Where client and server run: one CPU, different CPUs, or wherever the scheduler puts them.
+    enum Placement: String, ExpressibleByArgument, Codable {
+        case same, cross, none
+    }
+
     /// The knobs a run uses, resolved from the flags (recorded in results.json).
     struct Plan: Codable {
         var backends: [String]
@@ -32,6 +37,9 @@ extension Compare {
         var pumpBytes: Int
         var connectCount: Int
         var faninCount: Int
+        /// The p99 (from the intended send time, nanoseconds) a backend must keep to hold a workload (`nil`: the
+        /// default, ``defaultP99Bound``).
+        var workloadP99Bound: UInt64?
         var placement: Placement
         var serverCPU: Int?
         var clientCPU: Int?
@@ -39,6 +47,7 @@ extension Compare {
         var options: String
         /// Where the servers ran: `local` (child processes here) or the agent's HOST:PORT.
         var servers = "local"
+        static let defaultP99Bound: UInt64 = 1_000_000
 
         /// fanin-N: `faninCount` round trips per connection up to 1,000 connections; beyond, `faninCount` x 1,000
         /// in all (at least 10 per connection), so that fanin-10000 takes seconds, not minutes.
@@ -62,8 +71,15 @@ extension Compare {
         guard let chosenPacing = Pacing(rawValue: pacing) else {
             throw fail("unknown pacing '\(pacing)' (spin, sleep)")
         }
+        let specification: Workload.Specification?
+        do throws(ScenarioError) {
+            specification = try workload.map { text throws(ScenarioError) in try Workload.Specification(parsing: text) }
+        } catch {
+            throw fail("--workload: \(error.message)")
+        }
         var chosenTransports: [Transport] = []
-        for name in (transports ?? (full ? "tcp,udp,ws,tls,wss" : "tcp,udp,ws")).split(separator: ",") {
+        let transportList = transports ?? specification?.transport?.rawValue
+        for name in (transportList ?? (full ? "tcp,udp,ws,tls,wss" : "tcp,udp,ws")).split(separator: ",") {
             guard let transport = Transport(rawValue: String(name)) else {
                 throw fail("unknown transport '\(name)' (tcp, udp, ws, tls, wss)")
             }
@@ -71,16 +87,19 @@ extension Compare {
         }
         let defaultScenarios =
             full
-            ? "pingpong-64,native-64,asyncchannel-64,proxy-64,proxypump-64k,pingpong-1k,pingpong-64k,rate-10k,rate-50k,pump-1400,pump-64k,connect,fanin-1,fanin-10,fanin-100,fanin-1000,json,json-deflate"
+            ? "pingpong-64,native-64,asyncchannel-64,proxy-64,proxypump-64k,pingpong-1k,pingpong-64k,rate-10k,rate-50k,pump-1400,pump-64k,connect,fanin-1,fanin-10,fanin-100,fanin-1000,json,json-deflate,workload-1000x10/s-200B-2s"
             : "pingpong-64,native-64,asyncchannel-64,rate-5000,pump-64k,pump-1400,connect,fanin-16"
         var chosenScenarios: [Scenario] = []
-        for name in (scenarios ?? defaultScenarios).split(separator: ",") {
+        // --workload runs the user's load alone, unless --scenarios names others to run beside it.
+        let scenarioList = scenarios ?? (specification == nil ? defaultScenarios : "")
+        for name in scenarioList.split(separator: ",") {
             do throws(ScenarioError) {
                 chosenScenarios.append(try Scenario(name: String(name)))
             } catch {
                 throw fail(error.message)
             }
         }
+        if let specification { chosenScenarios.append(.workload(specification.workload)) }
         let (serverCPU, clientCPU): (Int?, Int?) =
             switch placement {
             case .same: (Syscall.cpuCount - 1, Syscall.cpuCount - 1)
@@ -95,7 +114,7 @@ extension Compare {
             slices: count == nil ? max(1, slices) : 1, remeasure: max(0, remeasure), pingpongWarmup: warmup,
             rateSeconds: full ? 2 : 0.5, pacing: chosenPacing,
             pumpBytes: full ? 1024 << 20 : 256 << 20, connectCount: full ? 200 : 30, faninCount: full ? 500 : 100,
-            placement: placement, serverCPU: serverCPU, clientCPU: clientCPU,
+            workloadP99Bound: specification?.p99Bound, placement: placement, serverCPU: serverCPU, clientCPU: clientCPU,
             options:
                 "TCP_NODELAY on; SO_RCVBUF/SO_SNDBUF system defaults; read chunk \(defaults.readChunkSize) B; UDP buffer \(defaults.maxDatagramSize) B; receive queue \(defaults.receiveQueueLimit) B; TLS \(TLSLibrary.version), TLS 1.3, certificate verified against a throwaway CA"
         )
@@ -122,16 +141,16 @@ extension Compare {
             let needed = rlim_t(descriptors(for: connections, backend: .uv))
             guard limit.rlim_max >= needed, setrlimit(Int32(RLIMIT_NOFILE.rawValue), &raised) == 0 else {
                 throw fail(
-                    "fanin-\(connections) needs \(needed) descriptors in each process (\(Backend.bsd.name) \(wanted)), and the limit is \(before) (hard \(limit.rlim_max)); raise it (`ulimit -n \(wanted)`, as root for more than the hard limit) or run fewer connections"
+                    "\(connections) connections need \(needed) descriptors in each process (\(Backend.bsd.name) \(wanted)), and the limit is \(before) (hard \(limit.rlim_max)); raise it (`ulimit -n \(wanted)`, as root for more than the hard limit) or run fewer connections"
                 )
             }
         }
         guard raised.rlim_cur > before else {
             return
-                "descriptor limit \(before) is the hard limit; fanin-\(connections) on \(Backend.bsd.name) would need \(wanted) (rows that need more are skipped)"
+                "descriptor limit \(before) is the hard limit; \(connections) connections on \(Backend.bsd.name) would need \(wanted) (rows that need more are skipped)"
         }
         return
-            "descriptor limit raised from \(before) to \(raised.rlim_cur) for fanin-\(connections) (RLIMIT_NOFILE, inherited by the servers)"
+            "descriptor limit raised from \(before) to \(raised.rlim_cur) for \(connections) connections (RLIMIT_NOFILE, inherited by the servers)"
     }
 
     /// Descriptors a client or server process needs for `connections` of `backend`, with room for the rest.

@@ -75,6 +75,9 @@ struct Report: Codable {
     var rows: [ReportRow]
     var skipped: [String: String]
     var notes: [String]
+    /// Per workload scenario and transport: which backends held the load and the best choice for it (absent in
+    /// reports of runs without a workload).
+    var verdicts: [WorkloadVerdict]?
 
     static func key(_ scenario: Scenario, _ backend: Backend?, _ transport: Transport) -> RowKey {
         RowKey(scenario: scenario, source: backend?.rawValue ?? floorName, transport: "\(transport)")
@@ -102,6 +105,22 @@ struct Report: Codable {
             }
         }
         self.rows = rows
+        var verdicts: [WorkloadVerdict] = []
+        for case .workload(let workload) in plan.scenarios {
+            for transport in plan.transports {
+                let runs = plan.backends.compactMap { backend in
+                    runs[RowKey(scenario: .workload(workload), source: backend, transport: transport)].map {
+                        (backend: backend, results: $0)
+                    }
+                }
+                guard !runs.isEmpty else { continue }
+                verdicts.append(
+                    WorkloadVerdict(
+                        workload: workload, transport: transport,
+                        p99Bound: plan.workloadP99Bound ?? Compare.Plan.defaultP99Bound, runs: runs))
+            }
+        }
+        self.verdicts = verdicts.isEmpty ? nil : verdicts
         notes = [
             "Every backend is measured through the unified Connection on both ends (client here, server in its own process), except native-SIZE: the same tcp ping-pong written in the backend's own style on both ends (x native = the price of the unified API), and proxy-SIZE: the C client and C echo server with one relay between them written in the backend's own style (sockbench proxy --native, in its own process on the server's CPU); the C floor's proxy row is the direct path. Its CPU figures are the client's and the relay's (the C echo server is not counted).",
             "SwiftNIO (\(Backend.nio.name)) runs with TCP_NODELAY and a 64 KiB UDP buffer like every other backend (its defaults differ); its tls/wss use the same OpenSSL layer as the others, so TLS numbers compare connection styles, not TLS libraries; nio's native tls and wss rows are swift-nio-ssl (BoringSSL in SwiftNIO's pipeline), what a SwiftNIO user would write. Its ws and wss frames go through the shared WebSocket codec like every backend's; SwiftNIO's own WebSocket (NIOHTTP1 upgrade and NIOWebSocket handlers on both ends) is nio's native ws row.",
@@ -111,11 +130,12 @@ struct Report: Codable {
     }
 
     /// The figure a scenario is judged by: p50 latency (ns) for latency scenarios, bytes/s for pump,
-    /// connections/s for connect.
+    /// connections/s for connect, p99 (ns, from the intended send time) for a workload.
     static func mainFigure(_ scenario: Scenario, _ measurement: ScenarioResult) -> Double {
         switch scenario.kind {
         case .pump, .proxyPump: measurement.bytesPerSecond ?? 0
         case .connect: Double(measurement.latency?.p50 ?? 0)
+        case .workload: Double(measurement.latency?.p99 ?? 0)
         default: Double(measurement.latency?.p50 ?? 0)
         }
     }
@@ -178,6 +198,11 @@ struct Report: Codable {
     /// What the numbers mean for someone choosing: measured facts first, then what each style asks of you.
     func summary() -> [String] {
         var lines = ["== What this run says"]
+        for verdict in verdicts ?? [] {
+            let text = verdict.lines
+            lines.append("- Your workload, " + text[0])
+            lines += text.dropFirst()
+        }
         if let ping = plan.scenarios.first(where: { $0.kind == .pingpong }) {
             for transport in plan.transports {
                 let candidates = rows.filter {

@@ -100,6 +100,12 @@ struct ReportHTML {
                 + "."
         }
         var lines: [String] = []
+        for verdict in report.verdicts ?? [] {
+            lines.append(
+                "<b>Your workload, \(escape(verdict.transport)) \(escape(verdict.workload.description)): \(escape(verdict.best ?? "no backend held it"))</b>: "
+                    + escape(verdict.reason) + "."
+                    + (verdict.best.flatMap(Self.codeCost).map { " In code: " + escape($0) + "." } ?? ""))
+        }
         for scenario in report.plan.scenarios where scenario.kind == .pingpong {
             for transport in ["tcp", "ws"] {
                 let candidates = rows(.pingpong, transport).filter { $0.scenario == scenario }

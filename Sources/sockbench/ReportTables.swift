@@ -26,7 +26,7 @@ extension Report {
         case .json:
             return
                 "p50 \(microseconds(m.latency?.p50 ?? 0)) us, \(Int(m.messageBytes ?? 0)) B as \(Int(m.wireBytes ?? 0)) B on the wire"
-        case .rate:
+        case .rate, .workload:
             return
                 "p50 \(microseconds(m.latency?.p50 ?? 0)) us (uncorrected \(microseconds(m.uncorrectedLatency?.p50 ?? 0))), p99 \(microseconds(m.latency?.p99 ?? 0)) us, lost \(m.lost ?? 0)"
         default:
@@ -120,6 +120,30 @@ extension Report {
                     row.backend, row.transport, us(m.latency?.p50), us(m.latency?.p99), us(m.latency?.p999),
                     us(m.latency?.max), us(m.uncorrectedLatency?.p50), us(m.uncorrectedLatency?.p99), ratio ?? "-",
                     "\(Int(m.messagesPerSecond ?? 0))", "\(m.lost ?? 0)", cpuPerMessage(m),
+                ]
+            }
+            return (header, cells)
+        case .workload:
+            let header = [
+                "backend", "transport", "held", "p50 us", "p99 us", "p99 range", "p99.9 us", "max us",
+                "uncorrected p50", "offered/s", "answered/s", "lost %", "cpu us/msg", "server KiB/conn",
+                "client KiB/conn",
+            ]
+            let cells = selected.map { row -> [String] in
+                let m = row.median
+                let verdict = verdicts?.first { $0.transport == row.transport && .workload($0.workload) == scenario }
+                let entry = verdict?.entries.first { $0.backend == row.backend }
+                return [
+                    row.backend, row.transport,
+                    entry.map { $0.held ? "yes (\($0.repetitionsHeld)/\($0.repetitions))" : "no" } ?? "-",
+                    entry.map { microseconds($0.p50) } ?? "-", entry.map { microseconds($0.p99) } ?? "-",
+                    entry.map { "\(microseconds($0.p99Range[0]))-\(microseconds($0.p99Range[1]))" } ?? "-",
+                    entry.map { microseconds($0.p999) } ?? "-", microseconds(m.latency?.max ?? 0),
+                    microseconds(m.uncorrectedLatency?.p50 ?? 0),
+                    verdict.map { fixed($0.offeredPerSecond, 0) } ?? "-",
+                    entry.map { fixed($0.achievedPerSecond, 0) } ?? "-", entry.map { fixed($0.lossPercent, 2) } ?? "-",
+                    cpuPerMessage(m), m.serverKiBPerConnection.map { fixed($0, 1) } ?? "-",
+                    m.clientKiBPerConnection.map { fixed($0, 1) } ?? "-",
                 ]
             }
             return (header, cells)

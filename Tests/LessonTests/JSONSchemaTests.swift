@@ -74,6 +74,73 @@ struct JSONSchemaTests {
         }
     }
 
+    /// `compare --workload`: the user's load on every backend, ending in a verdict. The verdict must agree with
+    /// the run's own figures: each backend's quoted p99 and range are the median and extremes of its
+    /// repetitions in results.json, and the named best held the load and is not beaten by any other that held
+    /// it (a lower p99 it cannot be told from in this run is allowed only where the best costs less CPU).
+    @Test("compare --workload ends in a verdict that agrees with its own figures")
+    func workloadVerdict() async throws {
+        try await SocketTest.run(timeLimit: .seconds(300)) {
+            let directory = FileManager.default.temporaryDirectory.appendingPathComponent("workload-\(getpid())")
+            defer { try? FileManager.default.removeItem(at: directory) }
+            let output = try await run([
+                "compare", "--workload", "connections=24,rate=50/s,size=120,transport=tcp,duration=0.5s,p99=50ms",
+                "--repetitions", "2", "--no-baselines", "--out", directory.path,
+            ])
+            let results = try String(contentsOf: directory.appendingPathComponent("results.json"), encoding: .utf8)
+            try check(results, against: "compare.schema.json")
+            let object = try #require(try JSONSerialization.jsonObject(with: Data(results.utf8)) as? [String: Any])
+            let verdicts = try #require(object["verdicts"] as? [[String: Any]])
+            try #require(verdicts.count == 1)
+            let verdict = verdicts[0]
+            #expect(verdict["transport"] as? String == "tcp")
+            #expect(verdict["offeredPerSecond"] as? Double == 1200)
+            let entries = try #require(verdict["entries"] as? [[String: Any]])
+            let rows = try #require(object["rows"] as? [[String: Any]]).filter {
+                ($0["scenario"] as? String) == "workload-24x50/s-120B-0.5s"
+            }
+            #expect(
+                Set(rows.compactMap { $0["backend"] as? String })
+                    == Set(entries.compactMap { $0["backend"] as? String }))
+            struct Figures {
+                var held: Bool
+                var p99: Int
+                var range: [Int]
+                var cpu: Double
+            }
+            var figures: [String: Figures] = [:]
+            for row in rows {
+                let backend = try #require(row["backend"] as? String)
+                let repetitions = try #require(row["repetitions"] as? [[String: Any]])
+                #expect(repetitions.count == 2, "\(backend)")
+                let p99s = repetitions.compactMap { ($0["latency"] as? [String: Any])?["p99"] as? Int }.sorted()
+                let entry = try #require(entries.first { $0["backend"] as? String == backend })
+                #expect(entry["p99"] as? Int == p99s[p99s.count / 2], "\(backend) quotes its median p99")
+                #expect(entry["p99Range"] as? [Int] == [p99s.first!, p99s.last!], "\(backend)")
+                figures[backend] = Figures(
+                    held: entry["held"] as? Bool ?? false, p99: p99s[p99s.count / 2], range: [p99s.first!, p99s.last!],
+                    cpu: entry["cpuPerMessageMicroseconds"] as? Double ?? .infinity)
+            }
+            let best = try #require(verdict["best"] as? String, "a 50 ms p99 bound at 1,200 messages/s is held")
+            let chosen = try #require(figures[best])
+            #expect(chosen.held)
+            #expect(entries.first?["backend"] as? String == best, "the best is listed first")
+            for (backend, other) in figures where backend != best && other.held {
+                let overlap = chosen.range[0] <= other.range[1] && other.range[0] <= chosen.range[1]
+                let near = Double(max(chosen.p99, other.p99)) <= Double(min(chosen.p99, other.p99)) * 1.05
+                #expect(
+                    chosen.p99 <= other.p99 || ((overlap || near) && chosen.cpu <= other.cpu),
+                    "\(best) (p99 \(chosen.p99), cpu \(chosen.cpu)) named over \(backend) (p99 \(other.p99), cpu \(other.cpu))"
+                )
+            }
+            #expect(output.contains("Best choice for this load: \(best)."), "\(output.suffix(3000))")
+            let markdown = try String(contentsOf: directory.appendingPathComponent("report.md"), encoding: .utf8)
+            #expect(markdown.contains("Best choice for this load: \(best)."))
+            let html = try String(contentsOf: directory.appendingPathComponent("report.html"), encoding: .utf8)
+            #expect(html.contains("<b>Your workload, tcp workload-24x50/s-120B-0.5s: \(best)</b>"))
+        }
+    }
+
     /// report.html: the verdict first, charts with axes, the percentile plot, the project's targets in a section
     /// of their own; nothing on the page refers to anything outside it, and headless Chromium (with the flags
     /// that keep it from making requests of its own) renders the charts and fetches nothing: its network log

@@ -1,0 +1,155 @@
+public import ConnectionCore
+import POSIXSupport
+
+/// Runs a ``Workload``: opens its connections (memory per idle connection read as in fan-in), then sends on a
+/// schedule over all of them, message `i` on connection `i mod N` at `start + i / (N x rate)` (so each
+/// connection sends at its own rate and the server sees the total evenly spread), every message echoed. One
+/// sender keeps the schedule (on the ``Pacer``'s clock, as the rate runner's); each connection has a receiver of
+/// its own on the connection's executor. Latency from the intended send time (a late sender or a stalled
+/// server shows in every message behind the stall) and from the actual one, summed up by
+/// ``RateRunner/result(intended:actual:received:)`` like every open-loop row.
+public struct WorkloadRunner: Sendable {
+    public var workload: Workload
+    public var warmup: Duration
+    public var pacing: Pacing
+
+    public init(_ workload: Workload, warmup: Duration = .milliseconds(250), pacing: Pacing = .spin) {
+        self.workload = workload
+        self.warmup = warmup
+        self.pacing = pacing
+    }
+
+    /// The schedule as a rate runner over the total rate: its message count, warm-up and summing up.
+    var schedule: RateRunner {
+        RateRunner(
+            perSecond: max(1, Int(workload.totalPerSecond.rounded())),
+            duration: .nanoseconds(Int64(workload.seconds * 1e9)), warmup: warmup, pacing: pacing)
+    }
+
+    /// What each connection's receiver notes: which message came back, and when.
+    private struct Echo {
+        var sequence: Int
+        var at: UInt64
+    }
+
+    private enum Part {
+        case receiver([Echo], ConnectionError?)
+        case sender(intended: [UInt64], actual: [UInt64], ConnectionError?)
+        case timer
+    }
+
+    /// The measured window: `startWindow` is called once the connections are open (opening them is not the
+    /// load's cost), `endWindow` when the last echo is in (or given up on), before the connections close (a
+    /// server's per-connection threads, and the CPU time they account for, end with them).
+    public func run(
+        serverUsage: (() async -> ResourceUsage?)? = nil, startWindow: () async -> Void = {},
+        endWindow: () async -> Void = {},
+        connect: @escaping @Sendable () async throws(ConnectionError) -> any Connection
+    ) async throws(ConnectionError) -> ScenarioResult {
+        let opened = try await FaninRunner.open(
+            workload.connections, size: workload.size, serverUsage: serverUsage, connect: connect)
+        let clients = opened.clients
+        await startWindow()
+        let schedule = schedule
+        let total = schedule.total
+        let size = workload.size
+        let pacer = Pacer(
+            start: MonotonicClock.nanoseconds() + 1_000_000, interval: 1e9 / workload.totalPerSecond, count: total,
+            pacing: pacing)
+        let count = clients.count
+        var intended: [UInt64] = []
+        var actual: [UInt64] = []
+        var received = [UInt64](repeating: 0, count: total)
+        var failure: ConnectionError?
+        await withTaskGroup(of: Part.self) { group in
+            for (index, connection) in clients.enumerated() {
+                // Messages index, index + N, ...: how many come back to this connection.
+                let expected = index < total ? (total - index + count - 1) / count : 0
+                let stream = connection.transport.isByteStream
+                group.addTask(executorPreference: connection.preferredExecutor) {
+                    var echoes: [Echo] = []
+                    echoes.reserveCapacity(expected)
+                    do throws(ConnectionError) {
+                        while echoes.count < expected {
+                            let sequence: Int
+                            if stream {
+                                let bytes = try await connection.receive(exactly: size)
+                                sequence = Int(PumpSink.decode(bytes, at: 0))
+                            } else {
+                                guard let message = try await connection.receive() else { break }
+                                guard message.bytes.count >= 8 else { continue }
+                                sequence = Int(PumpSink.decode(message.bytes, at: 0))
+                            }
+                            echoes.append(Echo(sequence: sequence, at: MonotonicClock.nanoseconds()))
+                        }
+                    } catch {
+                        return .receiver(echoes, error.kind == .cancelled ? nil : error)
+                    }
+                    return .receiver(echoes, nil)
+                }
+            }
+            group.addTask {
+                var intended = [UInt64](repeating: 0, count: total)
+                var actual = [UInt64](repeating: 0, count: total)
+                var payload = [UInt8](repeating: 0x5a, count: size)
+                for sequence in 0..<total {
+                    intended[sequence] = pacer.due(sequence)
+                    await pacer.wait(for: sequence)
+                    if Task.isCancelled { break }  // a receiver failed
+                    actual[sequence] = MonotonicClock.nanoseconds()
+                    let encoded = PumpSink.encode(UInt64(sequence))
+                    for index in 0..<8 { payload[index] = encoded[index] }
+                    do throws(ConnectionError) {
+                        try await clients[sequence % count].send(payload)
+                    } catch {
+                        return .sender(intended: intended, actual: actual, error)
+                    }
+                }
+                return .sender(intended: intended, actual: actual, nil)
+            }
+            var receiversLeft = count
+            var senderDone = false
+            while let part = await group.next() {
+                switch part {
+                case .sender(let sentAt, let wentAt, let error):
+                    intended = sentAt
+                    actual = wentAt
+                    senderDone = true
+                    if let error {
+                        failure = failure ?? error
+                        group.cancelAll()
+                    } else if receiversLeft > 0 {
+                        // Echoes still in flight get half a second; what never comes is counted as lost.
+                        group.addTask {
+                            try? await Task.sleep(for: .milliseconds(500))
+                            return .timer
+                        }
+                    }
+                case .receiver(let echoes, let error):
+                    receiversLeft -= 1
+                    for echo in echoes where echo.sequence >= 0 && echo.sequence < total {
+                        if received[echo.sequence] == 0 { received[echo.sequence] = echo.at }
+                    }
+                    if let error {
+                        failure = failure ?? error
+                        group.cancelAll()
+                    } else if receiversLeft == 0 && senderDone {
+                        group.cancelAll()  // the timer
+                    }
+                case .timer:
+                    group.cancelAll()
+                }
+            }
+        }
+        let pacerCPU = await pacer.end()
+        await endWindow()
+        for client in clients { await client.close() }
+        if let failure { throw failure }
+        var measurement = schedule.result(intended: intended, actual: actual, received: received)
+        measurement.pacingCPUNanoseconds = pacerCPU
+        measurement.bytesPerSecond = (measurement.messagesPerSecond ?? 0) * Double(size)
+        measurement.serverKiBPerConnection = opened.serverKiBPerConnection
+        measurement.clientKiBPerConnection = opened.clientKiBPerConnection
+        return measurement
+    }
+}

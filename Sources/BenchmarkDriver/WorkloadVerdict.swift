@@ -1,0 +1,182 @@
+/// Which backends held a ``Workload`` and which is the best choice for it, from the run's own figures.
+///
+/// A backend *held* the load when, in the median of its repetitions, the sender kept the schedule (echoes came
+/// back at no less than 95% of the offered rate), at most 1% of messages went unanswered, and the p99 from the
+/// intended send time stayed at or under the bound. Among those that held it, the lowest median p99 wins; when
+/// other p99s cannot be told from it in this run (ranges over the repetitions that overlap, or medians within
+/// 5%), the lowest CPU per message among them decides, then the least server memory per connection. When none held it, the verdict
+/// names the one that came closest (the largest share of the offered rate answered, then the lowest p99).
+public struct WorkloadVerdict: Sendable, Codable, Hashable {
+    /// One backend's figures: medians over the repetitions, with the smallest and largest p99.
+    public struct Entry: Sendable, Codable, Hashable {
+        public var backend: String
+        public var held: Bool
+        /// Repetitions that held the load on their own.
+        public var repetitionsHeld: Int
+        public var repetitions: Int
+        /// Why it did not hold (empty when it did).
+        public var shortfalls: [String]
+        public var p50: UInt64
+        public var p99: UInt64
+        public var p999: UInt64
+        /// The smallest and largest p99 over the repetitions, nanoseconds.
+        public var p99Range: [UInt64]
+        /// Echoes per second, and as a share of the offered rate.
+        public var achievedPerSecond: Double
+        public var achievedShare: Double
+        /// Messages sent but never echoed (within half a second of the last send), percent.
+        public var lossPercent: Double
+        public var cpuPerMessageMicroseconds: Double?
+        public var serverKiBPerConnection: Double?
+        public var clientKiBPerConnection: Double?
+    }
+
+    public var workload: Workload
+    public var transport: String
+    public var offeredPerSecond: Double
+    /// The p99 a backend had to keep, nanoseconds.
+    public var p99Bound: UInt64
+    /// Held first, best first; then the rest, closest first.
+    public var entries: [Entry]
+    /// The backend the verdict recommends (`nil` when none held the load).
+    public var best: String?
+    /// The backend that came closest when none held it.
+    public var closest: String?
+    /// Backends whose p99 range overlaps the best's (held, not distinguishable by p99 in this run).
+    public var tiedOnP99: [String]
+    /// Why the best was chosen (or why none was), in a sentence.
+    public var reason: String
+
+    public static let minimumShare = 0.95
+    public static let maximumLossPercent = 1.0
+
+    /// The verdict from every backend's repetitions of the workload on one transport.
+    public init(
+        workload: Workload, transport: String, p99Bound: UInt64, runs: [(backend: String, results: [ScenarioResult])]
+    ) {
+        self.workload = workload
+        self.transport = transport
+        self.p99Bound = p99Bound
+        offeredPerSecond = workload.totalPerSecond
+        let offered = workload.totalPerSecond
+        func mid<T: Comparable>(_ values: [T]) -> T? { values.isEmpty ? nil : values.sorted()[values.count / 2] }
+        func loss(_ result: ScenarioResult) -> Double {
+            result.messages > 0 ? Double(result.lost ?? 0) * 100 / Double(result.messages) : 100
+        }
+        func shortfalls(p99: UInt64, share: Double, loss: Double) -> [String] {
+            var found: [String] = []
+            if share < Self.minimumShare { found.append("answered \(fixed(share * 100, 1))% of the offered rate") }
+            if loss > Self.maximumLossPercent { found.append("\(fixed(loss, 2))% of messages unanswered") }
+            if p99 > p99Bound {
+                found.append("p99 \(microseconds(p99)) us over the \(microseconds(p99Bound)) us bound")
+            }
+            return found
+        }
+        var entries: [Entry] = []
+        for (backend, results) in runs where !results.isEmpty {
+            let p99s = results.map { $0.latency?.p99 ?? .max }
+            let p99 = mid(p99s)!
+            let achieved = mid(results.map { $0.messagesPerSecond ?? 0 })!
+            let lost = mid(results.map(loss))!
+            let heldEach = results.filter {
+                shortfalls(
+                    p99: $0.latency?.p99 ?? .max, share: ($0.messagesPerSecond ?? 0) / offered, loss: loss($0)
+                ).isEmpty
+            }.count
+            let missing = shortfalls(p99: p99, share: achieved / offered, loss: lost)
+            entries.append(
+                Entry(
+                    backend: backend, held: missing.isEmpty, repetitionsHeld: heldEach, repetitions: results.count,
+                    shortfalls: missing, p50: mid(results.map { $0.latency?.p50 ?? .max })!, p99: p99,
+                    p999: mid(results.map { $0.latency?.p999 ?? .max })!, p99Range: [p99s.min()!, p99s.max()!],
+                    achievedPerSecond: achieved, achievedShare: achieved / offered, lossPercent: lost,
+                    cpuPerMessageMicroseconds: mid(results.compactMap(\.cpuPerMessageNanoseconds)).map { $0 / 1000 },
+                    serverKiBPerConnection: mid(results.compactMap(\.serverKiBPerConnection)),
+                    clientKiBPerConnection: mid(results.compactMap(\.clientKiBPerConnection))))
+        }
+        var held = entries.filter(\.held).sorted { ($0.p99, $0.backend) < ($1.p99, $1.backend) }
+        let rest = entries.filter { !$0.held }.sorted {
+            ($0.achievedShare, -Double($0.p99)) > ($1.achievedShare, -Double($1.p99))
+        }
+        tiedOnP99 = []
+        best = nil
+        closest = nil
+        if let fastest = held.first {
+            // Every backend that held it and whose p99 range overlaps the lowest one's: by p99 alone this run
+            // cannot tell them apart, so CPU per message, then memory per connection, chooses among them.
+            let tied = held.filter { Self.indistinguishable($0, fastest) }
+            let chosen = tied.min { Self.cheaper($0, than: $1) }!
+            best = chosen.backend
+            tiedOnP99 = tied.map(\.backend).filter { $0 != chosen.backend }
+            held.removeAll { $0.backend == chosen.backend }
+            held.insert(chosen, at: 0)
+            if tied.count == 1 {
+                reason =
+                    "\(chosen.backend) held it with the lowest p99 (\(microseconds(chosen.p99)) us, \(Self.range(chosen)) over \(chosen.repetitions) repetition(s)), clear of every other backend's"
+            } else {
+                reason =
+                    "\(chosen.backend) held it; its p99 (\(microseconds(chosen.p99)) us, \(Self.range(chosen))) is not distinguishable in this run from "
+                    + tiedOnP99.joined(separator: ", ")
+                    + "'s, and among those it costs the least: \(Self.costs(chosen))"
+            }
+        } else if let nearest = rest.first {
+            closest = nearest.backend
+            reason =
+                "no backend held it on this machine; \(nearest.backend) came closest: "
+                + nearest.shortfalls.joined(separator: ", ")
+        } else {
+            reason = "no backend ran it"
+        }
+        self.entries = held + rest
+    }
+
+    /// Two p99s this run cannot tell apart: their ranges over the repetitions overlap, or their medians are
+    /// within ``resolution`` of each other (one repetition has no range; a p99 moves that much run to run).
+    static func indistinguishable(_ a: Entry, _ b: Entry) -> Bool {
+        let overlap = a.p99Range[0] <= b.p99Range[1] && b.p99Range[0] <= a.p99Range[1]
+        let near = Double(max(a.p99, b.p99)) <= Double(min(a.p99, b.p99)) * (1 + resolution)
+        return overlap || near
+    }
+
+    /// How close two medians may be and still count as the same (5%).
+    public static let resolution = 0.05
+
+    /// `a` costs less than `b`: CPU per message, then server memory per connection, then name.
+    static func cheaper(_ a: Entry, than b: Entry) -> Bool {
+        let cpu = (a.cpuPerMessageMicroseconds ?? .infinity, b.cpuPerMessageMicroseconds ?? .infinity)
+        if cpu.0 != cpu.1 { return cpu.0 < cpu.1 }
+        let memory = (a.serverKiBPerConnection ?? .infinity, b.serverKiBPerConnection ?? .infinity)
+        if memory.0 != memory.1 { return memory.0 < memory.1 }
+        return a.backend < b.backend
+    }
+
+    static func range(_ entry: Entry) -> String {
+        "\(microseconds(entry.p99Range[0]))-\(microseconds(entry.p99Range[1])) us"
+    }
+
+    static func costs(_ entry: Entry) -> String {
+        let cpu = entry.cpuPerMessageMicroseconds.map { "\(fixed($0, 1)) us of CPU per message" } ?? "CPU not read"
+        let memory = entry.serverKiBPerConnection.map { "\(fixed($0, 1)) KiB of server memory per connection" }
+        return [cpu, memory].compactMap { $0 }.joined(separator: ", ")
+    }
+
+    /// The verdict as the report prints it: a line for the load, one per backend, and the choice.
+    public var lines: [String] {
+        var lines = [
+            "\(workload) over \(transport): \(workload.connections) connection(s) x \(Workload.number(workload.perSecond))/s = \(fixed(offeredPerSecond, 0)) messages/s of \(workload.size) B for \(Workload.number(workload.seconds)) s; held = answered >= \(Int(Self.minimumShare * 100))% of that, <= \(fixed(Self.maximumLossPercent, 0))% unanswered, p99 <= \(microseconds(p99Bound)) us (latency from the intended send time; medians over repetitions)"
+        ]
+        for entry in entries {
+            let figures =
+                "p50 \(microseconds(entry.p50)) / p99 \(microseconds(entry.p99)) (\(Self.range(entry))) / p99.9 \(microseconds(entry.p999)) us, \(fixed(entry.achievedPerSecond, 0))/s answered, \(fixed(entry.lossPercent, 2))% lost, "
+                + Self.costs(entry)
+            lines.append(
+                "  \(entry.backend): "
+                    + (entry.held
+                        ? "held it (\(entry.repetitionsHeld) of \(entry.repetitions) repetitions on their own)"
+                        : "did not hold it (" + entry.shortfalls.joined(separator: "; ") + ")") + "; " + figures)
+        }
+        lines.append(
+            best.map { "  Best choice for this load: \($0). Why: \(reason)." } ?? "  No best choice: \(reason).")
+        return lines
+    }
+}
