@@ -16,8 +16,8 @@ public enum Pacing: String, Sendable, Codable, CaseIterable {
 }
 
 /// The open-loop sender's clock, as the C floor's client keeps it: a thread of its own waits for each message's
-/// time (start + i x interval; `pacing` says how) and, when the sender waits for that message, resumes it
-/// there. The sender keeps running on the connection's executor: the resumption goes straight to it (one
+/// time (start + i x interval; `pacing` says how) and, when a sender waits for that message, resumes it
+/// there (a workload has one sender per connection, each waiting for its own messages). The sender keeps running on the connection's executor: the resumption goes straight to it (one
 /// hand-over to the connection's thread).
 ///
 /// `Task.sleep` costs more per message here: Dispatch's timer thread fires, a thread of Swift's global pool
@@ -25,8 +25,8 @@ public enum Pacing: String, Sendable, Codable, CaseIterable {
 /// pool thread and the timer thread took a third of the client's CPU; docs/benchmarks.md).
 final class Pacer: Sendable {
     private struct State {
-        /// The sender, waiting for message `index`.
-        var waiter: (index: Int, continuation: UnsafeContinuation<Void, Never>)?
+        /// Senders waiting, by the message each waits for (one sender, or one per connection of a workload).
+        var waiters: [Int: UnsafeContinuation<Void, Never>] = [:]
         /// The last message whose time has come (-1: none yet).
         var reached = -1
         var stopped = false
@@ -61,7 +61,8 @@ final class Pacer: Sendable {
         await withUnsafeContinuation { continuation in
             let now = state.withLock { state in
                 guard state.reached < index, !state.stopped else { return true }
-                state.waiter = (index, continuation)
+                precondition(state.waiters[index] == nil, "two senders wait for message \(index)")
+                state.waiters[index] = continuation
                 return false
             }
             if now { continuation.resume() }
@@ -86,17 +87,17 @@ final class Pacer: Sendable {
     }
 
     /// Whether a sender waits now (for tests).
-    var hasWaiter: Bool { state.withLock { $0.waiter != nil } }
+    var hasWaiter: Bool { state.withLock { !$0.waiters.isEmpty } }
 
-    /// Ends the pacer after its current sleep; a waiting sender is resumed.
+    /// Ends the pacer after its current sleep; waiting senders are resumed.
     func stop() {
         halted.store(true, ordering: .relaxed)
-        let waiter = state.withLock { state in
+        let waiters = state.withLock { state in
             state.stopped = true
-            defer { state.waiter = nil }
-            return state.waiter
+            defer { state.waiters = [:] }
+            return state.waiters
         }
-        waiter?.continuation.resume()
+        for waiter in waiters.values { waiter.resume() }
     }
 
     private static func threadCPU() -> UInt64 {
@@ -127,11 +128,11 @@ final class Pacer: Sendable {
                     clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &until, nil) == EINTR
                 {}
             }
+            // Every index is reached in turn, and a sender waits only for one not reached yet: the one waiting
+            // for this index, if any, is the one to resume.
             let (waiter, stopped) = state.withLock { state -> (UnsafeContinuation<Void, Never>?, Bool) in
                 state.reached = index
-                guard let waiter = state.waiter, waiter.index <= index else { return (nil, state.stopped) }
-                state.waiter = nil
-                return (waiter.continuation, state.stopped)
+                return (state.waiters.isEmpty ? nil : state.waiters.removeValue(forKey: index), state.stopped)
             }
             waiter?.resume()
             if stopped { return }

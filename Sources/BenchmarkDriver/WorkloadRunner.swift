@@ -3,9 +3,9 @@ import POSIXSupport
 
 /// Runs a ``Workload``: opens its connections (memory per idle connection read as in fan-in), then sends on a
 /// schedule over all of them, message `i` on connection `i mod N` at `start + i / (N x rate)` (so each
-/// connection sends at its own rate and the server sees the total evenly spread), every message echoed. One
-/// sender keeps the schedule (on the ``Pacer``'s clock, as the rate runner's); each connection has a receiver of
-/// its own on the connection's executor. Latency from the intended send time (a late sender or a stalled
+/// connection sends at its own rate and the server sees the total evenly spread), every message echoed. Each
+/// connection has a sender and a receiver of its own on the connection's executor; the senders keep the schedule
+/// on one ``Pacer``'s clock, as the rate runner's does. Latency from the intended send time (a late sender or a stalled
 /// server shows in every message behind the stall) and from the actual one, summed up by
 /// ``RateRunner/result(intended:actual:received:)`` like every open-loop row.
 public struct WorkloadRunner: Sendable {
@@ -32,9 +32,16 @@ public struct WorkloadRunner: Sendable {
         var at: UInt64
     }
 
+    /// What each connection's sender notes: which message went, when it was meant to and when it did.
+    private struct Send {
+        var sequence: Int
+        var intended: UInt64
+        var actual: UInt64
+    }
+
     private enum Part {
         case receiver([Echo], ConnectionError?)
-        case sender(intended: [UInt64], actual: [UInt64], ConnectionError?)
+        case sender([Send], ConnectionError?)
         case timer
     }
 
@@ -57,8 +64,8 @@ public struct WorkloadRunner: Sendable {
             start: MonotonicClock.nanoseconds() + 1_000_000, interval: 1e9 / workload.totalPerSecond, count: total,
             pacing: pacing)
         let count = clients.count
-        var intended: [UInt64] = []
-        var actual: [UInt64] = []
+        var intended = [UInt64](repeating: 0, count: total)
+        var actual = [UInt64](repeating: 0, count: total)
         var received = [UInt64](repeating: 0, count: total)
         var failure: ConnectionError?
         await withTaskGroup(of: Part.self) { group in
@@ -88,37 +95,44 @@ public struct WorkloadRunner: Sendable {
                     return .receiver(echoes, nil)
                 }
             }
-            group.addTask {
-                var intended = [UInt64](repeating: 0, count: total)
-                var actual = [UInt64](repeating: 0, count: total)
-                var payload = [UInt8](repeating: 0x5a, count: size)
-                for sequence in 0..<total {
-                    intended[sequence] = pacer.due(sequence)
-                    await pacer.wait(for: sequence)
-                    if Task.isCancelled { break }  // a receiver failed
-                    actual[sequence] = MonotonicClock.nanoseconds()
-                    let encoded = PumpSink.encode(UInt64(sequence))
-                    for index in 0..<8 { payload[index] = encoded[index] }
-                    do throws(ConnectionError) {
-                        try await clients[sequence % count].send(payload)
-                    } catch {
-                        return .sender(intended: intended, actual: actual, error)
+            // A sender per connection, on the connection's executor, as each client of a real load sends on its
+            // own: it waits for its own messages' times on the shared pacer (which resumes it there), notes the
+            // time and sends; a slow send holds back only its own connection's next messages.
+            for (index, connection) in clients.enumerated() {
+                group.addTask(executorPreference: connection.preferredExecutor) {
+                    var sent: [Send] = []
+                    sent.reserveCapacity(index < total ? (total - index + count - 1) / count : 0)
+                    var payload = [UInt8](repeating: 0x5a, count: size)
+                    for sequence in stride(from: index, to: total, by: count) {
+                        let intended = pacer.due(sequence)
+                        await pacer.wait(for: sequence)
+                        if Task.isCancelled { break }  // a receiver or another sender failed
+                        sent.append(Send(sequence: sequence, intended: intended, actual: MonotonicClock.nanoseconds()))
+                        let encoded = PumpSink.encode(UInt64(sequence))
+                        for byte in 0..<8 { payload[byte] = encoded[byte] }
+                        do throws(ConnectionError) {
+                            try await connection.send(payload)
+                        } catch {
+                            return .sender(sent, error)
+                        }
                     }
+                    return .sender(sent, nil)
                 }
-                return .sender(intended: intended, actual: actual, nil)
             }
             var receiversLeft = count
-            var senderDone = false
+            var sendersLeft = count
             while let part = await group.next() {
                 switch part {
-                case .sender(let sentAt, let wentAt, let error):
-                    intended = sentAt
-                    actual = wentAt
-                    senderDone = true
+                case .sender(let sent, let error):
+                    for send in sent {
+                        intended[send.sequence] = send.intended
+                        actual[send.sequence] = send.actual
+                    }
+                    sendersLeft -= 1
                     if let error {
                         failure = failure ?? error
                         group.cancelAll()
-                    } else if receiversLeft > 0 {
+                    } else if sendersLeft == 0 && receiversLeft > 0 {
                         // Echoes still in flight get half a second; what never comes is counted as lost.
                         group.addTask {
                             try? await Task.sleep(for: .milliseconds(500))
@@ -133,7 +147,7 @@ public struct WorkloadRunner: Sendable {
                     if let error {
                         failure = failure ?? error
                         group.cancelAll()
-                    } else if receiversLeft == 0 && senderDone {
+                    } else if receiversLeft == 0 && sendersLeft == 0 {
                         group.cancelAll()  // the timer
                     }
                 case .timer:
@@ -146,6 +160,13 @@ public struct WorkloadRunner: Sendable {
         for client in clients { await client.close() }
         if let failure { throw failure }
         var measurement = schedule.result(intended: intended, actual: actual, received: received)
+        // Answered per second: the echoes over the time from the first message's send time to the last echo (or
+        // the last send), so that echoes trailing the schedule by seconds do not count as keeping up with it.
+        let echoed = received.reduce(0) { $0 + ($1 == 0 ? 0 : 1) }
+        let last = max(received.max() ?? 0, actual.max() ?? 0)
+        let first = intended.first ?? 0
+        measurement.elapsedNanoseconds = max(1, last &- first)
+        measurement.messagesPerSecond = Double(echoed) / (Double(measurement.elapsedNanoseconds) / 1e9)
         measurement.pacingCPUNanoseconds = pacerCPU
         measurement.bytesPerSecond = (measurement.messagesPerSecond ?? 0) * Double(size)
         measurement.serverKiBPerConnection = opened.serverKiBPerConnection

@@ -68,7 +68,7 @@ public struct WorkloadVerdict: Sendable, Codable, Hashable {
             if share < Self.minimumShare { found.append("answered \(fixed(share * 100, 1))% of the offered rate") }
             if loss > Self.maximumLossPercent { found.append("\(fixed(loss, 2))% of messages unanswered") }
             if p99 > p99Bound {
-                found.append("p99 \(microseconds(p99)) us over the \(microseconds(p99Bound)) us bound")
+                found.append("p99 \(Self.time(p99)) over the \(Self.time(p99Bound)) bound")
             }
             return found
         }
@@ -112,10 +112,10 @@ public struct WorkloadVerdict: Sendable, Codable, Hashable {
             held.insert(chosen, at: 0)
             if tied.count == 1 {
                 reason =
-                    "\(chosen.backend) held it with the lowest p99 (\(microseconds(chosen.p99)) us, \(Self.range(chosen)) over \(chosen.repetitions) repetition(s)), clear of every other backend's"
+                    "\(chosen.backend) held it with the lowest p99 (\(Self.time(chosen.p99)), \(Self.range(chosen)) over \(chosen.repetitions) repetition(s)), clear of every other backend's"
             } else {
                 reason =
-                    "\(chosen.backend) held it; its p99 (\(microseconds(chosen.p99)) us, \(Self.range(chosen))) is not distinguishable in this run from "
+                    "\(chosen.backend) held it; its p99 (\(Self.time(chosen.p99)), \(Self.range(chosen))) is not distinguishable in this run from "
                     + tiedOnP99.joined(separator: ", ")
                     + "'s, and among those it costs the least: \(Self.costs(chosen))"
             }
@@ -151,7 +151,17 @@ public struct WorkloadVerdict: Sendable, Codable, Hashable {
     }
 
     static func range(_ entry: Entry) -> String {
-        "\(microseconds(entry.p99Range[0]))-\(microseconds(entry.p99Range[1])) us"
+        "\(time(entry.p99Range[0]))-\(time(entry.p99Range[1]))"
+    }
+
+    /// A latency in the unit that reads best: `834.6 us`, `1.25 ms`, `601.9 ms`, `4.15 s`.
+    public static func time(_ nanoseconds: UInt64) -> String {
+        switch nanoseconds {
+        case ..<1_000_000: "\(microseconds(nanoseconds)) us"
+        case ..<10_000_000: "\(fixed(Double(nanoseconds) / 1e6, 2)) ms"
+        case ..<1_000_000_000: "\(fixed(Double(nanoseconds) / 1e6, 1)) ms"
+        default: "\(fixed(Double(nanoseconds) / 1e9, 2)) s"
+        }
     }
 
     static func costs(_ entry: Entry) -> String {
@@ -163,11 +173,11 @@ public struct WorkloadVerdict: Sendable, Codable, Hashable {
     /// The verdict as the report prints it: a line for the load, one per backend, and the choice.
     public var lines: [String] {
         var lines = [
-            "\(workload) over \(transport): \(workload.connections) connection(s) x \(Workload.number(workload.perSecond))/s = \(fixed(offeredPerSecond, 0)) messages/s of \(workload.size) B for \(Workload.number(workload.seconds)) s; held = answered >= \(Int(Self.minimumShare * 100))% of that, <= \(fixed(Self.maximumLossPercent, 0))% unanswered, p99 <= \(microseconds(p99Bound)) us (latency from the intended send time; medians over repetitions)"
+            "\(workload) over \(transport): \(workload.connections) connection(s) x \(Workload.number(workload.perSecond))/s = \(fixed(offeredPerSecond, 0)) messages/s of \(workload.size) B for \(Workload.number(workload.seconds)) s; held = answered >= \(Int(Self.minimumShare * 100))% of that, <= \(fixed(Self.maximumLossPercent, 0))% unanswered, p99 <= \(Self.time(p99Bound)) (latency from the intended send time; medians over repetitions)"
         ]
         for entry in entries {
             let figures =
-                "p50 \(microseconds(entry.p50)) / p99 \(microseconds(entry.p99)) (\(Self.range(entry))) / p99.9 \(microseconds(entry.p999)) us, \(fixed(entry.achievedPerSecond, 0))/s answered, \(fixed(entry.lossPercent, 2))% lost, "
+                "p50 \(Self.time(entry.p50)) / p99 \(Self.time(entry.p99)) (\(Self.range(entry))) / p99.9 \(Self.time(entry.p999)), \(fixed(entry.achievedPerSecond, 0))/s answered, \(fixed(entry.lossPercent, 2))% lost, "
                 + Self.costs(entry)
             lines.append(
                 "  \(entry.backend): "

@@ -43,4 +43,29 @@ struct PacerTests {
             #expect(pacer.cpuNanoseconds != nil, "the spinning pacer went on after stop()")
         }
     }
+
+    /// A workload's senders, one per connection, wait on one pacer for their own messages (connection k sends
+    /// messages k, k + N, ...): each is resumed at its own messages' times, none early, none forgotten.
+    @Test("Senders of many connections each wait for their own messages", arguments: Pacing.allCases)
+    func manySenders(pacing: Pacing) async {
+        let connections = 5
+        let pacer = Pacer(
+            start: MonotonicClock.nanoseconds() + 2_000_000, interval: 300_000, count: 60, pacing: pacing)
+        defer { pacer.stop() }
+        let early = await withTaskGroup(of: Int.self) { group in
+            for connection in 0..<connections {
+                group.addTask {
+                    var early = 0
+                    for index in stride(from: connection, to: 60, by: connections) {
+                        await pacer.wait(for: index)
+                        if MonotonicClock.nanoseconds() < pacer.due(index) { early += 1 }
+                    }
+                    return early
+                }
+            }
+            return await group.reduce(0, +)
+        }
+        #expect(early == 0)
+        #expect(!pacer.hasWaiter)
+    }
 }

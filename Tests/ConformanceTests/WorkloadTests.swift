@@ -126,7 +126,7 @@ struct WorkloadTests {
         #expect(close.p99 == 255_000 && close.p99Range == [250_000, 270_000])
         #expect(close.cpuPerMessageMicroseconds == 20)
         // Of those that did not hold it, the one that answered more of the offered rate comes first.
-        #expect(verdict.entries[3].shortfalls == ["p99 1500.0 us over the 1000.0 us bound"])
+        #expect(verdict.entries[3].shortfalls == ["p99 1.50 ms over the 1.00 ms bound"])
         #expect(verdict.entries[4].shortfalls == ["answered 80.0% of the offered rate"])
         #expect(verdict.lines.last == "  Best choice for this load: close-cheap. Why: \(verdict.reason).")
         #expect(verdict.reason.contains("255.0 us") && verdict.reason.contains("fast-dear"))
