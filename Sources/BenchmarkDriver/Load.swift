@@ -134,23 +134,25 @@ public struct RateRunner: Sendable {
 
     /// The figures of a run from when each message was meant to go, went and came back (0: never): latency
     /// from the intended time (corrected) and from the actual one, past the warm-up; loss; the rate echoes came
-    /// back at over the sending time. Shared with the C floor's open-loop client, so both are summed up alike.
+    /// back at, from the first send time to the last echo. Shared with the C floor's open-loop client, so both are summed up alike.
     public func result(intended: [UInt64], actual: [UInt64], received: [UInt64]) -> ScenarioResult {
         var corrected = LatencySummary.makeHistogram()
         var uncorrected = LatencySummary.makeHistogram()
         let count = min(intended.count, actual.count, received.count)
         var echoed = 0
-        var lastSent: UInt64 = 0
+        var last: UInt64 = 0
         for index in 0..<count where actual[index] != 0 {
-            lastSent = max(lastSent, actual[index])
+            last = max(last, actual[index], received[index])
             guard received[index] != 0 else { continue }
             echoed += 1
             guard index >= skip else { continue }
             _ = corrected.record(max(1, received[index] &- intended[index]))
             _ = uncorrected.record(max(1, received[index] &- actual[index]))
         }
+        // From the first send time to the last echo (or send): echoes that trail the schedule by seconds, as under
+        // overload, do not count as keeping up with it.
         let first = intended.first ?? 0
-        let elapsed = max(1, lastSent &- first)
+        let elapsed = max(1, last &- first)
         var measurement = ScenarioResult()
         measurement.latency = LatencySummary(corrected)
         measurement.uncorrectedLatency = LatencySummary(uncorrected)

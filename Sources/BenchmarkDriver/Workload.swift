@@ -92,7 +92,7 @@ public struct Workload: Sendable, Hashable, Codable, CustomStringConvertible {
     }
 
     /// `10/s`, `10`, `2k/s`, `600/min`.
-    static func rate(_ text: String) -> Double? {
+    public static func rate(_ text: String) -> Double? {
         var text = text.lowercased()
         var per = 1.0
         if text.hasSuffix("/s") {
@@ -122,7 +122,7 @@ public struct Workload: Sendable, Hashable, Codable, CustomStringConvertible {
     }
 
     /// `3`, `3s`, `500ms`, `250us`, `1m`.
-    static func duration(_ text: String) -> Double? {
+    public static func duration(_ text: String) -> Double? {
         var text = text.lowercased()
         var scale = 1.0
         if text.hasSuffix("ms") {

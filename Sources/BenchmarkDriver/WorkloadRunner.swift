@@ -160,13 +160,6 @@ public struct WorkloadRunner: Sendable {
         for client in clients { await client.close() }
         if let failure { throw failure }
         var measurement = schedule.result(intended: intended, actual: actual, received: received)
-        // Answered per second: the echoes over the time from the first message's send time to the last echo (or
-        // the last send), so that echoes trailing the schedule by seconds do not count as keeping up with it.
-        let echoed = received.reduce(0) { $0 + ($1 == 0 ? 0 : 1) }
-        let last = max(received.max() ?? 0, actual.max() ?? 0)
-        let first = intended.first ?? 0
-        measurement.elapsedNanoseconds = max(1, last &- first)
-        measurement.messagesPerSecond = Double(echoed) / (Double(measurement.elapsedNanoseconds) / 1e9)
         measurement.pacingCPUNanoseconds = pacerCPU
         measurement.bytesPerSecond = (measurement.messagesPerSecond ?? 0) * Double(size)
         measurement.serverKiBPerConnection = opened.serverKiBPerConnection

@@ -87,11 +87,7 @@ struct Compare: AsyncParsableCommand {
     )
     var server: String?
 
-    @Option(
-        help: ArgumentHelp(
-            "Your own load, run on every backend and ending in a verdict: connections=N,rate=R/s,size=S,transport=T[,duration=D][,p99=B] (rate per connection, or total=R/s over all; default size 64, duration 3s, p99 bound 1ms).",
-            valueName: "spec"))
-    var workload: String?
+    @OptionGroup(title: "Your own load") var load: LoadOptions
 
     @Flag(
         help:
@@ -125,17 +121,8 @@ struct Compare: AsyncParsableCommand {
         }
         var clientTLS = certificates?.client ?? TLSConfiguration()
         if let remoteCA { clientTLS.trustRoots = .file(remoteCA) }
-        /// Starts one server: a child process here, or one the agent starts there.
-        func start(_ backend: Backend?, _ transport: Transport, _ mode: String) async throws -> any ServerHandle {
-            if let agent { return try await agent.start(backend, transport, mode) }
-            var arguments =
-                transport.isSecure
-                ? ["--cert", certificates!.server.certificate, "--key", certificates!.server.key] : []
-            if mode != "echo" { arguments.append("--\(mode)") }
-            // WebSocket echo servers accept permessage-deflate; only the json-deflate clients offer it.
-            if mode == "echo", transport == .ws || transport == .wss, backend != nil { arguments.append("--deflate") }
-            return try ChildServer.start(
-                backend: backend, url: "\(transport)://127.0.0.1:0", cpu: plan.serverCPU, extraArguments: arguments)
+        let start = { (backend: Backend?, transport: Transport, mode: String) async throws -> any ServerHandle in
+            try await Self.startServer(backend, transport, mode, agent: agent, certificates: certificates, plan: plan)
         }
         let needsSink = plan.scenarios.contains { $0.kind == .pump }
         let needsNative = plan.scenarios.contains { $0.kind == .native }
@@ -238,6 +225,8 @@ struct Compare: AsyncParsableCommand {
 
         var runs: [RowKey: [ScenarioResult]] = [:]
         var skipped: [String: String] = [:]
+        // A sweep's rates, per target: the lowest at which it saturated in this repetition (higher ones skipped).
+        var saturated: [String: Int] = [:]
         let started = Date()
         /// One pass: every target measured once in `scenario`, one after another in `order`. Returns the
         /// measurements by row key.
@@ -245,7 +234,7 @@ struct Compare: AsyncParsableCommand {
             var results: [RowKey: ScenarioResult] = [:]
             for target in order {
                 let key = Report.key(scenario, target.backend, target.transport)
-                if let reason = skipReason(scenario, target) {
+                if let reason = skipReason(scenario, target) ?? saturation(scenario, target, saturated) {
                     skipped[key.description] = reason
                     continue
                 }
@@ -254,6 +243,11 @@ struct Compare: AsyncParsableCommand {
                     scenario, target, server: server, also: also, plan: plan, tls: clientTLS,
                     roundTrips: roundTrips[key] ?? plan.pingpongCount)
                 results[key] = measurement
+                if plan.sweep != nil, case .rate(let rate) = scenario,
+                    Report.saturated(measurement, perSecond: rate, bound: plan.p99Bound ?? Plan.defaultP99Bound)
+                {
+                    saturated[target.name] = min(rate, saturated[target.name] ?? rate)
+                }
                 Console.error(
                     String(
                         format: "  [%@ %4.0fs] %-14@ %-12@ %@", label, Date().timeIntervalSince(started),
@@ -275,6 +269,7 @@ struct Compare: AsyncParsableCommand {
         var slots: [Scenario: Int] = [:]
         var cycle = 0
         for repetition in 0..<plan.repetitions {
+            saturated = [:]
             if repetition > 0, freshServers, agent == nil {
                 // New server processes for each repetition: a row's round trip keeps one level for as long as its
                 // server process lives (bsd ws: 14.7 us in every pass of one run, 13.0 in every pass of the next),

@@ -100,6 +100,13 @@ extension Compare {
 
     private func agentless(_ server: any ServerHandle) -> Bool { !(server is RemoteServer) }
 
+    /// Why a sweep does not run a rate on a target in this repetition: it saturated at a lower one.
+    func saturation(_ scenario: Scenario, _ target: Target, _ saturated: [String: Int]) -> String? {
+        guard case .rate(let rate) = scenario, let limit = saturated[target.name], rate > limit else { return nil }
+        return
+            "the sweep stopped at rate-\(limit) in a repetition: \(target.name) did not keep up there (answered < 95% of the offered rate, > 1% lost, or p99 over 10 ms)"
+    }
+
     /// Why a scenario does not apply to a target, or `nil`.
     func skipReason(_ scenario: Scenario, _ target: Target) -> String? {
         var limit = rlimit()

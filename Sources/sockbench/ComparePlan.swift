@@ -37,9 +37,11 @@ extension Compare {
         var pumpBytes: Int
         var connectCount: Int
         var faninCount: Int
-        /// The p99 (from the intended send time, nanoseconds) a backend must keep to hold a workload (`nil`: the
-        /// default, ``defaultP99Bound``).
-        var workloadP99Bound: UInt64?
+        /// The p99 (from the intended send time, nanoseconds) a backend must keep to hold a load: a workload
+        /// without its own `p99=`, a sweep's step (`nil` in reports made before there was a choice: 1 ms).
+        var p99Bound: UInt64?
+        /// The rates of a sweep (`--sweep`), per second: its `rate-N` rows are one curve per backend x transport.
+        var sweep: [Int]?
         var placement: Placement
         var serverCPU: Int?
         var clientCPU: Int?
@@ -73,9 +75,23 @@ extension Compare {
         }
         let specification: Workload.Specification?
         do throws(ScenarioError) {
-            specification = try workload.map { text throws(ScenarioError) in try Workload.Specification(parsing: text) }
+            specification = try load.workload.map { text throws(ScenarioError) in
+                try Workload.Specification(parsing: text)
+            }
         } catch {
             throw fail("--workload: \(error.message)")
+        }
+        guard let bound = Workload.duration(load.bound), bound >= 1e-6 else {
+            throw fail("--bound \(load.bound): expected a latency, e.g. 1ms or 500us")
+        }
+        var sweepRates: [Int]?
+        if load.sweep {
+            sweepRates = try load.sweepRates.split(separator: ",").map { text in
+                guard let rate = Workload.rate(String(text)), rate >= 1 else {
+                    throw fail("--sweep-rates: '\(text)' is not a rate (e.g. 5k)")
+                }
+                return Int(rate)
+            }.sorted()
         }
         var chosenTransports: [Transport] = []
         let transportList = transports ?? specification?.transport?.rawValue
@@ -90,14 +106,17 @@ extension Compare {
             ? "pingpong-64,native-64,asyncchannel-64,proxy-64,proxypump-64k,pingpong-1k,pingpong-64k,rate-10k,rate-50k,pump-1400,pump-64k,connect,fanin-1,fanin-10,fanin-100,fanin-1000,json,json-deflate,workload-1000x10/s-200B-2s"
             : "pingpong-64,native-64,asyncchannel-64,rate-5000,pump-64k,pump-1400,connect,fanin-16"
         var chosenScenarios: [Scenario] = []
-        // --workload runs the user's load alone, unless --scenarios names others to run beside it.
-        let scenarioList = scenarios ?? (specification == nil ? defaultScenarios : "")
+        // --workload and --sweep run alone, unless --scenarios names others to run beside them.
+        let scenarioList = scenarios ?? (specification == nil && sweepRates == nil ? defaultScenarios : "")
         for name in scenarioList.split(separator: ",") {
             do throws(ScenarioError) {
                 chosenScenarios.append(try Scenario(name: String(name)))
             } catch {
                 throw fail(error.message)
             }
+        }
+        for rate in sweepRates ?? [] where !chosenScenarios.contains(.rate(perSecond: rate)) {
+            chosenScenarios.append(.rate(perSecond: rate))
         }
         if let specification { chosenScenarios.append(.workload(specification.workload)) }
         let (serverCPU, clientCPU): (Int?, Int?) =
@@ -114,7 +133,8 @@ extension Compare {
             slices: count == nil ? max(1, slices) : 1, remeasure: max(0, remeasure), pingpongWarmup: warmup,
             rateSeconds: full ? 2 : 0.5, pacing: chosenPacing,
             pumpBytes: full ? 1024 << 20 : 256 << 20, connectCount: full ? 200 : 30, faninCount: full ? 500 : 100,
-            workloadP99Bound: specification?.p99Bound, placement: placement, serverCPU: serverCPU, clientCPU: clientCPU,
+            p99Bound: specification?.p99Bound ?? UInt64(bound * 1e9), sweep: sweepRates, placement: placement,
+            serverCPU: serverCPU, clientCPU: clientCPU,
             options:
                 "TCP_NODELAY on; SO_RCVBUF/SO_SNDBUF system defaults; read chunk \(defaults.readChunkSize) B; UDP buffer \(defaults.maxDatagramSize) B; receive queue \(defaults.receiveQueueLimit) B; TLS \(TLSLibrary.version), TLS 1.3, certificate verified against a throwaway CA"
         )

@@ -1,4 +1,6 @@
+import ArgumentParser
 import BenchmarkDriver
+import ConnectionTestKit
 import Foundation
 import SocketStyles
 
@@ -128,4 +130,42 @@ final class ChildServer: ServerHandle {
         guard count > 0 else { return CommandLine.arguments[0] }
         return String(decoding: buffer[..<count].map { UInt8(bitPattern: $0) }, as: UTF8.self)
     }
+}
+
+extension Compare {
+    /// Starts one server: a child process here, or one the agent starts there.
+    static func startServer(
+        _ backend: Backend?, _ transport: Transport, _ mode: String, agent: AgentClient?,
+        certificates: TestCertificates?, plan: Plan
+    ) async throws -> any ServerHandle {
+        if let agent { return try await agent.start(backend, transport, mode) }
+        var arguments =
+            transport.isSecure ? ["--cert", certificates!.server.certificate, "--key", certificates!.server.key] : []
+        if mode != "echo" { arguments.append("--\(mode)") }
+        // WebSocket echo servers accept permessage-deflate; only the json-deflate clients offer it.
+        if mode == "echo", transport == .ws || transport == .wss, backend != nil { arguments.append("--deflate") }
+        return try ChildServer.start(
+            backend: backend, url: "\(transport)://127.0.0.1:0", cpu: plan.serverCPU, extraArguments: arguments)
+    }
+}
+
+/// `compare`'s options for a load the user describes: their own workload, or a sweep of rates.
+struct LoadOptions: ParsableArguments {
+    @Option(
+        help: ArgumentHelp(
+            "Your own load, run on every backend and ending in a verdict: connections=N,rate=R/s,size=S,transport=T[,duration=D][,p99=B] (rate per connection, or total=R/s over all; default size 64, duration 3s, p99 bound --bound).",
+            valueName: "spec"))
+    var workload: String?
+
+    @Flag(
+        help:
+            "Latency against load: open-loop 64-byte rates stepped up (--sweep-rates) on every backend x transport until each saturates; names each backend's highest rate that keeps p99 under 1 ms and under --bound, and report.html draws the curves."
+    )
+    var sweep = false
+
+    @Option(help: "The rates a sweep steps through, per second, comma-separated.")
+    var sweepRates = "1k,2k,5k,10k,20k,50k,100k,200k"
+
+    @Option(help: "The p99 a backend must keep to hold a load (a workload without p99=, a sweep), e.g. 1ms, 500us.")
+    var bound = "1ms"
 }

@@ -117,7 +117,7 @@ struct Report: Codable {
                 verdicts.append(
                     WorkloadVerdict(
                         workload: workload, transport: transport,
-                        p99Bound: plan.workloadP99Bound ?? Compare.Plan.defaultP99Bound, runs: runs))
+                        p99Bound: plan.p99Bound ?? Compare.Plan.defaultP99Bound, runs: runs))
             }
         }
         self.verdicts = verdicts.isEmpty ? nil : verdicts
@@ -203,6 +203,7 @@ struct Report: Codable {
             lines.append("- Your workload, " + text[0])
             lines += text.dropFirst()
         }
+        lines += sweepLines()
         if let ping = plan.scenarios.first(where: { $0.kind == .pingpong }) {
             for transport in plan.transports {
                 let candidates = rows.filter {

@@ -20,6 +20,13 @@ struct ReportHTML {
         for line in verdict() { body += "<li>\(line)</li>" }
         body +=
             "</ul>\n<p class=meta>Why, and what else to weigh (threads, memory per connection, ergonomics): docs/choosing-a-backend.md in the SocketStyles repository. One run on one machine: run it again on yours.</p>\n"
+        for transport in report.plan.transports {
+            let chart = sweepChart(transport)
+            guard !chart.isEmpty else { continue }
+            body +=
+                "<h2 id=\"sweep-\(transport)\">Latency against load, \(transport): p99 (solid) and p50 (dotted) from the intended send time</h2>\n"
+                + chart
+        }
         for scenario in report.plan.scenarios where report.rows.contains(where: { $0.scenario == scenario }) {
             body += "<h2>\(scenario)</h2>\n"
             body += chart(for: scenario)
@@ -68,6 +75,8 @@ struct ReportHTML {
 
             """
     }
+
+    func escape(_ text: Substring) -> String { escape(String(text)) }
 
     func escape(_ text: String) -> String {
         text.replacingOccurrences(of: "&", with: "&amp;").replacingOccurrences(of: "<", with: "&lt;")
@@ -149,6 +158,11 @@ struct ReportHTML {
                 })
         {
             lines.append(line)
+        }
+        for line in report.sweepLines() {
+            let text = line.hasPrefix("- ") ? String(line.dropFirst(2)) : line
+            let (head, rest) = text.split(separator: ":", maxSplits: 1).map(String.init).pair
+            lines.append("<b>\(escape(head))</b>:" + escape(rest))
         }
         if lines.isEmpty {
             lines.append("This run has no pingpong, pump or fan-in rows of the backends to choose from.")

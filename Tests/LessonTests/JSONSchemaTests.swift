@@ -141,6 +141,80 @@ struct JSONSchemaTests {
         }
     }
 
+    /// `compare --sweep`: every backend and the C floor stepped through open-loop rates; results.json carries
+    /// every step, the summary names each one's highest rate within the bound, and report.html, rendered by
+    /// headless Chromium (flags that keep it from requests of its own), draws one latency curve per backend and
+    /// the C floor's, and fetches nothing.
+    @Test("compare --sweep draws one latency-against-load curve per backend, and the page fetches nothing")
+    func sweepCurves() async throws {
+        try await SocketTest.run(timeLimit: .seconds(300)) {
+            let directory = FileManager.default.temporaryDirectory.appendingPathComponent("sweep-\(getpid())")
+            defer { try? FileManager.default.removeItem(at: directory) }
+            let output = try await run([
+                "compare", "--sweep", "--sweep-rates", "1k,3k", "--transports", "tcp,udp", "--repetitions", "1",
+                "--no-baselines", "--out", directory.path,
+            ])
+            let results = try String(contentsOf: directory.appendingPathComponent("results.json"), encoding: .utf8)
+            try check(results, against: "compare.schema.json")
+            let object = try #require(try JSONSerialization.jsonObject(with: Data(results.utf8)) as? [String: Any])
+            let plan = try #require(object["plan"] as? [String: Any])
+            #expect(plan["sweep"] as? [Int] == [1000, 3000])
+            let backends = try #require(plan["backends"] as? [String])
+            let sources = ["c-floor"] + backends
+            let rows = try #require(object["rows"] as? [[String: Any]])
+            for transport in ["tcp", "udp"] {
+                for source in sources {
+                    let steps = rows.filter {
+                        $0["backend"] as? String == source && $0["transport"] as? String == transport
+                    }
+                    #expect(steps.count == 2, "\(source) \(transport): a row per step")
+                }
+                let summary = try #require(
+                    output.split(separator: "\n").first { $0.hasPrefix("- Latency against load, \(transport)") })
+                for source in sources { #expect(summary.contains("\(source) "), "\(summary)") }
+            }
+            let page = directory.appendingPathComponent("report.html")
+            let html = try String(contentsOf: page, encoding: .utf8)
+            #expect(html.contains("id=\"sweep-tcp\"") && html.contains("id=\"sweep-udp\""))
+            for external in ["<script", "<link", "<img", "<iframe", "src=", "href=", "url(", "http://", "https://"] {
+                #expect(!html.contains(external), "report.html contains \(external)")
+            }
+            guard let chromium = HeadlessChromium.path else {
+                print("skipped the Chromium render of the sweep: no chromium (scripts/ensure-deps --browser)")
+                return
+            }
+            let netLog = directory.appendingPathComponent("netlog.json")
+            let flags = HeadlessChromium.flags(
+                profile: directory.appendingPathComponent("chromium-profile"), netLog: netLog)
+            let render = try ChildProcess.run([chromium] + flags + ["--dump-dom", page.absoluteString])
+            #expect(render.status == 0)
+            // One curve per source in each transport's chart, in the DOM Chromium built.
+            let charts = render.output.components(separatedBy: "<svg class=\"sweep\"").dropFirst()
+            #expect(charts.count == 2, "a chart per transport")
+            for chart in charts {
+                let drawn = chart.components(separatedBy: "</svg>")[0].components(
+                    separatedBy: "<polyline class=\"curve\""
+                )
+                .dropFirst().compactMap { $0.split(separator: "\"").dropFirst().first.map(String.init) }
+                #expect(drawn == sources, "curves drawn: \(drawn)")
+            }
+            #expect(HeadlessChromium.trafficBeyondLoopback(netLog: netLog).isEmpty)
+            let screenshot = directory.appendingPathComponent("sweep.png")
+            let shotLog = directory.appendingPathComponent("netlog-screenshot.json")
+            let shotFlags = HeadlessChromium.flags(
+                profile: directory.appendingPathComponent("chromium-profile-2"), netLog: shotLog)
+            let shot = try ChildProcess.run(
+                [chromium] + shotFlags + [
+                    "--window-size=1100,1400", "--screenshot=\(screenshot.path)", page.absoluteString,
+                ])
+            #expect(shot.status == 0)
+            let size = (try? FileManager.default.attributesOfItem(atPath: screenshot.path)[.size] as? Int) ?? 0
+            #expect(size > 10_000, "the screenshot has the page in it (\(size) bytes)")
+            let remote = HeadlessChromium.trafficBeyondLoopback(netLog: shotLog)
+            #expect(remote.isEmpty, "Chromium sent traffic beyond loopback: \(remote)")
+        }
+    }
+
     /// report.html: the verdict first, charts with axes, the percentile plot, the project's targets in a section
     /// of their own; nothing on the page refers to anything outside it, and headless Chromium (with the flags
     /// that keep it from making requests of its own) renders the charts and fetches nothing: its network log
