@@ -104,7 +104,7 @@ extension Compare {
     func saturation(_ scenario: Scenario, _ target: Target, _ saturated: [String: Int]) -> String? {
         guard case .rate(let rate) = scenario, let limit = saturated[target.name], rate > limit else { return nil }
         return
-            "the sweep stopped at rate-\(limit) in a repetition: \(target.name) did not keep up there (answered < 95% of the offered rate, > 1% lost, or p99 over 10 ms)"
+            "the sweep stopped at rate-\(limit) in a repetition: \(target.name) did not keep up there (answered < 95% of the offered rate, > 1% lost, or p50 over the bound)"
     }
 
     /// Why a scenario does not apply to a target, or `nil`.

@@ -23,11 +23,17 @@ extension Report {
             && point.lossPercent <= WorkloadVerdict.maximumLossPercent && point.p99 <= bound
     }
 
-    /// A sweep stops for a target after the first step that did not keep up, or whose p99 passed the larger of
-    /// 10 ms and ten times the bound: the curve has shown where it bends.
+    /// A step past a target's knee: the echoes did not keep up (under 95% of the offered rate answered, or more
+    /// than 1% lost), or the median message waited longer than the bound. A sweep stops for the target there (in
+    /// that repetition). Not the p99: one pause of the machine puts a 0.5 s step's p99 past 10 ms at any rate.
+    static func saturated(_ point: SweepPoint, bound: UInt64) -> Bool {
+        point.achieved < WorkloadVerdict.minimumShare * Double(point.rate)
+            || point.lossPercent > WorkloadVerdict.maximumLossPercent || point.p50 > bound
+    }
+
     static func saturated(_ measurement: ScenarioResult, perSecond: Int, bound: UInt64) -> Bool {
         guard let point = sweepPoint([measurement], rate: perSecond) else { return true }
-        return !holds(point, bound: max(10_000_000, bound * 10))
+        return saturated(point, bound: bound)
     }
 
     static func sweepPoint(_ results: [ScenarioResult], rate: Int) -> SweepPoint? {
@@ -76,14 +82,16 @@ extension Report {
                 "- Latency against load, \(transport) (open loop, 64 B, \(first)-\(last)/s): the highest rate each held with p99 <= 1 ms (answered >= 95%, <= 1% lost): \(highest(1_000_000))"
             if bound != 1_000_000 { line += "; with p99 <= \(WorkloadVerdict.time(bound)): \(highest(bound))" }
             let saturation = curves.compactMap { curve -> String? in
-                guard let point = curve.points.first(where: { !Self.holds($0, bound: max(10_000_000, bound * 10)) })
-                else { return nil }
+                guard let point = curve.points.first(where: { Self.saturated($0, bound: bound) }) else { return nil }
                 let p99 = point.p99 == 0 ? "no echo timed" : "p99 \(WorkloadVerdict.time(point.p99))"
                 return
-                    "\(curve.source) at \(point.rate) (\(fixed(point.achieved / Double(point.rate) * 100, 0))% answered, \(p99))"
+                    "\(curve.source) at \(point.rate) (\(fixed(point.achieved / Double(point.rate) * 100, 0))% answered, p50 \(WorkloadVerdict.time(point.p50)), \(p99))"
             }
             line +=
-                saturation.isEmpty ? "; none saturated." : "; saturated: " + saturation.joined(separator: ", ") + "."
+                saturation.isEmpty
+                ? "; none saturated (answered < 95%, > 1% lost, or p50 over the bound)."
+                : "; saturated (answered < 95%, > 1% lost, or p50 over the bound) first at: "
+                    + saturation.joined(separator: ", ") + "."
             lines.append(line)
         }
         return lines

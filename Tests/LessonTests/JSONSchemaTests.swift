@@ -151,7 +151,8 @@ struct JSONSchemaTests {
             let directory = FileManager.default.temporaryDirectory.appendingPathComponent("sweep-\(getpid())")
             defer { try? FileManager.default.removeItem(at: directory) }
             let output = try await run([
-                "compare", "--sweep", "--sweep-rates", "1k,3k", "--transports", "tcp,udp", "--repetitions", "1",
+                "compare", "--sweep", "--sweep-rates", "1k,3k", "--bound", "50ms", "--transports", "tcp,udp,ws",
+                "--repetitions", "1",
                 "--no-baselines", "--out", directory.path,
             ])
             let results = try String(contentsOf: directory.appendingPathComponent("results.json"), encoding: .utf8)
@@ -162,8 +163,10 @@ struct JSONSchemaTests {
             let backends = try #require(plan["backends"] as? [String])
             let sources = ["c-floor"] + backends
             let rows = try #require(object["rows"] as? [[String: Any]])
-            for transport in ["tcp", "udp"] {
-                for source in sources {
+            // The C floor speaks tcp and udp; ws is the backends' alone.
+            func sourcesOf(_ transport: String) -> [String] { transport == "ws" ? backends : sources }
+            for transport in ["tcp", "udp", "ws"] {
+                for source in sourcesOf(transport) {
                     let steps = rows.filter {
                         $0["backend"] as? String == source && $0["transport"] as? String == transport
                     }
@@ -171,11 +174,11 @@ struct JSONSchemaTests {
                 }
                 let summary = try #require(
                     output.split(separator: "\n").first { $0.hasPrefix("- Latency against load, \(transport)") })
-                for source in sources { #expect(summary.contains("\(source) "), "\(summary)") }
+                for source in sourcesOf(transport) { #expect(summary.contains("\(source) "), "\(summary)") }
             }
             let page = directory.appendingPathComponent("report.html")
             let html = try String(contentsOf: page, encoding: .utf8)
-            #expect(html.contains("id=\"sweep-tcp\"") && html.contains("id=\"sweep-udp\""))
+            for transport in ["tcp", "udp", "ws"] { #expect(html.contains("id=\"sweep-\(transport)\"")) }
             for external in ["<script", "<link", "<img", "<iframe", "src=", "href=", "url(", "http://", "https://"] {
                 #expect(!html.contains(external), "report.html contains \(external)")
             }
@@ -190,13 +193,13 @@ struct JSONSchemaTests {
             #expect(render.status == 0)
             // One curve per source in each transport's chart, in the DOM Chromium built.
             let charts = render.output.components(separatedBy: "<svg class=\"sweep\"").dropFirst()
-            #expect(charts.count == 2, "a chart per transport")
-            for chart in charts {
+            #expect(charts.count == 3, "a chart per transport")
+            for (chart, transport) in zip(charts, ["tcp", "udp", "ws"]) {
                 let drawn = chart.components(separatedBy: "</svg>")[0].components(
                     separatedBy: "<polyline class=\"curve\""
                 )
                 .dropFirst().compactMap { $0.split(separator: "\"").dropFirst().first.map(String.init) }
-                #expect(drawn == sources, "curves drawn: \(drawn)")
+                #expect(drawn == sourcesOf(transport), "\(transport) curves drawn: \(drawn)")
             }
             #expect(HeadlessChromium.trafficBeyondLoopback(netLog: netLog).isEmpty)
             let screenshot = directory.appendingPathComponent("sweep.png")
