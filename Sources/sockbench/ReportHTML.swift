@@ -317,14 +317,8 @@ struct ReportHTML {
             }
             svg +=
                 "<text x=\"\((width - right + left) / 2)\" y=\"\(height - 6)\" font-size=\"11\" text-anchor=\"middle\">percentile (\(escape(transport)), log scale of 1/(1-p))</text>"
-            var decade = bottomDecade
-            while decade <= top {
-                let value = pow(10, decade)
-                svg +=
-                    "<text x=\"\(left - 6)\" y=\"\(fixed(y(value) + 4, 1))\" font-size=\"10\" text-anchor=\"end\">\(value < 1 ? fixed(value, 1) : Int(value).formatted()) us</text>"
-                svg +=
-                    "<line x1=\"\(left)\" y1=\"\(fixed(y(value), 1))\" x2=\"\(width - right)\" y2=\"\(fixed(y(value), 1))\" stroke=\"#eee\"/>"
-                decade += 1
+            svg += decades(from: bottomDecade, to: top, left: left, right: width - right, y: y) {
+                "\($0 < 1 ? fixed($0, 1) : Int($0).formatted()) us"
             }
             for (index, (name, points)) in series.enumerated() {
                 let color = Self.color(of: name)
@@ -337,6 +331,25 @@ struct ReportHTML {
             html += svg + "</svg>\n"
         }
         return html
+    }
+
+    /// A log scale's gridlines and labels: one at each power of ten from 10^`low` to 10^`high`, between x `left`
+    /// and `right`, at height `y(value)`, labelled `label(value)` on the left.
+    func decades(
+        from low: Double, to high: Double, left: Double, right: Double, y: (Double) -> Double,
+        label: (Double) -> String
+    ) -> String {
+        var svg = ""
+        var decade = low
+        while decade <= high {
+            let value = pow(10, decade)
+            svg +=
+                "<text x=\"\(left - 6)\" y=\"\(fixed(y(value) + 4, 1))\" font-size=\"10\" text-anchor=\"end\">\(escape(label(value)))</text>"
+            svg +=
+                "<line x1=\"\(left)\" y1=\"\(fixed(y(value), 1))\" x2=\"\(right)\" y2=\"\(fixed(y(value), 1))\" stroke=\"#eee\"/>"
+            decade += 1
+        }
+        return svg
     }
 
     /// p50 (solid) and p99 (dashed) against the number of connections, one line per backend x transport.

@@ -129,14 +129,8 @@ extension ReportHTML {
         }
         svg +=
             "<text x=\"\((width - right + left) / 2)\" y=\"\(height - 8)\" font-size=\"11\" text-anchor=\"middle\">offered load, messages per second (\(escape(transport)), log scale)</text>"
-        var decade = lowY
-        while decade <= highY {
-            let us = pow(10, decade)
-            svg +=
-                "<text x=\"\(left - 6)\" y=\"\(fixed(y(us) + 4, 1))\" font-size=\"10\" text-anchor=\"end\">\(us >= 1000 ? "\(Int(us / 1000)) ms" : "\(Int(us)) us")</text>"
-            svg +=
-                "<line x1=\"\(left)\" y1=\"\(fixed(y(us), 1))\" x2=\"\(width - right)\" y2=\"\(fixed(y(us), 1))\" stroke=\"#eee\"/>"
-            decade += 1
+        svg += decades(from: lowY, to: highY, left: left, right: width - right, y: y) {
+            $0 >= 1000 ? "\(Int($0 / 1000)) ms" : "\(Int($0)) us"
         }
         svg +=
             "<line x1=\"\(left)\" y1=\"\(fixed(y(bound), 1))\" x2=\"\(width - right)\" y2=\"\(fixed(y(bound), 1))\" stroke=\"#c00\" stroke-dasharray=\"6 4\"/>"
