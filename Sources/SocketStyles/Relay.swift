@@ -23,6 +23,21 @@ public struct FaultPlan: Sendable, Hashable {
     /// After this many bytes, stop forwarding but keep both connections open: the peer sees silence, as behind
     /// a dead router (`nil`: never). What keep-alive is for.
     public var blackHoleAfterBytes: Int? = nil
+    /// One message or chunk held back longer than the rest (`nil`: none): what one late or retransmitted
+    /// segment does to what follows it. Unless ``reorder`` is on, everything behind it waits too.
+    public var hold: Hold? = nil
+
+    /// The message or chunk that carries byte ``byte`` (counted from 0 in this direction, over every message's
+    /// bytes) waits ``duration`` more.
+    public struct Hold: Sendable, Hashable {
+        public var byte: Int
+        public var duration: Duration
+
+        public init(byte: Int, duration: Duration) {
+            self.byte = byte
+            self.duration = duration
+        }
+    }
 
     public init() {}
 
@@ -85,6 +100,8 @@ public final class Relay: Sendable {
         public var bytesToClients = 0
         public var dropped = 0
         public var duplicated = 0
+        /// Messages or chunks held back by ``FaultPlan/hold``.
+        public var held = 0
     }
 
     final class Counters: Sendable {
@@ -283,6 +300,7 @@ public final class Relay: Sendable {
                 switch line.admit(message) {
                 case .dropped: counters.update { $0.dropped += 1 }
                 case .duplicated: counters.update { $0.duplicated += 1 }
+                case .held: counters.update { $0.held += 1 }
                 case .queued: break
                 }
                 await line.waitForSpace()
@@ -314,7 +332,7 @@ final class FaultLine: Sendable {
         case end
     }
 
-    enum Admission { case queued, dropped, duplicated }
+    enum Admission { case queued, dropped, duplicated, held }
 
     private struct Entry {
         var due: ContinuousClock.Instant
@@ -325,6 +343,7 @@ final class FaultLine: Sendable {
     private struct State {
         var entries: [Entry] = []
         var order: UInt64 = 0
+        var bytes = 0
         var lastDue: ContinuousClock.Instant?
         var ended = false
         var abandoned = false
@@ -346,18 +365,22 @@ final class FaultLine: Sendable {
     /// Queues a received message (or not: loss), at its due time.
     func admit(_ message: Message) -> Admission {
         let (admission, reader) = state.withLock { state -> (Admission, CheckedContinuation<Void, Never>?) in
+            let first = state.bytes
+            state.bytes += message.bytes.count
             if plan.loss > 0, state.random.unit() < plan.loss { return (.dropped, nil) }
             let copies = plan.duplication > 0 && state.random.unit() < plan.duplication ? 2 : 1
-            for _ in 0..<copies { enqueue(.message(message), &state) }
+            var extra = Duration.zero
+            if let hold = plan.hold, (first..<state.bytes).contains(hold.byte) { extra = hold.duration }
+            for _ in 0..<copies { enqueue(.message(message), &state, extra: extra) }
             defer { state.reader = nil }
-            return (copies == 2 ? .duplicated : .queued, state.reader)
+            return (extra > .zero ? .held : copies == 2 ? .duplicated : .queued, state.reader)
         }
         reader?.resume()
         return admission
     }
 
-    private func enqueue(_ item: Item, _ state: inout State) {
-        var due = ContinuousClock.now + plan.delay
+    private func enqueue(_ item: Item, _ state: inout State, extra: Duration = .zero) {
+        var due = ContinuousClock.now + plan.delay + extra
         if plan.jitter > .zero {
             due += .nanoseconds(Int64(state.random.unit() * Double(plan.jitter.wholeNanoseconds)))
         }

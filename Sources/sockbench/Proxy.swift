@@ -46,6 +46,11 @@ struct Proxy: AsyncParsableCommand {
     @Option(help: "Bytes per second at most.") var bandwidth: Int?
     @Option(help: "Reset both connections (TCP RST) after this many bytes.") var cutAfter: Int?
     @Option(help: "Stop forwarding (connections stay open) after this many bytes.") var blackHoleAfter: Int?
+    @Option(
+        help: ArgumentHelp(
+            "Hold the message or chunk carrying byte BYTE (from 0) for MS milliseconds more; what follows waits behind it unless --reorder.",
+            valueName: "byte:ms"))
+    var hold: String?
     @Option(help: "Seed of the random faults.") var seed: UInt64 = 1
 
     @Option(help: "Close a client pair idle for this many seconds (0: never).") var idleTimeout: Double = 300
@@ -68,6 +73,17 @@ struct Proxy: AsyncParsableCommand {
             throw ValidationError("--direction must be both, up or down")
         }
         guard delay >= 0, jitter >= 0 else { throw ValidationError("--delay and --jitter must not be negative") }
+        if let hold, Self.parseHold(hold) == nil {
+            throw ValidationError("--hold must be BYTE:MS with BYTE >= 0 and MS > 0, as 160:50")
+        }
+    }
+
+    static func parseHold(_ text: String) -> FaultPlan.Hold? {
+        let parts = text.split(separator: ":")
+        guard parts.count == 2, let byte = Int(parts[0]), byte >= 0, let ms = Double(parts[1]), ms > 0 else {
+            return nil
+        }
+        return FaultPlan.Hold(byte: byte, duration: .microseconds(Int64(ms * 1000)))
     }
 
     func run() async throws {
@@ -89,6 +105,7 @@ struct Proxy: AsyncParsableCommand {
             $0.bandwidth = bandwidth
             $0.cutAfterBytes = cutAfter
             $0.blackHoleAfterBytes = blackHoleAfter
+            $0.hold = hold.flatMap(Self.parseHold)
         }
         let options = ConnectionOptions.with {
             $0.idleTimeout = idleTimeout > 0 ? .milliseconds(Int64(idleTimeout * 1000)) : nil
@@ -113,13 +130,13 @@ struct Proxy: AsyncParsableCommand {
         guard !quiet else { return }
         Console.error(
             "sockbench proxy: \(reason); \(statistics.clients) client(s), \(statistics.bytesToUpstream) bytes up, "
-                + "\(statistics.bytesToClients) down, \(statistics.dropped) dropped, \(statistics.duplicated) duplicated, "
+                + "\(statistics.bytesToClients) down, \(statistics.dropped) dropped, \(statistics.duplicated) duplicated, \(statistics.held) held, "
                 + "\(statistics.upstreamFailures) upstream failure(s)")
     }
 
     private func relayNatively(_ listen: Endpoint, _ upstream: Endpoint, _ backend: Backend) async throws {
         let faults = delay > 0 || jitter > 0 || reorder || loss > 0 || duplicate > 0 || bandwidth != nil
-        guard !faults, cutAfter == nil, blackHoleAfter == nil else {
+        guard !faults, cutAfter == nil, blackHoleAfter == nil, hold == nil else {
             throw fail(
                 "--native relays without faults; faults are injected by the relay through Connection (drop --native)")
         }

@@ -42,6 +42,51 @@ struct RelayMemoryTests {
         }
     }
 
+    @Test(
+        "A hold delays the message carrying its byte; the later ones wait behind it unless reordering is on (udp)",
+        arguments: [Transport.tcp, .ws, .udp])
+    func hold(_ transport: Transport) async throws {
+        try await SocketTest.runWithoutSockets {
+            let size = 8
+            let (stack, server, relay) = try await Self.setUp(
+                transport,
+                toUpstream: .with {
+                    $0.hold = .init(byte: 3 * size + 2, duration: .milliseconds(50))
+                    $0.reorder = transport == .udp
+                })
+            let client = try await stack.connect(to: relay.endpoint)
+            let started = ContinuousClock.now
+            for number in 0..<8 {
+                try await client.send([UInt8](repeating: UInt8(number), count: size))
+                // On the byte stream, #0-#2 each come back before the next goes, so #3 starts a chunk of its own.
+                if transport == .tcp && number < 3 { _ = try await client.receive(exactly: size) }
+            }
+            var order: [UInt8] = []
+            if transport == .tcp {
+                // #0-#2 came back already; #3 and everything after it come back together, after the hold.
+                order =
+                    [0, 1, 2]
+                    + (try await client.receive(exactly: 5 * size)).enumerated().filter {
+                        $0.offset % size == 0
+                    }.map(\.element)
+            } else {
+                while order.count < 8, let message = try await client.receive() { order.append(message.bytes[0]) }
+            }
+            let took = ContinuousClock.now - started
+            #expect(took >= .milliseconds(50), "the held message came back after \(took)")
+            #expect(relay.statistics.held == 1)
+            if transport == .udp {
+                #expect(order.last == 3, "the held datagram came back last: \(order)")
+                #expect(order.filter { $0 != 3 } == [0, 1, 2, 4, 5, 6, 7])
+            } else {
+                #expect(order == [0, 1, 2, 3, 4, 5, 6, 7], "in order, the later ones behind the held one")
+            }
+            await client.close()
+            await relay.stop()
+            await server.stop()
+        }
+    }
+
     @Test("Injected loss drops WebSocket messages near its rate (2,000 messages), and the relay counts each")
     func loss() async throws {
         try await SocketTest.runWithoutSockets {
