@@ -43,6 +43,8 @@ struct csock_tcp_info {
 };
 int csock_tcp_info(int fd, struct csock_tcp_info *out);
 
+#include "CSocketShimsDiag.h"
+
 /// getaddrinfo codes hidden behind _GNU_SOURCE.
 extern const int csock_EAI_NODATA;
 extern const int csock_EAI_ADDRFAMILY;
