@@ -27,8 +27,9 @@ public struct FaultPlan: Sendable, Hashable {
     /// segment does to what follows it. Unless ``reorder`` is on, everything behind it waits too.
     public var hold: Hold? = nil
 
-    /// The message or chunk that carries byte ``byte`` (counted from 0 in this direction, over every message's
-    /// bytes) waits ``duration`` more.
+    /// The message that carries byte ``byte`` (counted from 0 in this direction, over every message's bytes)
+    /// waits ``duration`` more; on a byte stream, that byte and the rest of its chunk (the bytes before it go on
+    /// time), as one late segment would.
     public struct Hold: Sendable, Hashable {
         public var byte: Int
         public var duration: Duration
@@ -297,7 +298,7 @@ public final class Relay: Sendable {
                     await line.finish()
                     return
                 }
-                switch line.admit(message) {
+                switch line.admit(message, byteStream: source.transport.isByteStream) {
                 case .dropped: counters.update { $0.dropped += 1 }
                 case .duplicated: counters.update { $0.duplicated += 1 }
                 case .held: counters.update { $0.held += 1 }
@@ -362,15 +363,27 @@ final class FaultLine: Sendable {
         state = Guarded(State(random: SplitMix64(seed: seed)))
     }
 
-    /// Queues a received message (or not: loss), at its due time.
-    func admit(_ message: Message) -> Admission {
+    /// Queues a received message (or not: loss), at its due time. A chunk of a byte stream (`byteStream`) that
+    /// carries the held byte is split there: the bytes before it go on time, the rest is held.
+    func admit(_ message: Message, byteStream: Bool = false) -> Admission {
         let (admission, reader) = state.withLock { state -> (Admission, CheckedContinuation<Void, Never>?) in
             let first = state.bytes
             state.bytes += message.bytes.count
             if plan.loss > 0, state.random.unit() < plan.loss { return (.dropped, nil) }
             let copies = plan.duplication > 0 && state.random.unit() < plan.duplication ? 2 : 1
             var extra = Duration.zero
-            if let hold = plan.hold, (first..<state.bytes).contains(hold.byte) { extra = hold.duration }
+            if let hold = plan.hold, (first..<state.bytes).contains(hold.byte) {
+                extra = hold.duration
+                if byteStream && hold.byte > first {
+                    let split = hold.byte - first
+                    enqueue(.message(Message(kind: message.kind, bytes: Array(message.bytes[..<split]))), &state)
+                    enqueue(
+                        .message(Message(kind: message.kind, bytes: Array(message.bytes[split...]))), &state,
+                        extra: extra)
+                    defer { state.reader = nil }
+                    return (.held, state.reader)
+                }
+            }
             for _ in 0..<copies { enqueue(.message(message), &state, extra: extra) }
             defer { state.reader = nil }
             return (extra > .zero ? .held : copies == 2 ? .duplicated : .queued, state.reader)

@@ -48,7 +48,7 @@ struct Proxy: AsyncParsableCommand {
     @Option(help: "Stop forwarding (connections stay open) after this many bytes.") var blackHoleAfter: Int?
     @Option(
         help: ArgumentHelp(
-            "Hold the message or chunk carrying byte BYTE (from 0) for MS milliseconds more; what follows waits behind it unless --reorder.",
+            "Hold the message carrying byte BYTE (from 0; tcp, tls: that byte and the rest of its chunk) for MS milliseconds more; what follows waits behind it unless --reorder.",
             valueName: "byte:ms"))
     var hold: String?
     @Option(help: "Seed of the random faults.") var seed: UInt64 = 1
