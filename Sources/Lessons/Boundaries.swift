@@ -18,9 +18,11 @@ extension Lesson {
         out.say()
 
         // TCP: the receiver sees a stream of bytes; how they are cut depends on timing, not on the sends.
+        let tcpPhase = out.trace.phase("TCP: \(sends) sends of \(size) B", .tcp)
         let listener = try await backend.listen(on: loopback(.tcp))
-        let client = try await backend.connect(to: listener.localEndpoint)
-        let server = try await listener.accept()
+        let client = out.trace.trace(
+            try await backend.connect(to: listener.localEndpoint), side: .client, phase: tcpPhase)
+        let server = out.trace.trace(try await listener.accept(), side: .server, phase: tcpPhase)
         for index in 0..<sends { try await client.send([UInt8](repeating: UInt8(index), count: size)) }
         try await client.closeOutput()
         var receiveSizes: [Int] = []
@@ -41,10 +43,14 @@ extension Lesson {
         out.figure("tcp.inOrder", inOrder ? 1 : 0)
 
         // UDP: every datagram is one receive, whole.
+        let udpPhase = out.trace.phase("UDP: \(sends) datagrams of \(size) B", .udp)
+        let byFirstByte: @Sendable ([UInt8]) -> Int? = { $0.first.map(Int.init) }
         let udpListener = try await backend.listen(on: loopback(.udp))
-        let udpClient = try await backend.connect(to: udpListener.localEndpoint)
+        let udpClient = out.trace.trace(
+            try await backend.connect(to: udpListener.localEndpoint), side: .client, phase: udpPhase,
+            number: byFirstByte)
         for index in 0..<sends { try await udpClient.send([UInt8](repeating: UInt8(index), count: size)) }
-        let peer = try await udpListener.accept()
+        let peer = out.trace.trace(try await udpListener.accept(), side: .server, phase: udpPhase, number: byFirstByte)
         var datagrams: [[UInt8]] = []
         // Loopback does not lose such a short burst; a bounded wait keeps the lesson finite if it did.
         while datagrams.count < sends {
@@ -64,9 +70,11 @@ extension Lesson {
         out.figure("udp.whole", whole ? 1 : 0)
 
         // WebSocket: messages over TCP, framed, so boundaries survive the stream.
+        let wsPhase = out.trace.phase("WebSocket: \(sends) messages of \(size) B", .ws)
         let wsListener = try await backend.listen(on: loopback(.ws))
-        let wsClient = try await backend.connect(to: wsListener.localEndpoint)
-        let wsServer = try await wsListener.accept()
+        let wsClient = out.trace.trace(
+            try await backend.connect(to: wsListener.localEndpoint), side: .client, phase: wsPhase)
+        let wsServer = out.trace.trace(try await wsListener.accept(), side: .server, phase: wsPhase)
         for index in 0..<sends { try await wsClient.send([UInt8](repeating: UInt8(index), count: size)) }
         var messages: [[UInt8]] = []
         while messages.count < sends, let message = try await wsServer.receive() { messages.append(message.bytes) }
@@ -90,10 +98,12 @@ extension Lesson {
         let receives = Int(out.report.figures["tcp.receives"] ?? 0)
         if receives < sends {
             out.say(
-                "Here TCP joined them: \(sends) sends came out as \(receives) receive(s), each returning whatever had arrived."
-            )
+                "Here TCP joined them: \(sends) sends came out as \(receives) receive(s), each returning whatever had arrived: in the picture, several arrows end at one receive.",
+                pointingAt: tcpPhase)
         } else {
-            out.say("Here each send came out as a receive of its own: the receiver read each segment as it arrived.")
+            out.say(
+                "Here each send came out as a receive of its own: the receiver read each segment as it arrived.",
+                pointingAt: tcpPhase)
             out.say("Nothing in TCP promised that; with other timing the same sends are joined (run it again).")
         }
         return out.report

@@ -19,11 +19,13 @@ extension Lesson {
         out.say()
 
         // TCP: no error, no end, for as long as we care to wait.
-        let tcpServer = try await EchoServer.start(backend, on: loopback(.tcp))
+        let tcpPhase = out.trace.phase("TCP through a black hole", .tcp)
+        let tcpServer = try await EchoServerHandle.start(backend, .tcp, traced: (out.trace, tcpPhase))
         let tcpRelay = try await Relay.start(
             listen: loopback(.tcp), upstream: tcpServer.endpoint, backend: backend,
             toClient: .with { $0.blackHoleAfterBytes = 5 })
-        let tcp = try await backend.connect(to: tcpRelay.endpoint)
+        let tcp = out.trace.trace(
+            try await backend.connect(to: tcpRelay.endpoint), side: .client, phase: tcpPhase, kernel: .afterSends)
         try await tcp.send(Array("hello".utf8))
         _ = try await tcp.receive(exactly: 5)
         try await tcp.send(Array("still there?".utf8))
@@ -40,6 +42,7 @@ extension Lesson {
             tcpOutcome = "an error: \(error)"
         }
         let tcpWaited = Double(MonotonicClock.nanoseconds() - started) / 1e9
+        out.trace.mark(tcpPhase, .client, "gave up waiting: \(tcpOutcome.prefix(7))")
         out.say(
             "TCP: the first echo came back; after the black hole, a receive waited \(fixed(tcpWaited, 1)) s and got \(tcpOutcome). The connection still counts as open."
         )
@@ -53,25 +56,31 @@ extension Lesson {
         // black hole starts after the bytes a clean run takes for the handshake and one echo.
         let interval = Duration.milliseconds(500)
         let deadline = Duration.seconds(1)
-        let wsServer = try await EchoServer.start(backend, on: loopback(.ws))
+        let wsPhase = out.trace.phase("WebSocket keep-alive, black hole", .ws)
+        let wsServer = try await EchoServerHandle.start(backend, .ws, traced: (out.trace, wsPhase))
         let upstream = wsServer.endpoint.with(transport: .tcp)
-        let probe = try await Relay.start(listen: loopback(.tcp), upstream: upstream, backend: backend)
+        // Measured against a server of its own, so that the picture shows only the connection that meets the hole.
+        let calibration = try await EchoServer.start(backend, on: loopback(.ws))
+        let probe = try await Relay.start(
+            listen: loopback(.tcp), upstream: calibration.endpoint.with(transport: .tcp), backend: backend)
         let clean = try await backend.connectWebSocket(to: probe.endpoint.with(transport: .ws))
         try await clean.send(text: "hello")
         _ = try await clean.receive()
         let bytesBeforeHole = probe.statistics.bytesToClients
         await clean.close()
         await probe.stop()
+        await calibration.stop()
         let wsRelay = try await Relay.start(
             listen: loopback(.tcp), upstream: upstream, backend: backend,
             toClient: .with { $0.blackHoleAfterBytes = bytesBeforeHole })
-        let ws = try await backend.connectWebSocket(
-            to: wsRelay.endpoint.with(transport: .ws),
-            webSocket: .with {
-                $0.keepAliveInterval = interval
-                $0.pongDeadline = deadline
-            })
-        try await ws.send(text: "hello")
+        let ws = out.trace.trace(
+            try await backend.connectWebSocket(
+                to: wsRelay.endpoint.with(transport: .ws),
+                webSocket: .with {
+                    $0.keepAliveInterval = interval
+                    $0.pongDeadline = deadline
+                }), side: .client, phase: wsPhase)
+        try await ws.send(.text("hello"))
         _ = try await ws.receive()
         let holeStarted = MonotonicClock.nanoseconds()
         var wsOutcome = "nothing within 10 s"
@@ -83,6 +92,7 @@ extension Lesson {
             wsOutcome = "\(error)"
         }
         let wsNoticed = Double(MonotonicClock.nanoseconds() - holeStarted) / 1e9
+        out.trace.mark(wsPhase, .client, wsOutcome == "nothing within 10 s" ? "nothing noticed" : "receive failed")
         out.say(
             "WebSocket with a ping every \(interval) and a pong deadline of \(deadline): the first echo came back; \(fixed(wsNoticed, 1)) s after the black hole began, receive failed: \(wsOutcome)"
         )
@@ -106,7 +116,8 @@ extension Lesson {
         // What this run showed, against that explanation.
         if tcpOutcome.hasPrefix("nothing") {
             out.say(
-                "Here TCP reported nothing for \(fixed(tcpWaited, 1)) s, as explained: the connection looked healthy.")
+                "Here TCP reported nothing for \(fixed(tcpWaited, 1)) s, as explained: the connection looked healthy.",
+                pointingAt: tcpPhase)
         } else {
             out.say("Here TCP did report something (\(tcpOutcome)), so the black hole was not silent this time.")
         }
@@ -115,8 +126,8 @@ extension Lesson {
             out.say("Here the keep-alive did NOT notice within 10 s: the pings or the deadline did not run.")
         } else if UInt64(wsNoticed * 1e9) <= window + 500_000_000 {
             out.say(
-                "Here the keep-alive noticed after \(fixed(wsNoticed, 1)) s: within one ping interval plus the pong deadline (\(fixed(Double(window) / 1e9, 1)) s)."
-            )
+                "Here the keep-alive noticed after \(fixed(wsNoticed, 1)) s: within one ping interval plus the pong deadline (\(fixed(Double(window) / 1e9, 1)) s).",
+                pointingAt: wsPhase)
         } else {
             out.say(
                 "Here the keep-alive noticed, but after \(fixed(wsNoticed, 1)) s, later than one ping interval plus the pong deadline (\(fixed(Double(window) / 1e9, 1)) s): a busy machine delayed its timers."

@@ -16,9 +16,11 @@ extension Lesson {
         out.say()
 
         // TCP: the sender can only go as fast as the reader, through flow control.
+        let tcpPhase = out.trace.phase("TCP: 64 KiB sends, 16 KiB reads", .tcp)
         let listener = try await backend.listen(on: loopback(.tcp))
-        let sender = try await backend.connect(to: listener.localEndpoint)
-        let reader = try await listener.accept()
+        let sender = out.trace.trace(
+            try await backend.connect(to: listener.localEndpoint), side: .client, phase: tcpPhase)
+        let reader = out.trace.trace(try await listener.accept(), side: .server, phase: tcpPhase)
         let chunk = [UInt8](repeating: 1, count: 64 * 1024)
         let stop = Atomic<Bool>(false)
         let sent = Atomic<Int>(0)
@@ -76,13 +78,23 @@ extension Lesson {
             $0.receiveBufferSize = 64 * 1024
             $0.receiveQueueLimit = 64 * 1024
         }
-        let udpListener = try await backend.listen(on: loopback(.udp), options: options)
-        let udpSender = try await backend.connect(to: udpListener.localEndpoint)
-        let kernelDropsBefore = udpReceiveBufferErrors()
-        let datagram = [UInt8](repeating: 2, count: 1000)
         let total = 20_000
-        try await udpSender.send(datagram)
-        let peer = try await udpListener.accept()
+        let udpPhase = out.trace.phase("UDP flood: every 100th datagram", .udp)
+        let udpListener = try await backend.listen(on: loopback(.udp), options: options)
+        let udpSender = out.trace.trace(
+            try await backend.connect(to: udpListener.localEndpoint), side: .client, phase: udpPhase,
+            number: LessonTrace.leadingNumber, every: 100)
+        let kernelDropsBefore = udpReceiveBufferErrors()
+        // Numbered, so that the picture can tell which ones arrived.
+        func datagram(_ number: Int) -> [UInt8] {
+            var bytes = [UInt8](repeating: 2, count: 1000)
+            bytes.withUnsafeMutableBytes { $0.storeBytes(of: UInt32(number), as: UInt32.self) }
+            return bytes
+        }
+        try await udpSender.send(datagram(0))
+        let peer = out.trace.trace(
+            try await udpListener.accept(), side: .server, phase: udpPhase, number: LessonTrace.leadingNumber,
+            every: 100)
         var udpReceived = 0
         let reading = Task {
             var count = 0
@@ -99,7 +111,7 @@ extension Lesson {
             }
             return count
         }
-        for _ in 1..<total { try? await udpSender.send(datagram) }
+        for number in 1..<total { try? await udpSender.send(datagram(number)) }
         udpReceived = await reading.value
         let kernelDrops = udpReceiveBufferErrors() - kernelDropsBefore
         await udpSender.close()
@@ -128,19 +140,20 @@ extension Lesson {
         // What this run showed, against that explanation.
         if blockedShare >= 0.5 {
             out.say(
-                "Here the TCP sender was held back: it spent \(Int(blockedShare * 100))% of the run waiting in send().")
+                "Here the TCP sender was held back: it spent \(Int(blockedShare * 100))% of the run waiting in send().",
+                pointingAt: tcpPhase)
         } else {
             out.say(
-                "Here the TCP sender was not held back much (\(Int(blockedShare * 100))% of the run in send()): the reader's"
-            )
+                "Here the TCP sender was not held back much (\(Int(blockedShare * 100))% of the run in send()): the reader's",
+                pointingAt: tcpPhase)
             out.say(
                 "pauses were absorbed by buffers (kernel socket buffers and the backend's read-ahead, up to \(grouped(maxInFlight / 1024)) KiB in flight)."
             )
         }
         if lost > 0 {
             out.say(
-                "Here UDP lost \(grouped(lost)) of \(grouped(total)) datagrams: the reader could not keep up and nothing told the sender."
-            )
+                "Here UDP lost \(grouped(lost)) of \(grouped(total)) datagrams: the reader could not keep up and nothing told the sender.",
+                pointingAt: udpPhase)
         } else {
             out.say("Here UDP lost nothing: this reader kept up with this sender on this machine (the receive buffer")
             out.say("absorbed the burst), so the overrun did not show; run it again, or with another backend.")

@@ -79,7 +79,29 @@ extension Lesson {
         if !tlsDetails.isEmpty {
             out.say("(TLS here: \(tlsDetails); full certificate verification against a test CA.)")
         }
-        for line in handshakeVerdict(out.report.figures) { out.say(line) }
+        // The picture: one more connection per transport, recorded (not timed above: recording costs a little).
+        var phases: [Transport: Int] = [:]
+        for transport in transports {
+            let phase = out.trace.phase("\(transport.rawValue.uppercased()): connect, 1 byte, its echo", transport)
+            phases[transport] = phase
+            let server = try await EchoServerHandle.start(
+                backend, transport, tls: transport.isSecure ? certificates?.server.server : nil,
+                traced: (out.trace, phase))
+            out.trace.mark(phase, .client, "connect()")
+            let connection = out.trace.trace(
+                try await backend.connect(to: server.endpoint, tls: certificates?.client ?? TLSConfiguration()),
+                side: .client, phase: phase)
+            out.trace.mark(phase, .client, "connected")
+            try await connection.send([1])
+            _ = try await connection.receive()
+            await connection.close()
+            await server.stop()
+        }
+        for (index, line) in handshakeVerdict(out.report.figures).enumerated() {
+            // The first line is TCP against UDP; the others each name a layer.
+            let shown: Transport = index == 0 ? .tcp : [Transport.ws, .tls, .wss][min(2, index - 1)]
+            out.say(line, pointingAt: phases[shown])
+        }
         return out.report
     }
 }
@@ -149,13 +171,19 @@ func nativeConnectCosts(rounds: Int) async -> (tcp: LatencySummary, udp: Latency
     }
 }
 
-/// An echo server for lessons: ConnectionTestKit's, whose stop() returns once every connection is closed.
+/// An echo server for lessons: ConnectionTestKit's, whose stop() returns once every connection is closed; with
+/// `traced`, every connection it accepts is recorded as the server's in that phase.
 enum EchoServerHandle {
     static func start(
-        _ backend: Backend, _ transport: Transport, options: ConnectionOptions = ConnectionOptions()
+        _ backend: Backend, _ transport: Transport, options: ConnectionOptions = ConnectionOptions(),
+        tls: TLSConfiguration? = nil, traced: (LessonTrace, Int)? = nil,
+        number: (@Sendable ([UInt8]) -> Int?)? = nil
     )
         async throws -> EchoServer
     {
-        try await EchoServer.start(backend, on: loopback(transport), options: options)
+        let listener = try await backend.listen(on: loopback(transport), options: options, tls: tls)
+        let server = EchoServer(listener: traced.map { $0.0.trace(listener, phase: $0.1, number: number) } ?? listener)
+        server.begin()
+        return server
     }
 }

@@ -11,10 +11,20 @@ public struct LessonReport: Sendable {
     public var lines: [String] = []
     /// Key figures by name (counts, bytes, microseconds).
     public var figures: [String: Double] = [:]
+    /// What the lesson did, with times: the picture's arrows and marks (``LessonTrace``).
+    public var events: [LessonEvent] = []
+    /// The picture's diagrams, which ``LessonEvent/phase`` indexes.
+    public var phases: [LessonPhase] = []
+    /// Lines (by index into ``lines``) that point at a diagram (by index into ``phases``): a "Here ..."
+    /// sentence and the part of the picture that shows it.
+    public var pointers: [Int: Int] = [:]
 
     public init(lesson: String) { self.lesson = lesson }
 
-    mutating func say(_ line: String = "") { lines.append(line) }
+    mutating func say(_ line: String = "", pointingAt phase: Int? = nil) {
+        if let phase { pointers[lines.count] = phase }
+        lines.append(line)
+    }
 }
 
 /// A live experiment on real sockets that shows how TCP or UDP behaves, with a plain-language explanation.
@@ -29,7 +39,7 @@ public struct Lesson: Sendable {
 
     /// Every lesson, in the order they are best read.
     public static let all: [Lesson] = [
-        .boundaries, .handshake, .nagle, .mtu, .flow, .loss, .ordering, .deadPeer, .multicast,
+        .boundaries, .handshake, .nagle, .mtu, .flow, .loss, .ordering, .headOfLine, .deadPeer, .multicast,
     ]
 
     /// The lesson named `name`.
@@ -67,17 +77,25 @@ public struct Lesson: Sendable {
 final class LessonOutput: Sendable {
     private let collected: Guarded<LessonReport>
     let print: @Sendable (String) -> Void
+    /// Where the lesson records its events for the picture.
+    let trace = LessonTrace()
 
     init(_ lesson: String, _ print: @escaping @Sendable (String) -> Void) {
         collected = Guarded(LessonReport(lesson: lesson))
         self.print = print
     }
 
-    /// What was said and measured so far.
-    var report: LessonReport { collected.withLock { $0 } }
+    /// What was said, measured and recorded so far.
+    var report: LessonReport {
+        var report = collected.withLock { $0 }
+        report.events = trace.events
+        report.phases = trace.phases
+        return report
+    }
 
-    func say(_ line: String = "") {
-        collected.withLock { $0.say(line) }
+    /// Prints `line`; with `phase`, the page links it to that diagram (a "Here ..." sentence and what shows it).
+    func say(_ line: String = "", pointingAt phase: Int? = nil) {
+        collected.withLock { $0.say(line, pointingAt: phase) }
         print(line)
     }
 

@@ -26,22 +26,33 @@ extension Lesson {
         out.say("Two hosts in network namespaces joined by a veth pair; iptables on host B drops each arriving packet")
         out.say("with probability P. Client on host A, echo server on host B, \(backend) backend on both.")
         out.say()
+        var tcpPhases: [Int] = []
         for transport in [Transport.udp, .tcp] {
+            let serverTrace = ServerTrace()
+            defer { serverTrace.remove() }
             let child = try lab.start(
                 in: lab.serverNamespace,
                 [
                     "serve", "\(transport)://\(lab.serverAddress):0", "--backend", backend.rawValue,
-                    "--exit-on-stdin-eof",
+                    "--exit-on-stdin-eof", "--quiet", "--trace", serverTrace.path,
                 ])
-            defer { NetworkLab.stop(child) }
+            var stopped = false
+            defer { if !stopped { NetworkLab.stop(child) } }
             let url = String(child.readLine().dropFirst("listening on ".count))
+            var runs: [(phase: Int, result: LessonProbe.Result, from: UInt64, to: UInt64)] = []
             for probability in [0.01, 0.05, 0.20] {
                 try lab.setLoss(probability)
+                let from = MonotonicClock.nanoseconds()
                 let json = try lab.runToEnd(
                     in: lab.clientNamespace,
                     ["lesson-probe", transport == .udp ? "udp-loss" : "tcp-rtt", url, "--backend", backend.rawValue])
                 let result = try JSONDecoder().decode(LessonProbe.Result.self, from: Data(json.utf8))
                 let percent = Int(probability * 100)
+                let phase = out.trace.phase(
+                    "\(transport == .udp ? "UDP datagrams" : "TCP round trips"), \(percent)% of packets dropped",
+                    transport)
+                if transport == .tcp { tcpPhases.append(phase) }
+                runs.append((phase, result, from, MonotonicClock.nanoseconds()))
                 if transport == .udp {
                     let lost = result.sent - result.delivered
                     out.say(
@@ -59,6 +70,14 @@ extension Lesson {
                 }
             }
             try lab.setLoss(0)
+            NetworkLab.stop(child)
+            stopped = true
+            let served = serverTrace.observations()
+            for run in runs {
+                out.trace.replay(
+                    run.result.observations + served.filter { (run.from...run.to).contains($0.at) }, into: run.phase,
+                    byteStream: transport.isByteStream)
+            }
         }
         out.say()
         out.say("Why: UDP does not retransmit: a dropped datagram is gone, and about P of them are. TCP numbers every")
@@ -66,12 +85,12 @@ extension Lesson {
         out.say("after a retransmission timeout (at least 200 ms on Linux) or after three duplicate ACKs. So every")
         out.say("byte arrives, but the round trips that met a loss take hundreds of milliseconds: the loss moved from")
         out.say("the data into the tail latency (p99, max).")
-        sayLossVerdict(out, relay: false)
+        sayLossVerdict(out, relay: false, phase: tcpPhases.last)
         return out.report
     }
 
     /// The loss lesson's "Here" lines: what this run's figures show of the claim above.
-    private static func sayLossVerdict(_ out: LessonOutput, relay: Bool) {
+    private static func sayLossVerdict(_ out: LessonOutput, relay: Bool, phase: Int? = nil) {
         let figures = out.report.figures
         let levels = [1, 5, 20]
         let shares = levels.map { percent -> Double in
@@ -81,7 +100,9 @@ extension Lesson {
         let listed = zip(levels, shares).map { "\(fixed($1 * 100, 1))% at \($0)%" }.joined(separator: ", ")
         // Each level sends 1,000 datagrams: within a third to twice P is what chance allows (Poisson, about 1% outside).
         if zip(levels, shares).allSatisfy({ $1 >= Double($0) / 300 && $1 <= Double($0) / 50 }) {
-            out.say("Here UDP lost about P at each level (\(listed)), and nothing brought those datagrams back.")
+            out.say(
+                "Here UDP lost about P at each level (\(listed)), and nothing brought those datagrams back: the crosses in the picture.",
+                pointingAt: phase)
         } else {
             out.say("Here UDP's losses did not follow P (\(listed)): 1,000 datagrams a level leave room for")
             out.say("chance, but not this much; something else dropped or kept datagrams.")
@@ -107,8 +128,8 @@ extension Lesson {
             out.say("Here TCP did NOT finish its round trips at some level: the probe gave up before TCP recovered.")
         } else if retransmits.allSatisfy({ $0 > 0 }) {
             out.say(
-                "Here TCP delivered every round trip at every level, retransmitting \(retransmits.map(String.init).joined(separator: ", ")) segments; its slowest round trips took \(slowest) ms."
-            )
+                "Here TCP delivered every round trip at every level, retransmitting \(retransmits.map(String.init).joined(separator: ", ")) segments; its slowest round trips took \(slowest) ms: the long arrows in the picture.",
+                pointingAt: phase)
         } else {
             out.say(
                 "Here TCP delivered every round trip, but retransmitted \(retransmits.map(String.init).joined(separator: ", ")) segments: where it is 0, no segment of its happened to be dropped."
@@ -138,19 +159,29 @@ extension Lesson {
         out.say("the packets arriving at B dropped (\(backend) backend). Each message's round trip is timed.")
         out.say()
         try lab.setLoss(0.05)
+        var phases: [Transport: Int] = [:]
         for transport in [Transport.tcp, .ws, .udp] {
+            let serverTrace = ServerTrace()
+            defer { serverTrace.remove() }
             let child = try lab.start(
                 in: lab.serverNamespace,
                 [
                     "serve", "\(transport)://\(lab.serverAddress):0", "--backend", backend.rawValue,
-                    "--exit-on-stdin-eof",
+                    "--exit-on-stdin-eof", "--quiet", "--trace", serverTrace.path,
                 ])
-            defer { NetworkLab.stop(child) }
+            var stopped = false
+            defer { if !stopped { NetworkLab.stop(child) } }
             let url = String(child.readLine().dropFirst("listening on ".count))
             let json = try lab.runToEnd(
                 in: lab.clientNamespace, ["lesson-probe", "ordering-\(transport)", url, "--backend", backend.rawValue])
             let result = try JSONDecoder().decode(LessonProbe.Result.self, from: Data(json.utf8))
+            NetworkLab.stop(child)
+            stopped = true
             let name = transport == .ws ? "WebSocket" : transport.rawValue.uppercased()
+            let phase = out.trace.phase("\(name), 5% of packets dropped", transport)
+            phases[transport] = phase
+            out.trace.replay(
+                result.observations + serverTrace.observations(), into: phase, byteStream: transport.isByteStream)
             out.say(
                 "\(name): \(result.delivered)/\(result.sent) delivered, \(result.outOfOrder) out of order; round trip p50 \(roundTrip(result.p50us)), max \(fixed(result.maxus / 1000, 1)) ms; \(result.delayedOver10ms) message(s) took over 1 ms."
             )
@@ -186,19 +217,19 @@ extension Lesson {
             out.say("\(slowest)), so no hole showed in this run: run it again to see one.")
         } else if max(tcpMax, wsMax) >= 100 {
             out.say(
-                "Here \(retransmits) segment(s) were retransmitted and a retransmission timeout fired (slowest round trips: \(slowest); Linux waits at least 200 ms)"
-            )
+                "Here \(retransmits) segment(s) were retransmitted and a retransmission timeout fired (slowest round trips: \(slowest); Linux waits at least 200 ms)",
+                pointingAt: phases[.tcp])
             out.say("and every message sent meanwhile queued behind the hole: one lost segment, a long run.")
         } else {
             out.say(
-                "Here \(retransmits) segment(s) were retransmitted, and Linux noticed each hole within a few milliseconds (duplicate ACKs, RACK; slowest round trips:"
-            )
+                "Here \(retransmits) segment(s) were retransmitted, and Linux noticed each hole within a few milliseconds (duplicate ACKs, RACK; slowest round trips:",
+                pointingAt: phases[.tcp])
             out.say("\(slowest)), so the runs are short; on a real network each lasts at least a round trip, or")
             out.say("200 ms and more when the retransmission timeout has to fire.")
         }
         out.say(
             "UDP hands each datagram over as it arrives: a lost one is a gap, and the others are not delayed by it.")
-        sayOrderVerdict(out)
+        sayOrderVerdict(out, udpPhase: phases[.udp])
         out.say(
             "Protocols that need both reliability and independence (QUIC, SCTP) retransmit per stream or per message.")
         return out.report
@@ -227,13 +258,19 @@ extension Lesson {
         out.say("Client, relay and echo server on loopback, \(backend) backend; the relay drops each datagram going to")
         out.say("the server with probability P (seeded, so a run can be repeated).")
         out.say()
-        let server = try await EchoServer.start(backend, on: loopback(.udp))
-        defer { Task { await server.stop() } }
+        var phases: [Int] = []
         for probability in [0.01, 0.05, 0.20] {
+            let phase = out.trace.phase("UDP through the relay, \(Int(probability * 100))% dropped", .udp)
+            phases.append(phase)
+            let server = try await EchoServerHandle.start(
+                backend, .udp, traced: (out.trace, phase), number: LessonTrace.leadingNumber)
             let relay = try await Relay.start(
                 listen: loopback(.udp), upstream: server.endpoint, backend: backend,
                 toUpstream: .with { $0.loss = probability }, seed: 7)
-            let result = try await LessonProbe.udpLoss(backend, relay.endpoint)
+            let result = try await LessonProbe.udpLoss(backend, relay.endpoint) {
+                out.trace.trace($0, side: .client, phase: phase, number: LessonTrace.leadingNumber)
+            }
+            await server.stop()
             await relay.stop()
             let percent = Int(probability * 100)
             let lost = result.sent - result.delivered
@@ -244,7 +281,6 @@ extension Lesson {
             out.figure("udp.\(percent).delivered", Double(result.delivered))
             out.figure("udp.\(percent).dropped", Double(relay.statistics.dropped))
         }
-        await server.stop()
         out.say()
         out.say(
             "Why: UDP does not retransmit: a dropped datagram is gone, and about P of them are (the relay's count and")
@@ -253,7 +289,7 @@ extension Lesson {
         out.say(
             "refuses --loss for tcp). To see TCP retransmit under loss, run this lesson as root (--faults namespaces):")
         out.say("the kernel then drops real packets between two network namespaces.")
-        sayLossVerdict(out, relay: true)
+        sayLossVerdict(out, relay: true, phase: phases.last)
         return out.report
     }
 
@@ -265,6 +301,7 @@ extension Lesson {
         -> LessonReport
     {
         sayRelay(out, reason)
+        var phases: [Transport: Int] = [:]
         out.say(
             "300 numbered messages, in bursts of 10 a millisecond apart, to an echo server through a relay that holds")
         out.say(
@@ -273,17 +310,23 @@ extension Lesson {
         out.say("Each message's round trip is timed.")
         out.say()
         for transport in [Transport.tcp, .ws, .udp] {
-            let server = try await EchoServer.start(backend, on: loopback(transport))
+            let name = transport == .ws ? "WebSocket" : transport.rawValue.uppercased()
+            let phase = out.trace.phase("\(name) through the relay (0-8 ms each)", transport)
+            phases[transport] = phase
+            let number = transport == .tcp ? nil : LessonTrace.leadingNumber
+            let server = try await EchoServerHandle.start(
+                backend, transport, traced: (out.trace, phase), number: number)
             let relay = try await Relay.start(
                 listen: loopback(transport), upstream: server.endpoint, backend: backend,
                 toUpstream: .with {
                     $0.jitter = .milliseconds(8)
                     $0.reorder = transport == .udp
                 }, seed: 7)
-            let result = try await LessonProbe.ordering(backend, relay.endpoint)
+            let result = try await LessonProbe.ordering(backend, relay.endpoint) {
+                out.trace.trace($0, side: .client, phase: phase, number: number)
+            }
             await relay.stop()
             await server.stop()
-            let name = transport == .ws ? "WebSocket" : transport.rawValue.uppercased()
             let values = result.perMessageMicroseconds.filter { $0 >= 0 }.sorted()
             let median = values.isEmpty ? 0 : values[values.count / 2]
             out.say(
@@ -317,7 +360,7 @@ extension Lesson {
         out.say("WebSocket carries whole messages, but in order on one TCP connection, so each message waits for the")
         out.say("one ahead of it just the same. UDP datagrams are independent: one held longer is overtaken, and the")
         out.say("others arrive after their own delay.")
-        sayOrderVerdict(out)
+        sayOrderVerdict(out, udpPhase: phases[.udp])
         if tcpMedian > udpMedian * 1.1 {
             out.say("Here, waiting in order cost TCP \(fixed(tcpMedian - udpMedian, 1)) ms at the median over UDP.")
         } else if udpMedian > tcpMedian * 1.1 {
@@ -336,7 +379,7 @@ extension Lesson {
 
     /// The ordering lesson's "Here" line on order itself: TCP and WebSocket must deliver every message in order;
     /// UDP's datagrams may overtake each other (through the relay's delays) or go missing (with loss).
-    private static func sayOrderVerdict(_ out: LessonOutput) {
+    private static func sayOrderVerdict(_ out: LessonOutput, udpPhase: Int? = nil) {
         let figures = out.report.figures
         let inOrder = [Transport.tcp, .ws].allSatisfy {
             figures["\($0).outOfOrder"] == 0 && figures["\($0).delivered"] == figures["\($0).sent"]
@@ -349,8 +392,8 @@ extension Lesson {
             )
         } else if udpOut > 0 || udpLost > 0 {
             out.say(
-                "Here TCP and WebSocket delivered all 300 in order, and UDP held nothing back: \(udpOut) datagram(s) arrived out of order, \(udpLost) were lost."
-            )
+                "Here TCP and WebSocket delivered all 300 in order, and UDP held nothing back: \(udpOut) datagram(s) arrived out of order, \(udpLost) were lost.",
+                pointingAt: udpPhase)
         } else {
             out.say("Here TCP and WebSocket delivered all 300 in order, and so did UDP this time: no datagram was lost")
             out.say("or overtaken, which UDP allows but does not promise.")

@@ -10,8 +10,9 @@ extension Lesson {
         summary: "UDP datagram sizes around 1472 and 65507 bytes, EMSGSIZE, and what TCP does with the same bytes"
     ) { backend, print in
         let out = LessonOutput("mtu", print)
-        let server = try await EchoServerHandle.start(backend, .udp)
-        let client = try await backend.connect(to: server.endpoint)
+        let udpPhase = out.trace.phase("UDP: one datagram of each size", .udp)
+        let server = try await EchoServerHandle.start(backend, .udp, traced: (out.trace, udpPhase))
+        let client = out.trace.trace(try await backend.connect(to: server.endpoint), side: .client, phase: udpPhase)
         out.say("Sending single UDP datagrams of growing size over loopback (MTU 65536) with the \(backend) backend:")
         for size in [1, 1472, 1473, 9000, 65_507, 65_508, 70_000] {
             do {
@@ -27,13 +28,17 @@ extension Lesson {
                     "  \(grouped(size).padding(toLength: 7, withPad: " ", startingAt: 0)) bytes: refused by the kernel: \(error.kind) [\(error.systemCode?.name ?? "-")]"
                 )
                 out.figure("udp.\(size)", error.kind == .messageTooLarge ? -1 : -2)
+                out.trace.mark(
+                    udpPhase, .client, "\(grouped(size)) B refused: \(error.systemCode?.name ?? "\(error.kind)")")
             }
         }
         await client.close()
         await server.stop()
 
-        let tcpServer = try await EchoServerHandle.start(backend, .tcp)
-        let tcpClient = try await backend.connect(to: tcpServer.endpoint)
+        let tcpPhase = out.trace.phase("TCP: one send of 70,000 B", .tcp)
+        let tcpServer = try await EchoServerHandle.start(backend, .tcp, traced: (out.trace, tcpPhase))
+        let tcpClient = out.trace.trace(
+            try await backend.connect(to: tcpServer.endpoint), side: .client, phase: tcpPhase)
         let size = 70_000
         try await tcpClient.send([UInt8](repeating: 7, count: size))
         var receives = 0
@@ -60,7 +65,9 @@ extension Lesson {
         let atLimit = figures["udp.65507"] == 1
         let overLimit = figures["udp.65508"] == -1
         if atLimit && overLimit {
-            out.say("Here 65,507 bytes went and came back whole, and 65,508 were refused at once: the limit, exactly.")
+            out.say(
+                "Here 65,507 bytes went and came back whole, and 65,508 were refused at once: the limit, exactly.",
+                pointingAt: udpPhase)
         } else {
             out.say(
                 "Here the limit did not show as described: 65,507 bytes \(atLimit ? "came back whole" : "did NOT come back whole"), 65,508 were \(overLimit ? "refused" : "NOT refused with EMSGSIZE")."
@@ -75,8 +82,8 @@ extension Lesson {
         }
         if total == size {
             out.say(
-                "Here TCP carried all 70,000 bytes, cut into \(receives) receive(s) that have nothing to do with the one send."
-            )
+                "Here TCP carried all 70,000 bytes, cut into \(receives) receive(s) that have nothing to do with the one send.",
+                pointingAt: tcpPhase)
         } else {
             out.say(
                 "Here TCP returned \(grouped(total)) of 70,000 bytes before the connection ended: something went wrong."

@@ -29,6 +29,13 @@ extension Lesson {
             out.figure("receiver\(index + 1)", Double(count))
         }
         out.say("  a socket on the same port that did not join: \(result.notJoined) datagrams")
+        var phases: [Int] = []
+        for (index, read) in result.receives.enumerated() {
+            let phase = out.trace.phase(
+                index < 3 ? "Sender to joined receiver \(index + 1)" : "Sender to the socket that did not join", .udp)
+            phases.append(phase)
+            out.trace.replay(result.sends + read, into: phase, byteStream: false)
+        }
         out.figure("sent", Double(result.sent))
         out.figure("notJoined", Double(result.notJoined))
         out.say()
@@ -42,8 +49,8 @@ extension Lesson {
             !result.receivedPerReceiver.isEmpty && result.receivedPerReceiver.allSatisfy { $0 == result.sent }
         if everyJoined && result.notJoined == 0 {
             out.say(
-                "Here it showed: each of the \(result.receivedPerReceiver.count) joined sockets got all \(result.sent) datagrams from one send each, and the socket that did not join got none."
-            )
+                "Here it showed: each of the \(result.receivedPerReceiver.count) joined sockets got all \(result.sent) datagrams from one send each, and the socket that did not join got none (every arrow to it ends in a cross).",
+                pointingAt: phases.last)
         } else {
             out.say(
                 "Here it did NOT show as described: the joined sockets got \(result.receivedPerReceiver.map(String.init).joined(separator: ", ")) of \(result.sent), the socket that did not join \(result.notJoined)."
@@ -61,6 +68,11 @@ public enum MulticastProbe {
         public var sent = 0
         public var receivedPerReceiver: [Int] = []
         public var notJoined = 0
+        /// The sends (as the client's) and, per receiver (the three joined, then the one that did not), what it
+        /// read (as the server's), for the lesson's picture. A receive's time is when the receiver read it: after
+        /// all ten were sent.
+        public var sends: [LessonTrace.Observation] = []
+        public var receives: [[LessonTrace.Observation]] = []
     }
 
     public static func run(group: String) throws -> Result {
@@ -89,16 +101,28 @@ public enum MulticastProbe {
         defer { Syscall.close(sender) }
         try Syscall.setMulticastSender(sender, interface: loopbackInterface, loop: true)
         for index in 0..<10 {
+            let at = MonotonicClock.nanoseconds()
             let sent = try [UInt8(index)].withBytes { (bytes) throws(ConnectionError) in
                 try Syscall.sendTo(sender, bytes, to: destination)
             }
-            if case .processed = sent { result.sent += 1 }
+            if case .processed = sent {
+                result.sent += 1
+                result.sends.append(.init(at: at, side: .client, kind: .send, bytes: 1, number: index))
+            }
         }
         let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 16, alignment: 1)
         defer { buffer.deallocate() }
         for (index, fd) in receivers.enumerated() {
             var count = 0
-            while case .processed = try Syscall.recv(fd, buffer) { count += 1 }
+            var read: [LessonTrace.Observation] = []
+            while case .processed(let bytes) = try Syscall.recv(fd, buffer) {
+                count += 1
+                read.append(
+                    .init(
+                        at: MonotonicClock.nanoseconds(), side: .server, kind: .receive, bytes: bytes,
+                        number: bytes > 0 ? Int(buffer[0]) : nil))
+            }
+            result.receives.append(read)
             if index < 3 { result.receivedPerReceiver.append(count) } else { result.notJoined = count }
         }
         return result

@@ -15,11 +15,16 @@ extension Lesson {
         out.say(
             "a 1-byte reply; the server replies once it has all 100 bytes. \(rounds) requests each way (\(backend)).")
         out.say()
+        var phases: [Int] = []
         for noDelay in [false, true] {
             let options = ConnectionOptions.with { $0.tcpNoDelay = noDelay }
+            let phase = out.trace.phase("TCP_NODELAY \(noDelay ? "on" : "off")", .tcp)
+            phases.append(phase)
             let listener = try await backend.listen(on: loopback(.tcp), options: options)
-            let client = try await backend.connect(to: listener.localEndpoint, options: options)
-            let server = try await listener.accept()
+            let client = out.trace.trace(
+                try await backend.connect(to: listener.localEndpoint, options: options), side: .client, phase: phase,
+                kernel: .afterSends)
+            let server = out.trace.trace(try await listener.accept(), side: .server, phase: phase)
             let serving = Task {
                 while let request = try? await server.receive(exactly: 100), request.count == 100 {
                     try? await server.send([1])
@@ -50,16 +55,29 @@ extension Lesson {
         out.say("piggyback it on a reply it cannot send yet, since it has only half the request). Each side waits")
         out.say("for the other until the delayed-ACK timer fires, tens of milliseconds later. TCP_NODELAY sends")
         out.say("the body at once. Better still: one write per request.")
+        // What the kernel said after each write (TCP_INFO): a body it kept unsent is Nagle holding it back.
+        let events = out.report.events
+        for (phase, setting) in zip(phases, ["off", "on"]) {
+            let held = events.filter {
+                $0.phase == phase && $0.kind == .kernel && $0.text?.contains("not sent") == true
+            }
+            out.figure("nodelay.\(setting).heldBackWrites", Double(held.count))
+        }
+        let heldOff = Int(out.report.figures["nodelay.off.heldBackWrites"] ?? 0)
+        let heldOn = Int(out.report.figures["nodelay.on.heldBackWrites"] ?? 0)
+        out.say(
+            "Here the kernel kept a write unsent right after it was made \(heldOff) time(s) of \(rounds * 2) with TCP_NODELAY off, \(heldOn) with it on (TCP_INFO's notsent bytes: the grey squares in the picture).",
+            pointingAt: phases[0])
         let off = out.report.figures["nodelay.off.p50us"] ?? 0
         let on = out.report.figures["nodelay.on.p50us"] ?? 0
         if off >= 5_000 && off >= 10 * on {
             out.say(
-                "Here the stall showed: \(fixed(off / 1000, 1)) ms at the median with TCP_NODELAY off, \(fixed(on / 1000, 2)) ms with it on."
-            )
+                "Here the stall showed: \(fixed(off / 1000, 1)) ms at the median with TCP_NODELAY off, \(fixed(on / 1000, 2)) ms with it on: in the picture, the gap before each 60-byte body arrives.",
+                pointingAt: phases[0])
         } else {
             out.say(
-                "Here the stall did not show (median \(fixed(off / 1000, 2)) ms off, \(fixed(on / 1000, 2)) ms on): Nagle holds a write back"
-            )
+                "Here the stall did not show (median \(fixed(off / 1000, 2)) ms off, \(fixed(on / 1000, 2)) ms on): in the picture, each body arrives at once. Nagle holds a write back",
+                pointingAt: phases[0])
             out.say("only while earlier data is unacknowledged, so either the header's ACK came back before the body")
             out.say("was written (Linux acknowledges at once while in its quick-ACK mode) or both writes left in one")
             out.say("segment. Timing decides which; run it again, or with another backend, to see the stall.")

@@ -145,3 +145,18 @@ public final class NetworkLab: Sendable {
         _ = try? child.wait()
     }
 }
+
+/// Where a lesson's server in another namespace writes what it observed (`sockbench serve --trace FILE`).
+struct ServerTrace {
+    let path = FileManager.default.temporaryDirectory.appendingPathComponent(
+        "sockbench-trace-\(getpid())-\(UInt64.random(in: 0...UInt64.max)).json"
+    ).path
+
+    /// What the server wrote when it stopped (nothing when it wrote nothing).
+    func observations() -> [LessonTrace.Observation] {
+        guard let data = FileManager.default.contents(atPath: path) else { return [] }
+        return (try? JSONDecoder().decode([LessonTrace.Observation].self, from: data)) ?? []
+    }
+
+    func remove() { try? FileManager.default.removeItem(atPath: path) }
+}

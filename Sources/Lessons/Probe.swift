@@ -19,27 +19,38 @@ public enum LessonProbe {
         /// Messages whose round trip exceeded 1 ms.
         public var delayedOver10ms = 0
         public var perMessageMicroseconds: [Double] = []
+        /// Every send and receive the probe made, for the lesson's picture.
+        public var observations: [LessonTrace.Observation] = []
     }
 
     /// `mode`: `udp-loss`, `tcp-rtt`, `ordering-tcp`, `ordering-ws` or `ordering-udp`.
     public static func run(mode: String, backend: Backend, url: String) async throws -> Result {
         let endpoint = try Endpoint(url: url)
         let retransBefore = tcpCounter("RetransSegs")
+        let recorder = LessonTrace.recorder()
+        let number = endpoint.transport.isByteStream ? nil : LessonTrace.leadingNumber
+        let wrap: (any Connection) -> any Connection = {
+            recorder.trace($0, side: .client, phase: 0, number: number, kernel: .onRetransmissions)
+        }
         var result: Result
         switch mode {
-        case "udp-loss": result = try await udpLoss(backend, endpoint)
-        case "tcp-rtt": result = try await tcpRoundTrips(backend, endpoint)
-        case "ordering-tcp", "ordering-ws", "ordering-udp": result = try await ordering(backend, endpoint)
+        case "udp-loss": result = try await udpLoss(backend, endpoint, wrap: wrap)
+        case "tcp-rtt": result = try await tcpRoundTrips(backend, endpoint, wrap: wrap)
+        case "ordering-tcp", "ordering-ws", "ordering-udp":
+            result = try await ordering(backend, endpoint, wrap: wrap)
         default: throw ConnectionError(.unsupported, "unknown probe mode \(mode)")
         }
         result.retransmittedSegments = tcpCounter("RetransSegs") - retransBefore
+        result.observations = recorder.observations
         return result
     }
 
     /// 1,000 numbered datagrams in bursts of 20, each burst waiting (at most 30 ms) for its echoes; an echo that
     /// comes back later (up to 100 ms after the last burst) still counts as delivered.
-    static func udpLoss(_ backend: Backend, _ endpoint: Endpoint) async throws -> Result {
-        let connection = try await backend.connect(to: endpoint)
+    static func udpLoss(
+        _ backend: Backend, _ endpoint: Endpoint, wrap: (any Connection) -> any Connection = { $0 }
+    ) async throws -> Result {
+        let connection = wrap(try await backend.connect(to: endpoint))
         var seen = Set<UInt32>()
         var result = Result()
         for burst in 0..<50 {
@@ -75,8 +86,10 @@ public enum LessonProbe {
     }
 
     /// 200 closed-loop round trips of 64 bytes.
-    static func tcpRoundTrips(_ backend: Backend, _ endpoint: Endpoint) async throws -> Result {
-        let connection = try await backend.connect(to: endpoint)
+    static func tcpRoundTrips(
+        _ backend: Backend, _ endpoint: Endpoint, wrap: (any Connection) -> any Connection = { $0 }
+    ) async throws -> Result {
+        let connection = wrap(try await backend.connect(to: endpoint))
         let run = try await PingRunner(size: 64, count: 200, warmup: 0).run(on: connection)
         await connection.close()
         var result = Result()
@@ -90,8 +103,10 @@ public enum LessonProbe {
 
     /// 300 numbered, time-stamped messages in bursts of 10 a millisecond apart, echoed back; each message's
     /// round trip.
-    static func ordering(_ backend: Backend, _ endpoint: Endpoint) async throws -> Result {
-        let connection = try await backend.connect(to: endpoint)
+    static func ordering(
+        _ backend: Backend, _ endpoint: Endpoint, wrap: (any Connection) -> any Connection = { $0 }
+    ) async throws -> Result {
+        let connection = wrap(try await backend.connect(to: endpoint))
         let count = 300
         let size = 16
         let arrivals = Guarded<[(sequence: Int, rtt: UInt64)]>([])

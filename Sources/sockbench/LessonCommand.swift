@@ -1,6 +1,8 @@
 import ArgumentParser
+import ConnectionTestKit
 import Foundation
 import Lessons
+import POSIXSupport
 import SocketStyles
 
 struct LessonCommand: AsyncParsableCommand {
@@ -21,6 +23,18 @@ struct LessonCommand: AsyncParsableCommand {
             "Print only JSON on standard output (the lesson's text, its figures, which faults ran); the text also goes to standard error as it runs."
     )
     var json = false
+
+    @Option(
+        help: ArgumentHelp(
+            "Also write the lesson as one self-contained page: a time-sequence diagram of what it did (an arrow per send), beside its text and figures.",
+            valueName: "file"))
+    var html: String?
+
+    @Option(
+        help: ArgumentHelp(
+            "Also render the page to a PNG with headless Chromium (scripts/ensure-deps --browser), started so that it fetches nothing; the run fails if it reached beyond loopback.",
+            valueName: "file"))
+    var png: String?
 
     @Option(
         help:
@@ -60,11 +74,61 @@ struct LessonCommand: AsyncParsableCommand {
         } catch {
             throw fail("the lesson failed: \(error)")
         }
+        if html != nil || png != nil {
+            let page = LessonPage.render(report, summary: lesson.summary, backend: backend.rawValue)
+            let scratch = FileManager.default.temporaryDirectory.appendingPathComponent(
+                "sockbench-lesson-\(getpid())")
+            defer { try? FileManager.default.removeItem(at: scratch) }
+            let file = URL(fileURLWithPath: html ?? scratch.appendingPathComponent("\(lesson.name).html").path)
+            do {
+                try FileManager.default.createDirectory(at: scratch, withIntermediateDirectories: true)
+                try page.html.write(to: file, atomically: true, encoding: .utf8)
+            } catch {
+                throw fail("could not write \(file.path): \(error.localizedDescription)")
+            }
+            let arrows = report.events.filter { $0.kind == .send }.count
+            if let html {
+                say("Wrote \(html): \(report.phases.count) diagram(s), \(arrows) arrows (one per send recorded).")
+            }
+            if let png {
+                try screenshot(file, to: URL(fileURLWithPath: png), width: page.width, height: page.height, scratch)
+                say("Wrote \(png) (\(page.width) x \(page.height), headless Chromium; nothing fetched).")
+            }
+        }
         if json {
             try Console.json(
                 LessonJSON(
                     lesson: lesson.name, summary: lesson.summary, backend: backend.rawValue, faults: faults,
-                    figures: report.figures, lines: report.lines))
+                    figures: report.figures, lines: report.lines, phases: report.phases, events: report.events))
+        }
+    }
+}
+
+extension LessonCommand {
+    /// Renders `page` to `png` with headless Chromium, with the flags the browser tests use (no requests of its
+    /// own, names other than 127.0.0.1 unresolvable) and its network log checked afterwards.
+    func screenshot(_ page: URL, to png: URL, width: Int, height: Int, _ scratch: URL) throws {
+        guard let chromium = HeadlessChromium.path else {
+            throw fail("--png needs Chromium (scripts/ensure-deps --browser installs it)")
+        }
+        let netLog = scratch.appendingPathComponent("netlog.json")
+        let flags = HeadlessChromium.flags(profile: scratch.appendingPathComponent("profile"), netLog: netLog)
+        let shot: (status: Int32, output: String)
+        do throws(ConnectionError) {
+            shot = try ChildProcess.run(
+                [chromium] + flags + [
+                    "--hide-scrollbars", "--window-size=\(width),\(height)", "--screenshot=\(png.path)",
+                    page.absoluteString,
+                ])
+        } catch {
+            throw fail("could not start Chromium: \(error)")
+        }
+        guard shot.status == 0, FileManager.default.fileExists(atPath: png.path) else {
+            throw fail("Chromium did not write \(png.path) (exit \(shot.status)): \(shot.output.suffix(400))")
+        }
+        let remote = HeadlessChromium.trafficBeyondLoopback(netLog: netLog)
+        guard remote.isEmpty else {
+            throw fail("Chromium reached beyond loopback while rendering: \(remote.joined(separator: ", "))")
         }
     }
 }
@@ -81,6 +145,11 @@ struct LessonJSON: Codable {
     var figures: [String: Double]
     /// The text the lesson printed, line by line.
     var lines: [String]
+    /// The diagrams of its picture (`events[].phase` indexes them).
+    var phases: [LessonPhase]
+    /// What it did, with times in microseconds since it began: every send (with when it arrived, or null), every
+    /// receive, and marks (connections, faults, the end of a stream).
+    var events: [LessonEvent]
 }
 
 /// The measuring side of the namespace lessons (run inside a namespace by the lesson itself).

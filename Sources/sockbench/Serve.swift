@@ -2,6 +2,7 @@ import ArgumentParser
 import ConnectionTestKit
 import Dispatch
 import Foundation
+import Lessons
 import NativeStyles
 import POSIXSupport
 import SocketStyles
@@ -63,6 +64,12 @@ struct Serve: AsyncParsableCommand {
     @Option(help: "Close a connection that sends and receives nothing for this many seconds (0: never).")
     var idleTimeout: Double = 300
 
+    @Option(
+        help: ArgumentHelp(
+            "Record every send and receive (CLOCK_MONOTONIC nanoseconds, bytes, the number a numbered datagram or message starts with) and write them to this file as JSON when stopping: how a lesson draws a server that runs in another network namespace.",
+            valueName: "file"))
+    var trace: String?
+
     @Flag(help: "ws, wss: accept permessage-deflate (RFC 7692) when a client offers it.")
     var deflate = false
 
@@ -92,6 +99,7 @@ struct Serve: AsyncParsableCommand {
         if native || asyncChannel { return try await serveNative(endpoint, backend) }
         let tlsConfiguration = try tls.configuration(for: endpoint.transport)
         let server: EchoServer
+        let recorder = trace.map { _ in LessonTrace.recorder() }
         do throws(ConnectionError) {
             let options = ConnectionOptions.with {
                 $0.udpPeerIdleTimeout = .milliseconds(Int64(udpPeerIdle * 1000))
@@ -99,18 +107,30 @@ struct Serve: AsyncParsableCommand {
                 $0.maximumConnections = maxConnections
                 $0.idleTimeout = idleTimeout > 0 ? .milliseconds(Int64(idleTimeout * 1000)) : nil
             }
-            server = try await EchoServer.start(
-                backend, on: endpoint, options: options,
+            let listener = try await backend.listen(
+                on: endpoint, options: options,
                 webSocket: WebSocketOptions.with {
                     $0.deflate = deflate ? WebSocketDeflateOptions.with { $0.compressionLevel = deflateLevel } : nil
                 },
-                tls: tlsConfiguration, mode: sink ? .sink : .echo)
+                tls: tlsConfiguration)
+            let numbered = endpoint.transport.isByteStream ? nil : LessonTrace.leadingNumber
+            server = EchoServer(
+                listener: recorder.map { $0.trace(listener, phase: 0, number: numbered) } ?? listener,
+                mode: sink ? .sink : .echo)
+            server.begin()
         } catch {
             throw fail(error.description)
         }
         Console.line("listening on \(server.endpoint)")
         let reason = await StopSignal.wait(stdinEOF: exitOnStdinEOF)
         await server.stop()
+        if let trace, let recorder {
+            do {
+                try JSONEncoder().encode(recorder.observations).write(to: URL(fileURLWithPath: trace))
+            } catch {
+                throw fail("could not write \(trace): \(error.localizedDescription)")
+            }
+        }
         guard !quiet else { return }
         Console.error("sockbench serve: \(reason); served \(server.connectionsServed) connection(s)")
     }

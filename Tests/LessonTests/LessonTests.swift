@@ -3,6 +3,7 @@ import Foundation
 import Lessons
 import POSIXSupport
 import SocketStyles
+import Synchronization
 import Testing
 
 /// Each lesson's claims, checked on real sockets (never its timings).
@@ -13,9 +14,45 @@ struct LessonTests {
         SocketTest.addWarmUp { NetworkLab.installSignalCleanup() }
     }
 
+    /// Runs a lesson, and checks the page it draws (once per lesson, backend and fault source).
     func run(_ name: String, _ backend: Backend = .bsd) async throws -> LessonReport {
         let lesson = try #require(Lesson.named(name))
-        return try await SocketTest.run(timeLimit: .seconds(150)) { try await lesson.run(backend) { _ in } }
+        // The page is opened inside the socket-test lock: Chromium's pipes are this test's descriptors.
+        return try await SocketTest.run(timeLimit: .seconds(150)) {
+            let report = try await lesson.run(backend) { _ in }
+            try LessonPages.check(report, lesson, backend)
+            return report
+        }
+    }
+
+    @Test(
+        "headofline: the late message holds back every later TCP and WebSocket message, and no UDP datagram; says so",
+        arguments: Backend.allCases)
+    func headOfLine(_ backend: Backend) async throws {
+        let report = try await run("headofline", backend)
+        let figures = report.figures
+        for transport in ["tcp", "ws", "udp"] {
+            #expect(figures["\(transport).held"] == 1, "the relay held one \(transport) message")
+            #expect(figures["\(transport).missing"] == 0, "every \(transport) message came back")
+        }
+        for transport in ["tcp", "ws"] {
+            let sent = figures["\(transport).sentWhileHeld"] ?? 0
+            #expect(sent > 0)
+            #expect(figures["\(transport).behind"] == sent, "\(transport): every later message came back after #5")
+            #expect(figures["\(transport).overtook"] == 0)
+            #expect(report.lines.contains { $0.hasPrefix("Here every one of the \(Int(sent)) ") }, "\(report.lines)")
+        }
+        let udpOvertook = figures["udp.overtook"] ?? 0
+        #expect(udpOvertook > 0, "no datagram overtook the held one")
+        #expect(
+            report.lines.contains { $0.hasPrefix("Here \(Int(udpOvertook)) of the ") } == (udpOvertook > 0),
+            "\(report.lines)")
+        // The picture: the late message's arrow ends after the others' in tcp and ws, before them in udp.
+        for (index, phase) in report.phases.enumerated() {
+            let sends = report.events.filter { $0.phase == index && $0.kind == .send && $0.side == .client }
+            #expect(sends.count == 20, "\(phase.title): 20 sends drawn")
+            #expect(sends.allSatisfy { $0.arrived != nil })
+        }
     }
 
     @Test(
@@ -28,6 +65,19 @@ struct LessonTests {
         let stalled = off >= 5_000 && off >= 10 * on
         #expect(nagle.lines.contains { $0.hasPrefix("Here the stall showed") } == stalled, "\(nagle.lines)")
         #expect(nagle.lines.contains { $0.hasPrefix("Here the stall did not show") } == !stalled)
+        // The kernel's view after every write: 20 headers and 20 bodies each way, and what it held back.
+        for (index, setting) in ["off", "on"].enumerated() {
+            let views = nagle.events.filter { $0.phase == index && $0.kind == .kernel }
+            #expect(views.count == 40, "TCP_NODELAY \(setting): a kernel view after each write")
+            let held = views.filter { $0.text?.contains("not sent") == true }.count
+            #expect(nagle.figures["nodelay.\(setting).heldBackWrites"] == Double(held))
+        }
+        #expect(
+            nagle.lines.contains {
+                $0.hasPrefix(
+                    "Here the kernel kept a write unsent right after it was made \(Int(nagle.figures["nodelay.off.heldBackWrites"] ?? -1)) time(s) of 40 with TCP_NODELAY off, \(Int(nagle.figures["nodelay.on.heldBackWrites"] ?? -1)) with it on"
+                )
+            }, "\(nagle.lines)")
         let boundaries = try await run("boundaries", backend)
         let joined = (boundaries.figures["tcp.receives"] ?? 0) < (boundaries.figures["tcp.sends"] ?? 0)
         #expect(boundaries.lines.contains { $0.hasPrefix("Here TCP joined them") } == joined, "\(boundaries.lines)")
@@ -270,6 +320,53 @@ struct LessonTests {
         for receiver in 1...3 { #expect(report.figures["receiver\(receiver)"] == sent) }
         #expect(report.figures["notJoined"] == 0)
         #expect(report.lines.contains { $0.hasPrefix("Here it showed: each of the 3 joined sockets got all 10") })
+    }
+}
+
+/// Each lesson's page, opened in headless Chromium: the diagram drew one arrow per send recorded, a bar per
+/// receive and a dot per mark, and the browser fetched nothing.
+enum LessonPages {
+    static let checked = Mutex<Set<String>>([])
+
+    static func check(_ report: LessonReport, _ lesson: Lesson, _ backend: Backend) throws {
+        let key = "\(lesson.name)|\(backend.rawValue)|\(report.figures["relay"] ?? 0)|\(report.figures["skipped"] ?? 0)"
+        guard checked.withLock({ $0.insert(key).inserted }) else { return }
+        let sends = report.events.filter { $0.kind == .send }.count
+        let receives = report.events.filter { $0.kind == .receive }.count
+        let marks = report.events.filter { $0.kind == .mark }.count
+        let kernel = report.events.filter { $0.kind == .kernel }.count
+        if report.figures["skipped"] != 1 {
+            #expect(sends > 0, "\(key): the lesson recorded no send")
+            #expect(!report.phases.isEmpty)
+        }
+        #expect(report.events.allSatisfy { $0.phase < report.phases.count })
+        #expect(report.pointers.values.allSatisfy { $0 < report.phases.count })
+        let html = LessonPage.html(report, summary: lesson.summary, backend: backend.rawValue)
+        for external in ["<script", "<link", "<img", "<iframe", "src=", "url(", "http://", "https://"] {
+            #expect(!html.contains(external), "\(key): the page refers to \(external)")
+        }
+        guard let chromium = HeadlessChromium.path else { return }
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent(
+            "lesson-page-\(getpid())-\(lesson.name)-\(backend.rawValue)")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        let page = directory.appendingPathComponent("\(lesson.name).html")
+        try html.write(to: page, atomically: true, encoding: .utf8)
+        let netLog = directory.appendingPathComponent("netlog.json")
+        let flags = HeadlessChromium.flags(profile: directory.appendingPathComponent("profile"), netLog: netLog)
+        let render = try ChildProcess.run([chromium] + flags + ["--dump-dom", page.absoluteString])
+        #expect(render.status == 0)
+        func drawn(_ element: String) -> Int { render.output.components(separatedBy: element).count - 1 }
+        #expect(drawn("<path class=\"arrow") == sends, "\(key): arrows drawn = sends recorded")
+        #expect(drawn("<line class=\"receive\"") == receives, "\(key): bars drawn = receives recorded")
+        #expect(drawn("<circle class=\"mark\"") == marks, "\(key): dots drawn = marks recorded")
+        #expect(drawn("<rect class=\"kernel\"") == kernel, "\(key): squares drawn = kernel views recorded")
+        #expect(drawn("<figure id=\"phase-") == report.phases.count)
+        let notANumber = render.output.range(of: #"[ML,"]-?(nan|inf)"#, options: .regularExpression)
+        #expect(notANumber == nil, "\(key): a coordinate is not a number")
+        let remote = HeadlessChromium.trafficBeyondLoopback(netLog: netLog)
+        #expect(remote.isEmpty, "\(key): Chromium sent traffic beyond loopback: \(remote)")
+        print("lesson page \(key): Chromium drew \(drawn("<path class=\"arrow")) arrows for \(sends) sends")
     }
 }
 

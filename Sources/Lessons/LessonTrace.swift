@@ -1,0 +1,494 @@
+import ConnectionCore
+import POSIXSupport
+public import SocketStyles
+import Synchronization
+
+/// One thing a lesson saw happen, at a time: a send or a receive at one end, or a mark (a connection opened or
+/// closed, a fault the relay applied, the kernel's view sampled). A send is drawn as an arrow from its end to
+/// the other, ending where the receive that delivered its last byte happened, or in a cross when nothing did.
+public struct LessonEvent: Codable, Sendable, Hashable {
+    public enum Kind: String, Codable, Sendable {
+        /// Bytes, a datagram or a message handed to the connection.
+        case send
+        /// What one receive returned.
+        case receive
+        /// Something else that happened at that time (``text`` says what).
+        case mark
+        /// The kernel's view of this end's TCP connection then (TCP_INFO through sock_diag), in ``text``.
+        case kernel
+    }
+
+    /// Which end: the connecting side, the accepting side, or what lies between (the relay).
+    public enum Side: String, Codable, Sendable {
+        case client, server, between
+    }
+
+    /// The diagram (``LessonPhase``) it belongs to: an index into ``LessonReport/phases``.
+    public var phase: Int
+    /// Microseconds since the lesson began.
+    public var at: Double
+    public var side: Side
+    public var kind: Kind
+    /// Bytes sent or received (0 for a mark).
+    public var bytes: Int = 0
+    /// A send's number in its direction (from 0); a receive's: the last send it completed, if any.
+    public var number: Int? = nil
+    /// A send: when the receive that delivered its last byte happened (microseconds since the lesson began);
+    /// `nil` when none did (lost, or still unread when the lesson ended).
+    public var arrived: Double? = nil
+    /// A mark's text; a send's or a receive's note (a fault on its way, say).
+    public var text: String? = nil
+}
+
+/// One time-sequence diagram: two ends over time (a transport, a setting).
+public struct LessonPhase: Codable, Sendable, Hashable {
+    public var title: String
+    public var transport: String
+    /// Sends and receives this diagram did not record: past the cap, so that a flood stays a picture.
+    public var notDrawn: Int = 0
+    /// The gap (microseconds) or stall this lesson points at, labelled on the picture.
+    public var caption: String? = nil
+}
+
+/// Records a lesson's events as it runs. Wrap each end of a connection with ``trace(_:side:phase:)``; every
+/// send and receive through the wrapper is recorded (up to ``cap`` sends per phase and direction).
+public final class LessonTrace: Sendable {
+    /// The most sends recorded per phase and direction; the rest are counted, not drawn.
+    public let cap: Int
+    private let origin: UInt64
+    private let state = Guarded(State())
+
+    private struct Direction {
+        var sends: [Int] = []  // event indices
+        var sentBytes = 0  // byte streams: where the last recorded send ends
+        var receivedBytes = 0
+        var ends: [Int] = []  // byte streams: end offset of each recorded send
+        var matched = 0  // next send a receive completes (in order: byte streams, ws)
+        var numbered: [Int: Int] = [:]  // send number -> event index (udp, numbered)
+        var capped = false
+    }
+
+    private struct State {
+        var events: [LessonEvent] = []
+        var phases: [LessonPhase] = []
+        var directions: [String: Direction] = [:]
+    }
+
+    /// Set in a process that only observes (a lesson's probe or server in another namespace): what it saw, with
+    /// CLOCK_MONOTONIC times, for the lesson's own trace to ``replay(_:into:byteStream:)``.
+    private let recording: Bool
+    private let recorder = Guarded<[Observation]>([])
+
+    public init(cap: Int = 240, origin: UInt64 = MonotonicClock.nanoseconds()) {
+        self.cap = cap
+        self.origin = origin
+        recording = false
+    }
+
+    /// A trace that records raw observations (``observations``) instead of events: for the other process of a
+    /// lesson. Every process on the machine reads the same CLOCK_MONOTONIC, network namespace or not.
+    public static func recorder() -> LessonTrace { LessonTrace(recordingOnly: true) }
+
+    private init(recordingOnly: Bool) {
+        cap = .max
+        origin = 0
+        recording = recordingOnly
+    }
+
+    /// One send or receive seen by a process of its own, or the kernel's view sampled there.
+    public struct Observation: Codable, Sendable, Hashable {
+        public enum Kind: String, Codable, Sendable { case send, receive, kernel }
+        /// CLOCK_MONOTONIC nanoseconds.
+        public var at: UInt64
+        public var side: LessonEvent.Side
+        public var kind: Kind
+        public var bytes: Int
+        public var number: Int?
+        /// The kernel's view (``Kind/kernel``).
+        public var text: String?
+
+        public init(
+            at: UInt64, side: LessonEvent.Side, kind: Kind, bytes: Int, number: Int? = nil, text: String? = nil
+        ) {
+            self.at = at
+            self.side = side
+            self.kind = kind
+            self.bytes = bytes
+            self.number = number
+            self.text = text
+        }
+    }
+
+    /// What a recording trace saw so far.
+    public var observations: [Observation] { recorder.withLock { $0 } }
+
+    /// Adds what other processes observed to `phase`, in time order, matched as if recorded here.
+    public func replay(_ observations: [Observation], into phase: Int, byteStream: Bool) {
+        for observation in observations.sorted(by: { $0.at < $1.at }) {
+            let time = Double(Int64(bitPattern: observation.at &- origin)) / 1000
+            switch observation.kind {
+            case .send:
+                sent(phase, observation.side, count: observation.bytes, number: observation.number, at: time)
+            case .receive:
+                received(
+                    phase, observation.side, count: observation.bytes, byteStream: byteStream,
+                    number: observation.number, at: time)
+            case .kernel:
+                state.withLock {
+                    $0.events.append(
+                        LessonEvent(
+                            phase: phase, at: time, side: observation.side, kind: .kernel, text: observation.text))
+                }
+            }
+        }
+    }
+
+    /// Microseconds since the lesson began.
+    func now() -> Double { Double(MonotonicClock.nanoseconds() &- origin) / 1000 }
+
+    /// Starts a diagram; events name it by the index returned.
+    @discardableResult
+    public func phase(_ title: String, _ transport: Transport) -> Int {
+        state.withLock { state in
+            state.phases.append(LessonPhase(title: title, transport: transport.rawValue))
+            return state.phases.count - 1
+        }
+    }
+
+    /// Sets what the picture labels in `phase`.
+    public func caption(_ phase: Int, _ text: String) {
+        state.withLock { $0.phases[phase].caption = text }
+    }
+
+    /// The kernel's view of `side`'s TCP connection now, in `phase`.
+    func kernel(_ phase: Int, _ side: LessonEvent.Side, _ text: String) {
+        if recording {
+            recorder.withLock {
+                $0.append(
+                    Observation(at: MonotonicClock.nanoseconds(), side: side, kind: .kernel, bytes: 0, text: text))
+            }
+            return
+        }
+        let time = now()
+        state.withLock {
+            $0.events.append(LessonEvent(phase: phase, at: time, side: side, kind: .kernel, text: text))
+        }
+    }
+
+    /// Something that happened now (or at `at`) at `side` in `phase`.
+    public func mark(_ phase: Int, _ side: LessonEvent.Side, _ text: String, at: Double? = nil) {
+        let time = at ?? now()
+        state.withLock {
+            $0.events.append(LessonEvent(phase: phase, at: time, side: side, kind: .mark, text: text))
+        }
+    }
+
+    /// `connection` with every send and receive recorded as `side`'s in `phase`. `number` reads a datagram's
+    /// number from its bytes (its sender's count from 0) where datagrams may be lost or reordered; without it,
+    /// messages are matched in order.
+    /// With `every` above 1 (numbered sends only), only sends whose number is a multiple of it are drawn: a
+    /// flood stays a picture, and the page says how many were left out.
+    /// With `kernel`, the kernel's view of a TCP connection is sampled too (``KernelSampling``).
+    public func trace(
+        _ connection: any Connection, side: LessonEvent.Side, phase: Int,
+        number: (@Sendable ([UInt8]) -> Int?)? = nil, every: Int = 1, kernel: KernelSampling = .never
+    ) -> any Connection {
+        TracedConnection(
+            connection, trace: self, side: side, phase: phase, number: number, every: every, kernel: kernel)
+    }
+
+    /// When a traced TCP connection (tcp, tls, ws, wss) records the kernel's view of itself (TCP_INFO, read by
+    /// its addresses through sock_diag, so every backend's sockets can be read).
+    public enum KernelSampling: Sendable {
+        case never
+        /// After every send: what TCP did with the bytes (sent, or held back unsent: Nagle), what is unacknowledged.
+        case afterSends
+        /// After a send or a receive whenever the connection's count of retransmitted segments has grown.
+        case onRetransmissions
+    }
+
+    /// Counts a send or receive that is not drawn.
+    func skipped(_ phase: Int) { state.withLock { $0.phases[phase].notDrawn += 1 } }
+
+    private static func key(_ phase: Int, from side: LessonEvent.Side) -> String { "\(phase)|\(side.rawValue)" }
+
+    func sent(_ phase: Int, _ side: LessonEvent.Side, _ bytes: [UInt8], number: Int?) {
+        if recording {
+            recorder.withLock {
+                $0.append(
+                    Observation(
+                        at: MonotonicClock.nanoseconds(), side: side, kind: .send, bytes: bytes.count, number: number))
+            }
+            return
+        }
+        sent(phase, side, count: bytes.count, number: number, at: now())
+    }
+
+    private func sent(_ phase: Int, _ side: LessonEvent.Side, count bytes: Int, number: Int?, at time: Double) {
+        state.withLock { state in
+            let key = Self.key(phase, from: side)
+            var direction = state.directions[key, default: Direction()]
+            defer { state.directions[key] = direction }
+            guard !direction.capped, direction.sends.count < cap else {
+                direction.capped = true
+                state.phases[phase].notDrawn += 1
+                return
+            }
+            direction.sentBytes += bytes
+            direction.ends.append(direction.sentBytes)
+            let index = state.events.count
+            let count = direction.sends.count
+            direction.sends.append(index)
+            if let number { direction.numbered[number] = index }
+            state.events.append(
+                LessonEvent(phase: phase, at: time, side: side, kind: .send, bytes: bytes, number: number ?? count))
+        }
+    }
+
+    func received(
+        _ phase: Int, _ side: LessonEvent.Side, _ bytes: [UInt8], transport: Transport, number: Int?
+    ) {
+        if recording {
+            recorder.withLock {
+                $0.append(
+                    Observation(
+                        at: MonotonicClock.nanoseconds(), side: side, kind: .receive, bytes: bytes.count, number: number
+                    ))
+            }
+            return
+        }
+        received(phase, side, count: bytes.count, byteStream: transport.isByteStream, number: number, at: now())
+    }
+
+    private func received(
+        _ phase: Int, _ side: LessonEvent.Side, count bytes: Int, byteStream: Bool, number: Int?, at time: Double
+    ) {
+        let from: LessonEvent.Side = side == .client ? .server : .client
+        state.withLock { state in
+            let key = Self.key(phase, from: from)
+            var direction = state.directions[key, default: Direction()]
+            defer { state.directions[key] = direction }
+            var completed: Int?
+            if byteStream {
+                // A receive delivers the bytes after the last one received; it completes every send whose last
+                // byte is among them.
+                let start = direction.receivedBytes
+                direction.receivedBytes += bytes
+                if start >= direction.sentBytes && direction.capped {
+                    state.phases[phase].notDrawn += 1
+                    return
+                }
+                while direction.matched < direction.ends.count,
+                    direction.ends[direction.matched] <= direction.receivedBytes
+                {
+                    let send = direction.sends[direction.matched]
+                    state.events[send].arrived = time
+                    completed = state.events[send].number
+                    direction.matched += 1
+                }
+            } else if let number {
+                guard let send = direction.numbered[number] else {
+                    state.phases[phase].notDrawn += 1
+                    return
+                }
+                if state.events[send].arrived == nil { state.events[send].arrived = time }
+                completed = number
+            } else {
+                guard direction.matched < direction.sends.count else {
+                    state.phases[phase].notDrawn += 1
+                    return
+                }
+                let send = direction.sends[direction.matched]
+                state.events[send].arrived = time
+                completed = state.events[send].number
+                direction.matched += 1
+            }
+            state.events.append(
+                LessonEvent(
+                    phase: phase, at: time, side: side, kind: .receive, bytes: bytes, number: completed))
+        }
+    }
+
+    /// Notes on a send already recorded (a fault the relay applied to it, say): the send numbered `number` from
+    /// `side` in `phase`.
+    public func annotate(_ phase: Int, from side: LessonEvent.Side, number: Int, _ text: String) {
+        state.withLock { state in
+            guard
+                let index = state.events.firstIndex(where: {
+                    $0.phase == phase && $0.side == side && $0.kind == .send && $0.number == number
+                })
+            else { return }
+            state.events[index].text = text
+        }
+    }
+
+    /// What was recorded, in time order within each phase.
+    public var events: [LessonEvent] {
+        state.withLock { $0.events }.enumerated().sorted {
+            ($0.element.phase, $0.element.at, $0.offset) < ($1.element.phase, $1.element.at, $1.offset)
+        }.map(\.element)
+    }
+
+    /// The diagrams, in the order they were started.
+    public var phases: [LessonPhase] { state.withLock { $0.phases } }
+}
+
+/// A connection whose sends and receives a ``LessonTrace`` records; everything else is the wrapped one's.
+final class TracedConnection: Connection {
+    let base: any Connection
+    let trace: LessonTrace
+    let side: LessonEvent.Side
+    let phase: Int
+    let number: (@Sendable ([UInt8]) -> Int?)?
+    let every: Int
+    let kernel: LessonTrace.KernelSampling
+    private let retransmitted = Atomic<UInt32>(0)
+
+    init(
+        _ base: any Connection, trace: LessonTrace, side: LessonEvent.Side, phase: Int,
+        number: (@Sendable ([UInt8]) -> Int?)?, every: Int = 1, kernel: LessonTrace.KernelSampling = .never
+    ) {
+        self.base = base
+        self.trace = trace
+        self.side = side
+        self.phase = phase
+        self.number = number
+        self.every = max(1, every)
+        self.kernel = base.transport == .udp ? .never : kernel
+    }
+
+    /// Records the kernel's view of this connection when ``kernel`` asks for it after a send (or a receive).
+    private func sampleKernel(afterSend: Bool) {
+        if case .never = kernel { return }
+        if case .afterSends = kernel, !afterSend { return }
+        guard let view = Syscall.tcpView(local: base.localEndpoint, remote: base.remoteEndpoint) else { return }
+        switch kernel {
+        case .never: return
+        case .afterSends:
+            var parts: [String] = []
+            if view.notSentBytes > 0 { parts.append("\(view.notSentBytes) B not sent") }
+            parts.append("\(view.unacked) unacked")
+            if view.totalRetransmits > 0 { parts.append("\(view.totalRetransmits) retransmitted") }
+            parts.append("rtt \(view.rttMicroseconds) us")
+            trace.kernel(phase, side, parts.joined(separator: ", "))
+        case .onRetransmissions:
+            let before = retransmitted.exchange(view.totalRetransmits, ordering: .relaxed)
+            guard view.totalRetransmits > before else { return }
+            trace.kernel(
+                phase, side,
+                "retransmitted \(view.totalRetransmits - before) (\(view.totalRetransmits) in all)"
+                    + (view.backoff > 0 ? ", RTO backoff \(view.backoff)" : ""))
+        }
+    }
+
+    /// Records a send, or counts it when it is not among those drawn.
+    private func recordSend(_ bytes: [UInt8]) {
+        let number = number?(bytes)
+        if every > 1, let number, number % every != 0 {
+            trace.skipped(phase)
+            return
+        }
+        trace.sent(phase, side, bytes, number: number)
+    }
+
+    private func recordReceive(_ bytes: [UInt8]) {
+        let number = number?(bytes)
+        if every > 1, let number, number % every != 0 {
+            trace.skipped(phase)
+            return
+        }
+        trace.received(phase, side, bytes, transport: transport, number: number)
+    }
+
+    var transport: Transport { base.transport }
+    var localEndpoint: Endpoint { base.localEndpoint }
+    var remoteEndpoint: Endpoint { base.remoteEndpoint }
+    var options: ConnectionOptions { base.options }
+    var preferredExecutor: (any TaskExecutor)? { base.preferredExecutor }
+
+    func send(_ message: Message) async throws(ConnectionError) {
+        // Recorded before the send: a send that waits for room (flow control) shows when it was asked for.
+        recordSend(message.bytes)
+        try await base.send(message)
+        sampleKernel(afterSend: true)
+    }
+
+    func send(contentsOf bytes: UnsafeRawBufferPointer) async throws(ConnectionError) {
+        try await send(Message(Array(bytes)))
+    }
+
+    func send(batch: [UnsafeRawBufferPointer]) async throws(ConnectionError) {
+        for bytes in batch { recordSend(Array(bytes)) }
+        try await base.send(batch: batch)
+        sampleKernel(afterSend: true)
+    }
+
+    func receive(maximumLength: Int) async throws(ConnectionError) -> Message? {
+        guard let message = try await base.receive(maximumLength: maximumLength) else {
+            trace.mark(phase, side, "end of stream")
+            return nil
+        }
+        recordReceive(message.bytes)
+        sampleKernel(afterSend: false)
+        return message
+    }
+
+    func receive(into buffer: UnsafeMutableRawBufferPointer) async throws(ConnectionError) -> Received? {
+        guard let received = try await base.receive(into: buffer) else {
+            trace.mark(phase, side, "end of stream")
+            return nil
+        }
+        recordReceive(Array(UnsafeRawBufferPointer(rebasing: buffer[..<received.count])))
+        sampleKernel(afterSend: false)
+        return received
+    }
+
+    func closeOutput() async throws(ConnectionError) {
+        trace.mark(phase, side, "FIN (closeOutput)")
+        try await base.closeOutput()
+    }
+
+    func close() async { await base.close() }
+    func abort() async { await base.abort() }
+}
+
+/// A listener whose accepted connections a ``LessonTrace`` records as the server's.
+final class TracedListener: Listener {
+    let base: any Listener
+    let trace: LessonTrace
+    let phase: Int
+    let number: (@Sendable ([UInt8]) -> Int?)?
+
+    init(_ base: any Listener, trace: LessonTrace, phase: Int, number: (@Sendable ([UInt8]) -> Int?)?) {
+        self.base = base
+        self.trace = trace
+        self.phase = phase
+        self.number = number
+    }
+
+    var transport: Transport { base.transport }
+    var localEndpoint: Endpoint { base.localEndpoint }
+
+    func accept() async throws(ConnectionError) -> any Connection {
+        let connection = try await base.accept()
+        trace.mark(phase, .server, "accepted")
+        return trace.trace(connection, side: .server, phase: phase, number: number)
+    }
+
+    func close() async { await base.close() }
+}
+
+extension LessonTrace {
+    /// `listener` with every accepted connection traced as the server's in `phase`.
+    public func trace(
+        _ listener: any Listener, phase: Int, number: (@Sendable ([UInt8]) -> Int?)? = nil
+    ) -> any Listener {
+        TracedListener(listener, trace: self, phase: phase, number: number)
+    }
+
+    /// Reads a little-endian UInt32 at the start of a datagram: the number the lessons' numbered sends carry.
+    public static let leadingNumber: @Sendable ([UInt8]) -> Int? = { bytes in
+        guard bytes.count >= 4 else { return nil }
+        return bytes.withUnsafeBytes { Int($0.loadUnaligned(as: UInt32.self)) }
+    }
+}
