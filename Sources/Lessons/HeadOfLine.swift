@@ -74,6 +74,7 @@ extension Lesson {
             out.figure("\(transport).lateWaitedUs", waited[late])
             out.figure(
                 "\(transport).laterWaitedMedianUs", median(heldSent.map { waited[$0] }.filter { $0 >= 0 }))
+            out.figure("\(transport).laterWaitedMaxUs", heldSent.map { waited[$0] }.max() ?? 0)
             out.figure("\(transport).missing", Double(missing))
         }
         out.say()
@@ -116,6 +117,15 @@ extension Lesson {
             out.say(
                 "Here \(udpOvertook) of the \(udpSent) UDP datagrams sent while #\(late) was held came back before it: only #\(late) was late (in the picture, its arrow alone crosses the others).",
                 pointingAt: phases[.udp])
+            let most = (figures["udp.laterWaitedMaxUs"] ?? 0) / 1000
+            if most >= 1 {
+                out.say(
+                    "     The most any of them waited was \(fixed(most, 1)) ms, not #\(late)'s \(LessonPage.duration(Double(hold.wholeNanoseconds) / 1000)): the relay held only #\(late) (its count"
+                )
+                out.say(
+                    "     says \(Int(figures["udp.held"] ?? 0))); the rest is this machine scheduling client, relay and server, which share one process here."
+                )
+            }
         } else {
             out.say(
                 "Here no UDP datagram overtook #\(late) (\(udpSent) were sent while it was held): the machine was too slow for the timing this lesson needs; run it again.",
