@@ -43,6 +43,9 @@ extension Lesson {
         }
         let tcpWaited = Double(MonotonicClock.nanoseconds() - started) / 1e9
         out.trace.mark(tcpPhase, .client, "gave up waiting: \(tcpOutcome.prefix(7))")
+        // The client's kernel after the wait: nothing unacknowledged (the relay acknowledged the bytes), so TCP has
+        // nothing to retransmit and no reason to suspect the path.
+        out.trace.kernelView(of: tcp, tcpPhase, .client)
         out.say(
             "TCP: the first echo came back; after the black hole, a receive waited \(fixed(tcpWaited, 1)) s and got \(tcpOutcome). The connection still counts as open."
         )

@@ -175,6 +175,24 @@ public final class LessonTrace: Sendable {
         }
     }
 
+    /// Records the kernel's view of `connection` (TCP) now, as `side`'s in `phase`; nothing when there is none.
+    func kernelView(of connection: any Connection, _ phase: Int, _ side: LessonEvent.Side) {
+        guard let view = Syscall.tcpView(local: connection.localEndpoint, remote: connection.remoteEndpoint) else {
+            return
+        }
+        kernel(phase, side, Self.describe(view))
+    }
+
+    /// "60 B not sent, 1 unacked, rtt 31 us": what TCP did with what the program wrote.
+    static func describe(_ view: Syscall.TCPView) -> String {
+        var parts: [String] = []
+        if view.notSentBytes > 0 { parts.append("\(view.notSentBytes) B not sent") }
+        parts.append("\(view.unacked) unacked")
+        if view.totalRetransmits > 0 { parts.append("\(view.totalRetransmits) retransmitted") }
+        parts.append("rtt \(view.rttMicroseconds) us")
+        return parts.joined(separator: ", ")
+    }
+
     /// Something that happened now (or at `at`) at `side` in `phase`.
     public func mark(_ phase: Int, _ side: LessonEvent.Side, _ text: String, at: Double? = nil) {
         let time = at ?? now()
@@ -365,12 +383,7 @@ final class TracedConnection: Connection {
         switch kernel {
         case .never: return
         case .afterSends:
-            var parts: [String] = []
-            if view.notSentBytes > 0 { parts.append("\(view.notSentBytes) B not sent") }
-            parts.append("\(view.unacked) unacked")
-            if view.totalRetransmits > 0 { parts.append("\(view.totalRetransmits) retransmitted") }
-            parts.append("rtt \(view.rttMicroseconds) us")
-            trace.kernel(phase, side, parts.joined(separator: ", "))
+            trace.kernel(phase, side, LessonTrace.describe(view))
         case .onRetransmissions:
             let before = retransmitted.exchange(view.totalRetransmits, ordering: .relaxed)
             guard view.totalRetransmits > before else { return }

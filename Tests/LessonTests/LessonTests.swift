@@ -124,6 +124,12 @@ struct LessonTests {
         #expect(
             report.lines.contains { $0.hasPrefix("Here the keep-alive noticed, but after") }
                 == (noticed && UInt64(seconds * 1e9) > 2_000_000_000))
+        // The picture: the server's reply to "still there?" never reached the client (a cross), while the client's
+        // kernel, after the wait, had nothing unacknowledged: the relay took and acknowledged the bytes.
+        let replies = report.events.filter { $0.phase == 0 && $0.kind == .send && $0.side == .server }
+        #expect(replies.count == 2 && replies[0].arrived != nil && replies[1].arrived == nil, "\(replies)")
+        let views = report.events.filter { $0.phase == 0 && $0.kind == .kernel }
+        #expect(views.last?.text?.hasPrefix("0 unacked") == true, "\(views.map(\.text))")
     }
 
     @Test("handshake says which steps showed in its own run, on every backend", arguments: Backend.allCases)
