@@ -35,24 +35,19 @@ extension Lesson {
             let phase = out.trace.phase(
                 "\(name): #\(late) held \(LessonPage.duration(Double(hold.wholeNanoseconds) / 1000))", transport)
             phases[transport] = phase
-            let number = transport == .tcp ? nil : LessonTrace.leadingNumber
-            let server = try await EchoServerHandle.start(
-                backend, transport, traced: (out.trace, phase), number: number)
-            let relay = try await Relay.start(
-                listen: loopback(transport), upstream: server.endpoint, backend: backend,
+            let path = try await RelayedEcho.start(
+                out, backend, transport, phase: phase,
                 toUpstream: .with {
                     $0.hold = .init(byte: late * size, duration: hold)
                     // Datagrams are independent: the held one must not hold the others (tcp and ws keep order).
                     $0.reorder = transport == .udp
                 })
             let run = try await Self.holdRun(
-                out.trace.trace(
-                    try await backend.connect(to: relay.endpoint), side: .client, phase: phase, number: number),
-                count: count, size: size, spacing: spacing, clock: out.trace)
+                path.traced(try await backend.connect(to: path.endpoint)), count: count, size: size,
+                spacing: spacing, clock: out.trace)
             out.trace.mark(phase, .between, "relay held #\(late)", at: run.sentAt[late])
-            await relay.stop()
-            await server.stop()
-            let held = relay.statistics.held
+            await path.stop()
+            let held = path.relay.statistics.held
             // Arrival order: which later messages came back after the held one, and which before it.
             let lateArrival = run.arrivedAt[late]
             let later = (late + 1)..<count

@@ -262,16 +262,11 @@ extension Lesson {
         for probability in [0.01, 0.05, 0.20] {
             let phase = out.trace.phase("UDP through the relay, \(Int(probability * 100))% dropped", .udp)
             phases.append(phase)
-            let server = try await EchoServerHandle.start(
-                backend, .udp, traced: (out.trace, phase), number: LessonTrace.leadingNumber)
-            let relay = try await Relay.start(
-                listen: loopback(.udp), upstream: server.endpoint, backend: backend,
-                toUpstream: .with { $0.loss = probability }, seed: 7)
-            let result = try await LessonProbe.udpLoss(backend, relay.endpoint) {
-                out.trace.trace($0, side: .client, phase: phase, number: LessonTrace.leadingNumber)
-            }
-            await server.stop()
-            await relay.stop()
+            let path = try await RelayedEcho.start(
+                out, backend, .udp, phase: phase, toUpstream: .with { $0.loss = probability }, seed: 7)
+            let result = try await LessonProbe.udpLoss(backend, path.endpoint, wrap: path.traced)
+            await path.stop()
+            let relay = path.relay
             let percent = Int(probability * 100)
             let lost = result.sent - result.delivered
             out.say(
@@ -313,20 +308,14 @@ extension Lesson {
             let name = transport == .ws ? "WebSocket" : transport.rawValue.uppercased()
             let phase = out.trace.phase("\(name) through the relay (0-8 ms each)", transport)
             phases[transport] = phase
-            let number = transport == .tcp ? nil : LessonTrace.leadingNumber
-            let server = try await EchoServerHandle.start(
-                backend, transport, traced: (out.trace, phase), number: number)
-            let relay = try await Relay.start(
-                listen: loopback(transport), upstream: server.endpoint, backend: backend,
+            let path = try await RelayedEcho.start(
+                out, backend, transport, phase: phase,
                 toUpstream: .with {
                     $0.jitter = .milliseconds(8)
                     $0.reorder = transport == .udp
                 }, seed: 7)
-            let result = try await LessonProbe.ordering(backend, relay.endpoint) {
-                out.trace.trace($0, side: .client, phase: phase, number: number)
-            }
-            await relay.stop()
-            await server.stop()
+            let result = try await LessonProbe.ordering(backend, path.endpoint, wrap: path.traced)
+            await path.stop()
             let values = result.perMessageMicroseconds.filter { $0 >= 0 }.sorted()
             let median = values.isEmpty ? 0 : values[values.count / 2]
             out.say(
