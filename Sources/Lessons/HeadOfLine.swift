@@ -46,6 +46,9 @@ extension Lesson {
                 path.traced(try await backend.connect(to: path.endpoint)), count: count, size: size,
                 spacing: spacing, clock: out.trace)
             out.trace.mark(phase, .between, "relay held #\(late)", at: run.sentAt[late])
+            out.trace.annotate(
+                phase, from: .client, number: late,
+                "held \(LessonPage.duration(Double(hold.wholeNanoseconds) / 1000)) by the relay")
             await path.stop()
             let held = path.relay.statistics.held
             // Arrival order: which later messages came back after the held one, and which before it.

@@ -193,7 +193,6 @@ public enum LessonPage {
         }
         var caption = "\(phase.transport): \(events.filter { $0.kind == .send }.count) sends drawn"
         if phase.notDrawn > 0 { caption += ", \(phase.notDrawn) more sends and receives not drawn" }
-        if let text = phase.caption { caption += ". " + text }
         let svg = """
             <figure id="phase-\(index)"><svg class="lesson" width="\(Int(width))" height="\(Int(height))" viewBox="0 0 \(Int(width)) \(Int(height))">
             \(body)</svg><figcaption>\(escape(caption))</figcaption></figure>

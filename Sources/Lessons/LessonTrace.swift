@@ -46,8 +46,6 @@ public struct LessonPhase: Codable, Sendable, Hashable {
     public var transport: String
     /// Sends and receives this diagram did not record: past the cap, so that a flood stays a picture.
     public var notDrawn: Int = 0
-    /// The gap (microseconds) or stall this lesson points at, labelled on the picture.
-    public var caption: String? = nil
 }
 
 /// Records a lesson's events as it runs. Wrap each end of a connection with ``trace(_:side:phase:)``; every
@@ -155,11 +153,6 @@ public final class LessonTrace: Sendable {
         }
     }
 
-    /// Sets what the picture labels in `phase`.
-    public func caption(_ phase: Int, _ text: String) {
-        state.withLock { $0.phases[phase].caption = text }
-    }
-
     /// The kernel's view of `side`'s TCP connection now, in `phase`.
     func kernel(_ phase: Int, _ side: LessonEvent.Side, _ text: String) {
         if recording {
@@ -195,6 +188,7 @@ public final class LessonTrace: Sendable {
 
     /// Something that happened now (or at `at`) at `side` in `phase`.
     public func mark(_ phase: Int, _ side: LessonEvent.Side, _ text: String, at: Double? = nil) {
+        if recording { return }  // another process's marks are not replayed
         let time = at ?? now()
         state.withLock {
             $0.events.append(LessonEvent(phase: phase, at: time, side: side, kind: .mark, text: text))

@@ -48,7 +48,10 @@ struct JSONSchemaTests {
                         against: "ping.schema.json")
                 }
             }
-            try check(try await run(["lesson", "boundaries", "--json"]), against: "lesson.schema.json")
+            // boundaries: sends and receives; nagle: the kernel's view; headofline: marks and a note on a send.
+            for lesson in ["boundaries", "nagle", "headofline"] {
+                try check(try await run(["lesson", lesson, "--json"]), against: "lesson.schema.json")
+            }
             let directory = FileManager.default.temporaryDirectory.appendingPathComponent("schema-\(getpid())")
             defer { try? FileManager.default.removeItem(at: directory) }
             _ = try await run([

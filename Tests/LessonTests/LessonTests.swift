@@ -52,6 +52,8 @@ struct LessonTests {
             let sends = report.events.filter { $0.phase == index && $0.kind == .send && $0.side == .client }
             #expect(sends.count == 20, "\(phase.title): 20 sends drawn")
             #expect(sends.allSatisfy { $0.arrived != nil })
+            #expect(
+                sends.filter { $0.text != nil }.map(\.number) == [5], "\(phase.title): #5, and only #5, marked held")
         }
     }
 
