@@ -70,6 +70,7 @@ public final class LessonTrace: Sendable {
         var events: [LessonEvent] = []
         var phases: [LessonPhase] = []
         var directions: [String: Direction] = [:]
+        var notRecorded = 0
     }
 
     /// Set in a process that only observes (a lesson's probe or server in another namespace): what it saw, with
@@ -85,12 +86,27 @@ public final class LessonTrace: Sendable {
 
     /// A trace that records raw observations (``observations``) instead of events: for the other process of a
     /// lesson. Every process on the machine reads the same CLOCK_MONOTONIC, network namespace or not.
-    public static func recorder() -> LessonTrace { LessonTrace(recordingOnly: true) }
+    /// It keeps at most `limit` observations (a `sockbench serve --trace` left running must not grow without
+    /// bound) and counts the rest in ``notRecorded``.
+    public static func recorder(limit: Int = 200_000) -> LessonTrace { LessonTrace(recordingAtMost: limit) }
 
-    private init(recordingOnly: Bool) {
-        cap = .max
+    private init(recordingAtMost limit: Int) {
+        cap = limit
         origin = 0
-        recording = recordingOnly
+        recording = true
+    }
+
+    /// Observations a recording trace dropped past its limit.
+    public var notRecorded: Int { state.withLock { $0.notRecorded } }
+
+    /// Keeps `observation` unless the recorder is full.
+    private func record(_ observation: Observation) {
+        let kept = recorder.withLock { list in
+            guard list.count < cap else { return false }
+            list.append(observation)
+            return true
+        }
+        if !kept { state.withLock { $0.notRecorded += 1 } }
     }
 
     /// One send or receive seen by a process of its own, or the kernel's view sampled there.
@@ -156,10 +172,7 @@ public final class LessonTrace: Sendable {
     /// The kernel's view of `side`'s TCP connection now, in `phase`.
     func kernel(_ phase: Int, _ side: LessonEvent.Side, _ text: String) {
         if recording {
-            recorder.withLock {
-                $0.append(
-                    Observation(at: MonotonicClock.nanoseconds(), side: side, kind: .kernel, bytes: 0, text: text))
-            }
+            record(Observation(at: MonotonicClock.nanoseconds(), side: side, kind: .kernel, bytes: 0, text: text))
             return
         }
         let time = now()
@@ -226,11 +239,9 @@ public final class LessonTrace: Sendable {
 
     func sent(_ phase: Int, _ side: LessonEvent.Side, _ bytes: [UInt8], number: Int?) {
         if recording {
-            recorder.withLock {
-                $0.append(
-                    Observation(
-                        at: MonotonicClock.nanoseconds(), side: side, kind: .send, bytes: bytes.count, number: number))
-            }
+            record(
+                Observation(
+                    at: MonotonicClock.nanoseconds(), side: side, kind: .send, bytes: bytes.count, number: number))
             return
         }
         sent(phase, side, count: bytes.count, number: number, at: now())
@@ -261,12 +272,10 @@ public final class LessonTrace: Sendable {
         _ phase: Int, _ side: LessonEvent.Side, _ bytes: [UInt8], transport: Transport, number: Int?
     ) {
         if recording {
-            recorder.withLock {
-                $0.append(
-                    Observation(
-                        at: MonotonicClock.nanoseconds(), side: side, kind: .receive, bytes: bytes.count, number: number
-                    ))
-            }
+            record(
+                Observation(
+                    at: MonotonicClock.nanoseconds(), side: side, kind: .receive, bytes: bytes.count, number: number
+                ))
             return
         }
         received(phase, side, count: bytes.count, byteStream: transport.isByteStream, number: number, at: now())

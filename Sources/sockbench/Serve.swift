@@ -66,7 +66,7 @@ struct Serve: AsyncParsableCommand {
 
     @Option(
         help: ArgumentHelp(
-            "Record every send and receive (CLOCK_MONOTONIC nanoseconds, bytes, the number a numbered datagram or message starts with) and write them to this file as JSON when stopping: how a lesson draws a server that runs in another network namespace.",
+            "Record every send and receive (CLOCK_MONOTONIC nanoseconds, bytes, the number a numbered datagram or message starts with; the first 200,000) and write them to this file as JSON when stopping: how a lesson draws a server that runs in another network namespace.",
             valueName: "file"))
     var trace: String?
 
@@ -129,6 +129,11 @@ struct Serve: AsyncParsableCommand {
                 try JSONEncoder().encode(recorder.observations).write(to: URL(fileURLWithPath: trace))
             } catch {
                 throw fail("could not write \(trace): \(error.localizedDescription)")
+            }
+            if recorder.notRecorded > 0 {
+                Console.error(
+                    "sockbench serve: --trace kept the first 200,000 sends and receives; \(recorder.notRecorded) more were not recorded"
+                )
             }
         }
         guard !quiet else { return }

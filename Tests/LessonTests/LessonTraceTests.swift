@@ -144,6 +144,18 @@ struct LessonTraceTests {
         }
     }
 
+    @Test("a recorder for another process keeps at most its limit and counts the rest")
+    func recorderLimit() async throws {
+        let recorder = LessonTrace.recorder(limit: 3)
+        let pair = MemoryConnection.pair(transport: .udp)
+        let client = recorder.trace(pair.first, side: .client, phase: 0, number: LessonTrace.leadingNumber)
+        for index in 0..<5 { try await client.send(Self.numbered(index)) }
+        #expect(recorder.observations.map(\.number) == [0, 1, 2])
+        #expect(recorder.notRecorded == 2)
+        await client.close()
+        await pair.second.close()
+    }
+
     @Test("past the cap, sends and receives are counted, not drawn; the page draws one element per event")
     func capAndPage() async throws {
         let trace = LessonTrace(cap: 10)
