@@ -6,7 +6,7 @@ import Testing
 
 /// The lessons' recorder and picture on in-memory connections (no sockets): which receive each send's arrow ends
 /// at, lost datagrams, what another process saw replayed, and one drawn element per recorded event.
-@Suite("Lesson trace", .timeLimit(.minutes(1)))
+@Suite("Lesson trace", .timeLimit(.minutes(20)))  // the kernel-view test waits its turn (SocketTest)
 struct LessonTraceTests {
     static func numbered(_ number: Int, size: Int = 8) -> [UInt8] {
         var bytes = [UInt8](repeating: 0, count: size)
