@@ -66,20 +66,6 @@ const uint32_t csock_EPOLLRDHUP = EPOLLRDHUP;
 const uint32_t csock_EPOLLET = EPOLLET;
 const uint32_t csock_EPOLLONESHOT = EPOLLONESHOT;
 
-int csock_tcp_info(int fd, struct csock_tcp_info *out) {
-    struct tcp_info info;
-    socklen_t len = sizeof info;
-    memset(&info, 0, sizeof info);
-    if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0) return -1;
-    out->rtt_us = info.tcpi_rtt;
-    out->rttvar_us = info.tcpi_rttvar;
-    out->snd_cwnd = info.tcpi_snd_cwnd;
-    out->total_retrans = info.tcpi_total_retrans;
-    out->lost = info.tcpi_lost;
-    out->retransmits = info.tcpi_retransmits;
-    return 0;
-}
-
 const int csock_EAI_NODATA = EAI_NODATA;
 const int csock_EAI_ADDRFAMILY = EAI_ADDRFAMILY;
 

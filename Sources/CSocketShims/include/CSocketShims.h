@@ -32,16 +32,6 @@ extern const uint32_t csock_EPOLLRDHUP;
 extern const uint32_t csock_EPOLLET;
 extern const uint32_t csock_EPOLLONESHOT;
 
-/// TCP_INFO fields the lessons and benchmarks read.
-struct csock_tcp_info {
-    uint32_t rtt_us;
-    uint32_t rttvar_us;
-    uint32_t snd_cwnd;
-    uint32_t total_retrans;
-    uint32_t lost;
-    uint32_t retransmits;
-};
-int csock_tcp_info(int fd, struct csock_tcp_info *out);
 
 #include "CSocketShimsDiag.h"
 
