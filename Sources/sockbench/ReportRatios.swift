@@ -82,7 +82,9 @@ extension Report {
     /// The latency figure two rows' ratio compares: the quiet p50 when every repetition of both has it.
     static func comparedP50(_ rows: [ReportRow]) -> (ScenarioResult) -> Double? {
         let quiet = rows.allSatisfy { $0.repetitions.allSatisfy { $0.quietP50 != nil } }
-        return quiet ? { $0.quietP50.map(Double.init) } : { $0.latency.map { Double($0.p50) } }
+        // Not `.map(Double.init)`: for a UInt64 that resolves to `init(bitPattern:)`, whose ratios come out right
+        // (the values are subnormals, linear in their bits) and whose printed microseconds were all 0.0.
+        return quiet ? { $0.quietP50.map { Double($0) } } : { $0.latency.map { Double($0.p50) } }
     }
 
     /// The C floor's row for a latency row of the same size (ws/tls/wss against tcp): the floor measured in the

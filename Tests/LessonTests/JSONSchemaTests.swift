@@ -73,6 +73,22 @@ struct JSONSchemaTests {
                 #expect(repetitions.count == 2 * 5, "two repetitions of five slices: \(row["backend"] ?? "")")
                 #expect(repetitions.allSatisfy { ($0["quietP50"] as? Int) != nil }, "\(row["backend"] ?? "")")
             }
+            // The summary ranks by those quiet p50s and prints each backend's median in microseconds (it once
+            // printed 0.0 for every one).
+            let bsd = try #require(
+                rows.first {
+                    $0["scenario"] as? String == "pingpong-64" && $0["transport"] as? String == "tcp"
+                        && $0["backend"] as? String == "bsd"
+                })
+            let quiet = try #require((bsd["median"] as? [String: Any])?["quietP50"] as? Int)
+            let report = try String(contentsOf: directory.appendingPathComponent("report.md"), encoding: .utf8)
+            let ranked = report.split(separator: "\n").first {
+                $0.contains("pingpong-64 tcp quiet p50 us, lowest first")
+            }
+            let tenths = (quiet + 50) / 100
+            #expect(
+                ranked?.contains("bsd \(tenths / 10).\(tenths % 10)") == true,
+                "\(ranked ?? "no ranking"): bsd's median quiet p50 is \(quiet) ns")
             try await checkReportPage(directory.appendingPathComponent("report.html"))
         }
     }
