@@ -33,8 +33,11 @@ public protocol Connection: AnyObject, Sendable {
     var options: ConnectionOptions { get }
 
     /// Sends one message: for TCP, appends its bytes to the stream; for UDP, one datagram; for WebSocket, one
-    /// message of the message's kind. Returns once the bytes are handed to the kernel (or the TLS layer), which
-    /// may wait while the peer is not reading (backpressure).
+    /// message of the message's kind. Returns once the bytes are handed to the kernel (or the TLS layer, or a
+    /// backend's bounded send queue: uring's TCP sends gather there and go to the kernel before its ring next
+    /// sleeps), which may wait while the peer is not reading (backpressure). Bytes a send handed over and the kernel
+    /// later fails to deliver are reported by a later call (send, `closeOutput()`), as a kernel reports a reset
+    /// after its buffer took the bytes.
     func send(_ message: Message) async throws(ConnectionError)
 
     /// Sends bytes the caller keeps (a buffer it reuses), as ``send(_:)`` sends a binary message, without

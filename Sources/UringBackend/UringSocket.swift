@@ -40,6 +40,9 @@ public final class UringSocket: Sendable {
     private let lifecycle = SharedLifecycle()
     private let readGate = AsyncGate()
     private let writeGate = AsyncGate()
+    /// TCP: where sends of up to ``UringSendQueue/limit`` bytes gather for the ring (nil on UDP: a datagram is sent
+    /// on its own).
+    private let sendQueue: UringSendQueue?
     // The buffer `receive(maximumLength:)` hands the kernel. Unchecked because a pointer is not Sendable; safe
     // because only code inside the read gate touches it (one receive at a time), and a lock could not be held across
     // the await of the ring's completion. Allocated once per socket, not per receive: it is on every message's path.
@@ -107,14 +110,24 @@ public final class UringSocket: Sendable {
         self.remoteEndpoint = remote
         self.options = options
         self.loop = loop
+        sendQueue = transport == .tcp ? UringSendQueue(loop: loop, descriptor: descriptor) : nil
         scratch = .allocate(
             byteCount: transport == .udp ? options.maxDatagramSize : options.readChunkSize, alignment: 16)
     }
 
     deinit {
-        descriptor.close()
+        // The descriptor closes itself once its last owner is gone: this socket, or its send queue while a batch
+        // is still on its way (so no number reused meanwhile gets that batch).
         scratch.deallocate()
     }
+
+    /// TCP: the most bytes that gather in the send queue before a send waits; a larger send goes from the caller's
+    /// bytes once the queue is empty.
+    public static var sendQueueLimit: Int { UringSendQueue.limit }
+
+    /// TCP: bytes that sends handed over and the kernel has not taken yet (as a browser WebSocket's
+    /// `bufferedAmount`); 0 once they all went, on UDP, and after the queue failed.
+    public var bufferedAmount: Int { sendQueue?.buffered ?? 0 }
 
     /// The descriptor (-1 after ``close()``).
     public var fileDescriptor: Int32 { descriptor.raw }
@@ -164,20 +177,47 @@ public final class UringSocket: Sendable {
 
     // MARK: Sending
 
-    /// Sends all of `bytes` (UDP: one datagram).
+    /// Sends all of `bytes` (UDP: one datagram). TCP: up to ``UringSendQueue/limit`` bytes are copied into the
+    /// socket's send queue and the call returns; the ring sends what gathered before it next enters the kernel.
     public func send(_ bytes: [UInt8]) async throws(ConnectionError) {
+        if let queue = sendQueue, bytes.count <= UringSendQueue.limit {
+            if !writeGate.tryEnter() { await writeGate.enter() }
+            defer { writeGate.leave() }
+            try ready()
+            while true {
+                switch bytes.withUnsafeBytes({ queue.tryAppend($0) }) {
+                case .appended: return
+                case .failed(let error): throw error
+                case .full: await queue.waitForRoom(bytes.count)
+                }
+            }
+        }
         let copy = UnsafeMutableRawBufferPointer.allocate(byteCount: max(1, bytes.count), alignment: 16)
         defer { copy.deallocate() }
         bytes.withUnsafeBytes { copy.copyMemory(from: $0) }
         try await send(contentsOf: UnsafeRawBufferPointer(rebasing: copy[..<bytes.count]))
     }
 
-    /// Sends bytes the caller keeps until this returns, from where they lie (the kernel reads them there).
+    /// Sends bytes the caller keeps until this returns. TCP: up to ``UringSendQueue/limit`` bytes are copied into
+    /// the send queue, as ``send(_:)`` does; more go from where they lie (the kernel reads them there) once the
+    /// queue has been sent. UDP: one datagram, from where it lies.
     public func send(contentsOf bytes: UnsafeRawBufferPointer) async throws(ConnectionError) {
         if !writeGate.tryEnter() { await writeGate.enter() }
         defer { writeGate.leave() }
-        let fd = try usableDescriptor()
-        if case .refuse(let error) = lifecycle.handle(.send) { throw error }
+        let fd = try ready()
+        if let queue = sendQueue {
+            if bytes.count <= UringSendQueue.limit {
+                while true {
+                    switch queue.tryAppend(bytes) {
+                    case .appended: return
+                    case .failed(let error): throw error
+                    case .full: await queue.waitForRoom(bytes.count)
+                    }
+                }
+            }
+            // Large: after what is queued, straight from the caller's bytes.
+            try await queue.drain()
+        }
         let base = UInt(bitPattern: bytes.baseAddress)
         var offset = 0
         repeat {
@@ -196,6 +236,14 @@ public final class UringSocket: Sendable {
                 throw .cancelled("a send was cancelled after \(offset) of \(bytes.count) bytes")
             }
         } while offset < bytes.count
+    }
+
+    /// Inside the write gate: the descriptor, once the socket may still send.
+    @discardableResult
+    private func ready() throws(ConnectionError) -> Int32 {
+        let fd = try usableDescriptor()
+        if case .refuse(let error) = lifecycle.handle(.send) { throw error }
+        return fd
     }
 
     /// Sends datagrams (UDP) or chunks (TCP) in order: every send of the batch is submitted in the same turn of the
@@ -272,7 +320,12 @@ public final class UringSocket: Sendable {
         guard transport == .tcp else { throw ConnectionError(.unsupported, "half-close needs a TCP connection") }
         if !writeGate.tryEnter() { await writeGate.enter() }
         defer { writeGate.leave() }
-        let fd = try usableDescriptor()
+        var fd = try usableDescriptor()
+        // The FIN goes after every byte sent so far: the queue first.
+        if let queue = sendQueue, !queue.isDrained {
+            try await queue.drain()
+            fd = try usableDescriptor()
+        }
         switch lifecycle.handle(.closeOutput) {
         case .shutdownOutput: try Syscall.shutdown(fd, .write)
         case .refuse(let error): throw error
@@ -298,22 +351,55 @@ public final class UringSocket: Sendable {
     /// Closes with a reset: a TCP peer gets `.reset`, unsent data is discarded. Otherwise as ``close()``.
     public func abort() async {
         let fd = descriptor.raw
-        if lifecycle.isOpen, transport == .tcp, fd >= 0 { Syscall.resetConnection(fd) }
+        if lifecycle.isOpen, transport == .tcp, fd >= 0 {
+            sendQueue?.fail(.closed("the connection was reset before its queued bytes were sent"))
+            Syscall.resetConnection(fd)
+        }
         await close()
     }
 
-    /// Closes: no operation is submitted any more, those in flight are cancelled (IORING_ASYNC_CANCEL_FD) and end
-    /// with `.closed`, and the descriptor is closed once they have completed. Every caller returns after that.
+    /// How long ``close()`` waits for queued bytes (TCP) that the kernel does not take, before dropping them.
+    public static let closeLinger: Duration = .seconds(2)
+
+    /// Closes: queued bytes (TCP) are sent first (waiting at most ``closeLinger`` for a peer that does not read),
+    /// then no operation is submitted any more, those in flight are cancelled (IORING_ASYNC_CANCEL_FD) and end with
+    /// `.closed`, and the descriptor is closed once they have completed. Every caller returns after that.
     public func close() async {
         await lifecycle.close(running: { [self] () async in
+            if let queue = sendQueue {
+                if !queue.isDrained { await drainBeforeClosing(queue) }
+                queue.fail(.closed())
+            }
             submissions.close()
             let fd = descriptor.raw
             if fd >= 0 { loop.cancelAll(on: fd) }
+            // The queue's batch in flight, if any, has completed (cancelled) after this.
+            try? await sendQueue?.drain()
             await readGate.enter()
             await writeGate.enter()
             descriptor.close()
             writeGate.leave()
             readGate.leave()
         })
+    }
+
+    /// Waits until the queue has been sent, or ``closeLinger`` passed (then its batch in flight is cancelled).
+    private func drainBeforeClosing(_ queue: UringSendQueue) async {
+        await withTaskGroup(of: Bool.self) { group in
+            group.addTask {
+                try? await queue.drain()
+                return true
+            }
+            group.addTask { [loop] in
+                _ = await loop.run(.sleep, timeout: Self.closeLinger)
+                return false
+            }
+            if await group.next() == false {
+                queue.fail(.closed("close() dropped bytes the peer did not take within \(Self.closeLinger)"))
+                let fd = descriptor.raw
+                if fd >= 0 { loop.cancelAll(on: fd) }
+            }
+            group.cancelAll()
+        }
     }
 }

@@ -181,4 +181,94 @@ struct UringBackendTests {
             await listener.close()
         }
     }
+
+    /// Reads until the end of the stream; the bytes, and the error that ended it, if any.
+    private static func readAll(_ socket: UringSocket) async -> ([UInt8], ConnectionError?) {
+        var got: [UInt8] = []
+        do throws(ConnectionError) {
+            while let bytes = try await socket.receive() { got += bytes }
+        } catch {
+            return (got, error)
+        }
+        return (got, nil)
+    }
+
+    @Test(
+        "TCP sends gather in the send queue: small, large and small again arrive in order, all before a close's FIN",
+        arguments: [true, false])
+    func sendQueueKeepsOrderThroughClose(onRing: Bool) async throws {
+        try await SocketTest.run {
+            let (listener, client, server) = try await Self.pair()
+            let reading = Task { await Self.readAll(server) }
+            var expected: [UInt8] = []
+            let sends: [[UInt8]] =
+                (0..<500).map { index in [UInt8](repeating: UInt8(index % 251), count: 1400) }
+                + [[UInt8](repeating: 0xAB, count: 1 << 20)]  // more than the queue holds: from the caller's bytes
+                + (0..<500).map { index in [UInt8](repeating: UInt8(index % 241), count: 1 + index % 300) }
+            for bytes in sends { expected += bytes }
+            try await withTaskExecutorPreference(onRing ? client.loop : nil) {
+                for bytes in sends { try await client.send(bytes) }
+                // Right behind the last send: the queued bytes go first, then the FIN.
+                await client.close()
+            }
+            let (got, error) = await reading.value
+            #expect(error == nil)
+            #expect(got.count == expected.count)
+            #expect(got == expected)
+            await server.close()
+            await listener.close()
+        }
+    }
+
+    @Test("A batch the kernel refuses fails the queue: a later send says why; close() still returns")
+    func sendQueueReportsFailure() async throws {
+        try await SocketTest.run {
+            let (listener, client, server) = try await Self.pair()
+            await server.abort()  // the client's next bytes meet a reset
+            var failure: ConnectionError?
+            // Each send returns once queued; the reset comes back on a later one.
+            for _ in 0..<1000 where failure == nil {
+                do throws(ConnectionError) {
+                    try await client.send([UInt8](repeating: 1, count: 1000))
+                } catch {
+                    failure = error
+                }
+            }
+            #expect(failure?.kind == .reset || failure?.kind == .closed, "\(String(describing: failure))")
+            await client.close()
+            await listener.close()
+        }
+    }
+
+    @Test("close() drops queued bytes a peer never takes after closeLinger, and leaves no descriptor")
+    func sendQueueLingerIsBounded() async throws {
+        try await SocketTest.run(timeLimit: .seconds(60)) {
+            var options = ConnectionOptions()
+            options.receiveBufferSize = 4096
+            options.sendBufferSize = 4096
+            let listener = try await UringListener.listen(
+                on: try Endpoint(url: "tcp://127.0.0.1:0"), options: options)
+            async let accepted = listener.accept()
+            let client = try await UringSocket.connect(to: listener.localEndpoint, options: options)
+            let server = try await accepted  // never reads
+            // Until a send waits: the kernel's buffers and the queue are full.
+            let filling = Task {
+                while true { try await client.send([UInt8](repeating: 2, count: 16 * 1024)) }
+            }
+            // The peer never reads: once a batch is stuck in flight and the next one gathers behind it, they stay.
+            let deadline = ContinuousClock.now + .seconds(20)
+            while client.bufferedAmount <= UringSocket.sendQueueLimit && ContinuousClock.now < deadline {
+                try await Task.sleep(for: .milliseconds(10))
+            }
+            try #require(client.bufferedAmount > UringSocket.sendQueueLimit, "the queue never filled")
+            let closing = ContinuousClock.now
+            await client.close()
+            let took = ContinuousClock.now - closing
+            #expect(took >= UringSocket.closeLinger - .milliseconds(50) && took < UringSocket.closeLinger + .seconds(3))
+            let result = await filling.result
+            #expect(throws: ConnectionError.self) { try result.get() }
+            await server.close()
+            await listener.close()
+        }
+    }
 }
