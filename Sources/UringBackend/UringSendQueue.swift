@@ -39,6 +39,8 @@ final class UringSendQueue: Sendable {
         var scheduled = false
         /// Why the queue failed: every later call throws it.
         var failure: ConnectionError?
+        /// The failure when the kernel refused a batch (not a close or an abort).
+        var refused: ConnectionError?
         /// Senders waiting for room, and callers waiting for everything to be sent.
         var roomWaiters: [UnsafeContinuation<Void, Never>] = []
         var drainWaiters: [UnsafeContinuation<Void, Never>] = []
@@ -125,6 +127,10 @@ final class UringSendQueue: Sendable {
             state.failure != nil ? 0 : (state.gathering?.count ?? 0) + ((state.flying?.count ?? 0) - state.sent)
         }
     }
+
+    /// The error the kernel gave a batch, if one failed: a reset that this send took from the socket (the kernel
+    /// reports it once) and that a receive, finding only the end of the stream afterwards, must report instead.
+    var refusal: ConnectionError? { state.withLock { $0.refused } }
 
     /// `true` when every byte appended has been sent, or the queue failed.
     var isDrained: Bool { state.withLock { $0.drained } }
@@ -219,6 +225,7 @@ final class UringSendQueue: Sendable {
                     result == -ECANCELED
                     ? .closed("the connection was closed before its queued bytes were sent")
                     : result == 0 ? .closed("the kernel sent nothing") : .errno(-result, "send")
+                state.refused = state.failure
             }
             state.flying = nil
             if state.failure != nil {

@@ -40,7 +40,7 @@ public final class UringSocket: Sendable {
     private let lifecycle = SharedLifecycle()
     private let readGate = AsyncGate()
     private let writeGate = AsyncGate()
-    /// TCP: where sends of up to ``UringSendQueue/limit`` bytes gather for the ring (nil on UDP: a datagram is sent
+    /// TCP: where sends of up to ``sendQueueLimit`` bytes gather for the ring (nil on UDP: a datagram is sent
     /// on its own).
     private let sendQueue: UringSendQueue?
     // The buffer `receive(maximumLength:)` hands the kernel. Unchecked because a pointer is not Sendable; safe
@@ -166,6 +166,9 @@ public final class UringSocket: Sendable {
         if result < 0 { throw failure(result, "recv") }
         let count = Int(result)
         if count == 0 && transport == .tcp {
+            // A reset the kernel gave one of the queue's sends, and no longer gives a receive: the stream ended
+            // with that reset, not with a FIN.
+            if let refusal = sendQueue?.refusal, refusal.kind == .reset { throw refusal }
             _ = lifecycle.handle(.peerEnded)
             return nil
         }
@@ -177,7 +180,7 @@ public final class UringSocket: Sendable {
 
     // MARK: Sending
 
-    /// Sends all of `bytes` (UDP: one datagram). TCP: up to ``UringSendQueue/limit`` bytes are copied into the
+    /// Sends all of `bytes` (UDP: one datagram). TCP: up to ``sendQueueLimit`` bytes are copied into the
     /// socket's send queue and the call returns; the ring sends what gathered before it next enters the kernel.
     public func send(_ bytes: [UInt8]) async throws(ConnectionError) {
         if let queue = sendQueue, bytes.count <= UringSendQueue.limit {
@@ -198,7 +201,7 @@ public final class UringSocket: Sendable {
         try await send(contentsOf: UnsafeRawBufferPointer(rebasing: copy[..<bytes.count]))
     }
 
-    /// Sends bytes the caller keeps until this returns. TCP: up to ``UringSendQueue/limit`` bytes are copied into
+    /// Sends bytes the caller keeps until this returns. TCP: up to ``sendQueueLimit`` bytes are copied into
     /// the send queue, as ``send(_:)`` does; more go from where they lie (the kernel reads them there) once the
     /// queue has been sent. UDP: one datagram, from where it lies.
     public func send(contentsOf bytes: UnsafeRawBufferPointer) async throws(ConnectionError) {

@@ -240,6 +240,25 @@ struct UringBackendTests {
         }
     }
 
+    @Test("A reset the queue's send took from the socket is what a receive then reports, not the end of the stream")
+    func resetTakenBySendIsReceived() async throws {
+        try await SocketTest.run {
+            let (listener, client, server) = try await Self.pair()
+            await client.abort()
+            // The kernel reports the reset once: to this send's batch, sent after the reset came.
+            try await server.send([1])
+            await #expect(throws: ConnectionError.self) { try await server.closeOutput() }
+            do {
+                let bytes = try await server.receive()
+                Issue.record("the receive ended without the reset: \(String(describing: bytes))")
+            } catch {
+                #expect((error as? ConnectionError)?.kind == .reset, "\(error)")
+            }
+            await server.close()
+            await listener.close()
+        }
+    }
+
     @Test("close() drops queued bytes a peer never takes after closeLinger, and leaves no descriptor")
     func sendQueueLingerIsBounded() async throws {
         try await SocketTest.run(timeLimit: .seconds(60)) {
