@@ -4,7 +4,8 @@
 /// back at no less than 95% of the offered rate), at most 1% of messages went unanswered, and the p99 from the
 /// intended send time stayed at or under the bound. Among those that held it, the lowest median p99 wins; when
 /// other p99s cannot be told from it in this run (ranges over the repetitions that overlap, or medians within
-/// 5%), the lowest CPU per message among them decides, then the least server memory per connection. When none held it, the verdict
+/// 5%), the lowest CPU per message among them decides, then the least server memory per connection; a backend that
+/// another one beats on both p99 and cost is never named. When none held it, the verdict
 /// names the one that came closest (the largest share of the offered rate answered, then the lowest p99).
 public struct WorkloadVerdict: Sendable, Codable, Hashable {
     /// One backend's figures: medians over the repetitions, with the smallest and largest p99.
@@ -103,8 +104,13 @@ public struct WorkloadVerdict: Sendable, Codable, Hashable {
         closest = nil
         if let fastest = held.first {
             // Every backend that held it and whose p99 range overlaps the lowest one's: by p99 alone this run
-            // cannot tell them apart, so CPU per message, then memory per connection, chooses among them.
-            let tied = held.filter { Self.indistinguishable($0, fastest) }
+            // cannot tell them apart, so CPU per message, then memory per connection, chooses among them. Not one
+            // that another backend beats on both p99 and cost (ties are not transitive: a backend tied with the
+            // fastest can have a lower-p99, cheaper neighbour that is not).
+            let tied = held.filter { entry in
+                Self.indistinguishable(entry, fastest)
+                    && !held.contains { $0.p99 < entry.p99 && Self.cheaper($0, than: entry) }
+            }
             let chosen = tied.min { Self.cheaper($0, than: $1) }!
             best = chosen.backend
             tiedOnP99 = tied.map(\.backend).filter { $0 != chosen.backend }

@@ -140,6 +140,17 @@ struct WorkloadTests {
             ])
         #expect(clear.best == "fast-dear" && clear.tiedOnP99.isEmpty)
 
+        // Ties are not transitive: "tied" overlaps the fastest, "between" (lower p99, cheaper) overlaps "tied" but
+        // not the fastest. Naming "tied" would name a backend another beats on both p99 and cost: the fastest wins.
+        let chain = WorkloadVerdict(
+            workload: workload, transport: "tcp", p99Bound: 1_000_000,
+            runs: [
+                ("fastest", runs(p99s: [200_000, 200_000, 215_000], cpu: 40)),
+                ("tied", runs(p99s: [214_000, 226_000, 240_000], cpu: 30)),
+                ("between", runs(p99s: [216_000, 221_000, 230_000], cpu: 20)),
+            ])
+        #expect(chain.best == "fastest", "\(chain.reason)")
+
         // None held it: no best, the closest named with what it missed.
         let none = WorkloadVerdict(
             workload: workload, transport: "tcp", p99Bound: 100_000,
