@@ -324,8 +324,9 @@ public final class UringSocket: Sendable {
         if !writeGate.tryEnter() { await writeGate.enter() }
         defer { writeGate.leave() }
         var fd = try usableDescriptor()
-        // The FIN goes after every byte sent so far: the queue first.
-        if let queue = sendQueue, !queue.isDrained {
+        // The FIN goes after every byte sent so far: the queue first (and a batch that failed, already or now, says
+        // why here).
+        if let queue = sendQueue {
             try await queue.drain()
             fd = try usableDescriptor()
         }

@@ -245,6 +245,11 @@ struct UringBackendTests {
         try await SocketTest.run {
             let (listener, client, server) = try await Self.pair()
             await client.abort()
+            // Until the reset has reached the server's socket (poll reports it without taking it; under load the
+            // loopback may deliver it after abort() returned).
+            var poller = pollfd(fd: server.fileDescriptor, events: Int16(POLLIN), revents: 0)
+            let polled = poll(&poller, 1, 10_000)
+            try #require(polled == 1 && poller.revents & Int16(POLLERR) != 0, "poll: \(polled), \(poller.revents)")
             // The kernel reports the reset once: to this send's batch, sent after the reset came.
             try await server.send([1])
             await #expect(throws: ConnectionError.self) { try await server.closeOutput() }
