@@ -187,13 +187,7 @@ public final class UringSocket: Sendable {
             if !writeGate.tryEnter() { await writeGate.enter() }
             defer { writeGate.leave() }
             try ready()
-            while true {
-                switch bytes.withUnsafeBytes({ queue.tryAppend($0) }) {
-                case .appended: return
-                case .failed(let error): throw error
-                case .full: await queue.waitForRoom(bytes.count)
-                }
-            }
+            return try await enqueue(bytes.count, into: queue) { bytes.withUnsafeBytes { queue.tryAppend($0) } }
         }
         let copy = UnsafeMutableRawBufferPointer.allocate(byteCount: max(1, bytes.count), alignment: 16)
         defer { copy.deallocate() }
@@ -210,13 +204,7 @@ public final class UringSocket: Sendable {
         let fd = try ready()
         if let queue = sendQueue {
             if bytes.count <= UringSendQueue.limit {
-                while true {
-                    switch queue.tryAppend(bytes) {
-                    case .appended: return
-                    case .failed(let error): throw error
-                    case .full: await queue.waitForRoom(bytes.count)
-                    }
-                }
+                return try await enqueue(bytes.count, into: queue) { queue.tryAppend(bytes) }
             }
             // Large: after what is queued, straight from the caller's bytes.
             try await queue.drain()
@@ -239,6 +227,20 @@ public final class UringSocket: Sendable {
                 throw .cancelled("a send was cancelled after \(offset) of \(bytes.count) bytes")
             }
         } while offset < bytes.count
+    }
+
+    /// Inside the write gate: appends `count` bytes with `append` (the queue copies them), waiting for room while
+    /// the queue is full.
+    private func enqueue(
+        _ count: Int, into queue: UringSendQueue, _ append: () -> UringSendQueue.Appended
+    ) async throws(ConnectionError) {
+        while true {
+            switch append() {
+            case .appended: return
+            case .failed(let error): throw error
+            case .full: await queue.waitForRoom(count)
+            }
+        }
     }
 
     /// Inside the write gate: the descriptor, once the socket may still send.
