@@ -5,6 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <netinet/in.h>
+#include <arpa/inet.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 struct csur_ring {
     struct io_uring ring;
@@ -16,23 +19,35 @@ struct csur_message {
     struct sockaddr_storage address;
 };
 
-struct csur_ring *csur_create(unsigned entries, unsigned *flags, int *error) {
-    const unsigned tries[] = {
+struct csur_ring *csur_create(unsigned entries, unsigned sqpoll_idle_ms, int sqpoll_cpu, unsigned *flags, int *error) {
+    const unsigned plain[] = {
         IORING_SETUP_SUBMIT_ALL | IORING_SETUP_COOP_TASKRUN | IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN,
         IORING_SETUP_SUBMIT_ALL | IORING_SETUP_COOP_TASKRUN,
         0,
     };
+    /* A kernel thread that polls the submission queue: the kernel refuses DEFER_TASKRUN beside it. */
+    const unsigned polled[] = {
+        IORING_SETUP_SQPOLL | IORING_SETUP_SUBMIT_ALL | IORING_SETUP_SINGLE_ISSUER,
+        IORING_SETUP_SQPOLL | IORING_SETUP_SUBMIT_ALL,
+        IORING_SETUP_SQPOLL,
+    };
+    const unsigned *tries = sqpoll_idle_ms > 0 ? polled : plain;
     struct csur_ring *ring = calloc(1, sizeof *ring);
     if (!ring) {
         *error = ENOMEM;
         return NULL;
     }
     int result = -EINVAL;
-    for (unsigned index = 0; index < sizeof tries / sizeof tries[0]; index++) {
+    for (unsigned index = 0; index < 3; index++) {
         struct io_uring_params params;
         memset(&params, 0, sizeof params);
         params.flags = tries[index] | IORING_SETUP_CQSIZE;
         params.cq_entries = entries * 4;
+        params.sq_thread_idle = sqpoll_idle_ms;
+        if (sqpoll_idle_ms > 0 && sqpoll_cpu >= 0) {
+            params.flags |= IORING_SETUP_SQ_AFF;
+            params.sq_thread_cpu = (unsigned)sqpoll_cpu;
+        }
         result = io_uring_queue_init_params(entries, &ring->ring, &params);
         if (result == 0) {
             *flags = tries[index];
@@ -115,6 +130,13 @@ int csur_prep_accept(struct csur_ring *ring, uint64_t data, int fd, void *addres
     struct io_uring_sqe *sqe = entry(ring, data);
     if (!sqe) return -EBUSY;
     io_uring_prep_accept(sqe, fd, address, length, SOCK_CLOEXEC);
+    return 0;
+}
+
+int csur_prep_accept_multishot(struct csur_ring *ring, uint64_t data, int fd) {
+    struct io_uring_sqe *sqe = entry(ring, data);
+    if (!sqe) return -EBUSY;
+    io_uring_prep_multishot_accept(sqe, fd, NULL, NULL, SOCK_CLOEXEC);
     return 0;
 }
 
@@ -345,6 +367,15 @@ int csur_buffer_id(uint32_t flags) {
 
 int csur_more(uint32_t flags) { return (flags & IORING_CQE_F_MORE) != 0; }
 
+int csur_notification(uint32_t flags) { return (flags & IORING_CQE_F_NOTIF) != 0; }
+
+int csur_prep_send_zc(struct csur_ring *ring, uint64_t data, int fd, const void *buffer, size_t length, int flags) {
+    struct io_uring_sqe *sqe = entry(ring, data);
+    if (!sqe) return -EBUSY;
+    io_uring_prep_send_zc(sqe, fd, buffer, length, flags, 0);
+    return 0;
+}
+
 int csur_prep_recvmsg_multishot(struct csur_ring *ring, uint64_t data, int fd, struct csur_buffers *buffers) {
     struct io_uring_sqe *sqe = entry(ring, data);
     if (!sqe) return -EBUSY;
@@ -366,4 +397,54 @@ int csur_recvmsg_parse(struct csur_buffers *buffers, unsigned id, int32_t result
     *payload_length = io_uring_recvmsg_payload_length(out, result, &buffers->template);
     *truncated = (out->flags & MSG_TRUNC) != 0;
     return 0;
+}
+
+int csur_probe_multishot(int what) {
+    struct csur_ring ring;
+    if (io_uring_queue_init(4, &ring.ring, 0) != 0) return 0;
+    int stream = what == 0;
+    int fd = socket(AF_INET, (stream ? SOCK_STREAM : SOCK_DGRAM) | SOCK_CLOEXEC, 0);
+    struct sockaddr_in address;
+    memset(&address, 0, sizeof address);
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    int supported = 0;
+    struct csur_buffers *buffers = NULL;
+    struct msghdr template;
+    memset(&template, 0, sizeof template);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&address, sizeof address) != 0 || (stream && listen(fd, 1) != 0)) goto done;
+    struct io_uring_sqe *sqe = io_uring_get_sqe(&ring.ring);
+    if (stream) {
+        io_uring_prep_multishot_accept(sqe, fd, NULL, NULL, SOCK_CLOEXEC);
+    } else {
+        int code = 0;
+        buffers = csur_buffers_create(&ring, 1, 1, 256, &code);
+        if (!buffers) goto done;
+        io_uring_prep_recvmsg_multishot(sqe, fd, &template, 0);
+        sqe->flags |= IOSQE_BUFFER_SELECT;
+        sqe->buf_group = 1;
+    }
+    if (io_uring_submit(&ring.ring) != 1) goto done;
+    /* A kernel without it refuses the entry at once; one with it keeps waiting for a client or a datagram. */
+    struct io_uring_cqe *cqe = NULL;
+    supported = io_uring_peek_cqe(&ring.ring, &cqe) != 0 || cqe->res != -EINVAL;
+done:
+    io_uring_queue_exit(&ring.ring);
+    if (buffers) {
+        free(buffers->memory);
+        free(buffers->ring);
+        free(buffers);
+    }
+    if (fd >= 0) close(fd);
+    return supported;
+}
+
+int csur_probe_send_zc(void) {
+    struct io_uring ring;
+    if (io_uring_queue_init(2, &ring, 0) != 0) return 0;
+    struct io_uring_probe *probe = io_uring_get_probe_ring(&ring);
+    int supported = probe && io_uring_opcode_supported(probe, IORING_OP_SEND_ZC);
+    if (probe) io_uring_free_probe(probe);
+    io_uring_queue_exit(&ring);
+    return supported;
 }

@@ -4,8 +4,9 @@ internal import Glibc
 import POSIXSupport
 import Synchronization
 
-/// A TCP listener in the completion style: each ``accept()`` is one IORING_OP_ACCEPT that the kernel completes
-/// with the new connection's descriptor and its peer's address.
+/// A TCP listener in the completion style: one multishot IORING_OP_ACCEPT that the kernel completes once per
+/// client (Linux 5.19; a few clients are accepted ahead, see `UringAcceptor`), or, where the kernel has no
+/// multishot accept, one IORING_OP_ACCEPT per ``accept()``.
 ///
 /// ```swift
 /// let listener = try await UringListener.listen(on: try Endpoint(url: "tcp://127.0.0.1:0"))
@@ -21,10 +22,17 @@ public final class UringListener: Sendable {
     private let descriptor: SocketDescriptor
     private let submissions = UringDescriptorGuard()
     private let gate = AsyncGate()
+    /// The multishot accept's clients; `nil` where the kernel has none or `SOCKETSTYLES_URING_OFF` names it.
+    private let acceptor: UringAcceptor?
+    /// Set when the kernel refused the multishot at run time: one accept per client from then on.
+    private let acceptsEach = Atomic<Bool>(false)
 
-    /// Binds and listens (a blocking socket: the ring waits for clients, never the caller's thread).
+    /// Binds and listens (a blocking socket: the ring waits for clients, never the caller's thread). With
+    /// `multishot` false, or where the kernel has no multishot accept (before 5.19, or `SOCKETSTYLES_URING_OFF`
+    /// names `multishot-accept`), each ``accept()`` is one IORING_OP_ACCEPT.
     public static func listen(
-        on endpoint: Endpoint, options: ConnectionOptions = ConnectionOptions(), loop given: UringLoop? = nil
+        on endpoint: Endpoint, options: ConnectionOptions = ConnectionOptions(), loop given: UringLoop? = nil,
+        multishot: Bool = true
     ) async throws(ConnectionError) -> UringListener {
         let loop: UringLoop
         if let given { loop = given } else { loop = try UringLoop.shared() }
@@ -32,17 +40,29 @@ public final class UringListener: Sendable {
         let address = try await Syscall.resolveAsync(endpoint, passive: true)[0]
         let (socket, local) = try Socket.listen(
             on: address, transport: .tcp, options: options, nonBlocking: false, describing: endpoint)
-        return UringListener(descriptor: socket, local: local.endpoint(.tcp), options: options, loop: loop)
+        return UringListener(
+            descriptor: socket, local: local.endpoint(.tcp), options: options, loop: loop, multishot: multishot)
     }
 
-    private init(descriptor: SocketDescriptor, local: Endpoint, options: ConnectionOptions, loop: UringLoop) {
+    private init(
+        descriptor: SocketDescriptor, local: Endpoint, options: ConnectionOptions, loop: UringLoop, multishot: Bool
+    ) {
         self.descriptor = descriptor
         self.localEndpoint = local
         self.options = options
         self.loop = loop
+        acceptor =
+            multishot && UringFeatures.current.multishotAccept == .on
+            ? UringAcceptor(loop: loop, fd: descriptor.raw, submissions: submissions) : nil
     }
 
+    /// Whether clients come from a multishot accept (`false`: one IORING_OP_ACCEPT per ``accept()``).
+    public var acceptsMultishot: Bool { acceptor != nil && !acceptsEach.load(ordering: .relaxed) }
+
     deinit {
+        // The multishot holds the socket open in the kernel until it is cancelled (by its id: the number may be
+        // reused as soon as it is closed here).
+        acceptor?.closeSoon()
         descriptor.close()
     }
 
@@ -50,6 +70,69 @@ public final class UringListener: Sendable {
     public func accept() async throws(ConnectionError) -> UringSocket {
         if !gate.tryEnter() { await gate.enter() }
         defer { gate.leave() }
+        if let acceptor, !acceptsEach.load(ordering: .relaxed) {
+            if let socket = try await acceptMultishot(acceptor) { return socket }
+            acceptsEach.store(true, ordering: .relaxed)
+        }
+        return try await acceptEach()
+    }
+
+    /// Clients from the multishot accept; `nil` when the kernel refused it (the caller accepts one at a time).
+    private func acceptMultishot(_ acceptor: UringAcceptor) async throws(ConnectionError) -> UringSocket? {
+        while true {
+            guard descriptor.raw >= 0, !submissions.isClosed else { throw .closed("the listener is closed") }
+            let result = await acceptor.next()
+            if submissions.isClosed {
+                if result >= 0 { Syscall.close(result) }
+                throw .closed("the listener is closed")
+            }
+            if result == UringAcceptor.unsupported { return nil }
+            if result < 0 {
+                if try await retryAfter(result) { continue }
+                throw .errno(-result, "accept")
+            }
+            let socket = SocketDescriptor(adopting: result)
+            do throws(ConnectionError) {
+                // A multishot accept writes no address: each client's is asked for.
+                return try adopt(socket, peer: try Syscall.peerAddress(result))
+            } catch {
+                socket.close()
+                if error.kind == .reset { continue }  // the client left already (getpeername: ENOTCONN)
+                throw error
+            }
+        }
+    }
+
+    /// After a failed accept: `true` to try again (a client that left; out of descriptors, after a pause), `false`
+    /// for an error the caller throws.
+    private func retryAfter(_ result: Int32) async throws(ConnectionError) -> Bool {
+        if result == -ECANCELED { throw .cancelled("accept was cancelled") }
+        if result == -ECONNABORTED || result == -EINTR { return true }  // a client that left before it was taken
+        if result == -EMFILE || result == -ENFILE || result == -ENOBUFS || result == -ENOMEM {
+            // Out of descriptors: clients wait in the backlog; try again after a pause, on the ring's timer.
+            BoundsLog.note(
+                .descriptorLimit,
+                "accepting paused for \(options.acceptBackoff): \(ConnectionError.errno(-result, "accept"))")
+            _ = await loop.run(.sleep, timeout: options.acceptBackoff)
+            if Task.isCancelled { throw .cancelled() }
+            return true
+        }
+        return false
+    }
+
+    /// The connection for an accepted descriptor, with the options applied.
+    private func adopt(_ socket: SocketDescriptor, peer address: SocketAddress) throws(ConnectionError) -> UringSocket {
+        let fd = socket.raw
+        try Syscall.setNoDelay(fd, options.tcpNoDelay)
+        try Syscall.setBufferSizes(fd, receive: options.receiveBufferSize, send: options.sendBufferSize)
+        let local = try Syscall.localAddress(fd).endpoint(.tcp)
+        return UringSocket(
+            adopting: socket, transport: .tcp, local: local, remote: address.endpoint(.tcp), options: options,
+            loop: loop)
+    }
+
+    /// One IORING_OP_ACCEPT per client, each with its peer's address.
+    private func acceptEach() async throws(ConnectionError) -> UringSocket {
         // Where the kernel writes the peer's address: this call's own, alive until its accept completed.
         let peer = UnsafeMutableRawPointer.allocate(byteCount: MemoryLayout<sockaddr_storage>.size, alignment: 8)
         let peerLength = UnsafeMutablePointer<socklen_t>.allocate(capacity: 1)
@@ -68,29 +151,16 @@ public final class UringListener: Sendable {
                 if result >= 0 { Syscall.close(result) }
                 throw .closed("the listener is closed")
             }
-            if result == -ECANCELED { throw .cancelled("accept was cancelled") }
-            if result == -ECONNABORTED || result == -EINTR { continue }  // a client that left before it was taken
-            if result == -EMFILE || result == -ENFILE || result == -ENOBUFS || result == -ENOMEM {
-                // Out of descriptors: clients wait in the backlog; try again after a pause, on the ring's timer.
-                BoundsLog.note(
-                    .descriptorLimit,
-                    "accepting paused for \(options.acceptBackoff): \(ConnectionError.errno(-result, "accept"))")
-                _ = await loop.run(.sleep, timeout: options.acceptBackoff)
-                if Task.isCancelled { throw .cancelled() }
-                continue
+            if result < 0 {
+                if try await retryAfter(result) { continue }
+                throw .errno(-result, "accept")
             }
-            if result < 0 { throw .errno(-result, "accept") }
             let socket = SocketDescriptor(adopting: result)
             do throws(ConnectionError) {
                 guard let address = SocketAddress(peer, length: Int(peerLength.pointee)) else {
                     throw ConnectionError(.unsupported, "accept: not an IP peer")
                 }
-                try Syscall.setNoDelay(result, options.tcpNoDelay)
-                try Syscall.setBufferSizes(result, receive: options.receiveBufferSize, send: options.sendBufferSize)
-                let local = try Syscall.localAddress(result).endpoint(.tcp)
-                return UringSocket(
-                    adopting: socket, transport: .tcp, local: local, remote: address.endpoint(.tcp), options: options,
-                    loop: loop)
+                return try adopt(socket, peer: address)
             } catch {
                 socket.close()
                 if error.kind == .reset { continue }  // the client left already
@@ -102,6 +172,7 @@ public final class UringListener: Sendable {
     /// Stops listening. A waiting ``accept()`` throws `.closed`.
     public func close() async {
         submissions.close()
+        await acceptor?.close()
         let fd = descriptor.raw
         if fd >= 0 { loop.cancelAll(on: fd) }
         await gate.enter()
@@ -169,7 +240,8 @@ final class UringUDPListener: Listener, Sendable {
     /// waiting to be given back) the kernel ends the multishot, and it is armed again. Returns `false` at once when
     /// the kernel has no buffer rings or no multishot recvmsg.
     private func receiveMultishot() async -> Bool {
-        guard loop.inLoop, let buffers = loop.makeBuffers(count: 64, size: options.maxDatagramSize + 16 + 128)
+        guard UringFeatures.current.multishotReceive == .on, loop.inLoop,
+            let buffers = loop.makeBuffers(count: 64, size: options.maxDatagramSize + 16 + 128)
         else { return false }
         let fd = descriptor.raw
         let supported = await withUnsafeContinuation { (done: UnsafeContinuation<Bool, Never>) in

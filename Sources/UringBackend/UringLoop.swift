@@ -12,6 +12,8 @@ enum UringOperation: Sendable {
     case receive(fd: Int32, buffer: UInt, length: Int, flags: Int32)
     /// send(2) of `length` bytes at `buffer`.
     case send(fd: Int32, buffer: UInt, length: Int, flags: Int32)
+    /// send(2) with zero copy (IORING_OP_SEND_ZC): completes once the kernel is done with the buffer.
+    case sendZeroCopy(fd: Int32, buffer: UInt, length: Int, flags: Int32)
     /// accept4(2); the peer's address is written at `address` (a `sockaddr_storage`), its length at `length`.
     case accept(fd: Int32, address: UInt, length: UInt)
     /// connect(2) to the `length`-byte address at `address`.
@@ -27,7 +29,8 @@ enum UringOperation: Sendable {
 
     var descriptor: Int32? {
         switch self {
-        case .receive(let fd, _, _, _), .send(let fd, _, _, _), .accept(let fd, _, _), .connect(let fd, _, _),
+        case .receive(let fd, _, _, _), .send(let fd, _, _, _), .sendZeroCopy(let fd, _, _, _), .accept(let fd, _, _),
+            .connect(let fd, _, _),
             .receiveMessage(let fd, _, _), .sendMessage(let fd, _, _), .sendSegmented(let fd, _):
             return fd
         case .sleep: return nil
@@ -92,6 +95,8 @@ public final class UringLoop: TaskExecutor, Sendable {
         /// A multishot operation: its handler gets every completion, the slot lives while IORING_CQE_F_MORE says
         /// more follow.
         case multishot((_ result: Int32, _ flags: UInt32) -> Void)
+        /// A zero-copy send whose count came and whose notification (the buffer is free again) has not.
+        case zeroCopySent(UnsafeContinuation<Int32, Never>?, result: Int32)
     }
 
     /// What only the ring's thread touches.
@@ -125,10 +130,13 @@ public final class UringLoop: TaskExecutor, Sendable {
                 work.bindToCurrentThread()
                 var setup: UInt32 = 0
                 var code: Int32 = 0
-                let ring = csur_create(entries, &setup, &code)
+                let features = UringFeatures.current
+                let ring = csur_create(
+                    entries, features.submissionPollingIdle, features.submissionPollingCPU ?? -1, &setup, &code)
                 confined.withValue {
                     $0.ring = ring
-                    $0.skipsSuccess = ring.map { csur_supports($0, "cqe_skip") != 0 } ?? false
+                    $0.skipsSuccess =
+                        features.skipSuccess == .on && ring.map { csur_supports($0, "cqe_skip") != 0 } ?? false
                 }
                 flags.store(setup, ordering: .relaxed)
                 if ring == nil { failure.store(code, ordering: .relaxed) }
@@ -271,6 +279,8 @@ public final class UringLoop: TaskExecutor, Sendable {
                 prepared = csur_prep_recv(ring, id, fd, UnsafeMutableRawPointer(bitPattern: buffer), length, flags)
             case .send(let fd, let buffer, let length, let flags):
                 prepared = csur_prep_send(ring, id, fd, UnsafeRawPointer(bitPattern: buffer), length, flags)
+            case .sendZeroCopy(let fd, let buffer, let length, let flags):
+                prepared = csur_prep_send_zc(ring, id, fd, UnsafeRawPointer(bitPattern: buffer), length, flags)
             case .accept(let fd, let address, let length):
                 prepared = csur_prep_accept(
                     ring, id, fd, UnsafeMutableRawPointer(bitPattern: address), UnsafeMutablePointer(bitPattern: length)
@@ -446,6 +456,39 @@ public final class UringLoop: TaskExecutor, Sendable {
         }
     }
 
+    /// Loop thread: arms a multishot accept on the listening socket `fd`; `handler` gets each completion (a new
+    /// descriptor or `-errno`, and whether more follow). Returns the operation's id (for ``cancelMultishot(_:)``),
+    /// `nil` when the gate has closed or the ring had no room.
+    func acceptClients(
+        on fd: Int32, guardedBy gate: UringDescriptorGuard,
+        then handler: @escaping (_ result: Int32, _ flags: UInt32) -> Void
+    ) -> UInt64? {
+        precondition(inLoop, "multishot operations are armed on the ring's thread")
+        if gate.isClosed { return nil }
+        return confined.withValue { confined -> UInt64? in
+            let id = Self.allocate(&confined, owned: nil)
+            confined.slots[Int(truncatingIfNeeded: id & 0xffff_ffff)] = .multishot(handler)
+            if csur_prep_accept_multishot(confined.ring!, id, fd) != 0 {
+                Self.release(&confined, id)
+                return nil
+            }
+            return id
+        }
+    }
+
+    /// Loop thread: asks the kernel to end the multishot operation `id` (its handler then gets a last completion,
+    /// `-ECANCELED`, with no more to follow). Nothing when it has ended already.
+    func cancelMultishot(_ id: UInt64) {
+        precondition(inLoop, "multishot operations are cancelled on the ring's thread")
+        confined.withValue { confined in
+            let index = Int(truncatingIfNeeded: id & 0xffff_ffff)
+            guard index < confined.slots.count, confined.generations[index] == UInt32(truncatingIfNeeded: id >> 32),
+                case .multishot = confined.slots[index]
+            else { return }
+            _ = csur_prep_cancel(confined.ring!, Self.ignoredToken, id)
+        }
+    }
+
     // MARK: The loop
 
     private func armWake(_ confined: inout Confined) {
@@ -488,10 +531,16 @@ public final class UringLoop: TaskExecutor, Sendable {
         let slot = confined.withValue { confined -> Slot? in
             let index = Int(truncatingIfNeeded: id & 0xffff_ffff)
             if csur_more(flags) != 0, index < confined.slots.count,
-                confined.generations[index] == UInt32(truncatingIfNeeded: id >> 32),
-                case .multishot = confined.slots[index]
+                confined.generations[index] == UInt32(truncatingIfNeeded: id >> 32)
             {
-                return confined.slots[index]
+                switch confined.slots[index] {
+                case .multishot: return confined.slots[index]
+                case .waiting(let continuation, let owned) where owned == nil:
+                    // A zero-copy send's count: its caller waits on for the notification.
+                    confined.slots[index] = .zeroCopySent(continuation, result: result)
+                    return nil
+                default: break
+                }
             }
             return Self.release(&confined, id)
         }
@@ -504,6 +553,9 @@ public final class UringLoop: TaskExecutor, Sendable {
             batch.complete(position, result)
         case .callback(let handler):
             handler(result)
+        case .zeroCopySent(let continuation, let sent):
+            // The notification (IORING_CQE_F_NOTIF): the kernel has let go of the buffer.
+            continuation?.resume(returning: sent)
         case .free, nil:
             return
         }

@@ -209,11 +209,38 @@ public final class UringSocket: Sendable {
             // Large: after what is queued, straight from the caller's bytes.
             try await queue.drain()
         }
+        try await sendDirect(fd, bytes, zeroCopy: transport == .tcp && bytes.count >= Self.zeroCopySendsFrom)
+    }
+
+    /// TCP: sends all of `bytes` with zero copy (IORING_OP_SEND_ZC, Linux 6.0), after what the send queue holds:
+    /// the kernel reads them from where they lie while it transmits and returns once it is done with them. Pays only
+    /// where the kernel would otherwise copy large buffers into a network device's queue; over loopback it copies
+    /// anyway (measured in docs/backends/uring.md). Throws `.unsupported` on UDP or on a kernel without it.
+    public func send(zeroCopy bytes: UnsafeRawBufferPointer) async throws(ConnectionError) {
+        guard transport == .tcp else { throw ConnectionError(.unsupported, "zero-copy sends are for tcp") }
+        guard Self.zeroCopyAvailable else {
+            throw ConnectionError(.unsupported, "this kernel has no IORING_OP_SEND_ZC (Linux 6.0)")
+        }
+        if !writeGate.tryEnter() { await writeGate.enter() }
+        defer { writeGate.leave() }
+        let fd = try ready()
+        try await sendQueue?.drain()
+        try await sendDirect(fd, bytes, zeroCopy: true)
+    }
+
+    /// Inside the write gate, with the send queue empty: all of `bytes` (UDP: one datagram), one send after another.
+    private func sendDirect(_ fd: Int32, _ bytes: UnsafeRawBufferPointer, zeroCopy: Bool) async throws(ConnectionError)
+    {
         let base = UInt(bitPattern: bytes.baseAddress)
         var offset = 0
         repeat {
+            let address = base + UInt(offset)
+            let length = bytes.count - offset
+            let flags = Int32(MSG_NOSIGNAL)
             let result = await loop.run(
-                .send(fd: fd, buffer: base + UInt(offset), length: bytes.count - offset, flags: Int32(MSG_NOSIGNAL)),
+                zeroCopy
+                    ? .sendZeroCopy(fd: fd, buffer: address, length: length, flags: flags)
+                    : .send(fd: fd, buffer: address, length: length, flags: flags),
                 guardedBy: submissions)
             if result < 0 {
                 let error = failure(result, "send")
@@ -307,6 +334,10 @@ public final class UringSocket: Sendable {
             }
         }
     }
+
+    /// The smallest send that goes with zero copy (`SOCKETSTYLES_URING_SENDZC`; by default none).
+    private static let zeroCopySendsFrom = UringFeatures.current.zeroCopySendsFrom ?? .max
+    private static let zeroCopyAvailable = csur_probe_send_zc() != 0
 
     /// Whether this kernel segments UDP sends (UDP_SEGMENT), probed once.
     private static let segmentation = Syscall.udpSegmentationAvailable

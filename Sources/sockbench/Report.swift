@@ -16,6 +16,9 @@ struct MachineInfo: Codable {
     var date: String
     /// What the kernel offers a bulk UDP sender, probed at run time (absent in reports made before it was).
     var udpOffload: String?
+    /// The io_uring features the `uring` rows ran with (absent where io_uring is unavailable, and in reports made
+    /// before it was recorded).
+    var uring: String?
 
     static func read() -> MachineInfo {
         let cpuinfo = (try? String(contentsOfFile: "/proc/cpuinfo", encoding: .utf8)) ?? ""
@@ -34,7 +37,8 @@ struct MachineInfo: Codable {
         return MachineInfo(
             cpuModel: model, cpus: Syscall.cpuCount, kernel: "Linux \(release)", loadAverageBefore: load,
             libuv: LibUVBackend.libraryVersion, openssl: TLSLibrary.version, swiftNIO: "2.101 (swift-nio)",
-            date: formatter.string(from: Date()), udpOffload: udpOffloadLine())
+            date: formatter.string(from: Date()), udpOffload: udpOffloadLine(),
+            uring: UringBackend.unavailableReason == nil ? "uring: \(UringFeatures.current)" : nil)
     }
 
     /// UDP GSO decides how a UDP pump's batches go (one segmented send per run of equal datagrams, or sendmmsg).

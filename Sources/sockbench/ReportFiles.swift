@@ -51,7 +51,8 @@ extension Report {
         text +=
             "Measured \(machine.date) on \(machine.cpus) x \(machine.cpuModel), \(machine.kernel); load average before: \(machine.loadAverageBefore). "
         text += "libuv \(machine.libuv), \(machine.openssl), SwiftNIO \(machine.swiftNIO)"
-        text += machine.udpOffload.map { ". \($0).\n\n" } ?? ".\n\n"
+        text += machine.udpOffload.map { ". \($0)" } ?? ""
+        text += machine.uring.map { ". \($0).\n\n" } ?? ".\n\n"
         text +=
             "Servers: \(plan.servers == "local" ? "child processes on this host" : "on another host, started by `sockbench serve --agent` at \(plan.servers)"). "
         text += "Placement: \(plan.placement.rawValue)"

@@ -13,7 +13,7 @@ struct ReportHTML {
         var body = "<h1>sockbench compare</h1>\n"
         let machine = report.machine
         body +=
-            "<p class=meta>\(escape(machine.date)) &middot; \(machine.cpus) x \(escape(machine.cpuModel)) &middot; \(escape(machine.kernel)) &middot; load before: \(escape(machine.loadAverageBefore)) &middot; libuv \(escape(machine.libuv)) &middot; \(escape(machine.openssl)) &middot; SwiftNIO \(escape(machine.swiftNIO))\(machine.udpOffload.map { " &middot; \(escape($0))" } ?? "")</p>\n"
+            "<p class=meta>\(escape(machine.date)) &middot; \(machine.cpus) x \(escape(machine.cpuModel)) &middot; \(escape(machine.kernel)) &middot; load before: \(escape(machine.loadAverageBefore)) &middot; libuv \(escape(machine.libuv)) &middot; \(escape(machine.openssl)) &middot; SwiftNIO \(escape(machine.swiftNIO))\(machine.udpOffload.map { " &middot; \(escape($0))" } ?? "")\(machine.uring.map { " &middot; \(escape($0))" } ?? "")</p>\n"
         body +=
             "<p class=meta>Placement \(report.plan.placement.rawValue); \(report.plan.repetitions) repetitions (medians); \(escape(report.plan.options)).</p>\n"
         body += "<h2 id=verdict>Verdict: which backend for what, from this run</h2>\n<ul class=verdict>"

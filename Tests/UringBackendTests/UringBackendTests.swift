@@ -90,6 +90,85 @@ struct UringBackendTests {
         }
     }
 
+    @Test(
+        "A burst of clients larger than the multishot's accept-ahead bound: each accepted once, with its own address",
+        arguments: [true, false])
+    func acceptBurst(multishot: Bool) async throws {
+        try await SocketTest.run {
+            let listener = try await UringListener.listen(
+                on: try Endpoint(url: "tcp://127.0.0.1:0"), multishot: multishot)
+            #expect(listener.acceptsMultishot == multishot)
+            // The first accept arms the multishot; the 99 clients after it arrive with nobody accepting, so the
+            // kernel takes 64 ahead, is paused, and is armed again once those are taken.
+            async let first = listener.accept()
+            var clients = [try await UringSocket.connect(to: listener.localEndpoint)]
+            var accepted = [try await first]
+            for _ in 1..<100 { clients.append(try await UringSocket.connect(to: listener.localEndpoint)) }
+            for (index, client) in clients.enumerated() { try await client.send([UInt8(index)]) }
+            for _ in 1..<100 { accepted.append(try await listener.accept()) }
+            var byAddress: [Endpoint: UInt8] = [:]
+            for (index, client) in clients.enumerated() { byAddress[client.localEndpoint] = UInt8(index) }
+            #expect(Set(accepted.map(\.remoteEndpoint)) == Set(byAddress.keys))
+            for server in accepted {
+                // What arrives on each accepted socket is what the client at its peer address sent.
+                #expect(try await server.receive(maximumLength: 1) == byAddress[server.remoteEndpoint].map { [$0] })
+            }
+            for socket in clients + accepted { await socket.close() }
+            await listener.close()
+        }
+    }
+
+    @Test("Clients the multishot accepted ahead and nobody took are closed with the listener: each sees the end")
+    func untakenClientsAreClosed() async throws {
+        try await SocketTest.run {
+            let listener = try await UringListener.listen(on: try Endpoint(url: "tcp://127.0.0.1:0"))
+            #expect(listener.acceptsMultishot)
+            async let first = listener.accept()
+            let firstClient = try await UringSocket.connect(to: listener.localEndpoint)
+            let firstServer = try await first
+            let sockets = { Syscall.openDescriptors().filter { $0.contains("socket:") }.count }
+            let before = sockets()
+            var clients: [UringSocket] = []
+            for _ in 0..<5 { clients.append(try await UringSocket.connect(to: listener.localEndpoint)) }
+            // Each client is a socket here and, once the armed multishot took it, another on the listener's side.
+            let deadline = ContinuousClock.now + .seconds(10)
+            while sockets() < before + 10, ContinuousClock.now < deadline { await Task.yield() }
+            #expect(sockets() == before + 10)
+            await listener.close()
+            for client in clients {
+                let (bytes, error) = await Self.readAll(client)
+                #expect(bytes.isEmpty && (error == nil || error?.kind == .reset))
+                await client.close()
+            }
+            await firstClient.close()
+            await firstServer.close()
+        }
+    }
+
+    @Test(
+        "A zero-copy send: queued bytes first, then 4 MiB from the caller's buffer, then queued bytes again, in order")
+    func zeroCopySend() async throws {
+        try await SocketTest.run {
+            let (listener, client, server) = try await Self.pair()
+            let large = (0..<(4 << 20)).map { UInt8(truncatingIfNeeded: $0 &* 7 &+ $0 >> 12) }
+            let reading = Task { await Self.readAll(server) }
+            try await client.send([1, 2, 3])
+            let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: large.count, alignment: 16)
+            defer { buffer.deallocate() }
+            large.withUnsafeBytes { buffer.copyMemory(from: $0) }
+            try await client.send(zeroCopy: UnsafeRawBufferPointer(buffer))
+            try await client.send([4, 5, 6])
+            try await client.closeOutput()
+            let (got, error) = await reading.value
+            #expect(error == nil)
+            #expect(got.count == large.count + 6)
+            #expect(got == [1, 2, 3] + large + [4, 5, 6])
+            await client.close()
+            await server.close()
+            await listener.close()
+        }
+    }
+
     @Test("UringRing: a send with its receive linked behind it, both in one turn, the reply in the handler")
     func linkedSendAndReceive() async throws {
         try await SocketTest.run {

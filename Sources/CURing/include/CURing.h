@@ -12,9 +12,15 @@
 struct csur_ring;
 
 /* Sets a ring of `entries` up, asking the kernel for one-thread submission and deferred completion work, and for
- * fewer flags each time it refuses them. NULL with *error = errno when io_uring is unavailable; *flags gets the
+ * fewer flags each time it refuses them; with sqpoll_idle_ms > 0, a kernel thread that polls the submission queue
+ * instead (IORING_SETUP_SQPOLL, on CPU sqpoll_cpu when it is >= 0). NULL with *error = errno when io_uring is unavailable; *flags gets the
  * IORING_SETUP_* flags that held. */
-struct csur_ring *csur_create(unsigned entries, unsigned *flags, int *error);
+struct csur_ring *csur_create(unsigned entries, unsigned sqpoll_idle_ms, int sqpoll_cpu, unsigned *flags, int *error);
+/* Whether this kernel keeps a multishot operation armed: 0 accept (Linux 5.19), 1 recvmsg into a provided buffer
+ * ring (6.0). Tried on a throwaway ring and a loopback socket that nobody reaches. */
+int csur_probe_multishot(int what);
+/* Whether this kernel has IORING_OP_SEND_ZC (Linux 6.0). */
+int csur_probe_send_zc(void);
 void csur_destroy(struct csur_ring *ring);
 
 /* Submits what is queued; with wait, sleeps until at least one completion is there; without, collects what is
@@ -31,6 +37,9 @@ int csur_supports(struct csur_ring *ring, const char *feature);
 int csur_prep_recv(struct csur_ring *ring, uint64_t data, int fd, void *buffer, size_t length, int flags);
 int csur_prep_send(struct csur_ring *ring, uint64_t data, int fd, const void *buffer, size_t length, int flags);
 int csur_prep_accept(struct csur_ring *ring, uint64_t data, int fd, void *address, socklen_t *length);
+/* A multishot accept4(2) (Linux 5.19): one completion per client, with IORING_CQE_F_MORE while it stays armed; no
+ * peer address (getpeername gives it). */
+int csur_prep_accept_multishot(struct csur_ring *ring, uint64_t data, int fd);
 /* connect(2); with timeout_ns >= 0 a linked timeout that cancels it then (its timespec written at `timespec`,
  * 16 bytes the caller keeps until the connect completes; the timeout's own completion carries `timer_data`). */
 int csur_prep_connect(struct csur_ring *ring, uint64_t data, int fd, const void *address, socklen_t length,
@@ -86,6 +95,12 @@ void csur_buffers_recycle(struct csur_buffers *buffers, unsigned id);
 int csur_buffer_id(uint32_t flags);
 /* Whether a completion's flags say more completions follow (IORING_CQE_F_MORE). */
 int csur_more(uint32_t flags);
+/* Whether a completion is a zero-copy send's notification: the kernel is done with the buffer (IORING_CQE_F_NOTIF). */
+int csur_notification(uint32_t flags);
+/* send(2) with zero copy (IORING_OP_SEND_ZC, Linux 6.0): the kernel reads the buffer while it transmits; a first
+ * completion gives the count sent (with IORING_CQE_F_MORE when a notification follows), the notification, with the
+ * same data, says the buffer may be reused. */
+int csur_prep_send_zc(struct csur_ring *ring, uint64_t data, int fd, const void *buffer, size_t length, int flags);
 
 /* Multishot recvmsg on an unconnected UDP socket (kernel 6.0+): each datagram completes with `data`, in a buffer
  * of `buffers` that holds the sender's address and the payload, until it is cancelled or runs out of buffers. */
