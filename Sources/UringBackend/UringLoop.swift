@@ -344,14 +344,17 @@ public final class UringLoop: TaskExecutor, Sendable {
         }
     }
 
-    /// Loop thread: asks the kernel to cancel operation `id` (nothing when it completed already).
+    /// Loop thread: asks the kernel to cancel operation `id`, awaited or multishot (nothing when it completed
+    /// already).
     private func cancel(_ id: UInt64) {
         confined.withValue { confined in
             let index = Int(truncatingIfNeeded: id & 0xffff_ffff)
-            guard index < confined.slots.count, confined.generations[index] == UInt32(truncatingIfNeeded: id >> 32),
-                case .waiting = confined.slots[index]
+            guard index < confined.slots.count, confined.generations[index] == UInt32(truncatingIfNeeded: id >> 32)
             else { return }
-            _ = csur_prep_cancel(confined.ring!, Self.ignoredToken, id)
+            switch confined.slots[index] {
+            case .waiting, .multishot: _ = csur_prep_cancel(confined.ring!, Self.ignoredToken, id)
+            default: return
+            }
         }
     }
 
@@ -480,13 +483,7 @@ public final class UringLoop: TaskExecutor, Sendable {
     /// `-ECANCELED`, with no more to follow). Nothing when it has ended already.
     func cancelMultishot(_ id: UInt64) {
         precondition(inLoop, "multishot operations are cancelled on the ring's thread")
-        confined.withValue { confined in
-            let index = Int(truncatingIfNeeded: id & 0xffff_ffff)
-            guard index < confined.slots.count, confined.generations[index] == UInt32(truncatingIfNeeded: id >> 32),
-                case .multishot = confined.slots[index]
-            else { return }
-            _ = csur_prep_cancel(confined.ring!, Self.ignoredToken, id)
-        }
+        cancel(id)
     }
 
     // MARK: The loop
