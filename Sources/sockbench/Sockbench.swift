@@ -95,10 +95,6 @@ struct Backends: ParsableCommand {
             let transports = backend.transports.map(\.rawValue).sorted().joined(separator: ",")
             Console.line(
                 "\(name) \(transports.padding(toLength: width, withPad: " ", startingAt: 0))  \(backend.summary)")
-            if backend == .uring {
-                // What this kernel gives the ring, as probed (and as SOCKETSTYLES_URING_* asked).
-                Console.line("\(String(repeating: " ", count: 9 + width))  kernel: \(UringFeatures.current)")
-            }
         }
     }
 }
