@@ -38,6 +38,9 @@ public struct UringFeatures: Sendable, CustomStringConvertible {
     /// `nil` when off.
     public var zeroCopySendsFrom: Int?
 
+    /// Whether this kernel has IORING_OP_SEND_ZC (Linux 6.0), probed once.
+    static let kernelSendsZeroCopy = csur_probe_send_zc() != 0
+
     /// What this process uses, probed at first use.
     public static let current: UringFeatures = {
         let off = Set(
@@ -52,7 +55,7 @@ public struct UringFeatures: Sendable, CustomStringConvertible {
         let pollingCPU = pollingParts.count == 2 ? Int32(pollingParts[1]) : nil
         var zeroCopy: Int?
         if let raw = getenv("SOCKETSTYLES_URING_SENDZC"), let bytes = Int(String(cString: raw)), bytes > 0,
-            csur_probe_send_zc() != 0
+            kernelSendsZeroCopy
         {
             zeroCopy = bytes
         }

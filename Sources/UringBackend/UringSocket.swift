@@ -213,12 +213,12 @@ public final class UringSocket: Sendable {
     }
 
     /// TCP: sends all of `bytes` with zero copy (IORING_OP_SEND_ZC, Linux 6.0), after what the send queue holds:
-    /// the kernel reads them from where they lie while it transmits and returns once it is done with them. Pays only
-    /// where the kernel would otherwise copy large buffers into a network device's queue; over loopback it copies
-    /// anyway (measured in docs/backends/uring.md). Throws `.unsupported` on UDP or on a kernel without it.
+    /// the kernel reads them from where they lie while it transmits and returns once it is done with them (over a
+    /// real network, once the peer acknowledged them). Over loopback it paid at 128 and 256 KiB writes and cost at
+    /// 1 MiB (docs/backends/uring.md). Throws `.unsupported` on UDP or on a kernel without it.
     public func send(zeroCopy bytes: UnsafeRawBufferPointer) async throws(ConnectionError) {
         guard transport == .tcp else { throw ConnectionError(.unsupported, "zero-copy sends are for tcp") }
-        guard Self.zeroCopyAvailable else {
+        guard UringFeatures.kernelSendsZeroCopy else {
             throw ConnectionError(.unsupported, "this kernel has no IORING_OP_SEND_ZC (Linux 6.0)")
         }
         if !writeGate.tryEnter() { await writeGate.enter() }
@@ -337,7 +337,6 @@ public final class UringSocket: Sendable {
 
     /// The smallest send that goes with zero copy (`SOCKETSTYLES_URING_SENDZC`; by default none).
     private static let zeroCopySendsFrom = UringFeatures.current.zeroCopySendsFrom ?? .max
-    private static let zeroCopyAvailable = csur_probe_send_zc() != 0
 
     /// Whether this kernel segments UDP sends (UDP_SEGMENT), probed once.
     private static let segmentation = Syscall.udpSegmentationAvailable
