@@ -5,7 +5,7 @@ import Synchronization
 /// Backend `uv`: libuv's event loop and callbacks, adapted to `Connection`.
 ///
 /// Every connection and listener of one backend instance lives on one ``UVLoop`` (one thread, many clients).
-/// Calls from async tasks reach the loop through `uv_async_send` (``UVLoop/execute(_:)``); results come back
+/// Calls from async tasks reach the loop through an eventfd it polls (``UVLoop/execute(_:)``); results come back
 /// by resuming continuations. The native style is ``UVLoop``, ``UVTCP``, ``UVUDP`` and ``UVTimer``.
 public final class LibUVBackend: ConnectionBackend, Sendable {
     public let name = "uv"
@@ -217,7 +217,7 @@ extension Backend {
     /// libuv's event loop and callbacks on one loop thread (`LibUVBackend`).
     public static let uv = Backend(
         name: "uv",
-        summary: "libuv 1.44 loop and callbacks; every connection on one loop thread, uv_async_send to reach it",
+        summary: "libuv 1.44 loop and callbacks; every connection on one loop thread, an eventfd to reach it",
         style: "libuv callbacks on one loop thread: every buffer's lifetime managed by hand",
         make: { LibUVBackend.shared })
 }

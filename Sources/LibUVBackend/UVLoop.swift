@@ -9,24 +9,33 @@ import Synchronization
 /// libuv's rules, kept here:
 /// 1. One loop per thread. Handles of this loop are used only on its thread (inside callbacks, or inside blocks
 ///    given to ``execute(_:)``).
-/// 2. The only thread-safe call is `uv_async_send`: ``execute(_:)`` queues a block and wakes the loop with it
-///    (wake-ups coalesce; every queued block runs).
+/// 2. No handle is touched from another thread: ``execute(_:)`` queues a block and wakes the loop with it (an
+///    eventfd the loop polls; wake-ups coalesce; every queued block runs).
 /// 3. A handle's memory is released only in its close callback.
 /// 4. ``shutdown()`` stops the loop and `uv_loop_close` must succeed: every handle must have been closed first,
 ///    otherwise it reports `EBUSY` with the handles still open.
 public final class UVLoop: @unchecked Sendable {
-    // `@unchecked`: libuv's loop and handle structs are raw pointers; only the loop thread touches them, except
-    // `uv_async_send` on `wakeup`, which libuv makes thread-safe.
+    // `@unchecked`: libuv's loop and handle structs are raw pointers; only the loop thread touches them. Other
+    // threads only write to `wakeFD`.
     let raw: UnsafeMutablePointer<uv_loop_t>
-    private let wakeup: UnsafeMutablePointer<uv_async_t>
+    /// Wakes the loop from other threads: an eventfd, watched by `wakeup` (a `uv_poll_t`) on the loop thread.
+    ///
+    /// Not `uv_async_send`: libuv 1.44's sender marks the handle pending, writes the loop's eventfd, then marks it
+    /// done, and the woken loop spins (997 `pause`s, then `sched_yield`, over and over) until the sender has done
+    /// so. A sender preempted between the two by the loop it woke (a waker on the loop's CPU, such as compare's
+    /// open-loop pacer) left the loop spinning: rate-5000 uv tcp sent each message 33 us after its time, 4-5 us for
+    /// the other backends, at twice their CPU per message (`perf record` showed the loop thread in that spin).
+    /// An eventfd write has no second step to wait for.
+    private let wakeFD: Int32
+    private let wakeup: UnsafeMutablePointer<uv_poll_t>
     /// Run the work queued on the loop thread itself after the callbacks of each poll (`uv_check_t`), and
     /// everything queued before the loop waits (`uv_prepare_t`, which also tells the queue the loop is about to
     /// sleep); unreferenced, so they never keep the loop alive.
     private let prepare: UnsafeMutablePointer<uv_prepare_t>
     private let check: UnsafeMutablePointer<uv_check_t>
-    /// Blocks and jobs for the loop thread: the package's one loop work queue, woken with `uv_async_send` (only
-    /// while the loop sleeps in its poll). Closed on the loop thread just before the wake-up handle is: later work
-    /// is dropped, since `uv_async_send` on a closing handle is not allowed.
+    /// Blocks and jobs for the loop thread: the package's one loop work queue, woken through `wakeFD` (only while
+    /// the loop sleeps in its poll). Closed on the loop thread just before the wake-up handle is: later work is
+    /// dropped, and no signal is in flight once it has closed, so the eventfd is closed after the loop ends.
     private let work: LoopWorkQueue
     private let state = Guarded(LoopState())
     /// The thread's name, for `top -H` and debuggers.
@@ -41,26 +50,31 @@ public final class UVLoop: @unchecked Sendable {
     /// Creates a loop and starts its thread.
     public init(name: String = "uv-loop") throws(ConnectionError) {
         self.name = name
+        let wakeFD = try Syscall.eventFD()
+        self.wakeFD = wakeFD
         raw = .allocate(capacity: 1)
         wakeup = .allocate(capacity: 1)
-        let wakeupAddress = UInt(bitPattern: wakeup)
-        work = LoopWorkQueue(
-            signal: {
-                uv_async_send(UnsafeMutablePointer<uv_async_t>(bitPattern: wakeupAddress))
-            })
+        work = LoopWorkQueue(signal: { Syscall.eventFDSignal(wakeFD) })
         prepare = .allocate(capacity: 1)
         check = .allocate(capacity: 1)
-        let status = uv_loop_init(raw)
-        guard status == 0 else {
+        var failed: (status: Int32, call: String)?
+        if case let status = uv_loop_init(raw), status != 0 {
+            failed = (status, "uv_loop_init")
+        } else if case let status = uv_poll_init(raw, wakeup, wakeFD), status != 0 {
+            uv_loop_close(raw)
+            failed = (status, "uv_poll_init")
+        }
+        if let failed {
+            Syscall.close(wakeFD)
             raw.deallocate()
             wakeup.deallocate()
             prepare.deallocate()
             check.deallocate()
-            throw UVError(status).connectionError("uv_loop_init")
+            throw UVError(failed.status).connectionError(failed.call)
         }
         csuv_reserve_emfile_fd(raw)
-        uv_async_init(raw, wakeup, uvLoopWakeup)
         uv_handle_set_data(csuv_handle(wakeup), Unmanaged.passUnretained(self).toOpaque())
+        uv_poll_start(wakeup, Int32(UV_READABLE.rawValue), uvLoopWakeup)
         uv_prepare_init(raw, prepare)
         uv_check_init(raw, check)
         uv_handle_set_data(csuv_handle(prepare), Unmanaged.passUnretained(self).toOpaque())
@@ -85,7 +99,7 @@ public final class UVLoop: @unchecked Sendable {
     /// The loop's thread, for state that only its callbacks touch (`LoopConfined`).
     package var thread: LoopThread { work.thread }
 
-    /// Runs `block` on the loop thread, soon (from any thread: `uv_async_send`). Once ``shutdown()`` has
+    /// Runs `block` on the loop thread, soon (from any thread: an eventfd write). Once ``shutdown()`` has
     /// closed the wake-up handle, blocks are dropped.
     public func execute(_ block: @escaping @Sendable () -> Void) {
         work.add(.block(block))
@@ -114,6 +128,12 @@ public final class UVLoop: @unchecked Sendable {
         drain()
     }
 
+    /// The wake-up eventfd is readable: reads it back to 0, then as ``afterPoll()``.
+    fileprivate func woken() {
+        Syscall.eventFDDrain(wakeFD)
+        afterPoll()
+    }
+
     private func run() {
         uv_run(raw, UV_RUN_DEFAULT)
         drain()
@@ -128,6 +148,9 @@ public final class UVLoop: @unchecked Sendable {
             uv_run(raw, UV_RUN_DEFAULT)
             status = uv_loop_close(raw)
         }
+        // The queue closed before the wake-up handle did, and waited for signals already decided: nothing writes to
+        // the eventfd any more, and libuv no longer watches it.
+        Syscall.close(wakeFD)
         let result: Result<Void, ConnectionError>
         if leftOpen.isEmpty && status == 0 {
             result = .success(())
@@ -179,8 +202,9 @@ public final class UVLoop: @unchecked Sendable {
     }
 }
 
-private let uvLoopWakeup: @convention(c) (UnsafeMutablePointer<uv_async_t>?) -> Void = { handle in
-    Unmanaged<UVLoop>.fromOpaque(uv_handle_get_data(csuv_handle(handle!))).takeUnretainedValue().afterPoll()
+private let uvLoopWakeup: @convention(c) (UnsafeMutablePointer<uv_poll_t>?, Int32, Int32) -> Void = {
+    handle, _, _ in
+    Unmanaged<UVLoop>.fromOpaque(uv_handle_get_data(csuv_handle(handle!))).takeUnretainedValue().woken()
 }
 
 private let uvLoopPrepare: @convention(c) (UnsafeMutablePointer<uv_prepare_t>?) -> Void = { handle in
@@ -226,10 +250,10 @@ extension LibUVBackend {
 /// The loop as a `TaskExecutor`: a task that prefers it (`withTaskExecutorPreference(loop)`, or a connection's
 /// ``Connection/preferredExecutor``) runs on the loop thread, so a read callback that resumes it needs no thread
 /// hop and its sends go straight to `uv_try_write`. A job enqueued from another thread goes through the same
-/// queue as ``execute(_:)`` (one `uv_async_send`, coalesced). A job enqueued on the loop thread itself (the
+/// queue as ``execute(_:)`` (one eventfd write, coalesced). A job enqueued on the loop thread itself (the
 /// common case: a read callback resumes a waiting receive) is kept in a loop-local queue that a `uv_check_t`
 /// runs right after the callbacks of the same poll, and a `uv_prepare_t` before the loop next waits: no
-/// `uv_async_send`, no eventfd write, no extra turn of the loop. A job never runs inside `enqueue`. Jobs
+/// eventfd write, no extra turn of the loop. A job never runs inside `enqueue`. Jobs
 /// enqueued after ``shutdown()`` has closed the wake-up handle are dropped, like blocks: shut a loop down only
 /// once no task uses it.
 extension UVLoop: TaskExecutor {

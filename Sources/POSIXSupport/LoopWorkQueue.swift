@@ -20,8 +20,7 @@ package enum LoopWork: Sendable {
 /// The work queue and wake-up of a loop thread, written once for the package's loop executors (``EpollLoop``, the
 /// bsd reader thread, the libuv loop).
 ///
-/// Work added from another thread goes into a locked list, and the loop is signalled (an eventfd write,
-/// `uv_async_send`) only when it has said it is about to sleep (``prepareToSleep()``), and then once however much
+/// Work added from another thread goes into a locked list, and the loop is signalled (an eventfd write) only when it has said it is about to sleep (``prepareToSleep()``), and then once however much
 /// work comes; work the loop thread adds itself goes into a list only that thread touches: no lock, no signal.
 /// ``runAll(jobsAs:)`` swaps each list with a spare buffer that keeps its capacity, so a steady loop allocates
 /// nothing. A job may wait in place for the loop's own events (a receive on bsd's reader thread blocks in the poll
@@ -29,8 +28,8 @@ package enum LoopWork: Sendable {
 /// since one of those jobs may be the send its reply depends on.
 ///
 /// Once ``close()`` has returned, ``add(_:)`` refuses work (the caller runs it elsewhere or drops it) and no signal
-/// is in flight or sent again, so the caller may then release what `signal` writes to (bsd's reader closes its
-/// eventfd; libuv forbids `uv_async_send` on a closing handle).
+/// is in flight or sent again, so the caller may then release what `signal` writes to (bsd's reader and the libuv
+/// loop close their eventfds).
 package final class LoopWorkQueue: Sendable {
     private struct Shared {
         var items: [LoopWork] = []
