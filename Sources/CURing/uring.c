@@ -184,6 +184,12 @@ int csur_reserve(struct csur_ring *ring, unsigned count) {
     return io_uring_sq_space_left(&ring->ring) >= count ? 0 : -EBUSY;
 }
 
+void csur_poll_first_last(struct csur_ring *ring) {
+    struct io_uring *uring = &ring->ring;
+    struct io_uring_sqe *last = &uring->sq.sqes[(uring->sq.sqe_tail - 1) & uring->sq.ring_mask];
+    last->ioprio |= IORING_RECVSEND_POLL_FIRST;
+}
+
 void csur_skip_success_last(struct csur_ring *ring) {
     struct io_uring *uring = &ring->ring;
     struct io_uring_sqe *last = &uring->sq.sqes[(uring->sq.sqe_tail - 1) & uring->sq.ring_mask];
@@ -446,5 +452,29 @@ int csur_probe_send_zc(void) {
     int supported = probe && io_uring_opcode_supported(probe, IORING_OP_SEND_ZC);
     if (probe) io_uring_free_probe(probe);
     io_uring_queue_exit(&ring);
+    return supported;
+}
+
+int csur_probe_poll_first(void) {
+    struct io_uring ring;
+    if (io_uring_queue_init(2, &ring, 0) != 0) return 0;
+    int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in address;
+    memset(&address, 0, sizeof address);
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    int supported = 0;
+    char byte;
+    if (fd < 0 || bind(fd, (struct sockaddr *)&address, sizeof address) != 0) goto done;
+    struct io_uring_sqe *sqe = io_uring_get_sqe(&ring);
+    io_uring_prep_recv(sqe, fd, &byte, 1, 0);
+    sqe->ioprio |= IORING_RECVSEND_POLL_FIRST;
+    if (io_uring_submit(&ring) != 1) goto done;
+    /* A kernel without the flag refuses the entry at once; one with it waits for a datagram nobody sends. */
+    struct io_uring_cqe *cqe = NULL;
+    supported = io_uring_peek_cqe(&ring, &cqe) != 0 || cqe->res != -EINVAL;
+done:
+    io_uring_queue_exit(&ring);
+    if (fd >= 0) close(fd);
     return supported;
 }

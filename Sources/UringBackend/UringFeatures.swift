@@ -4,8 +4,8 @@ internal import Glibc
 /// The kernel features the `uring` backend uses where the kernel has them, each probed once, and each possible to
 /// turn off to measure what it buys:
 ///
-/// - `SOCKETSTYLES_URING_OFF`: a comma-separated list of `multishot-accept`, `multishot-recvmsg` and
-///   `skip-success`; each named feature is not used (the backend takes its fallback path, as on a kernel without it).
+/// - `SOCKETSTYLES_URING_OFF`: a comma-separated list of `multishot-accept`, `multishot-recvmsg`, `skip-success`
+///   and `poll-first`; each named feature is not used (the backend takes its fallback path, as on a kernel without it).
 /// - `SOCKETSTYLES_URING_SQPOLL`: `MS` or `MS@CPU`; a kernel thread polls each ring's submission queue and sleeps
 ///   after MS milliseconds without work (IORING_SETUP_SQPOLL), on CPU when given (IORING_SETUP_SQ_AFF; otherwise
 ///   where the process may run). Off by default: measured slower here (docs/backends/uring.md).
@@ -30,6 +30,9 @@ public struct UringFeatures: Sendable, CustomStringConvertible {
     /// Sends linked before a receive post no completion when they succeed (IOSQE_CQE_SKIP_SUCCESS, Linux 5.17).
     /// Probed per ring; `absent` here only when turned off.
     public var skipSuccess: Use
+    /// A receive linked behind a send (`UringRing.sendThenReceive`, the native ping-pong and echo) waits for data
+    /// before its first try instead of trying at once and finding nothing (IORING_RECVSEND_POLL_FIRST, Linux 5.19).
+    public var pollFirst: Use
     /// `SOCKETSTYLES_URING_SQPOLL`'s idle time in milliseconds; 0 when off.
     public var submissionPollingIdle: UInt32
     /// The CPU `SOCKETSTYLES_URING_SQPOLL` pins the polling thread to, if it names one.
@@ -63,6 +66,7 @@ public struct UringFeatures: Sendable, CustomStringConvertible {
             multishotAccept: use("multishot-accept") { csur_probe_multishot(0) != 0 },
             multishotReceive: use("multishot-recvmsg") { csur_probe_multishot(1) != 0 },
             skipSuccess: off.contains("skip-success") ? .off : .on,
+            pollFirst: use("poll-first") { csur_probe_poll_first() != 0 },
             submissionPollingIdle: polling, submissionPollingCPU: pollingCPU, zeroCopySendsFrom: zeroCopy)
     }()
 
@@ -82,7 +86,8 @@ public struct UringFeatures: Sendable, CustomStringConvertible {
         let zeroCopy = zeroCopySendsFrom.map { "zero-copy sends from \($0) B" } ?? "no zero-copy sends"
         return [
             named(multishotAccept, "multishot accept"), named(multishotReceive, "multishot recvmsg (buffer ring)"),
-            named(skipSuccess, "skip-success sends"), polling, zeroCopy,
+            named(skipSuccess, "skip-success sends"), named(pollFirst, "poll-first linked receives"), polling,
+            zeroCopy,
         ].joined(separator: ", ")
     }
 }

@@ -111,6 +111,8 @@ public final class UringLoop: TaskExecutor, Sendable {
         var nextBufferGroup: UInt16 = 0
         /// Whether an entry may post nothing when it succeeds (IOSQE_CQE_SKIP_SUCCESS, Linux 5.17).
         var skipsSuccess = false
+        /// Whether a receive linked behind a send waits for data before its first try (IORING_RECVSEND_POLL_FIRST).
+        var pollsFirst = false
     }
 
     /// Sets a ring up and starts its thread. Throws (one line, with the kernel's reason) when io_uring is
@@ -137,6 +139,7 @@ public final class UringLoop: TaskExecutor, Sendable {
                     $0.ring = ring
                     $0.skipsSuccess =
                         features.skipSuccess == .on && ring.map { csur_supports($0, "cqe_skip") != 0 } ?? false
+                    $0.pollsFirst = features.pollFirst == .on
                 }
                 flags.store(setup, ordering: .relaxed)
                 if ring == nil { failure.store(code, ordering: .relaxed) }
@@ -418,6 +421,9 @@ public final class UringLoop: TaskExecutor, Sendable {
             // Room for both was made: the receive's entry is there.
             let prepared = csur_prep_recv(ring, id, fd, buffer.baseAddress, buffer.count, 0)
             precondition(prepared == 0, "the ring had room for the pair")
+            // The reply to what this sends cannot be there before the send has gone: a first try would find
+            // nothing and then arm the poll anyway (native-64: 1.19x the C floor with it, 1.21-1.22x without).
+            if confined.pollsFirst { csur_poll_first_last(ring) }
             return true
         }
     }

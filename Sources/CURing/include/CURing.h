@@ -21,6 +21,8 @@ struct csur_ring *csur_create(unsigned entries, unsigned sqpoll_idle_ms, int sqp
 int csur_probe_multishot(int what);
 /* Whether this kernel has IORING_OP_SEND_ZC (Linux 6.0). */
 int csur_probe_send_zc(void);
+/* Whether this kernel takes IORING_RECVSEND_POLL_FIRST on a receive (Linux 5.19): 1 or 0. */
+int csur_probe_poll_first(void);
 void csur_destroy(struct csur_ring *ring);
 
 /* Submits what is queued; with wait, sleeps until at least one completion is there; without, collects what is
@@ -52,6 +54,9 @@ void csur_link_last(struct csur_ring *ring);
 /* Makes room for `count` entries in a row (submitting what is queued when needed), so that a linked chain is
  * submitted whole: 0, or -EBUSY. */
 int csur_reserve(struct csur_ring *ring, unsigned count);
+/* Marks the receive or send queued last IORING_RECVSEND_POLL_FIRST (Linux 5.19): the kernel waits for the socket
+ * to be ready before the first attempt instead of trying at once (for a receive that cannot find data yet). */
+void csur_poll_first_last(struct csur_ring *ring);
 /* Marks the entry queued last IOSQE_CQE_SKIP_SUCCESS: it posts a completion only when it fails. */
 void csur_skip_success_last(struct csur_ring *ring);
 /* Cancels the operation whose user_data is `target`. */
