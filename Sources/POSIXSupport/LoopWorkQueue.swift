@@ -20,8 +20,9 @@ package enum LoopWork: Sendable {
 /// The work queue and wake-up of a loop thread, written once for the package's loop executors (``EpollLoop``, the
 /// bsd reader thread, the libuv loop).
 ///
-/// Work added from another thread goes into a locked list, and the loop is signalled (an eventfd write) only when it has said it is about to sleep (``prepareToSleep()``), and then once however much
-/// work comes; work the loop thread adds itself goes into a list only that thread touches: no lock, no signal.
+/// Work added from another thread goes into a locked list, and the loop is signalled (an eventfd write) only when
+/// it has said it is about to sleep (``prepareToSleep()``), and then once however much work comes; work the loop
+/// thread adds itself goes into a list only that thread touches: no lock, no signal.
 /// ``runAll(jobsAs:)`` swaps each list with a spare buffer that keeps its capacity, so a steady loop allocates
 /// nothing. A job may wait in place for the loop's own events (a receive on bsd's reader thread blocks in the poll
 /// the loop would make): ``hasUnrunWork`` tells it not to sleep while work the loop already took is still to run,

@@ -5,7 +5,8 @@ internal import Glibc
 /// turn off to measure what it buys:
 ///
 /// - `SOCKETSTYLES_URING_OFF`: a comma-separated list of `multishot-accept`, `multishot-recvmsg`, `skip-success`
-///   and `poll-first`; each named feature is not used (the backend takes its fallback path, as on a kernel without it).
+///   and `poll-first`; each named feature is not used (the backend takes its fallback path, as on a kernel without
+///   it).
 /// - `SOCKETSTYLES_URING_SQPOLL`: `MS` or `MS@CPU`; a kernel thread polls each ring's submission queue and sleeps
 ///   after MS milliseconds without work (IORING_SETUP_SQPOLL), on CPU when given (IORING_SETUP_SQ_AFF; otherwise
 ///   where the process may run). Off by default: measured slower here (docs/backends/uring.md).
