@@ -201,7 +201,9 @@ struct UringBackendTests {
         }
     }
 
-    @Test("UringRing.sendThenReceive: the reply in one completion; a failed send ends it with the send's error")
+    @Test(
+        "UringRing.sendThenReceive: the reply in one completion, also when it was waiting already; a failed send ends it with the send's error"
+    )
     func sendThenReceive() async throws {
         try await SocketTest.run {
             try await Self.withEcho { client in
@@ -225,6 +227,28 @@ struct UringBackendTests {
                 }
                 #expect(await exchange(probe.count) == [Int32(probe.count)])
                 #expect(Array(buffer[..<probe.count]) == probe)
+                // A reply already waiting when the pair is submitted (the receive arms its poll first where the
+                // kernel has IORING_RECVSEND_POLL_FIRST): the receive takes it at once, not after the next reply.
+                let early = Array("early".utf8)
+                _ = try early.withUnsafeBytes { bytes throws(ConnectionError) in try Syscall.send(fd, bytes) }
+                #expect(try Syscall.poll(fd, events: Syscall.pollIn, timeoutMilliseconds: 10_000) != 0)
+                let first = await exchange(probe.count)
+                let taken = Int(first.first ?? 0)
+                try #require(taken >= early.count && taken <= early.count + probe.count, "\(first)")
+                // The rest (the second reply, unless it came in the same read) is read here, so that the next
+                // exchange starts from an empty socket: every byte, in order.
+                var replies = Array(buffer[..<taken])
+                var rest = [UInt8](repeating: 0, count: early.count + probe.count - taken)
+                var got = 0
+                while got < rest.count {
+                    let result = try rest.withUnsafeMutableBytes { bytes throws(ConnectionError) in
+                        try Syscall.recv(fd, UnsafeMutableRawBufferPointer(rebasing: bytes[got...]))
+                    }
+                    guard case .processed(let count) = result, count > 0 else { break }
+                    got += count
+                }
+                replies += rest
+                #expect(replies == early + probe)
                 // The client's sending side shut: the send fails (EPIPE), the receive never runs, one completion.
                 try Syscall.shutdown(fd, .write)
                 #expect(await exchange(probe.count) == [-EPIPE])
