@@ -171,11 +171,13 @@ int csur_prep_read(struct csur_ring *ring, uint64_t data, int fd, void *buffer, 
     return 0;
 }
 
-void csur_link_last(struct csur_ring *ring) {
+/* The entry queued last (not yet submitted). */
+static struct io_uring_sqe *last_entry(struct csur_ring *ring) {
     struct io_uring *uring = &ring->ring;
-    struct io_uring_sqe *last = &uring->sq.sqes[(uring->sq.sqe_tail - 1) & uring->sq.ring_mask];
-    last->flags |= IOSQE_IO_LINK;
+    return &uring->sq.sqes[(uring->sq.sqe_tail - 1) & uring->sq.ring_mask];
 }
+
+void csur_link_last(struct csur_ring *ring) { last_entry(ring)->flags |= IOSQE_IO_LINK; }
 
 int csur_reserve(struct csur_ring *ring, unsigned count) {
     if (io_uring_sq_space_left(&ring->ring) >= count) return 0;
@@ -184,17 +186,9 @@ int csur_reserve(struct csur_ring *ring, unsigned count) {
     return io_uring_sq_space_left(&ring->ring) >= count ? 0 : -EBUSY;
 }
 
-void csur_poll_first_last(struct csur_ring *ring) {
-    struct io_uring *uring = &ring->ring;
-    struct io_uring_sqe *last = &uring->sq.sqes[(uring->sq.sqe_tail - 1) & uring->sq.ring_mask];
-    last->ioprio |= IORING_RECVSEND_POLL_FIRST;
-}
+void csur_poll_first_last(struct csur_ring *ring) { last_entry(ring)->ioprio |= IORING_RECVSEND_POLL_FIRST; }
 
-void csur_skip_success_last(struct csur_ring *ring) {
-    struct io_uring *uring = &ring->ring;
-    struct io_uring_sqe *last = &uring->sq.sqes[(uring->sq.sqe_tail - 1) & uring->sq.ring_mask];
-    last->flags |= IOSQE_CQE_SKIP_SUCCESS;
-}
+void csur_skip_success_last(struct csur_ring *ring) { last_entry(ring)->flags |= IOSQE_CQE_SKIP_SUCCESS; }
 
 int csur_prep_cancel(struct csur_ring *ring, uint64_t data, uint64_t target) {
     struct io_uring_sqe *sqe = entry(ring, data);
@@ -405,20 +399,31 @@ int csur_recvmsg_parse(struct csur_buffers *buffers, unsigned id, int32_t result
     return 0;
 }
 
-int csur_probe_multishot(int what) {
-    struct csur_ring ring;
-    if (io_uring_queue_init(4, &ring.ring, 0) != 0) return 0;
-    int stream = what == 0;
+/* For the probes: a socket bound to a loopback port nobody reaches (listening, when a stream), or -1. */
+static int probe_socket(int stream) {
     int fd = socket(AF_INET, (stream ? SOCK_STREAM : SOCK_DGRAM) | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
     struct sockaddr_in address;
     memset(&address, 0, sizeof address);
     address.sin_family = AF_INET;
     address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (bind(fd, (struct sockaddr *)&address, sizeof address) != 0 || (stream && listen(fd, 1) != 0)) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+int csur_probe_multishot(int what) {
+    struct csur_ring ring;
+    if (io_uring_queue_init(4, &ring.ring, 0) != 0) return 0;
+    int stream = what == 0;
+    int fd = probe_socket(stream);
     int supported = 0;
     struct csur_buffers *buffers = NULL;
     struct msghdr template;
     memset(&template, 0, sizeof template);
-    if (fd < 0 || bind(fd, (struct sockaddr *)&address, sizeof address) != 0 || (stream && listen(fd, 1) != 0)) goto done;
+    if (fd < 0) goto done;
     struct io_uring_sqe *sqe = io_uring_get_sqe(&ring.ring);
     if (stream) {
         io_uring_prep_multishot_accept(sqe, fd, NULL, NULL, SOCK_CLOEXEC);
@@ -458,14 +463,10 @@ int csur_probe_send_zc(void) {
 int csur_probe_poll_first(void) {
     struct io_uring ring;
     if (io_uring_queue_init(2, &ring, 0) != 0) return 0;
-    int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_in address;
-    memset(&address, 0, sizeof address);
-    address.sin_family = AF_INET;
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    int fd = probe_socket(0);
     int supported = 0;
     char byte;
-    if (fd < 0 || bind(fd, (struct sockaddr *)&address, sizeof address) != 0) goto done;
+    if (fd < 0) goto done;
     struct io_uring_sqe *sqe = io_uring_get_sqe(&ring);
     io_uring_prep_recv(sqe, fd, &byte, 1, 0);
     sqe->ioprio |= IORING_RECVSEND_POLL_FIRST;
