@@ -43,6 +43,9 @@ struct Compare: AsyncParsableCommand {
     )
     var seconds: Double?
 
+    @Option(help: "pump: seconds of each measured pass, sized from its warm-up pass's rate (default 0.25; --full: 1).")
+    var pumpSeconds: Double?
+
     @Option(help: "pingpong: interleaved slices each repetition's seconds are measured in (default 5).")
     var slices: Int = 5
 

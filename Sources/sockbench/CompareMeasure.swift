@@ -162,8 +162,9 @@ extension Compare {
                     endpoint: endpoint, size: size, count: roundTrips, warmup: plan.pingpongWarmup)
                 return Self.measurement(result, size: size, count: roundTrips)
             case .pump(let size), .proxyPump(let size):
-                _ = try await runFloorPump(endpoint: endpoint, size: size, totalBytes: plan.pumpBytes / 8)
-                return try await runFloorPump(endpoint: endpoint, size: size, totalBytes: plan.pumpBytes)
+                return try await Self.pump(plan: plan, size: size) { bytes throws(ConnectionError) in
+                    try await runFloorPump(endpoint: endpoint, size: size, totalBytes: bytes)
+                }
             case .rate(let perSecond):
                 return try await runFloorRate(
                     endpoint: endpoint, perSecond: perSecond, duration: .milliseconds(Int(plan.rateSeconds * 1000)),
@@ -191,9 +192,10 @@ extension Compare {
                 endpoint: endpoint, size: size, count: roundTrips, warmup: plan.pingpongWarmup)
             return Self.measurement(result, size: size, count: roundTrips)
         case .proxyPump(let size):
-            // The C pump, through the backend's relay, to the C sink; a short one first as the warm-up.
-            _ = try await runFloorPump(endpoint: endpoint, size: size, totalBytes: plan.pumpBytes / 8)
-            return try await runFloorPump(endpoint: endpoint, size: size, totalBytes: plan.pumpBytes)
+            // The C pump, through the backend's relay, to the C sink.
+            return try await Self.pump(plan: plan, size: size) { bytes throws(ConnectionError) in
+                try await runFloorPump(endpoint: endpoint, size: size, totalBytes: bytes)
+            }
         case .native(let size):
             let result = try await backend.nativePingPong(
                 to: endpoint, size: size, count: roundTrips, warmup: plan.pingpongWarmup, tls: tls)
@@ -216,19 +218,18 @@ extension Compare {
                 throw error
             }
         case .pump(let size):
-            // A short pump first, on its own connection, as the warm-up.
-            for total in [plan.pumpBytes / 8, plan.pumpBytes] {
+            // Each pass on its own connection.
+            return try await Self.pump(plan: plan, size: size) { bytes throws(ConnectionError) in
                 let connection = try await connect()
                 do throws(ConnectionError) {
-                    let result = try await PumpRunner(size: size, totalBytes: max(size, total)).run(on: connection)
+                    let result = try await PumpRunner(size: size, totalBytes: bytes).run(on: connection)
                     await connection.close()
-                    if total == plan.pumpBytes { return result }
+                    return result
                 } catch {
                     await connection.close()
                     throw error
                 }
             }
-            throw ConnectionError(.system, "unreachable")
         case .connect:
             return try await ConnectRunner(count: plan.connectCount).run(connect: connect)
         case .workload(let workload):
@@ -265,6 +266,19 @@ extension Compare {
                 throw error
             }
         }
+    }
+
+    /// A pump scenario: a warm-up pass of an eighth of ``Plan/pumpBytes`` (its rate also sizes the next pass),
+    /// then the measured pass, sized to last ``Plan/pumpSeconds``, so that every row is measured over the same time
+    /// (a fixed byte count gave a slower row a longer pass, and a 1,400-byte UDP pass half the time of a tcp one).
+    static func pump(
+        plan: Plan, size: Int, pass: (Int) async throws(ConnectionError) -> ScenarioResult
+    ) async throws(ConnectionError) -> ScenarioResult {
+        let warmupBytes = max(size, plan.pumpBytes / 8 / size * size)
+        let start = MonotonicClock.nanoseconds()
+        _ = try await pass(warmupBytes)
+        let elapsed = MonotonicClock.nanoseconds() &- start
+        return try await pass(plan.pumpPassBytes(size: size, warmupBytes: warmupBytes, warmupNanoseconds: elapsed))
     }
 
     static func measurement(_ result: PingRunner.Result, size: Int, count: Int) -> ScenarioResult {

@@ -34,7 +34,11 @@ extension Compare {
         var rateSeconds: Double
         /// How the rate senders wait for each send time (`nil` in reports made before there was a choice: sleep).
         var pacing: Pacing?
+        /// Bytes of a pump's measured pass when ``pumpSeconds`` is `nil` (reports made before there was a choice);
+        /// its warm-up pass moves an eighth of them.
         var pumpBytes: Int
+        /// Seconds a pump's measured pass lasts: its bytes are sized from the rate of the warm-up pass before it.
+        var pumpSeconds: Double?
         var connectCount: Int
         var faninCount: Int
         /// The p99 (from the intended send time, nanoseconds) a backend must keep to hold a load: a workload
@@ -53,6 +57,16 @@ extension Compare {
 
         /// fanin-N: `faninCount` round trips per connection up to 1,000 connections; beyond, `faninCount` x 1,000
         /// in all (at least 10 per connection), so that fanin-10000 takes seconds, not minutes.
+        /// The bytes of a pump's measured pass, from its warm-up pass (`warmupBytes` in `warmupNanoseconds`, the
+        /// connect and the sink's answer included): enough to last ``pumpSeconds`` at the warm-up's rate, in whole
+        /// writes of `size`, at least the warm-up's bytes and at most 64 GiB; ``pumpBytes`` without a time.
+        func pumpPassBytes(size: Int, warmupBytes: Int, warmupNanoseconds: UInt64) -> Int {
+            guard let pumpSeconds else { return pumpBytes }
+            let perSecond = Double(warmupBytes) * 1e9 / Double(max(1, warmupNanoseconds))
+            let bytes = min(max(perSecond * pumpSeconds, Double(warmupBytes)), Double(64 << 30))
+            return max(size, Int(bytes) / size * size)
+        }
+
         func faninRoundTrips(connections: Int) -> Int {
             connections <= 1000 ? faninCount : max(10, faninCount * 1000 / connections)
         }
@@ -70,6 +84,7 @@ extension Compare {
         } catch {
             throw fail(error.detail)
         }
+        if let pumpSeconds, !(pumpSeconds > 0) { throw fail("--pump-seconds must be above 0") }
         guard let chosenPacing = Pacing(rawValue: pacing) else {
             throw fail("unknown pacing '\(pacing)' (spin, sleep)")
         }
@@ -132,7 +147,8 @@ extension Compare {
             pingpongCount: count ?? 2_000, pingpongSeconds: count == nil ? (seconds ?? 1) : nil,
             slices: count == nil ? max(1, slices) : 1, remeasure: max(0, remeasure), pingpongWarmup: warmup,
             rateSeconds: full ? 2 : 0.5, pacing: chosenPacing,
-            pumpBytes: full ? 1024 << 20 : 256 << 20, connectCount: full ? 200 : 30, faninCount: full ? 500 : 100,
+            pumpBytes: full ? 1024 << 20 : 256 << 20, pumpSeconds: pumpSeconds ?? (full ? 1 : 0.25),
+            connectCount: full ? 200 : 30, faninCount: full ? 500 : 100,
             p99Bound: specification?.p99Bound ?? UInt64(bound * 1e9), sweep: sweepRates, placement: placement,
             serverCPU: serverCPU, clientCPU: clientCPU,
             options:

@@ -62,7 +62,7 @@ extension Report {
         text +=
             "; \(plan.repetitions) repetitions, medians; pingpong \(plan.pingpongCount) round trips after \(plan.pingpongWarmup); "
         text +=
-            "rate windows \(plan.rateSeconds) s, senders pacing by \((plan.pacing ?? .sleep).rawValue); pump \(plan.pumpBytes >> 20) MiB; connect \(plan.connectCount); fan-in \(plan.faninCount) round trips per connection (beyond 1,000 connections \(plan.faninCount) x 1,000 in all).\n\n"
+            "rate windows \(plan.rateSeconds) s, senders pacing by \((plan.pacing ?? .sleep).rawValue); pump \(plan.pumpSeconds.map { "passes of \($0) s after a \(plan.pumpBytes >> 23) MiB warm-up" } ?? "\(plan.pumpBytes >> 20) MiB"); connect \(plan.connectCount); fan-in \(plan.faninCount) round trips per connection (beyond 1,000 connections \(plan.faninCount) x 1,000 in all).\n\n"
         text += "Options: \(plan.options).\n\n"
         for scenario in plan.scenarios where rows.contains(where: { $0.scenario == scenario }) {
             let (header, cells) = table(for: scenario)

@@ -58,7 +58,8 @@ struct JSONSchemaTests {
                 "compare", "--scenarios", "pingpong-64,pump-64k,connect,json-deflate", "--transports", "tcp,udp,ws",
                 "--backends",
                 "bsd",
-                "--repetitions", "2", "--seconds", "0.5", "--no-baselines", "--out", directory.path,
+                "--repetitions", "2", "--seconds", "0.5", "--pump-seconds", "0.2", "--no-baselines", "--out",
+                directory.path,
             ])
             let results = try String(contentsOf: directory.appendingPathComponent("results.json"), encoding: .utf8)
             try check(results, against: "compare.schema.json")
@@ -67,6 +68,7 @@ struct JSONSchemaTests {
                 try JSONSerialization.jsonObject(with: Data(results.utf8)) as? [String: Any])
             let plan = try #require(object["plan"] as? [String: Any])
             #expect((plan["options"] as? String)?.contains("server processes started anew for each repetition") == true)
+            #expect(plan["pumpSeconds"] as? Double == 0.2)
             let rows = try #require(object["rows"] as? [[String: Any]])
             for row in rows where (row["scenario"] as? String) == "pingpong-64" {
                 let repetitions = try #require(row["repetitions"] as? [[String: Any]])
