@@ -13,6 +13,8 @@ final class SocketReadiness: EpollHandler, Sendable {
     private struct State {
         var readReady = true
         var writeReady = true
+        /// An edge said the peer ended its side or the socket failed: from then on a read is tried at once.
+        var hungUp = false
         var reader: (id: UInt64, continuation: Waiter)?
         var writer: (id: UInt64, continuation: Waiter)?
         var cancelled: Set<UInt64> = []
@@ -28,6 +30,9 @@ final class SocketReadiness: EpollHandler, Sendable {
         let (reader, writer): (Waiter?, Waiter?) = state.withLock { state in
             var reader: Waiter?
             var writer: Waiter?
+            if events & (Syscall.epollHangUp | Syscall.epollError | Syscall.epollReadHangUp) != 0 {
+                state.hungUp = true
+            }
             if readable != 0 {
                 if let waiting = state.reader {
                     reader = waiting.continuation
@@ -53,6 +58,15 @@ final class SocketReadiness: EpollHandler, Sendable {
     /// Waits until the socket may be readable again (or fails with `.closed` / `.cancelled`).
     @inline(__always)
     func waitReadable() async throws(ConnectionError) { try await wait(reading: true) }
+
+    /// Before a read that follows one that drained the socket (a short read): waits for the next edge, unless one
+    /// came since (remembered) or the socket has hung up or failed. A drained socket has nothing to read until
+    /// something new arrives, and each arrival is an edge, so this saves the read that would only find EAGAIN.
+    /// After a full read more may be waiting with no edge to come: read first.
+    func waitReadableAfterDrain() async throws(ConnectionError) {
+        if state.withLock({ $0.hungUp }) { return }
+        try await wait(reading: true)
+    }
 
     /// Waits until the socket may be writable again (or fails with `.closed` / `.cancelled`).
     @inline(__always)

@@ -160,6 +160,10 @@ public final class DatagramSocket: EpollHandler, Sendable {
                     delegate?.datagramSocket(self, didFail: error)
                 }
             }
+            // Fewer than a batch holds: the socket was drained, and a read now would only find EAGAIN. Whatever
+            // arrives meanwhile, level-triggered epoll reports on the next turn. (A connected socket reads one at a
+            // time, so it cannot tell.)
+            if batch.count < batch.capacity { return }
         }
     }
 
