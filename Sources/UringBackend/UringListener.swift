@@ -194,6 +194,8 @@ final class UringUDPListener: Listener, Sendable {
     private let gate = AsyncGate()
     private let peers: DatagramDemultiplexer<SocketAddress>
     private let pump = Guarded<Task<Void, Never>?>(nil)
+    /// What became of the echoes sent without waiting.
+    private let failures = UringSendFailures()
 
     static func start(
         on endpoint: Endpoint, options: ConnectionOptions, loop: UringLoop
@@ -214,10 +216,18 @@ final class UringUDPListener: Listener, Sendable {
         self.loop = loop
         let fd = descriptor.raw
         let submissions = submissions
+        let failures = failures
         peers = DatagramDemultiplexer(
             localEndpoint: local, options: options, executor: loop,
             endpoint: { $0.endpoint(.udp) },
-            send: { bytes, address throws(ConnectionError) in
+            send: { [failures] bytes, address throws(ConnectionError) in
+                if let failure = failures.take(for: address) { throw failure }
+                // Within IPv4's largest datagram: a larger one goes the waiting way, which reports EMSGSIZE at once.
+                if bytes.count <= 65_507,
+                    loop.sendDatagram(bytes, to: address, fd: fd, failures: failures, gate: submissions)
+                {
+                    return
+                }
                 try await Self.send(bytes, to: address, fd: fd, loop: loop, submissions: submissions)
             })
     }

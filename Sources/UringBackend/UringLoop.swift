@@ -1,7 +1,7 @@
 internal import CURing
 @_spi(Loop) public import ConnectionCore
 internal import Glibc
-@_spi(Loop) internal import POSIXSupport
+@_spi(Loop) package import POSIXSupport
 import Synchronization
 
 /// One operation for the ring: the fields of a submission queue entry the backend uses. Buffers and addresses are
@@ -47,6 +47,43 @@ final class UringDescriptorGuard: Sendable {
     var isClosed: Bool { closed.load(ordering: .acquiring) }
 
     func close() { closed.store(true, ordering: .releasing) }
+}
+
+/// What became of a UDP socket's datagrams sent without waiting (``UringLoop/sendDatagram(_:to:fd:failures:gate:)``):
+/// the last failure, thrown by the next send to the same address (a UDP send reports what it knows then, as a
+/// send into the kernel's buffer does), and whether one waits for room in the socket buffer (sends then wait too).
+package final class UringSendFailures: Sendable {
+    private struct State {
+        var failure: (address: SocketAddress, code: Int32)?
+        var waitingForRoom = 0
+    }
+    private let state = Guarded(State())
+
+    package init() {}
+
+    package var isWaitingForRoom: Bool { state.withLock { $0.waitingForRoom > 0 } }
+
+    /// The failure of an earlier send to `address`, once.
+    package func take(for address: SocketAddress) -> ConnectionError? {
+        state.withLock { state -> ConnectionError? in
+            guard let failure = state.failure, failure.address == address else { return nil }
+            state.failure = nil
+            return .errno(-failure.code, "sendmsg to \(address)")
+        }
+    }
+
+    package func record(_ code: Int32, to address: SocketAddress) {
+        state.withLock { $0.failure = (address, code) }
+    }
+
+    package func waitForRoom() { state.withLock { $0.waitingForRoom += 1 } }
+
+    package func roomCame(_ failure: (code: Int32, address: SocketAddress)?) {
+        state.withLock { state in
+            state.waitingForRoom -= 1
+            if let failure { state.failure = (failure.address, failure.code) }
+        }
+    }
 }
 
 /// The completion loop of the `uring` style: one thread that owns an io_uring instance, submits what its
@@ -97,6 +134,9 @@ public final class UringLoop: TaskExecutor, Sendable {
         case multishot((_ result: Int32, _ flags: UInt32) -> Void)
         /// A zero-copy send whose count came and whose notification (the buffer is free again) has not.
         case zeroCopySent(UnsafeContinuation<Int32, Never>?, result: Int32)
+        /// A datagram sent without waiting (``sendDatagram(_:to:fd:failures:gate:)``): its message and copy, freed
+        /// once the kernel has taken the entry, or by its completion, which comes only when the send failed.
+        case datagram(fd: Int32, message: OpaquePointer, payload: UnsafeMutableRawPointer, failures: UringSendFailures)
     }
 
     /// What only the ring's thread touches.
@@ -113,6 +153,13 @@ public final class UringLoop: TaskExecutor, Sendable {
         var skipsSuccess = false
         /// Whether a receive linked behind a send waits for data before its first try (IORING_RECVSEND_POLL_FIRST).
         var pollsFirst = false
+        /// Whether datagrams may be sent without waiting: entries skip success and the kernel takes them during
+        /// this thread's enter (no SQPOLL thread taking them later).
+        var sendsDatagramsAtOnce = false
+        /// Datagram sends queued in this turn, and those handed to the kernel whose entries it may not have taken
+        /// yet (their memory is freed once it has).
+        var queuedDatagrams: [UInt64] = []
+        var enteredDatagrams: [UInt64] = []
     }
 
     /// Sets a ring up and starts its thread. Throws (one line, with the kernel's reason) when io_uring is
@@ -140,6 +187,7 @@ public final class UringLoop: TaskExecutor, Sendable {
                     $0.skipsSuccess =
                         features.skipSuccess == .on && ring.map { csur_supports($0, "cqe_skip") != 0 } ?? false
                     $0.pollsFirst = features.pollFirst == .on
+                    $0.sendsDatagramsAtOnce = $0.skipsSuccess && features.submissionPollingIdle == 0
                 }
                 flags.store(setup, ordering: .relaxed)
                 if ring == nil { failure.store(code, ordering: .relaxed) }
@@ -428,6 +476,96 @@ public final class UringLoop: TaskExecutor, Sendable {
         }
     }
 
+    // MARK: Datagrams sent without waiting
+
+    /// Loop thread: queues one datagram to `address` on the unconnected socket `fd` and returns at once, without
+    /// a completion to wait for: the send carries MSG_DONTWAIT (the kernel tries it once, when this turn enters,
+    /// and never parks it) and IOSQE_CQE_SKIP_SUCCESS (it posts a completion only when it failed), so an echo costs
+    /// one `io_uring_enter` (the one that waits for the next datagram) instead of two, and its task no suspension.
+    /// The copy lives until the kernel has taken the entry. A send the socket buffer had no room for (EAGAIN) is
+    /// sent again, waiting for room; any other failure is kept in `failures` for the next send to that address.
+    /// `false` (nothing queued) off the ring's thread, where the kernel cannot skip success or an SQPOLL thread
+    /// takes entries, while a send waits for room (so that sends still wait behind a full buffer), or when the gate
+    /// closed or the ring refused the entry: the caller then sends and waits.
+    func sendDatagram(
+        _ bytes: [UInt8], to address: SocketAddress, fd: Int32, failures: UringSendFailures,
+        gate: UringDescriptorGuard
+    ) -> Bool {
+        guard inLoop, !gate.isClosed, !failures.isWaitingForRoom else { return false }
+        return confined.withValue { confined -> Bool in
+            guard confined.sendsDatagramsAtOnce, let message = csur_message_create() else { return false }
+            let payload = UnsafeMutableRawPointer.allocate(byteCount: max(1, bytes.count), alignment: 16)
+            bytes.withUnsafeBytes { bytes in
+                if let base = bytes.baseAddress { payload.copyMemory(from: base, byteCount: bytes.count) }
+            }
+            address.withSockAddr { pointer, length in
+                csur_message_prepare(message, payload, bytes.count, pointer, length)
+            }
+            let id = Self.allocate(&confined, owned: nil)
+            confined.slots[Int(truncatingIfNeeded: id & 0xffff_ffff)] = .datagram(
+                fd: fd, message: message, payload: payload, failures: failures)
+            guard csur_prep_sendmsg(confined.ring!, id, fd, message, Int32(MSG_NOSIGNAL | MSG_DONTWAIT)) == 0 else {
+                Self.release(&confined, id)
+                Self.free(message, payload)
+                return false
+            }
+            csur_skip_success_last(confined.ring!)
+            confined.queuedDatagrams.append(id)
+            return true
+        }
+    }
+
+    private static func free(_ message: OpaquePointer, _ payload: UnsafeMutableRawPointer) {
+        csur_message_destroy(message)
+        payload.deallocate()
+    }
+
+    /// Loop thread, after an enter and its completions: frees the datagram sends whose entries the kernel has
+    /// taken (each was tried then; a failed one's completion has come and been handled).
+    private func releaseEnteredDatagrams(_ ring: OpaquePointer) {
+        confined.withValue { confined in
+            guard !confined.enteredDatagrams.isEmpty, csur_unsubmitted(ring) == 0 else { return }
+            for id in confined.enteredDatagrams {
+                if case .datagram(_, let message, let payload, _) = Self.release(&confined, id) {
+                    Self.free(message, payload)
+                }
+            }
+            confined.enteredDatagrams.removeAll(keepingCapacity: true)
+        }
+    }
+
+    /// Loop thread: a datagram sent without waiting failed. No room in the socket buffer: send it again, waiting
+    /// for room (sends that come meanwhile wait too); any other failure is kept for the next send to that address.
+    private func datagramFailed(
+        fd: Int32, message: OpaquePointer, payload: UnsafeMutableRawPointer, failures: UringSendFailures,
+        result: Int32
+    ) {
+        var length: socklen_t = 0
+        let address = csur_message_address(message, &length).flatMap { SocketAddress($0, length: Int(length)) }
+        if result == -EAGAIN {
+            failures.waitForRoom()
+            let queued = confined.withValue { confined -> Bool in
+                let id = Self.allocate(&confined, owned: nil)
+                confined.slots[Int(truncatingIfNeeded: id & 0xffff_ffff)] = .callback { result in
+                    Self.free(message, payload)
+                    failures.roomCame(result < 0 && result != -ECANCELED ? address.map { (result, $0) } : nil)
+                }
+                guard csur_prep_sendmsg(confined.ring!, id, fd, message, Int32(MSG_NOSIGNAL)) == 0 else {
+                    Self.release(&confined, id)
+                    return false
+                }
+                return true
+            }
+            if !queued {
+                Self.free(message, payload)
+                failures.roomCame(address.map { (-EAGAIN, $0) })
+            }
+            return
+        }
+        Self.free(message, payload)
+        if let address { failures.record(result, to: address) }
+    }
+
     // MARK: Multishot receives with provided buffers
 
     /// Loop thread: a provided buffer ring of `count` buffers of `size` bytes, or `nil` when the kernel has none.
@@ -511,6 +649,11 @@ public final class UringLoop: TaskExecutor, Sendable {
             // Announce sleep, then submit the turn's entries and wait for a completion (or, when work came in
             // meanwhile, only submit and collect what is there).
             let sleeps = work.prepareToSleep()
+            confined.withValue { confined in
+                guard !confined.queuedDatagrams.isEmpty else { return }
+                confined.enteredDatagrams.append(contentsOf: confined.queuedDatagrams)
+                confined.queuedDatagrams.removeAll(keepingCapacity: true)
+            }
             let entered = csur_enter(ring, sleeps ? 1 : 0)
             if sleeps { work.awoke() }
             if entered < 0 && entered != -EINTR && entered != -EAGAIN && entered != -EBUSY && entered != -ETIME {
@@ -521,6 +664,7 @@ public final class UringLoop: TaskExecutor, Sendable {
                 if count == 0 { break }
                 for index in 0..<count { complete(data[index], results[index], flags[index]) }
             }
+            releaseEnteredDatagrams(ring)
         }
     }
 
@@ -559,6 +703,8 @@ public final class UringLoop: TaskExecutor, Sendable {
         case .zeroCopySent(let continuation, let sent):
             // The notification (IORING_CQE_F_NOTIF): the kernel has let go of the buffer.
             continuation?.resume(returning: sent)
+        case .datagram(let fd, let message, let payload, let failures):
+            datagramFailed(fd: fd, message: message, payload: payload, failures: failures, result: result)
         case .free, nil:
             return
         }

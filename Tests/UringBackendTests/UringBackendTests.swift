@@ -285,6 +285,52 @@ struct UringBackendTests {
         }
     }
 
+    @Test("A UDP server's sends from the ring's thread wait for no completion: 100 echoes arrive, in order")
+    func udpSendsWithoutWaiting() async throws {
+        try await SocketTest.run {
+            let backend = UringBackend()
+            let listener = try await backend.listen(
+                on: try Endpoint(url: "udp://127.0.0.1:0"), options: ConnectionOptions())
+            let client = try await backend.connect(to: listener.localEndpoint, options: ConnectionOptions())
+            try await client.send([0])
+            let peer = try await listener.accept()
+            #expect(try await peer.receive()?.bytes == [0])
+            // On the ring's thread each send only queues its entry; all of them go with the loop's next enter. (As
+            // many as the client's receive buffer holds at once: a burst beyond it would be dropped there.)
+            let count = 100
+            let sending = Task(executorPreference: peer.preferredExecutor) {
+                for index in 0..<count { try await peer.send([UInt8(index)]) }
+            }
+            try await sending.value
+            for index in 0..<count {
+                #expect(try await client.receive()?.bytes == [UInt8(index)])
+            }
+            // Closing at once after a burst frees every copy (AddressSanitizer: scripts/sanitize address).
+            for index in 0..<100 { try await peer.send([UInt8(index)]) }
+            await peer.close()
+            await listener.close()
+            await client.close()
+        }
+    }
+
+    @Test("A failed send without waiting is thrown by the next send to the same address only, once")
+    func udpSendFailuresBySender() throws {
+        let failures = UringSendFailures()
+        let first = SocketAddress.loopbackIPv4(port: 1000)
+        let second = SocketAddress.loopbackIPv4(port: 1001)
+        failures.record(-ENETUNREACH, to: first)
+        #expect(failures.take(for: second) == nil)
+        let error = try #require(failures.take(for: first))
+        #expect(error.systemCode?.code == ENETUNREACH)
+        #expect(failures.take(for: first) == nil)
+        // While a send waits for room, sends do not take the way without waiting; its failure is kept too.
+        failures.waitForRoom()
+        #expect(failures.isWaitingForRoom)
+        failures.roomCame((code: -EPERM, address: second))
+        #expect(!failures.isWaitingForRoom)
+        #expect(failures.take(for: second)?.systemCode?.code == EPERM)
+    }
+
     /// Reads until the end of the stream; the bytes, and the error that ended it, if any.
     private static func readAll(_ socket: UringSocket) async -> ([UInt8], ConnectionError?) {
         var got: [UInt8] = []
