@@ -54,7 +54,8 @@ final class UringDescriptorGuard: Sendable {
 /// send into the kernel's buffer does), and whether one waits for room in the socket buffer (sends then wait too).
 package final class UringSendFailures: Sendable {
     private struct State {
-        var failure: (address: SocketAddress, code: Int32)?
+        /// `nil` address: a connected socket's peer.
+        var failure: (address: SocketAddress?, code: Int32)?
         var waitingForRoom = 0
     }
     private let state = Guarded(State())
@@ -63,22 +64,22 @@ package final class UringSendFailures: Sendable {
 
     package var isWaitingForRoom: Bool { state.withLock { $0.waitingForRoom > 0 } }
 
-    /// The failure of an earlier send to `address`, once.
-    package func take(for address: SocketAddress) -> ConnectionError? {
+    /// The failure of an earlier send to `address` (`nil`: a connected socket's), once.
+    package func take(for address: SocketAddress?) -> ConnectionError? {
         state.withLock { state -> ConnectionError? in
             guard let failure = state.failure, failure.address == address else { return nil }
             state.failure = nil
-            return .errno(-failure.code, "sendmsg to \(address)")
+            return .errno(-failure.code, address.map { "sendmsg to \($0)" } ?? "send")
         }
     }
 
-    package func record(_ code: Int32, to address: SocketAddress) {
+    package func record(_ code: Int32, to address: SocketAddress?) {
         state.withLock { $0.failure = (address, code) }
     }
 
     package func waitForRoom() { state.withLock { $0.waitingForRoom += 1 } }
 
-    package func roomCame(_ failure: (code: Int32, address: SocketAddress)?) {
+    package func roomCame(_ failure: (code: Int32, address: SocketAddress?)?) {
         state.withLock { state in
             state.waitingForRoom -= 1
             if let failure { state.failure = (failure.address, failure.code) }
@@ -134,9 +135,12 @@ public final class UringLoop: TaskExecutor, Sendable {
         case multishot((_ result: Int32, _ flags: UInt32) -> Void)
         /// A zero-copy send whose count came and whose notification (the buffer is free again) has not.
         case zeroCopySent(UnsafeContinuation<Int32, Never>?, result: Int32)
-        /// A datagram sent without waiting (``sendDatagram(_:to:fd:failures:gate:)``): its message and copy, freed
-        /// once the kernel has taken the entry, or by its completion, which comes only when the send failed.
-        case datagram(fd: Int32, message: OpaquePointer, payload: UnsafeMutableRawPointer, failures: UringSendFailures)
+        /// A datagram sent without waiting (``sendDatagram(_:to:fd:failures:gate:)``): its message (`nil` on a
+        /// connected socket) and copy, freed once the kernel has taken the entry, or by its completion, which comes
+        /// only when the send failed.
+        case datagram(
+            fd: Int32, message: OpaquePointer?, payload: UnsafeMutableRawPointer, length: Int,
+            failures: UringSendFailures)
     }
 
     /// What only the ring's thread touches.
@@ -478,7 +482,8 @@ public final class UringLoop: TaskExecutor, Sendable {
 
     // MARK: Datagrams sent without waiting
 
-    /// Loop thread: queues one datagram to `address` on the unconnected socket `fd` and returns at once, without
+    /// Loop thread: queues one datagram to `address` on the unconnected socket `fd` (`nil`: on the connected socket
+    /// `fd`, to its peer) and returns at once, without
     /// a completion to wait for: the send carries MSG_DONTWAIT (the kernel tries it once, when this turn enters,
     /// and never parks it) and IOSQE_CQE_SKIP_SUCCESS (it posts a completion only when it failed), so an echo costs
     /// one `io_uring_enter` (the one that waits for the next datagram) instead of two, and its task no suspension.
@@ -488,23 +493,31 @@ public final class UringLoop: TaskExecutor, Sendable {
     /// takes entries, while a send waits for room (so that sends still wait behind a full buffer), or when the gate
     /// closed or the ring refused the entry: the caller then sends and waits.
     func sendDatagram(
-        _ bytes: [UInt8], to address: SocketAddress, fd: Int32, failures: UringSendFailures,
+        _ bytes: [UInt8], to address: SocketAddress?, fd: Int32, failures: UringSendFailures,
         gate: UringDescriptorGuard
     ) -> Bool {
         guard inLoop, !gate.isClosed, !failures.isWaitingForRoom else { return false }
         return confined.withValue { confined -> Bool in
-            guard confined.sendsDatagramsAtOnce, let message = csur_message_create() else { return false }
+            guard confined.sendsDatagramsAtOnce else { return false }
             let payload = UnsafeMutableRawPointer.allocate(byteCount: max(1, bytes.count), alignment: 16)
             bytes.withUnsafeBytes { bytes in
                 if let base = bytes.baseAddress { payload.copyMemory(from: base, byteCount: bytes.count) }
             }
-            address.withSockAddr { pointer, length in
-                csur_message_prepare(message, payload, bytes.count, pointer, length)
+            var message: OpaquePointer?
+            if let address {
+                guard let made = csur_message_create() else {
+                    payload.deallocate()
+                    return false
+                }
+                address.withSockAddr { pointer, length in
+                    csur_message_prepare(made, payload, bytes.count, pointer, length)
+                }
+                message = made
             }
             let id = Self.allocate(&confined, owned: nil)
             confined.slots[Int(truncatingIfNeeded: id & 0xffff_ffff)] = .datagram(
-                fd: fd, message: message, payload: payload, failures: failures)
-            guard csur_prep_sendmsg(confined.ring!, id, fd, message, Int32(MSG_NOSIGNAL | MSG_DONTWAIT)) == 0 else {
+                fd: fd, message: message, payload: payload, length: bytes.count, failures: failures)
+            guard Self.prepare(&confined, id, fd, message, payload, bytes.count, waiting: false) else {
                 Self.release(&confined, id)
                 Self.free(message, payload)
                 return false
@@ -515,8 +528,19 @@ public final class UringLoop: TaskExecutor, Sendable {
         }
     }
 
-    private static func free(_ message: OpaquePointer, _ payload: UnsafeMutableRawPointer) {
-        csur_message_destroy(message)
+    /// The entry of a datagram send: IORING_OP_SENDMSG to the message's address, IORING_OP_SEND on a connected
+    /// socket; tried once (MSG_DONTWAIT) unless `waiting`.
+    private static func prepare(
+        _ confined: inout Confined, _ id: UInt64, _ fd: Int32, _ message: OpaquePointer?,
+        _ payload: UnsafeMutableRawPointer, _ length: Int, waiting: Bool
+    ) -> Bool {
+        let flags = Int32(waiting ? MSG_NOSIGNAL : MSG_NOSIGNAL | MSG_DONTWAIT)
+        if let message { return csur_prep_sendmsg(confined.ring!, id, fd, message, flags) == 0 }
+        return csur_prep_send(confined.ring!, id, fd, payload, length, flags) == 0
+    }
+
+    private static func free(_ message: OpaquePointer?, _ payload: UnsafeMutableRawPointer) {
+        if let message { csur_message_destroy(message) }
         payload.deallocate()
     }
 
@@ -526,7 +550,7 @@ public final class UringLoop: TaskExecutor, Sendable {
         confined.withValue { confined in
             guard !confined.enteredDatagrams.isEmpty, csur_unsubmitted(ring) == 0 else { return }
             for id in confined.enteredDatagrams {
-                if case .datagram(_, let message, let payload, _) = Self.release(&confined, id) {
+                if case .datagram(_, let message, let payload, _, _) = Self.release(&confined, id) {
                     Self.free(message, payload)
                 }
             }
@@ -537,20 +561,25 @@ public final class UringLoop: TaskExecutor, Sendable {
     /// Loop thread: a datagram sent without waiting failed. No room in the socket buffer: send it again, waiting
     /// for room (sends that come meanwhile wait too); any other failure is kept for the next send to that address.
     private func datagramFailed(
-        fd: Int32, message: OpaquePointer, payload: UnsafeMutableRawPointer, failures: UringSendFailures,
-        result: Int32
+        fd: Int32, message: OpaquePointer?, payload: UnsafeMutableRawPointer, length: Int,
+        failures: UringSendFailures, result: Int32
     ) {
-        var length: socklen_t = 0
-        let address = csur_message_address(message, &length).flatMap { SocketAddress($0, length: Int(length)) }
+        var address: SocketAddress?
+        if let message {
+            var addressLength: socklen_t = 0
+            address = csur_message_address(message, &addressLength).flatMap {
+                SocketAddress($0, length: Int(addressLength))
+            }
+        }
         if result == -EAGAIN {
             failures.waitForRoom()
             let queued = confined.withValue { confined -> Bool in
                 let id = Self.allocate(&confined, owned: nil)
                 confined.slots[Int(truncatingIfNeeded: id & 0xffff_ffff)] = .callback { result in
                     Self.free(message, payload)
-                    failures.roomCame(result < 0 && result != -ECANCELED ? address.map { (result, $0) } : nil)
+                    failures.roomCame(result < 0 && result != -ECANCELED ? (result, address) : nil)
                 }
-                guard csur_prep_sendmsg(confined.ring!, id, fd, message, Int32(MSG_NOSIGNAL)) == 0 else {
+                guard Self.prepare(&confined, id, fd, message, payload, length, waiting: true) else {
                     Self.release(&confined, id)
                     return false
                 }
@@ -558,12 +587,12 @@ public final class UringLoop: TaskExecutor, Sendable {
             }
             if !queued {
                 Self.free(message, payload)
-                failures.roomCame(address.map { (-EAGAIN, $0) })
+                failures.roomCame((-EAGAIN, address))
             }
             return
         }
         Self.free(message, payload)
-        if let address { failures.record(result, to: address) }
+        failures.record(result, to: address)
     }
 
     // MARK: Multishot receives with provided buffers
@@ -703,8 +732,9 @@ public final class UringLoop: TaskExecutor, Sendable {
         case .zeroCopySent(let continuation, let sent):
             // The notification (IORING_CQE_F_NOTIF): the kernel has let go of the buffer.
             continuation?.resume(returning: sent)
-        case .datagram(let fd, let message, let payload, let failures):
-            datagramFailed(fd: fd, message: message, payload: payload, failures: failures, result: result)
+        case .datagram(let fd, let message, let payload, let length, let failures):
+            datagramFailed(
+                fd: fd, message: message, payload: payload, length: length, failures: failures, result: result)
         case .free, nil:
             return
         }

@@ -40,6 +40,8 @@ public final class UringSocket: Sendable {
     private let lifecycle = SharedLifecycle()
     private let readGate = AsyncGate()
     private let writeGate = AsyncGate()
+    /// UDP: what became of the datagrams sent without waiting.
+    private let datagramFailures = UringSendFailures()
     /// TCP: where sends of up to ``sendQueueLimit`` bytes gather for the ring (nil on UDP: a datagram is sent
     /// on its own).
     private let sendQueue: UringSendQueue?
@@ -158,6 +160,9 @@ public final class UringSocket: Sendable {
     private func read(into buffer: UnsafeMutableRawBufferPointer) async throws(ConnectionError) -> Int? {
         let fd = try usableDescriptor()
         if lifecycle.current.inputEnded { throw .closed("the end of the stream was already reported") }
+        // A datagram sent without waiting failed (ECONNREFUSED, say, which the kernel reports once): what a
+        // receive would have found.
+        if transport == .udp, let failure = datagramFailures.take(for: nil) { throw failure }
         let result = await loop.run(
             .receive(
                 fd: fd, buffer: UInt(bitPattern: buffer.baseAddress), length: buffer.count,
@@ -183,6 +188,15 @@ public final class UringSocket: Sendable {
     /// Sends all of `bytes` (UDP: one datagram). TCP: up to ``sendQueueLimit`` bytes are copied into the
     /// socket's send queue and the call returns; the ring sends what gathered before it next enters the kernel.
     public func send(_ bytes: [UInt8]) async throws(ConnectionError) {
+        if transport == .udp, bytes.count <= 65_507, writeGate.tryEnter() {
+            // From the ring's thread, with no send ahead of it: queued, waiting for no completion
+            // (`UringLoop.sendDatagram`); an earlier one's failure is thrown here or by the next receive.
+            defer { writeGate.leave() }
+            let fd = try ready()
+            if let failure = datagramFailures.take(for: nil) { throw failure }
+            if loop.sendDatagram(bytes, to: nil, fd: fd, failures: datagramFailures, gate: submissions) { return }
+            return try await send(copying: bytes, fd: fd)
+        }
         if let queue = sendQueue, bytes.count <= UringSendQueue.limit {
             if !writeGate.tryEnter() { await writeGate.enter() }
             defer { writeGate.leave() }
@@ -193,6 +207,14 @@ public final class UringSocket: Sendable {
         defer { copy.deallocate() }
         bytes.withUnsafeBytes { copy.copyMemory(from: $0) }
         try await send(contentsOf: UnsafeRawBufferPointer(rebasing: copy[..<bytes.count]))
+    }
+
+    /// Inside the write gate (UDP): one datagram from a copy that lives until its completion.
+    private func send(copying bytes: [UInt8], fd: Int32) async throws(ConnectionError) {
+        let copy = UnsafeMutableRawBufferPointer.allocate(byteCount: max(1, bytes.count), alignment: 16)
+        defer { copy.deallocate() }
+        bytes.withUnsafeBytes { copy.copyMemory(from: $0) }
+        try await sendDirect(fd, UnsafeRawBufferPointer(rebasing: copy[..<bytes.count]), zeroCopy: false)
     }
 
     /// Sends bytes the caller keeps until this returns. TCP: up to ``sendQueueLimit`` bytes are copied into
