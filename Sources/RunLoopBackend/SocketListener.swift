@@ -80,7 +80,8 @@ public protocol DatagramSocketDelegate: AnyObject {
 }
 
 /// A UDP socket scheduled in a run loop: one read event per datagram, with the sender's address. A bound socket
-/// (a server) reads up to 16 datagrams per recvmmsg(2); a connected one, one. Use on the run loop's thread.
+/// (a server) reads up to 16 datagrams per recvmmsg(2); a connected one, two (so that one datagram, the usual
+/// answer to a request, shows the socket drained). Use on the run loop's thread.
 public final class DatagramSocket: EpollHandler, Sendable {
     /// Receives the datagrams (held weakly). Set it on the run loop's thread.
     public var delegate: (any DatagramSocketDelegate)? {
@@ -120,7 +121,7 @@ public final class DatagramSocket: EpollHandler, Sendable {
         self.fd = socket.raw
         self.peer = connect ? address : nil
         self.runLoop = runLoop
-        self.batch = DatagramBatch(capacity: connect ? 1 : 16, slotSize: options.maxDatagramSize)
+        self.batch = DatagramBatch(capacity: connect ? 2 : 16, slotSize: options.maxDatagramSize)
         state = LoopConfined(State(), on: runLoop.loop.thread)
         try runLoop.loop.register(fd, events: Syscall.epollIn, handler: self)
     }
@@ -161,8 +162,7 @@ public final class DatagramSocket: EpollHandler, Sendable {
                 }
             }
             // Fewer than a batch holds: the socket was drained, and a read now would only find EAGAIN. Whatever
-            // arrives meanwhile, level-triggered epoll reports on the next turn. (A connected socket reads one at a
-            // time, so it cannot tell.)
+            // arrives meanwhile, level-triggered epoll reports on the next turn.
             if batch.count < batch.capacity { return }
         }
     }
