@@ -91,11 +91,17 @@ struct Agent {
                     switch words[3] {
                     case "echo": arguments = []
                     case "sink": arguments = ["--sink"]
+                    case let mode where mode.hasPrefix("sink:"):
+                        // A udp sink with its receive buffer (compare's --udp-sink-buffer).
+                        guard let bytes = Int(mode.dropFirst("sink:".count)), bytes >= 1 else {
+                            throw ConnectionError(.unsupported, "bad mode \(mode) (sink:BYTES)")
+                        }
+                        arguments = ["--sink", "--socket-buffer", "\(bytes)"]
                     case "native": arguments = ["--native"]
                     case "async-channel": arguments = ["--async-channel"]
                     default:
                         throw ConnectionError(
-                            .unsupported, "unknown mode \(words[3]) (echo, sink, native, async-channel)")
+                            .unsupported, "unknown mode \(words[3]) (echo, sink, sink:BYTES, native, async-channel)")
                     }
                     if transport.isSecure {
                         let made = try certificates ?? TestCertificates.make(extraServerHosts: [host.literal])

@@ -46,6 +46,12 @@ struct Compare: AsyncParsableCommand {
     @Option(help: "pump: seconds of each measured pass, sized from its warm-up pass's rate (default 0.25; --full: 1).")
     var pumpSeconds: Double?
 
+    @Option(
+        help: ArgumentHelp(
+            "udp pump sinks, the C floor's too: SO_RCVBUF in bytes (0: the system's default). With the default 208 KiB a sink on its sender's CPU takes what the buffer holds at each turn, whatever it costs per datagram; the kernel caps the size at net.core.rmem_max.",
+            valueName: "bytes"))
+    var udpSinkBuffer: Int = Compare.Plan.defaultUDPSinkBuffer
+
     @Option(help: "pingpong: interleaved slices each repetition's seconds are measured in (default 5).")
     var slices: Int = 5
 

@@ -39,6 +39,9 @@ extension Compare {
         var pumpBytes: Int
         /// Seconds a pump's measured pass lasts: its bytes are sized from the rate of the warm-up pass before it.
         var pumpSeconds: Double?
+        /// SO_RCVBUF asked for each udp pump sink, in bytes; `nil`: the system's default (and in reports made
+        /// before there was a choice).
+        var udpSinkBuffer: Int?
         var connectCount: Int
         var faninCount: Int
         /// The p99 (from the intended send time, nanoseconds) a backend must keep to hold a load: a workload
@@ -54,11 +57,13 @@ extension Compare {
         /// Where the servers ran: `local` (child processes here) or the agent's HOST:PORT.
         var servers = "local"
         static let defaultP99Bound: UInt64 = 1_000_000
+        /// 4 MiB: room for about 900 datagrams of 1,400 bytes (each takes about 4.5 KiB of buffer on loopback).
+        static let defaultUDPSinkBuffer = 4 << 20
 
         /// fanin-N: `faninCount` round trips per connection up to 1,000 connections; beyond, `faninCount` x 1,000
         /// in all (at least 10 per connection), so that fanin-10000 takes seconds, not minutes.
-        /// The bytes of a pump's measured pass, from its warm-up pass (`warmupBytes` in `warmupNanoseconds`, the
-        /// connect and the sink's answer included): enough to last ``pumpSeconds`` at the warm-up's rate, in whole
+        /// The bytes of a pump's measured pass, from its warm-up pass (`warmupBytes` in `warmupNanoseconds`: the
+        /// pass's own time, its udp sending or its tcp bytes up to the sink's count): enough to last ``pumpSeconds`` at the warm-up's rate, in whole
         /// writes of `size`, at least the warm-up's bytes and at most 64 GiB; ``pumpBytes`` without a time.
         func pumpPassBytes(size: Int, warmupBytes: Int, warmupNanoseconds: UInt64) -> Int {
             guard let pumpSeconds else { return pumpBytes }
@@ -85,6 +90,7 @@ extension Compare {
             throw fail(error.detail)
         }
         if let pumpSeconds, !(pumpSeconds > 0) { throw fail("--pump-seconds must be above 0") }
+        guard udpSinkBuffer >= 0 else { throw fail("--udp-sink-buffer must be 0 or more") }
         guard let chosenPacing = Pacing(rawValue: pacing) else {
             throw fail("unknown pacing '\(pacing)' (spin, sleep)")
         }
@@ -148,12 +154,19 @@ extension Compare {
             slices: count == nil ? max(1, slices) : 1, remeasure: max(0, remeasure), pingpongWarmup: warmup,
             rateSeconds: full ? 2 : 0.5, pacing: chosenPacing,
             pumpBytes: full ? 1024 << 20 : 256 << 20, pumpSeconds: pumpSeconds ?? (full ? 1 : 0.25),
+            udpSinkBuffer: udpSinkBuffer > 0 ? udpSinkBuffer : nil,
             connectCount: full ? 200 : 30, faninCount: full ? 500 : 100,
             p99Bound: specification?.p99Bound ?? UInt64(bound * 1e9), sweep: sweepRates, placement: placement,
             serverCPU: serverCPU, clientCPU: clientCPU,
             options:
-                "TCP_NODELAY on; SO_RCVBUF/SO_SNDBUF system defaults; read chunk \(defaults.readChunkSize) B; UDP buffer \(defaults.maxDatagramSize) B; receive queue \(defaults.receiveQueueLimit) B; TLS \(TLSLibrary.version), TLS 1.3, certificate verified against a throwaway CA"
+                "TCP_NODELAY on; SO_RCVBUF/SO_SNDBUF system defaults\(udpSinkBuffer > 0 ? " (udp pump sinks: SO_RCVBUF \(udpSinkBuffer) B asked\(Self.receiveBufferCap.map { ", net.core.rmem_max \($0) B here" } ?? ""))" : ""); read chunk \(defaults.readChunkSize) B; UDP buffer \(defaults.maxDatagramSize) B; receive queue \(defaults.receiveQueueLimit) B; TLS \(TLSLibrary.version), TLS 1.3, certificate verified against a throwaway CA"
         )
+    }
+
+    /// net.core.rmem_max: the most SO_RCVBUF an unprivileged socket gets (`nil` when unreadable).
+    static var receiveBufferCap: Int? {
+        guard let text = try? String(contentsOfFile: "/proc/sys/net/core/rmem_max", encoding: .utf8) else { return nil }
+        return Int(text.trimmingCharacters(in: .whitespacesAndNewlines))
     }
 
     /// Raises this process's descriptor limit (RLIMIT_NOFILE, which the server processes inherit) so that each

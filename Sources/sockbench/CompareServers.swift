@@ -138,10 +138,13 @@ extension Compare {
         _ backend: Backend?, _ transport: Transport, _ mode: String, agent: AgentClient?,
         certificates: TestCertificates?, plan: Plan
     ) async throws -> any ServerHandle {
-        if let agent { return try await agent.start(backend, transport, mode) }
+        // A udp sink's receive buffer (--udp-sink-buffer): the agent's mode `sink:BYTES`, a local server's flag.
+        let sinkBuffer = mode == "sink" && transport == .udp ? plan.udpSinkBuffer : nil
+        if let agent { return try await agent.start(backend, transport, mode + (sinkBuffer.map { ":\($0)" } ?? "")) }
         var arguments =
             transport.isSecure ? ["--cert", certificates!.server.certificate, "--key", certificates!.server.key] : []
         if mode != "echo" { arguments.append("--\(mode)") }
+        if let sinkBuffer { arguments += ["--socket-buffer", "\(sinkBuffer)"] }
         // WebSocket echo servers accept permessage-deflate; only the json-deflate clients offer it.
         if mode == "echo", transport == .ws || transport == .wss, backend != nil { arguments.append("--deflate") }
         return try ChildServer.start(

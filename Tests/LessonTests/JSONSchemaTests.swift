@@ -69,6 +69,8 @@ struct JSONSchemaTests {
             let plan = try #require(object["plan"] as? [String: Any])
             #expect((plan["options"] as? String)?.contains("server processes started anew for each repetition") == true)
             #expect(plan["pumpSeconds"] as? Double == 0.2)
+            #expect(plan["udpSinkBuffer"] as? Int == 4 << 20)
+            #expect((plan["options"] as? String)?.contains("udp pump sinks: SO_RCVBUF 4194304 B asked") == true)
             let rows = try #require(object["rows"] as? [[String: Any]])
             for row in rows where (row["scenario"] as? String) == "pingpong-64" {
                 let repetitions = try #require(row["repetitions"] as? [[String: Any]])

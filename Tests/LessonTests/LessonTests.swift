@@ -474,7 +474,65 @@ struct AgentProtocolTests {
             #expect(try await server.receive(exactly: 3) == [1, 2, 3])
             await server.close()
             #expect(try await ask("usage 0").hasPrefix("ok {"))
+            // A udp sink with its receive buffer (compare's --udp-sink-buffer); a size that is no size is refused.
+            #expect(try await ask("start bsd udp sink:0").hasPrefix("error "))
+            #expect(try await ask("start bsd udp sink:lots").hasPrefix("error "))
+            let sink = try await ask("start bsd udp sink:1048576").split(separator: " ")
+            try #require(sink.count == 3 && sink[0] == "ok", "\(sink)")
+            let port = Int(try Endpoint(url: String(sink[2])).port)
+            if let buffer = try SocketMemory.receiveBuffer(udpPort: port) {
+                #expect(buffer >= 1_048_576, "the agent's udp sink has a receive buffer of \(buffer) bytes")
+            }
             await control.close()
         }
+    }
+
+    @Test("serve --socket-buffer: every backend's udp sink gets the receive buffer asked for")
+    func sinkReceiveBuffer() async throws {
+        try await SocketTest.run(timeLimit: .seconds(120)) {
+            for backend in Backend.allCases {
+                for asked in [nil, 1_048_576] as [Int?] {
+                    let server = try ChildProcess(
+                        [
+                            NetworkLab.selfPath(), "serve", "udp://127.0.0.1:0", "--backend", backend.name, "--sink",
+                            "--exit-on-stdin-eof",
+                        ] + (asked.map { ["--socket-buffer", "\($0)"] } ?? []),
+                        mergeErrors: false)
+                    defer { NetworkLab.stop(server) }
+                    let line = try await blocking { server.readLine() }
+                    try #require(line.hasPrefix("listening on "), "\(backend.name) said: \(line)")
+                    let port = Int(try Endpoint(url: String(line.dropFirst(13))).port)
+                    guard let buffer = try SocketMemory.receiveBuffer(udpPort: port) else { return }  // no ss here
+                    if let asked {
+                        // Linux doubles the size asked for (its bookkeeping), capped at net.core.rmem_max.
+                        let expected = 2 * min(asked, SocketMemory.receiveBufferCap ?? asked)
+                        #expect(buffer == expected, "\(backend.name): \(buffer) bytes, not \(expected)")
+                    } else {
+                        #expect(buffer < 1_048_576, "\(backend.name) without --socket-buffer: \(buffer) bytes")
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A socket's buffers as `ss` (iproute2) reads them from the kernel (sock_diag): what a process asked with
+/// SO_RCVBUF, seen from outside it.
+enum SocketMemory {
+    /// net.core.rmem_max: the most SO_RCVBUF a process without CAP_NET_ADMIN's SO_RCVBUFFORCE gets.
+    static var receiveBufferCap: Int? {
+        (try? String(contentsOfFile: "/proc/sys/net/core/rmem_max", encoding: .utf8)).flatMap {
+            Int($0.trimmingCharacters(in: .whitespacesAndNewlines))
+        }
+    }
+
+    /// The receive buffer (`rb`) of the udp socket bound to `udpPort` on 127.0.0.1, or `nil` when `ss` is not
+    /// installed.
+    static func receiveBuffer(udpPort: Int) throws -> Int? {
+        guard FileManager.default.isExecutableFile(atPath: "/usr/bin/ss") else { return nil }
+        let (status, output) = try ChildProcess.run(["/usr/bin/ss", "-uamnH", "sport = :\(udpPort)"])
+        guard status == 0 else { return nil }
+        guard let range = output.range(of: #"rb[0-9]+"#, options: .regularExpression) else { return nil }
+        return Int(output[range].dropFirst(2))
     }
 }
