@@ -334,16 +334,10 @@ final class UringUDPListener: Listener, Sendable {
     private static func send(
         _ bytes: [UInt8], to address: SocketAddress, fd: Int32, loop: UringLoop, submissions: UringDescriptorGuard
     ) async throws(ConnectionError) {
-        guard let message = csur_message_create() else { throw ConnectionError(.resourceExhausted, "out of memory") }
-        let copy = UnsafeMutableRawBufferPointer.allocate(byteCount: max(1, bytes.count), alignment: 16)
-        defer {
-            csur_message_destroy(message)
-            copy.deallocate()
+        guard let datagram = UringDatagram(copying: bytes, to: address), let message = datagram.message else {
+            throw ConnectionError(.resourceExhausted, "out of memory")
         }
-        bytes.withUnsafeBytes { copy.copyMemory(from: $0) }
-        address.withSockAddr { pointer, length in
-            csur_message_prepare(message, copy.baseAddress, bytes.count, pointer, length)
-        }
+        defer { datagram.free() }
         let result = await loop.run(
             .sendMessage(fd: fd, message: UInt(bitPattern: message), flags: UInt32(MSG_NOSIGNAL)),
             guardedBy: submissions)

@@ -138,9 +138,7 @@ public final class UringLoop: TaskExecutor, Sendable {
         /// A datagram sent without waiting (``sendDatagram(_:to:fd:failures:gate:)``): its message (`nil` on a
         /// connected socket) and copy, freed once the kernel has taken the entry, or by its completion, which comes
         /// only when the send failed.
-        case datagram(
-            fd: Int32, message: OpaquePointer?, payload: UnsafeMutableRawPointer, length: Int,
-            failures: UringSendFailures)
+        case datagram(fd: Int32, UringDatagram, failures: UringSendFailures)
     }
 
     /// What only the ring's thread touches.
@@ -498,28 +496,14 @@ public final class UringLoop: TaskExecutor, Sendable {
     ) -> Bool {
         guard inLoop, !gate.isClosed, !failures.isWaitingForRoom else { return false }
         return confined.withValue { confined -> Bool in
-            guard confined.sendsDatagramsAtOnce else { return false }
-            let payload = UnsafeMutableRawPointer.allocate(byteCount: max(1, bytes.count), alignment: 16)
-            bytes.withUnsafeBytes { bytes in
-                if let base = bytes.baseAddress { payload.copyMemory(from: base, byteCount: bytes.count) }
-            }
-            var message: OpaquePointer?
-            if let address {
-                guard let made = csur_message_create() else {
-                    payload.deallocate()
-                    return false
-                }
-                address.withSockAddr { pointer, length in
-                    csur_message_prepare(made, payload, bytes.count, pointer, length)
-                }
-                message = made
+            guard confined.sendsDatagramsAtOnce, let datagram = UringDatagram(copying: bytes, to: address) else {
+                return false
             }
             let id = Self.allocate(&confined, owned: nil)
-            confined.slots[Int(truncatingIfNeeded: id & 0xffff_ffff)] = .datagram(
-                fd: fd, message: message, payload: payload, length: bytes.count, failures: failures)
-            guard Self.prepare(&confined, id, fd, message, payload, bytes.count, waiting: false) else {
+            confined.slots[Int(truncatingIfNeeded: id & 0xffff_ffff)] = .datagram(fd: fd, datagram, failures: failures)
+            guard Self.prepare(&confined, id, fd, datagram, waiting: false) else {
                 Self.release(&confined, id)
-                Self.free(message, payload)
+                datagram.free()
                 return false
             }
             csur_skip_success_last(confined.ring!)
@@ -531,17 +515,11 @@ public final class UringLoop: TaskExecutor, Sendable {
     /// The entry of a datagram send: IORING_OP_SENDMSG to the message's address, IORING_OP_SEND on a connected
     /// socket; tried once (MSG_DONTWAIT) unless `waiting`.
     private static func prepare(
-        _ confined: inout Confined, _ id: UInt64, _ fd: Int32, _ message: OpaquePointer?,
-        _ payload: UnsafeMutableRawPointer, _ length: Int, waiting: Bool
+        _ confined: inout Confined, _ id: UInt64, _ fd: Int32, _ datagram: UringDatagram, waiting: Bool
     ) -> Bool {
         let flags = Int32(waiting ? MSG_NOSIGNAL : MSG_NOSIGNAL | MSG_DONTWAIT)
-        if let message { return csur_prep_sendmsg(confined.ring!, id, fd, message, flags) == 0 }
-        return csur_prep_send(confined.ring!, id, fd, payload, length, flags) == 0
-    }
-
-    private static func free(_ message: OpaquePointer?, _ payload: UnsafeMutableRawPointer) {
-        if let message { csur_message_destroy(message) }
-        payload.deallocate()
+        if let message = datagram.message { return csur_prep_sendmsg(confined.ring!, id, fd, message, flags) == 0 }
+        return csur_prep_send(confined.ring!, id, fd, datagram.payload, datagram.length, flags) == 0
     }
 
     /// Loop thread, after an enter and its completions: frees the datagram sends whose entries the kernel has
@@ -550,9 +528,7 @@ public final class UringLoop: TaskExecutor, Sendable {
         confined.withValue { confined in
             guard !confined.enteredDatagrams.isEmpty, csur_unsubmitted(ring) == 0 else { return }
             for id in confined.enteredDatagrams {
-                if case .datagram(_, let message, let payload, _, _) = Self.release(&confined, id) {
-                    Self.free(message, payload)
-                }
+                if case .datagram(_, let datagram, _) = Self.release(&confined, id) { datagram.free() }
             }
             confined.enteredDatagrams.removeAll(keepingCapacity: true)
         }
@@ -560,38 +536,29 @@ public final class UringLoop: TaskExecutor, Sendable {
 
     /// Loop thread: a datagram sent without waiting failed. No room in the socket buffer: send it again, waiting
     /// for room (sends that come meanwhile wait too); any other failure is kept for the next send to that address.
-    private func datagramFailed(
-        fd: Int32, message: OpaquePointer?, payload: UnsafeMutableRawPointer, length: Int,
-        failures: UringSendFailures, result: Int32
-    ) {
-        var address: SocketAddress?
-        if let message {
-            var addressLength: socklen_t = 0
-            address = csur_message_address(message, &addressLength).flatMap {
-                SocketAddress($0, length: Int(addressLength))
-            }
-        }
+    private func datagramFailed(fd: Int32, _ datagram: UringDatagram, failures: UringSendFailures, result: Int32) {
+        let address = datagram.address
         if result == -EAGAIN {
             failures.waitForRoom()
             let queued = confined.withValue { confined -> Bool in
                 let id = Self.allocate(&confined, owned: nil)
                 confined.slots[Int(truncatingIfNeeded: id & 0xffff_ffff)] = .callback { result in
-                    Self.free(message, payload)
+                    datagram.free()
                     failures.roomCame(result < 0 && result != -ECANCELED ? (result, address) : nil)
                 }
-                guard Self.prepare(&confined, id, fd, message, payload, length, waiting: true) else {
+                guard Self.prepare(&confined, id, fd, datagram, waiting: true) else {
                     Self.release(&confined, id)
                     return false
                 }
                 return true
             }
             if !queued {
-                Self.free(message, payload)
+                datagram.free()
                 failures.roomCame((-EAGAIN, address))
             }
             return
         }
-        Self.free(message, payload)
+        datagram.free()
         failures.record(result, to: address)
     }
 
@@ -732,9 +699,8 @@ public final class UringLoop: TaskExecutor, Sendable {
         case .zeroCopySent(let continuation, let sent):
             // The notification (IORING_CQE_F_NOTIF): the kernel has let go of the buffer.
             continuation?.resume(returning: sent)
-        case .datagram(let fd, let message, let payload, let length, let failures):
-            datagramFailed(
-                fd: fd, message: message, payload: payload, length: length, failures: failures, result: result)
+        case .datagram(let fd, let datagram, let failures):
+            datagramFailed(fd: fd, datagram, failures: failures, result: result)
         case .free, nil:
             return
         }
@@ -821,5 +787,47 @@ private final class CancelToken: Sendable {
     func cancel() -> UInt64? {
         let previous = state.exchange(Self.cancelled, ordering: .acquiringAndReleasing)
         return previous == 0 || previous == Self.cancelled ? nil : previous &- 1
+    }
+}
+
+/// One datagram to send: a copy of its bytes in memory that stays put while the kernel may still read it and, to
+/// an address, the msghdr naming both (a connected socket sends without one). Freed by whoever saw the send end.
+struct UringDatagram {
+    let payload: UnsafeMutableRawPointer
+    let length: Int
+    let message: OpaquePointer?
+
+    /// `nil` when out of memory.
+    init?(copying bytes: [UInt8], to address: SocketAddress?) {
+        let payload = UnsafeMutableRawPointer.allocate(byteCount: max(1, bytes.count), alignment: 16)
+        bytes.withUnsafeBytes { bytes in
+            if let base = bytes.baseAddress { payload.copyMemory(from: base, byteCount: bytes.count) }
+        }
+        var message: OpaquePointer?
+        if let address {
+            guard let made = csur_message_create() else {
+                payload.deallocate()
+                return nil
+            }
+            address.withSockAddr { pointer, length in
+                csur_message_prepare(made, payload, bytes.count, pointer, length)
+            }
+            message = made
+        }
+        self.payload = payload
+        self.length = bytes.count
+        self.message = message
+    }
+
+    /// The address it goes to (`nil` on a connected socket).
+    var address: SocketAddress? {
+        guard let message else { return nil }
+        var length: socklen_t = 0
+        return csur_message_address(message, &length).flatMap { SocketAddress($0, length: Int(length)) }
+    }
+
+    func free() {
+        if let message { csur_message_destroy(message) }
+        payload.deallocate()
     }
 }

@@ -195,7 +195,9 @@ public final class UringSocket: Sendable {
             let fd = try ready()
             if let failure = datagramFailures.take(for: nil) { throw failure }
             if loop.sendDatagram(bytes, to: nil, fd: fd, failures: datagramFailures, gate: submissions) { return }
-            return try await send(copying: bytes, fd: fd)
+            return try await Self.withStableCopy(of: bytes) { copy throws(ConnectionError) in
+                try await sendDirect(fd, copy, zeroCopy: false)
+            }
         }
         if let queue = sendQueue, bytes.count <= UringSendQueue.limit {
             if !writeGate.tryEnter() { await writeGate.enter() }
@@ -203,18 +205,18 @@ public final class UringSocket: Sendable {
             try ready()
             return try await enqueue(bytes.count, into: queue) { bytes.withUnsafeBytes { queue.tryAppend($0) } }
         }
-        let copy = UnsafeMutableRawBufferPointer.allocate(byteCount: max(1, bytes.count), alignment: 16)
-        defer { copy.deallocate() }
-        bytes.withUnsafeBytes { copy.copyMemory(from: $0) }
-        try await send(contentsOf: UnsafeRawBufferPointer(rebasing: copy[..<bytes.count]))
+        try await Self.withStableCopy(of: bytes) { copy throws(ConnectionError) in try await send(contentsOf: copy) }
     }
 
-    /// Inside the write gate (UDP): one datagram from a copy that lives until its completion.
-    private func send(copying bytes: [UInt8], fd: Int32) async throws(ConnectionError) {
+    /// Runs `body` with a copy of `bytes` that stays put until it returns (an array's storage may move or go once
+    /// the caller's reference does, and the kernel reads a send's bytes after the submitting call returned).
+    private static func withStableCopy(
+        of bytes: [UInt8], _ body: (UnsafeRawBufferPointer) async throws(ConnectionError) -> Void
+    ) async throws(ConnectionError) {
         let copy = UnsafeMutableRawBufferPointer.allocate(byteCount: max(1, bytes.count), alignment: 16)
         defer { copy.deallocate() }
         bytes.withUnsafeBytes { copy.copyMemory(from: $0) }
-        try await sendDirect(fd, UnsafeRawBufferPointer(rebasing: copy[..<bytes.count]), zeroCopy: false)
+        try await body(UnsafeRawBufferPointer(rebasing: copy[..<bytes.count]))
     }
 
     /// Sends bytes the caller keeps until this returns. TCP: up to ``sendQueueLimit`` bytes are copied into
