@@ -48,6 +48,17 @@ extension Syscall {
         if let send { try setOption(fd, level: SOL_SOCKET, name: SO_SNDBUF, value: Int32(clamping: send)) }
     }
 
+    /// net.core.rmem_max: the most SO_RCVBUF a socket gets without CAP_NET_ADMIN (Linux grants twice what is asked,
+    /// for its bookkeeping, up to twice this); `nil` when it cannot be read.
+    package static var receiveBufferLimit: Int? {
+        guard let file = fopen("/proc/sys/net/core/rmem_max", "r") else { return nil }
+        defer { fclose(file) }
+        var line = [CChar](repeating: 0, count: 32)
+        guard fgets(&line, Int32(line.count), file) != nil else { return nil }
+        let text = String(decoding: line.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+        return Int(text.trimmingPrefix(" ").prefix { $0.isNumber })
+    }
+
     /// IPV6_V6ONLY, so an IPv6 listener on `::` does not also take IPv4.
     package static func setIPv6Only(_ fd: Int32, _ on: Bool) throws(ConnectionError) {
         try setOption(fd, level: Int32(IPPROTO_IPV6), name: IPV6_V6ONLY, value: on ? 1 : 0)

@@ -63,8 +63,9 @@ extension Compare {
         /// fanin-N: `faninCount` round trips per connection up to 1,000 connections; beyond, `faninCount` x 1,000
         /// in all (at least 10 per connection), so that fanin-10000 takes seconds, not minutes.
         /// The bytes of a pump's measured pass, from its warm-up pass (`warmupBytes` in `warmupNanoseconds`: the
-        /// pass's own time, its udp sending or its tcp bytes up to the sink's count): enough to last ``pumpSeconds`` at the warm-up's rate, in whole
-        /// writes of `size`, at least the warm-up's bytes and at most 64 GiB; ``pumpBytes`` without a time.
+        /// pass's own time, its udp sending or its tcp bytes up to the sink's count): enough to last
+        /// ``pumpSeconds`` at the warm-up's rate, in whole writes of `size`, at least the warm-up's bytes and at most
+        /// 64 GiB; ``pumpBytes`` without a time.
         func pumpPassBytes(size: Int, warmupBytes: Int, warmupNanoseconds: UInt64) -> Int {
             guard let pumpSeconds else { return pumpBytes }
             let perSecond = Double(warmupBytes) * 1e9 / Double(max(1, warmupNanoseconds))
@@ -159,14 +160,8 @@ extension Compare {
             p99Bound: specification?.p99Bound ?? UInt64(bound * 1e9), sweep: sweepRates, placement: placement,
             serverCPU: serverCPU, clientCPU: clientCPU,
             options:
-                "TCP_NODELAY on; SO_RCVBUF/SO_SNDBUF system defaults\(udpSinkBuffer > 0 ? " (udp pump sinks: SO_RCVBUF \(udpSinkBuffer) B asked\(Self.receiveBufferCap.map { ", net.core.rmem_max \($0) B here" } ?? ""))" : ""); read chunk \(defaults.readChunkSize) B; UDP buffer \(defaults.maxDatagramSize) B; receive queue \(defaults.receiveQueueLimit) B; TLS \(TLSLibrary.version), TLS 1.3, certificate verified against a throwaway CA"
+                "TCP_NODELAY on; SO_RCVBUF/SO_SNDBUF system defaults\(udpSinkBuffer > 0 ? " (udp pump sinks: SO_RCVBUF \(udpSinkBuffer) B asked\(Syscall.receiveBufferLimit.map { ", net.core.rmem_max \($0) B here" } ?? ""))" : ""); read chunk \(defaults.readChunkSize) B; UDP buffer \(defaults.maxDatagramSize) B; receive queue \(defaults.receiveQueueLimit) B; TLS \(TLSLibrary.version), TLS 1.3, certificate verified against a throwaway CA"
         )
-    }
-
-    /// net.core.rmem_max: the most SO_RCVBUF an unprivileged socket gets (`nil` when unreadable).
-    static var receiveBufferCap: Int? {
-        guard let text = try? String(contentsOfFile: "/proc/sys/net/core/rmem_max", encoding: .utf8) else { return nil }
-        return Int(text.trimmingCharacters(in: .whitespacesAndNewlines))
     }
 
     /// Raises this process's descriptor limit (RLIMIT_NOFILE, which the server processes inherit) so that each

@@ -25,27 +25,15 @@ struct FloorServe: AsyncParsableCommand {
     @Flag(help: "Stop when standard input reaches its end.")
     var exitOnStdinEOF = false
 
-    @Option(
-        help: ArgumentHelp(
-            "SO_RCVBUF and SO_SNDBUF of the socket, in bytes (default: the system's), as `serve --socket-buffer`.",
-            valueName: "bytes"))
-    var socketBuffer: Int?
+    @OptionGroup var buffers: SocketBufferOption
 
     @Flag(help: "Print no line when stopping (compare's child servers: compare reports for them).")
     var quiet = false
 
-    func validate() throws {
-        if let socketBuffer, socketBuffer < 1 { throw ValidationError("--socket-buffer must be at least 1") }
-    }
-
     func run() async throws {
         let socket: BSDSocket
         do throws(ConnectionError) {
-            let options = ConnectionOptions.with {
-                $0.receiveBufferSize = socketBuffer
-                $0.sendBufferSize = socketBuffer
-            }
-            socket = try BSDSocket.listen(on: try Endpoint(url: url), options: options)
+            socket = try BSDSocket.listen(on: try Endpoint(url: url), options: .with { buffers.apply(to: &$0) })
             Console.line("listening on \(try socket.localAddress.endpoint(socket.transport))")
         } catch {
             throw fail(error.description)

@@ -41,11 +41,7 @@ struct PumpCommand: AsyncParsableCommand {
     @Option(help: "Pin this client to a CPU.")
     var cpu: Int?
 
-    @Option(
-        help: ArgumentHelp(
-            "SO_SNDBUF and SO_RCVBUF of the client's socket, in bytes, as iperf3's -w (default: the system's).",
-            valueName: "bytes"))
-    var socketBuffer: Int?
+    @OptionGroup var buffers: SocketBufferOption
 
     @Option(help: "Seconds the connect and the TLS and WebSocket handshakes may take.")
     var timeout: Double = 10
@@ -63,7 +59,6 @@ struct PumpCommand: AsyncParsableCommand {
         if batch < 1 || batch > 1024 { throw ValidationError("--batch must be 1 to 1024") }
         if let interval, interval <= 0 { throw ValidationError("--interval must be more than 0 seconds") }
         guard timeout > 0 else { throw ValidationError("--timeout must be more than 0 seconds") }
-        if let socketBuffer, socketBuffer < 1 { throw ValidationError("--socket-buffer must be at least 1") }
     }
 
     func run() async throws {
@@ -78,8 +73,7 @@ struct PumpCommand: AsyncParsableCommand {
         tlsConfiguration.handshakeTimeout = limit
         let options = ConnectionOptions.with {
             $0.connectTimeout = limit
-            $0.receiveBufferSize = socketBuffer
-            $0.sendBufferSize = socketBuffer
+            buffers.apply(to: &$0)
         }
         let webSocket = WebSocketOptions.with { $0.handshakeTimeout = limit }
 

@@ -64,11 +64,7 @@ struct Serve: AsyncParsableCommand {
     @Option(help: "Close a connection that sends and receives nothing for this many seconds (0: never).")
     var idleTimeout: Double = 300
 
-    @Option(
-        help: ArgumentHelp(
-            "SO_RCVBUF and SO_SNDBUF of every socket, in bytes, as iperf3's -w (default: the system's; Linux doubles the value and caps it at net.core.rmem_max / wmem_max).",
-            valueName: "bytes"))
-    var socketBuffer: Int?
+    @OptionGroup var buffers: SocketBufferOption
 
     @Option(
         help: ArgumentHelp(
@@ -88,7 +84,6 @@ struct Serve: AsyncParsableCommand {
         guard udpPeerIdle > 0 else { throw ValidationError("--udp-peer-idle must be above 0") }
         guard maxUDPPeers >= 1 else { throw ValidationError("--max-udp-peers must be at least 1") }
         guard (0...9).contains(deflateLevel) else { throw ValidationError("--deflate-level must be 0-9") }
-        if let socketBuffer, socketBuffer < 1 { throw ValidationError("--socket-buffer must be at least 1") }
     }
 
     func run() async throws {
@@ -113,8 +108,7 @@ struct Serve: AsyncParsableCommand {
                 $0.maximumUDPPeers = maxUDPPeers
                 $0.maximumConnections = maxConnections
                 $0.idleTimeout = idleTimeout > 0 ? .milliseconds(Int64(idleTimeout * 1000)) : nil
-                $0.receiveBufferSize = socketBuffer
-                $0.sendBufferSize = socketBuffer
+                buffers.apply(to: &$0)
             }
             let listener = try await backend.listen(
                 on: endpoint, options: options,

@@ -505,7 +505,7 @@ struct AgentProtocolTests {
                     guard let buffer = try SocketMemory.receiveBuffer(udpPort: port) else { return }  // no ss here
                     if let asked {
                         // Linux doubles the size asked for (its bookkeeping), capped at net.core.rmem_max.
-                        let expected = 2 * min(asked, SocketMemory.receiveBufferCap ?? asked)
+                        let expected = 2 * min(asked, Syscall.receiveBufferLimit ?? asked)
                         #expect(buffer == expected, "\(backend.name): \(buffer) bytes, not \(expected)")
                     } else {
                         #expect(buffer < 1_048_576, "\(backend.name) without --socket-buffer: \(buffer) bytes")
@@ -519,13 +519,6 @@ struct AgentProtocolTests {
 /// A socket's buffers as `ss` (iproute2) reads them from the kernel (sock_diag): what a process asked with
 /// SO_RCVBUF, seen from outside it.
 enum SocketMemory {
-    /// net.core.rmem_max: the most SO_RCVBUF a process without CAP_NET_ADMIN's SO_RCVBUFFORCE gets.
-    static var receiveBufferCap: Int? {
-        (try? String(contentsOfFile: "/proc/sys/net/core/rmem_max", encoding: .utf8)).flatMap {
-            Int($0.trimmingCharacters(in: .whitespacesAndNewlines))
-        }
-    }
-
     /// The receive buffer (`rb`) of the udp socket bound to `udpPort` on 127.0.0.1, or `nil` when `ss` is not
     /// installed.
     static func receiveBuffer(udpPort: Int) throws -> Int? {
