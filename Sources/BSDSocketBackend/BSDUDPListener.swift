@@ -54,7 +54,7 @@ final class BSDUDPListener: Listener, Sendable {
         }
         executor.bindReaderThread()
         let capacity = options.maxDatagramSize
-        let batch = DatagramBatch(slotSize: capacity)
+        let batch = DatagramBatch(slotSize: capacity, singlesAfterSingles: true)  // poll(2) before each receive
         let fd = socket.descriptor
         while true {
             executor.runJobs()

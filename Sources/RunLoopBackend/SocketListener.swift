@@ -121,7 +121,9 @@ public final class DatagramSocket: EpollHandler, Sendable {
         self.fd = socket.raw
         self.peer = connect ? address : nil
         self.runLoop = runLoop
-        self.batch = DatagramBatch(capacity: connect ? 2 : 16, slotSize: options.maxDatagramSize)
+        // Level-triggered epoll: a batch may read single datagrams one at a time (see DatagramBatch).
+        self.batch = DatagramBatch(
+            capacity: connect ? 2 : 16, slotSize: options.maxDatagramSize, singlesAfterSingles: true)
         state = LoopConfined(State(), on: runLoop.loop.thread)
         try runLoop.loop.register(fd, events: Syscall.epollIn, handler: self)
     }
@@ -161,9 +163,9 @@ public final class DatagramSocket: EpollHandler, Sendable {
                     delegate?.datagramSocket(self, didFail: error)
                 }
             }
-            // Fewer than a batch holds: the socket was drained, and a read now would only find EAGAIN. Whatever
-            // arrives meanwhile, level-triggered epoll reports on the next turn.
-            if batch.count < batch.capacity { return }
+            // The socket was (most likely) drained, and a read now would only find EAGAIN. Whatever arrives
+            // meanwhile, level-triggered epoll reports on the next turn.
+            if batch.drained { return }
         }
     }
 

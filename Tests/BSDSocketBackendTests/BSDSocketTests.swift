@@ -129,6 +129,59 @@ struct BSDSocketTests {
         }
     }
 
+    @Test(
+        "DatagramBatch after single datagrams asks for one (drained hinted) and probes for a batch every eighth receive: a burst is back to batches"
+    )
+    func datagramBatchSingles() throws {
+        let server = try Syscall.socket(family: .ipv4, datagram: true)
+        let client = try Syscall.socket(family: .ipv4, datagram: true)
+        defer { for fd in [server, client] { Syscall.close(fd) } }
+        try Syscall.bind(server, to: .loopbackIPv4(port: 0))
+        let address = try Syscall.localAddress(server)
+        var next: UInt8 = 0
+        func send(_ count: Int) throws {
+            for _ in 0..<count {
+                _ = try [next].withUnsafeBytes { raw in try Syscall.sendTo(client, raw, to: address) }
+                next &+= 1
+            }
+        }
+        let batch = DatagramBatch(capacity: 16, slotSize: 100, singlesAfterSingles: true)
+        var order: [UInt8] = []
+        func receive() throws -> Int {
+            guard case .processed(let count) = try batch.receive(server, dontWait: true) else {
+                Issue.record("no datagram waiting")
+                return 0
+            }
+            for index in 0..<count { order.append(batch.bytes(index)[0]) }
+            return count
+        }
+        // A request-response exchange: one datagram per receive; the first (a batch asked, one found) says
+        // drained, and so does every one after it (one asked).
+        try send(1)
+        #expect(try receive() == 1)
+        #expect(batch.drained)
+        // Five waiting now: receives 2-6 ask for one each.
+        try send(5)
+        var counts: [Int] = []
+        for _ in 0..<5 {
+            counts.append(try receive())
+            #expect(batch.drained)
+        }
+        #expect(counts == [1, 1, 1, 1, 1])
+        // A burst of 20: the seventh receive in the run of singles asks for one, so does the eighth, the ninth
+        // probes for a batch and takes 16, and batches go on while they find more than one.
+        try send(20)
+        counts = []
+        for _ in 0..<4 { counts.append(try receive()) }
+        #expect(counts == [1, 1, 16, 2])
+        #expect(order == (0..<26).map { UInt8($0) })
+        #expect(batch.drained)
+        guard case .wouldBlock = try batch.receive(server, dontWait: true) else {
+            Issue.record("a datagram nobody sent")
+            return
+        }
+    }
+
     @Test("A signal that interrupts a blocked recv (EINTR) is retried, not reported")
     func eintrIsRetried() async throws {
         try await SocketTest.run {
