@@ -54,6 +54,23 @@ extension Report {
                             over: Backend.reference.flatMap { report.row($0.name, transport, .pingpong(size: 64)) })
                     }))
         }
+        // The open-loop rows against the C floor's paced client at the same rate and transport (the trust issue's
+        // second "done when"): p50 from the actual send time, as the rate tables' "x C floor" column.
+        for case .rate(let perSecond) in plan.scenarios {
+            for transport in plan.transports {
+                targets.append(
+                    PerformanceTarget(
+                        text:
+                            "rate-\(perSecond) \(transport) p50 from the actual send time <= 1.3x the C floor's open-loop p50 at the same rate (every backend but \(Self.referenceName))",
+                        atLeast: false, limit: { _ in 1.3 }, appliesTo: Self.ours,
+                        ratio: { report, backend in
+                            report.ratio(
+                                report.row(backend, transport, .rate(perSecond: perSecond)),
+                                over: report.row(Self.floorName, transport, .rate(perSecond: perSecond))
+                            ) { $0.uncorrectedLatency.map { Double($0.p50) } }
+                        }))
+            }
+        }
         let bulkReference =
             row("iperf3", "tcp", .pump(size: 65536)).map { ("iperf3", $0) }
             ?? row(Self.floorName, "tcp", .pump(size: 65536)).map { (Self.floorName, $0) }

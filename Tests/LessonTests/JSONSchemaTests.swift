@@ -55,7 +55,8 @@ struct JSONSchemaTests {
             let directory = FileManager.default.temporaryDirectory.appendingPathComponent("schema-\(getpid())")
             defer { try? FileManager.default.removeItem(at: directory) }
             _ = try await run([
-                "compare", "--scenarios", "pingpong-64,pump-64k,connect,json-deflate", "--transports", "tcp,udp,ws",
+                "compare", "--scenarios", "pingpong-64,pump-64k,connect,json-deflate,rate-2000", "--transports",
+                "tcp,udp,ws",
                 "--backends",
                 "bsd",
                 "--repetitions", "2", "--seconds", "0.5", "--pump-seconds", "0.2", "--no-baselines", "--out",
@@ -93,6 +94,16 @@ struct JSONSchemaTests {
             #expect(
                 ranked?.contains("bsd \(tenths / 10).\(tenths % 10)") == true,
                 "\(ranked ?? "no ranking"): bsd's median quiet p50 is \(quiet) ns")
+            // The open-loop rows are checked against the C floor's paced client where it has a row (tcp, udp; not
+            // ws), with bsd's ratio of uncorrected p50s.
+            let lines = report.split(separator: "\n")
+            for transport in ["tcp", "udp"] {
+                let target = lines.first {
+                    $0.hasPrefix("- Target, rate-2000 \(transport) p50 from the actual send time <= 1.3x")
+                }
+                #expect(target?.contains("(bsd ") == true, "\(target ?? "no rate-2000 \(transport) target")")
+            }
+            #expect(!lines.contains { $0.hasPrefix("- Target, rate-2000 ws") })
             try await checkReportPage(directory.appendingPathComponent("report.html"))
         }
     }
