@@ -116,15 +116,14 @@ final class AsyncTCPListener: Listener, Sendable {
     func close() async { await listener.close() }
 }
 
-/// The UDP server side: one bound socket; a pump task on the reactor sorts datagrams by sender into per-peer
-/// connections, as every backend does.
+/// The UDP server side: one bound socket, read on the reactor's thread, whose datagrams are sorted by sender into
+/// per-peer connections, as every backend does.
 final class AsyncUDPListener: Listener, Sendable {
     let transport = Transport.udp
     let localEndpoint: Endpoint
     let options: ConnectionOptions
     let socket: AsyncSocket
     private let peers: DatagramDemultiplexer<SocketAddress>
-    private let pump = Guarded<Task<Void, Never>?>(nil)
 
     static func start(
         on endpoint: Endpoint, options: ConnectionOptions, reactor: AsyncReactor
@@ -137,8 +136,12 @@ final class AsyncUDPListener: Listener, Sendable {
             adopting: bound, transport: .udp, local: local.endpoint(.udp), remote: nil, options: options,
             reactor: reactor)
         let listener = AsyncUDPListener(socket: socket, options: options)
-        let task = Task(executorPreference: reactor) { await listener.run() }
-        listener.pump.withLock { $0 = task }
+        let peers = listener.peers
+        // Up to 16 datagrams per recvmmsg(2), sorted by sender where they were read: the peer's waiting task is
+        // the one task resumed per datagram.
+        socket.receiveOnReactor(into: DatagramBatch(slotSize: options.maxDatagramSize)) { batch in
+            deliver(batch, to: peers)
+        }
         return listener
     }
 
@@ -152,34 +155,16 @@ final class AsyncUDPListener: Listener, Sendable {
             send: { bytes, address throws(ConnectionError) in try await socket.send(bytes, to: address) })
     }
 
-    /// Reads up to 16 datagrams per recvmmsg(2) and sorts them by sender.
-    private func run() async {
-        let batch = DatagramBatch(slotSize: options.maxDatagramSize)
-        var sinceYield = 0
-        while true {
-            // A receive that finds datagrams waiting does not suspend: under a flood this loop would keep the
-            // reactor from every other task (those that consume the datagrams among them). It steps aside every
-            // 32 datagrams, as libuv's loop does.
-            if sinceYield >= 32 {
-                sinceYield = 0
-                await Task.yield()
-            }
-            do throws(ConnectionError) {
-                sinceYield += try await socket.receive(into: batch)
-            } catch {
-                if error.kind == .closed || error.kind == .cancelled { return }
-                continue  // a stale ICMP error: the socket lives on
-            }
-            for index in 0..<batch.count {
-                guard let from = try? batch.sender(index) else { continue }  // not an IP sender: nobody to serve
-                let length = batch.length(index)
-                if length > batch.slotSize {
-                    peers.deliverFailure(
-                        ConnectionError(.messageTooLarge, "a \(length)-byte datagram exceeds \(batch.slotSize) bytes"),
-                        from: from)
-                } else {
-                    peers.deliver([UInt8](batch.bytes(index)), from: from)
-                }
+    private static func deliver(_ batch: DatagramBatch, to peers: DatagramDemultiplexer<SocketAddress>) {
+        for index in 0..<batch.count {
+            guard let from = try? batch.sender(index) else { continue }  // not an IP sender: nobody to serve
+            let length = batch.length(index)
+            if length > batch.slotSize {
+                peers.deliverFailure(
+                    ConnectionError(.messageTooLarge, "a \(length)-byte datagram exceeds \(batch.slotSize) bytes"),
+                    from: from)
+            } else {
+                peers.deliver([UInt8](batch.bytes(index)), from: from)
             }
         }
     }
@@ -189,7 +174,6 @@ final class AsyncUDPListener: Listener, Sendable {
     func close() async {
         peers.close()
         await socket.close()
-        await pump.withLock { $0 }?.value
     }
 }
 

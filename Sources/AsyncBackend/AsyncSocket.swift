@@ -58,12 +58,6 @@ public final class AsyncSocket: Sendable {
     private let stateContinuation: AsyncStream<State>.Continuation
     // Used only inside the read gate.
     nonisolated(unsafe) private var scratch: UnsafeMutableRawBufferPointer
-    /// A datagram server's last batch held fewer datagrams than it could: the socket was drained then, so the next
-    /// batch waits for an edge first (one recvmmsg per round trip instead of two, the second only finding EAGAIN).
-    /// Not for tcp: there a request often waits already when the reply has gone (both ends on one CPU), and a read
-    /// tried at once takes it without the suspension a wait costs (measured: no quicker). Read and written inside the
-    /// read gate, which orders its holders; a relaxed atomic keeps that checked by the compiler at no measurable cost.
-    private let drained = Atomic<Bool>(false)
 
     private struct Life {
         /// What the user sees (NWConnection's states).
@@ -356,26 +350,42 @@ public final class AsyncSocket: Sendable {
 
     // MARK: Datagram servers
 
-    /// recvmmsg on an unconnected UDP socket: the datagrams that are there (at least one, waiting for it), up to
-    /// the batch's capacity, with their senders. Returns how many.
-    func receive(into batch: DatagramBatch) async throws(ConnectionError) -> Int {
-        if !readGate.tryEnter() { await readGate.enter() }
+    /// A datagram server's reads, without a task: from now on the reactor's thread reads the datagrams that arrive
+    /// (recvmmsg, up to the batch's capacity each) when the socket becomes readable and hands each batch to
+    /// `deliver` there, at most 32 datagrams per turn of the loop. A task that waited for each batch was resumed
+    /// once per datagram besides the peer's own task. Until ``close()``.
+    func receiveOnReactor(into batch: DatagramBatch, deliver: @escaping @Sendable (DatagramBatch) -> Void) {
+        let read: @Sendable () -> Void = { [self] in readDatagrams(into: batch, deliver: deliver) }
+        readiness.onReadable(read)
+        reactor.loop.perform(read)  // what came before the handler was set made its edge already
+    }
+
+    /// Reads what is there on the reactor's thread. Edge-triggered: reads until a batch comes back short (the
+    /// socket was empty then, and the next datagram makes an edge) or would block; a turn that stops at its limit
+    /// with datagrams left comes back after the loop's other work, as no edge will report them.
+    private func readDatagrams(into batch: DatagramBatch, deliver: @escaping @Sendable (DatagramBatch) -> Void) {
+        guard readGate.tryEnter() else { return }  // a close waits for the gate: the socket is closing
         defer { readGate.leave() }
-        let fd = try usableDescriptor()
-        if drained.exchange(false, ordering: .relaxed) {
-            try await readiness.waitReadableAfterDrain()
-            _ = try usableDescriptor()
-        }
-        while true {
-            switch try batch.receive(fd, dontWait: true) {
-            case .processed(let count):
-                drained.store(count < batch.capacity, ordering: .relaxed)
-                return count
-            case .wouldBlock:
-                try await readiness.waitReadable()
-                _ = try usableDescriptor()
+        guard let fd = try? usableDescriptor() else { return }
+        var taken = 0
+        var reads = 0
+        while taken < 32 && reads < 8 {
+            reads += 1
+            do throws(ConnectionError) {
+                switch try batch.receive(fd, dontWait: true) {
+                case .processed(let count):
+                    taken += count
+                    deliver(batch)
+                    if count < batch.capacity { return }
+                case .wouldBlock:
+                    return
+                }
+            } catch {
+                if error.kind == .closed || error.kind == .cancelled { return }
+                // A stale ICMP error for an earlier sendto: the socket lives on.
             }
         }
+        reactor.loop.perform { [self] in readDatagrams(into: batch, deliver: deliver) }
     }
 
     /// sendto on an unconnected UDP socket.

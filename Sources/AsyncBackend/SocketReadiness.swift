@@ -20,6 +20,8 @@ final class SocketReadiness: EpollHandler, Sendable {
         var cancelled: Set<UInt64> = []
         var nextID: UInt64 = 0
         var closed: ConnectionError?
+        /// A datagram server's reader: readable edges call it (on the reactor's thread) instead of resuming a task.
+        var onReadable: (@Sendable () -> Void)?
     }
 
     private let state = Guarded(State())
@@ -27,14 +29,17 @@ final class SocketReadiness: EpollHandler, Sendable {
     func epollReady(_ events: UInt32) {
         let readable = events & (Syscall.epollIn | Syscall.epollHangUp | Syscall.epollError | Syscall.epollReadHangUp)
         let writable = events & (Syscall.epollOut | Syscall.epollHangUp | Syscall.epollError)
-        let (reader, writer): (Waiter?, Waiter?) = state.withLock { state in
+        let (reader, writer, onReadable): (Waiter?, Waiter?, (@Sendable () -> Void)?) = state.withLock { state in
             var reader: Waiter?
             var writer: Waiter?
+            var onReadable: (@Sendable () -> Void)?
             if events & (Syscall.epollHangUp | Syscall.epollError | Syscall.epollReadHangUp) != 0 {
                 state.hungUp = true
             }
             if readable != 0 {
-                if let waiting = state.reader {
+                if let handler = state.onReadable {
+                    onReadable = handler
+                } else if let waiting = state.reader {
                     reader = waiting.continuation
                     state.reader = nil
                 } else {
@@ -49,24 +54,22 @@ final class SocketReadiness: EpollHandler, Sendable {
                     state.writeReady = true
                 }
             }
-            return (reader, writer)
+            return (reader, writer, onReadable)
         }
+        onReadable?()
         reader?.resume(returning: .success(()))
         writer?.resume(returning: .success(()))
+    }
+
+    /// From now on readable edges call `handler` on the reactor's thread (a datagram server reading there) until
+    /// ``close(_:)``.
+    func onReadable(_ handler: @escaping @Sendable () -> Void) {
+        state.withLock { $0.onReadable = handler }
     }
 
     /// Waits until the socket may be readable again (or fails with `.closed` / `.cancelled`).
     @inline(__always)
     func waitReadable() async throws(ConnectionError) { try await wait(reading: true) }
-
-    /// Before a read that follows one that drained the socket (a short read): waits for the next edge, unless one
-    /// came since (remembered) or the socket has hung up or failed. A drained socket has nothing to read until
-    /// something new arrives, and each arrival is an edge, so this saves the read that would only find EAGAIN.
-    /// After a full read more may be waiting with no edge to come: read first.
-    func waitReadableAfterDrain() async throws(ConnectionError) {
-        if state.withLock({ $0.hungUp }) { return }
-        try await wait(reading: true)
-    }
 
     /// Waits until the socket may be writable again (or fails with `.closed` / `.cancelled`).
     @inline(__always)
@@ -134,6 +137,7 @@ final class SocketReadiness: EpollHandler, Sendable {
     func close(_ error: ConnectionError = .closed()) {
         let waiters: [Waiter] = state.withLock { state in
             state.closed = error
+            state.onReadable = nil  // it holds the socket
             let waiters = [state.reader?.continuation, state.writer?.continuation].compactMap { $0 }
             state.reader = nil
             state.writer = nil

@@ -205,6 +205,45 @@ struct AsyncBackendTests {
             _ = await server.result
         }
     }
+
+    @Test(
+        "A UDP server read on the reactor takes a burst of more than one turn's 32 datagrams that came under one edge, all of it, in order"
+    )
+    func udpBurstUnderOneEdge() async throws {
+        try await SocketTest.run(timeLimit: .seconds(30)) {
+            let reactor = AsyncReactor.shared
+            let listener = try await AsyncBackend(reactor: reactor).listen(
+                on: try Endpoint(url: "udp://127.0.0.1:0"), options: ConnectionOptions())
+            let client = try Syscall.socket(family: .ipv4, datagram: true)
+            let released = Atomic<Bool>(false)
+            defer {
+                released.store(true, ordering: .releasing)
+                Syscall.close(client)
+            }
+            let server = SocketAddress.loopbackIPv4(port: listener.localEndpoint.port)
+            func send(_ number: UInt8) throws {
+                _ = try [number].withUnsafeBytes { raw in try Syscall.sendTo(client, raw, to: server) }
+            }
+            try send(0)
+            let peer = try await listener.accept()
+            #expect(try await peer.receive()?.bytes == [0])
+            // Hold the reactor's thread while 100 datagrams arrive: epoll reports them with one edge, and no other
+            // edge comes for those a turn leaves.
+            await withCheckedContinuation { (entered: CheckedContinuation<Void, Never>) in
+                reactor.loop.perform {
+                    entered.resume()
+                    while !released.load(ordering: .acquiring) { sched_yield() }
+                }
+            }
+            for number in 1...100 { try send(UInt8(number)) }
+            released.store(true, ordering: .releasing)
+            var received: [UInt8] = []
+            for _ in 1...100 { received += try await peer.receive()?.bytes ?? [] }
+            #expect(received == (1...100).map { UInt8($0) })
+            await peer.close()
+            await listener.close()
+        }
+    }
 }
 
 extension Result {
