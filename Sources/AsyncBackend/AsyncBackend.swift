@@ -140,7 +140,7 @@ final class AsyncUDPListener: Listener, Sendable {
         // Up to 16 datagrams per recvmmsg(2), sorted by sender where they were read: the peer's waiting task is
         // the one task resumed per datagram.
         socket.receiveOnReactor(into: DatagramBatch(slotSize: options.maxDatagramSize)) { batch in
-            deliver(batch, to: peers)
+            peers.deliver(batch)
         }
         return listener
     }
@@ -153,20 +153,6 @@ final class AsyncUDPListener: Listener, Sendable {
             localEndpoint: socket.localEndpoint!, options: options, executor: socket.reactor,
             endpoint: { $0.endpoint(.udp) },
             send: { bytes, address throws(ConnectionError) in try await socket.send(bytes, to: address) })
-    }
-
-    private static func deliver(_ batch: DatagramBatch, to peers: DatagramDemultiplexer<SocketAddress>) {
-        for index in 0..<batch.count {
-            guard let from = try? batch.sender(index) else { continue }  // not an IP sender: nobody to serve
-            let length = batch.length(index)
-            if length > batch.slotSize {
-                peers.deliverFailure(
-                    ConnectionError(.messageTooLarge, "a \(length)-byte datagram exceeds \(batch.slotSize) bytes"),
-                    from: from)
-            } else {
-                peers.deliver([UInt8](batch.bytes(index)), from: from)
-            }
-        }
     }
 
     func accept() async throws(ConnectionError) -> any Connection { try await peers.accept() }

@@ -53,8 +53,8 @@ final class BSDUDPListener: Listener, Sendable {
             lease.release()
         }
         executor.bindReaderThread()
-        let capacity = options.maxDatagramSize
-        let batch = DatagramBatch(slotSize: capacity, singlesAfterSingles: true)  // poll(2) before each receive
+        // poll(2) before each receive: level-triggered, so single datagrams may be read one at a time.
+        let batch = DatagramBatch(slotSize: options.maxDatagramSize, singlesAfterSingles: true)
         let fd = socket.descriptor
         while true {
             executor.runJobs()
@@ -71,17 +71,7 @@ final class BSDUDPListener: Listener, Sendable {
                 return
             }
             if !life.isOpen { return }
-            for index in 0..<batch.count {
-                guard let from = try? batch.sender(index) else { continue }  // not an IP sender: nobody to serve
-                let length = batch.length(index)
-                if length > capacity {
-                    peers.deliverFailure(
-                        ConnectionError(.messageTooLarge, "a \(length)-byte datagram exceeds \(capacity) bytes"),
-                        from: from)
-                } else {
-                    peers.deliver([UInt8](batch.bytes(index)), from: from)
-                }
-            }
+            peers.deliver(batch)
         }
     }
 

@@ -96,3 +96,21 @@ public final class DatagramBatch: @unchecked Sendable {
         return address
     }
 }
+
+extension DatagramDemultiplexer where Address == SocketAddress {
+    /// Hands each datagram of the batch's last receive to its sender's connection: one larger than a slot as a
+    /// `.messageTooLarge` failure for that peer, one from a sender that is not an IP address to nobody.
+    public func deliver(_ batch: DatagramBatch) {
+        for index in 0..<batch.count {
+            guard let from = try? batch.sender(index) else { continue }
+            let length = batch.length(index)
+            if length > batch.slotSize {
+                deliverFailure(
+                    ConnectionError(.messageTooLarge, "a \(length)-byte datagram exceeds \(batch.slotSize) bytes"),
+                    from: from)
+            } else {
+                deliver([UInt8](batch.bytes(index)), from: from)
+            }
+        }
+    }
+}
