@@ -32,6 +32,8 @@ public final class EpollLoop: TaskExecutor, Sendable {
         var cancelledTimers: Set<UInt64> = []
         /// Set before the loop runs.
         var jobExecutor: UnownedTaskExecutor?
+        /// Run once each, the next time the loop is about to wait (``beforeNextWait(_:)``).
+        var beforeWait: [() -> Bool] = []
     }
 
     /// Creates the epoll instance and its wake-up eventfd. Nothing runs until ``run(until:)`` is called on some
@@ -135,10 +137,30 @@ public final class EpollLoop: TaskExecutor, Sendable {
         confined.withValue { _ = $0.cancelledTimers.insert(id) }
     }
 
+    /// Runs `block` on the loop thread once, the next time the loop has run its work and is about to wait in
+    /// epoll_wait: for a reader that reads before it waits (``ReadBeforeWait``). `block` returns whether it found
+    /// something (then the loop runs the work that made before it waits, and `block` may have asked again).
+    /// Loop thread only.
+    public func beforeNextWait(_ block: @escaping () -> Bool) {
+        confined.withValue { $0.beforeWait.append(block) }
+    }
+
+    /// Runs the blocks waiting for the loop's next wait; whether any found something.
+    private func runBeforeWait() -> Bool {
+        // By index, no copy of the list: a block that asks again appends, for the next wait.
+        let count = confined.withValue { $0.beforeWait.count }
+        if count == 0 { return false }
+        var found = false
+        for index in 0..<count where confined.withValue({ $0.beforeWait[index] })() { found = true }
+        confined.withValue { $0.beforeWait.removeFirst(count) }
+        return found
+    }
+
     // MARK: Running
 
     /// Runs the loop on the calling thread until ``stop()`` is called or `deadline` (monotonic nanoseconds)
-    /// passes. Each turn: due timers, handed-over work, then `epoll_wait` until the next timer.
+    /// passes. Each turn: due timers, handed-over work, the reads made before a wait, then `epoll_wait` until the
+    /// next timer.
     public func run(until deadline: UInt64?) {
         work.bindToCurrentThread()
         let executor = confined.withValue { $0.jobExecutor } ?? asUnownedTaskExecutor()
@@ -154,6 +176,7 @@ public final class EpollLoop: TaskExecutor, Sendable {
             runDueTimers()
             work.runAll(jobsAs: executor)
             if stopRequested.load(ordering: .relaxed) { break }
+            if runBeforeWait() { continue }
             let now = MonotonicClock.nanoseconds()
             if let deadline, now >= deadline { break }
             var timeout: Int32 = -1

@@ -1,0 +1,71 @@
+import ConnectionCore
+import POSIXSupport
+import Synchronization
+import Testing
+
+/// The policy that decides whether a reader reads before it waits, and the epoll loop's hook that runs those
+/// reads: no sockets needed.
+@Suite("read before wait", .timeLimit(.minutes(1)))
+struct ReadBeforeWaitTests {
+    @Test("reads first after data while most reads made first hit; a paced peer costs one miss per probe")
+    func policy() {
+        var policy = ReadBeforeWait()
+        #expect(!policy.readsFirst)  // nothing read yet
+        policy.found(afterWait: true)
+        #expect(policy.readsFirst)
+        // A request-response run: every read made first hits, and a miss now and then does not stop it.
+        for _ in 0..<10 { policy.found(afterWait: false) }
+        policy.missed()
+        #expect(!policy.readsFirst)  // the next read waits first
+        policy.found(afterWait: true)
+        #expect(policy.readsFirst)
+        // Misses in a row (an open-loop peer): after `ceiling` of them, reads wait first.
+        for _ in 0..<ReadBeforeWait.ceiling {
+            policy.missed()
+            policy.found(afterWait: true)
+        }
+        var firstReads = 0
+        for _ in 0..<(ReadBeforeWait.probeEvery * 3) {
+            if policy.readsFirst {
+                firstReads += 1
+                policy.missed()
+            }
+            policy.found(afterWait: true)
+        }
+        #expect(firstReads == 3)  // one probe per `probeEvery` waits
+        // A probe that hits turns reading first back on.
+        while !policy.readsFirst { policy.found(afterWait: true) }
+        policy.found(afterWait: false)
+        #expect(policy.readsFirst)
+    }
+
+    @Test("the epoll loop runs a block asked for before its next wait, with no event to wake it")
+    func loopHook() async throws {
+        let loop = try EpollLoop(name: "read-before-wait-test")
+        loop.startThread()
+        defer { loop.stop() }
+        let runs = Mutex<[String]>([])
+        await withCheckedContinuation { (done: CheckedContinuation<Void, Never>) in
+            loop.perform {
+                var left = 3
+                func ask() {
+                    loop.beforeNextWait {
+                        left -= 1
+                        runs.withLock { $0.append("read \(left)") }
+                        if left > 0 {
+                            // Found something: its work runs before the loop waits, then the block runs again.
+                            let label = "work \(left)"
+                            loop.perform { runs.withLock { $0.append(label) } }
+                            ask()
+                            return true
+                        }
+                        done.resume()
+                        return false
+                    }
+                }
+                ask()
+            }
+        }
+        #expect(runs.withLock { $0 } == ["read 2", "work 2", "read 1", "work 1", "read 0"])
+    }
+}
