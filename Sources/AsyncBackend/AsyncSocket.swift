@@ -1,4 +1,4 @@
-public import ConnectionCore
+@_spi(Loop) public import ConnectionCore
 import POSIXSupport
 import Synchronization
 
@@ -355,37 +355,66 @@ public final class AsyncSocket: Sendable {
     /// `deliver` there, at most 32 datagrams per turn of the loop. A task that waited for each batch was resumed
     /// once per datagram besides the peer's own task. Until ``close()``.
     func receiveOnReactor(into batch: DatagramBatch, deliver: @escaping @Sendable (DatagramBatch) -> Void) {
-        let read: @Sendable () -> Void = { [self] in readDatagrams(into: batch, deliver: deliver) }
+        let policy = LoopConfined(ReadBeforeWait(), on: reactor.loop.thread)
+        let read: @Sendable () -> Void = { [self] in
+            readDatagrams(into: batch, policy: policy, afterWait: true, deliver: deliver)
+        }
         readiness.onReadable(read)
         reactor.loop.perform(read)  // what came before the handler was set made its edge already
     }
 
     /// Reads what is there on the reactor's thread. Edge-triggered: reads until a batch comes back short (the
     /// socket was empty then, and the next datagram makes an edge) or would block; a turn that stops at its limit
-    /// with datagrams left comes back after the loop's other work, as no edge will report them.
-    private func readDatagrams(into batch: DatagramBatch, deliver: @escaping @Sendable (DatagramBatch) -> Void) {
-        guard readGate.tryEnter() else { return }  // a close waits for the gate: the socket is closing
+    /// with datagrams left comes back after the loop's other work, as no edge will report them. After datagrams
+    /// (their answers are the work the loop runs next), reads once more before the loop waits, as
+    /// ``ReadBeforeWait`` decides: an edge for what that read takes only makes a later read find nothing.
+    /// Returns whether it found datagrams.
+    @discardableResult
+    private func readDatagrams(
+        into batch: DatagramBatch, policy: LoopConfined<ReadBeforeWait>, afterWait: Bool,
+        deliver: @escaping @Sendable (DatagramBatch) -> Void
+    ) -> Bool {
+        guard readGate.tryEnter() else { return false }  // a close waits for the gate: the socket is closing
         defer { readGate.leave() }
-        guard let fd = try? usableDescriptor() else { return }
+        guard let fd = try? usableDescriptor() else { return false }
         var taken = 0
         var reads = 0
-        while taken < 32 && reads < 8 {
+        reading: while taken < 32 && reads < 8 {
             reads += 1
             do throws(ConnectionError) {
                 switch try batch.receive(fd, dontWait: true) {
                 case .processed(let count):
                     taken += count
                     deliver(batch)
-                    if count < batch.capacity { return }
+                    if count < batch.capacity { break reading }
                 case .wouldBlock:
-                    return
+                    break reading
                 }
             } catch {
-                if error.kind == .closed || error.kind == .cancelled { return }
+                if error.kind == .closed || error.kind == .cancelled { return taken > 0 }
                 // A stale ICMP error for an earlier sendto: the socket lives on.
             }
+            if taken >= 32 || reads >= 8 {
+                reactor.loop.perform { [self] in
+                    readDatagrams(into: batch, policy: policy, afterWait: true, deliver: deliver)
+                }
+                return true
+            }
         }
-        reactor.loop.perform { [self] in readDatagrams(into: batch, deliver: deliver) }
+        let again = policy.withValue { policy in
+            if taken > 0 {
+                policy.found(afterWait: afterWait)
+            } else if !afterWait {
+                policy.missed()
+            }
+            return taken > 0 && policy.readsFirst
+        }
+        if again {
+            reactor.loop.beforeNextWait { [self] in
+                readDatagrams(into: batch, policy: policy, afterWait: false, deliver: deliver)
+            }
+        }
+        return taken > 0
     }
 
     /// sendto on an unconnected UDP socket.

@@ -53,17 +53,28 @@ final class BSDUDPListener: Listener, Sendable {
             lease.release()
         }
         executor.bindReaderThread()
-        // poll(2) before each receive: level-triggered, so single datagrams may be read one at a time.
+        // poll(2) is level-triggered, so single datagrams may be read one at a time.
         let batch = DatagramBatch(slotSize: options.maxDatagramSize, singlesAfterSingles: true)
         let fd = socket.descriptor
+        // After an answer the next request is often there already (``ReadBeforeWait``).
+        var policy = ReadBeforeWait()
         while true {
             executor.runJobs()
             if !life.isOpen { return }
             do {
+                if policy.readsFirst {
+                    if case .processed = try batch.receive(fd, dontWait: true) {
+                        policy.found(afterWait: false)
+                        peers.deliver(batch)
+                        continue
+                    }
+                    policy.missed()
+                }
                 guard try executor.wait(socket: fd, events: Syscall.pollIn) != 0,
                     life.isOpen,
                     case .processed = try batch.receive(fd, dontWait: true)
                 else { continue }
+                policy.found(afterWait: true)
             } catch {
                 if !life.isOpen { return }
                 if error.kind == .refused { continue }  // a stale ICMP error for an earlier sendto

@@ -101,6 +101,8 @@ public final class DatagramSocket: EpollHandler, Sendable {
         weak var delegate: (any DatagramSocketDelegate)?
         /// Datagrams waiting for room in the socket buffer, in order.
         var pending: [(bytes: [UInt8], to: SocketAddress?)] = []
+        /// Whether to read before the run loop waits.
+        var reads = ReadBeforeWait()
     }
     private let state: LoopConfined<State>
     private var isClosed: Bool { socket.isClosed }
@@ -135,17 +137,24 @@ public final class DatagramSocket: EpollHandler, Sendable {
     public func epollReady(_ events: UInt32) {
         if events & Syscall.epollOut != 0 { flush() }
         guard events & (Syscall.epollIn | Syscall.epollError) != 0 else { return }
+        readDatagrams(afterWait: true)
+    }
+
+    /// Reads and hands over what is there; after datagrams (their answers are the work the run loop does next),
+    /// reads once more before the loop waits, as ``ReadBeforeWait`` decides. Returns whether it found datagrams.
+    @discardableResult
+    private func readDatagrams(afterWait: Bool) -> Bool {
         let delegate = self.delegate
         // At most 32 datagrams per readiness (as libuv reads): a flood must not keep the run loop from the
         // rest of its work (the tasks that consume these datagrams among it). Level-triggered: epoll reports
         // what is left on the next turn.
         var taken = 0
-        while !isClosed && taken < 32 {
+        reading: while !isClosed && taken < 32 {
             do throws(ConnectionError) {
-                guard case .processed = try batch.receive(fd, dontWait: true) else { return }
+                guard case .processed = try batch.receive(fd, dontWait: true) else { break reading }
             } catch {
                 delegate?.datagramSocket(self, didFail: error)
-                if error.kind != .refused { return }
+                if error.kind != .refused { break reading }
                 continue
             }
             taken += max(1, batch.count)
@@ -165,8 +174,20 @@ public final class DatagramSocket: EpollHandler, Sendable {
             }
             // The socket was (most likely) drained, and a read now would only find EAGAIN. Whatever arrives
             // meanwhile, level-triggered epoll reports on the next turn.
-            if batch.drained { return }
+            if batch.drained { break }
         }
+        let again = state.withValue { state in
+            if taken > 0 {
+                state.reads.found(afterWait: afterWait)
+            } else if !afterWait {
+                state.reads.missed()
+            }
+            return taken > 0 && state.reads.readsFirst
+        }
+        if again && !isClosed {
+            runLoop.loop.beforeNextWait { [weak self] in self?.readDatagrams(afterWait: false) ?? false }
+        }
+        return taken > 0
     }
 
     /// Sends one datagram (to `address`, or to the connected peer). Queued, in order, while the socket buffer
