@@ -176,9 +176,10 @@ public final class EpollLoop: TaskExecutor, Sendable {
             runDueTimers()
             work.runAll(jobsAs: executor)
             if stopRequested.load(ordering: .relaxed) { break }
-            if runBeforeWait() { continue }
             let now = MonotonicClock.nanoseconds()
             if let deadline, now >= deadline { break }
+            // After the deadline's check: reads that keep finding data must not keep run(until:) from returning.
+            if runBeforeWait() { continue }
             var timeout: Int32 = -1
             if let next = confined.withValue({ $0.timers.first?.deadline }) {
                 timeout = next <= now ? 0 : Int32(clamping: (next - now + 999_999) / 1_000_000)
