@@ -103,7 +103,7 @@ public final class AsyncSocket: Sendable {
             byteCount: transport == .udp ? options.maxDatagramSize : options.readChunkSize, alignment: 16)
         descriptor = socket
         stateContinuation.yield(.ready)
-        try reactor.loop.register(socket.raw, events: Self.watchedEvents, handler: readiness)
+        try reactor.loop.register(socket.raw, events: Self.watchedEvents(transport), handler: readiness)
     }
 
     deinit {
@@ -112,8 +112,28 @@ public final class AsyncSocket: Sendable {
         stateContinuation.finish()
     }
 
-    private static let watchedEvents =
-        Syscall.epollIn | Syscall.epollOut | Syscall.epollReadHangUp | Syscall.epollEdgeTriggered
+    private static let readEvents = Syscall.epollIn | Syscall.epollReadHangUp | Syscall.epollEdgeTriggered
+
+    /// What the reactor watches for: readability always; writability always for TCP, whose write-space edge
+    /// comes only after a send found the buffer full, but for UDP only while a send waits for room
+    /// (``waitForRoom(_:)``). A datagram socket's write space changes with every datagram it sends, and each
+    /// change is an EPOLLOUT edge: watched all the time, it woke the reactor's thread once per datagram sent from
+    /// another thread (an open-loop sender on its pacing thread: the reactor switched in and out for nothing
+    /// before the server could answer, 4 us of scheduler trace per message, docs/benchmarks.md session 41), and
+    /// after a send on the reactor's own thread it made the next epoll_wait return at once.
+    private static func watchedEvents(_ transport: Transport) -> UInt32 {
+        transport == .udp ? readEvents : readEvents | Syscall.epollOut
+    }
+
+    /// Waits until a send may find room. A UDP socket watches writability only for this wait: arming it
+    /// (EPOLL_CTL_MOD) makes epoll look at the socket at once, so room that came since the send failed is
+    /// reported too.
+    private func waitForRoom(_ fd: Int32) async throws(ConnectionError) {
+        guard transport == .udp else { return try await readiness.waitWritable() }
+        try reactor.loop.modify(fd, events: Self.readEvents | Syscall.epollOut)
+        defer { try? reactor.loop.modify(fd, events: Self.readEvents) }
+        try await readiness.waitWritable()
+    }
 
     /// The current state.
     public var state: State { life.withLock { $0.state } }
@@ -166,7 +186,7 @@ public final class AsyncSocket: Sendable {
         // Registered before connect(2), as before the socket layer: registering after it made a loopback
         // connect's p50 2.7x slower (`sockbench compare --full --scenarios connect`, 55 -> 150 us; see
         // docs/benchmarks.md, session 26).
-        try reactor.loop.register(fd, events: Self.watchedEvents, handler: readiness)
+        try reactor.loop.register(fd, events: Self.watchedEvents(transport), handler: readiness)
         do throws(ConnectionError) {
             if try !Socket.startConnect(socket, to: address) {
                 try await withDeadline(
@@ -311,7 +331,7 @@ public final class AsyncSocket: Sendable {
                 offset += written
             case .wouldBlock:
                 do throws(ConnectionError) {
-                    try await readiness.waitWritable()
+                    try await waitForRoom(fd)
                     _ = try usableDescriptor()
                 } catch {
                     if error.kind == .cancelled && offset > 0 {
@@ -427,7 +447,7 @@ public final class AsyncSocket: Sendable {
                 try Syscall.sendTo(fd, buffer, to: address, dontWait: true)
             }
             if case .processed = result { return }
-            try await readiness.waitWritable()
+            try await waitForRoom(fd)
         }
     }
 

@@ -26,6 +26,34 @@ struct AsyncBackendTests {
         }
     }
 
+    /// A datagram socket's write space changes with every datagram it sends, and an EPOLLOUT watched all the time
+    /// woke the reactor once per send made from another thread. UDP sockets are watched for writability only while
+    /// a send waits for room; TCP, whose write-space edge comes only after a full buffer, always. Read from the
+    /// kernel's own account of the reactor's epoll set (/proc/self/fdinfo).
+    @Test("UDP sockets are not watched for writability while no send waits; TCP sockets are")
+    func writabilityWatchedOnDemand() async throws {
+        try await SocketTest.run {
+            let listener = try await AsyncBackend().listen(on: try Endpoint(url: "udp://127.0.0.1:0"), options: .init())
+            let udp = AsyncSocket(to: listener.localEndpoint)
+            try await udp.start()
+            try await udp.send([1, 2, 3])
+            let tcpListener = try AsyncListener(on: try Endpoint(url: "tcp://127.0.0.1:0"))
+            let tcp = AsyncSocket(to: tcpListener.localEndpoint)
+            try await tcp.start()
+            let accepted = try await tcpListener.accept()
+            let udpEvents = try #require(epollEvents(watching: udp.fileDescriptor))
+            let tcpEvents = try #require(epollEvents(watching: tcp.fileDescriptor))
+            #expect(udpEvents & Syscall.epollIn != 0)
+            #expect(udpEvents & Syscall.epollOut == 0, "an idle UDP socket is watched for writability")
+            #expect(tcpEvents & Syscall.epollOut != 0)
+            await accepted.close()
+            await tcp.close()
+            await tcpListener.close()
+            await udp.close()
+            await listener.close()
+        }
+    }
+
     @Test("A refused connect ends in .failed with the error")
     func failedState() async throws {
         try await SocketTest.run {
@@ -281,4 +309,23 @@ struct BSDFullListener {
     }
 
     func close() { Syscall.close(fd) }
+}
+
+/// The events an epoll set of this process watches on `fd`, from /proc/self/fdinfo ("tfd: FD events: MASK ...").
+func epollEvents(watching fd: Int32) -> UInt32? {
+    guard let directory = opendir("/proc/self/fdinfo") else { return nil }
+    defer { closedir(directory) }
+    while let entry = readdir(directory) {
+        let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+        guard let file = fopen("/proc/self/fdinfo/\(name)", "r") else { continue }
+        defer { fclose(file) }
+        var line = [CChar](repeating: 0, count: 512)
+        while fgets(&line, Int32(line.count), file) != nil {
+            let text = String(decoding: line.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+            let fields = text.split(whereSeparator: { $0 == " " || $0 == "\t" || $0 == "\n" })
+            guard fields.count >= 4, fields[0] == "tfd:", fields[1] == "\(fd)", fields[2] == "events:" else { continue }
+            return UInt32(fields[3], radix: 16)
+        }
+    }
+    return nil
 }
