@@ -68,6 +68,8 @@ final class AsyncConnection: Connection, Sendable {
     var transport: Transport { socket.transport }
     var options: ConnectionOptions { socket.options }
     var preferredExecutor: (any TaskExecutor)? { socket.reactor }
+    /// A send tries the non-blocking send(2) on the calling thread first.
+    var sendsFromAnyThread: Bool { true }
 
     func send(_ message: Message) async throws(ConnectionError) {
         try await socket.send(message.bytes)

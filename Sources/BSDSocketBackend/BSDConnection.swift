@@ -191,6 +191,8 @@ final class BSDConnection: Connection, Sendable {
     }
 
     var preferredExecutor: (any TaskExecutor)? { core.executor }
+    /// A send tries the non-blocking send(2) on the calling thread first (``BSDWriter``).
+    var sendsFromAnyThread: Bool { true }
 
     func send(_ message: Message) async throws(ConnectionError) {
         if !core.life.isOpen { throw .closed() }

@@ -31,32 +31,33 @@ public struct RateRunner: Sendable {
     /// Messages of the warm-up (not recorded).
     public var skip: Int { Int(Double(perSecond) * Double(warmup.wholeNanoseconds) / 1e9) }
 
-    /// When each message was meant to go, went, and came back (0: not yet, or never).
-    private final class Book: Sendable {
-        let times: Guarded<(intended: [UInt64], actual: [UInt64], received: [UInt64])>
-        init(count: Int) {
-            let zeros = [UInt64](repeating: 0, count: count)
-            times = Guarded((zeros, zeros, zeros))
-        }
-    }
-
     public func run(on connection: any Connection) async throws(ConnectionError) -> ScenarioResult {
         let total = total
         let interval = 1e9 / Double(perSecond)
-        let book = Book(count: total)
         let stream = connection.transport.isByteStream
         let size = size
         let pacer = Pacer(
             start: MonotonicClock.nanoseconds() + 1_000_000, interval: interval, count: total, pacing: pacing)
-        enum Part { case receiver(ConnectionError?), sender(ConnectionError?), timer }
+        // Each side keeps its own times, with no lock between them: what follows a send or an echo is on the
+        // next message's path when the side shares its thread with the other (a loop backend's sender and
+        // receiver), so it is kept to a store.
+        enum Part {
+            case receiver([UInt64], ConnectionError?)
+            case sender(intended: [UInt64], actual: [UInt64], ConnectionError?)
+            case timer
+        }
+        var intended: [UInt64] = []
+        var actual: [UInt64] = []
+        var received: [UInt64] = []
         let failure: ConnectionError? = await withTaskGroup(of: Part.self) { group in
             // The receiver, on the connection's executor (resumed by I/O without a hop), only notes when each echo
             // came back (the latencies are worked out afterwards): a read, a clock and a store per echo, as in
             // the C floor's client.
             group.addTask(executorPreference: connection.preferredExecutor) {
-                var received = 0
+                var times = [UInt64](repeating: 0, count: total)
+                var count = 0
                 do throws(ConnectionError) {
-                    while received < total {
+                    while count < total {
                         let bytes: [UInt8]
                         if stream {
                             bytes = try await connection.receive(exactly: size)
@@ -66,56 +67,54 @@ public struct RateRunner: Sendable {
                         }
                         let now = MonotonicClock.nanoseconds()
                         let sequence = Int(PumpSink.decode(bytes, at: 0))
-                        guard sequence < total else { continue }
-                        let fresh = book.times.withLock { times in
-                            guard times.received[sequence] == 0 else { return false }
-                            times.received[sequence] = now
-                            return true
-                        }
-                        if fresh { received += 1 }
+                        guard sequence < total, times[sequence] == 0 else { continue }
+                        times[sequence] = now
+                        count += 1
                     }
                 } catch {
-                    return .receiver(error.kind == .cancelled ? nil : error)
+                    return .receiver(times, error.kind == .cancelled ? nil : error)
                 }
-                return .receiver(nil)
+                return .receiver(times, nil)
             }
-            // The sender, on the connection's executor too: waits for each message's time on the pacer (which
-            // spins or sleeps on a thread of its own: a sender spinning on the executor would starve the receiver
-            // sharing it; the pacer's lateness shows in the corrected latency, as it should), notes the time and
-            // sends.
-            group.addTask(executorPreference: connection.preferredExecutor) {
+            // The sender waits for each message's time on the pacer (which spins or sleeps on a thread of its
+            // own; its lateness shows in the corrected latency, as it should), notes the time and sends. It runs
+            // where its send costs no hand-over: on the pacer's thread, as the C floor's sender does, when the
+            // connection sends from any thread; otherwise on the connection's executor, beside the receiver (a
+            // sender spinning there itself would starve the receiver).
+            let sendsHere: any TaskExecutor =
+                connection.sendsFromAnyThread ? pacer : connection.preferredExecutor ?? pacer
+            group.addTask(executorPreference: sendsHere) {
+                var intended = [UInt64](repeating: 0, count: total)
+                var actual = [UInt64](repeating: 0, count: total)
                 var payload = [UInt8](repeating: 0x5a, count: size)
                 for sequence in 0..<total {
-                    let intended = pacer.due(sequence)
                     await pacer.wait(for: sequence)
                     if Task.isCancelled { break }  // the receiver failed
-                    let now = MonotonicClock.nanoseconds()
-                    book.times.withLock {
-                        $0.intended[sequence] = intended
-                        $0.actual[sequence] = now
-                    }
-                    let encoded = PumpSink.encode(UInt64(sequence))
-                    for index in 0..<8 { payload[index] = encoded[index] }
+                    actual[sequence] = MonotonicClock.nanoseconds()
+                    intended[sequence] = pacer.due(sequence)
+                    PumpSink.encode(UInt64(sequence), into: &payload)
                     do throws(ConnectionError) {
                         try await connection.send(payload)
                     } catch {
-                        return .sender(error)
+                        return .sender(intended: intended, actual: actual, error)
                     }
                 }
-                return .sender(nil)
+                return .sender(intended: intended, actual: actual, nil)
             }
             var sendFailure: ConnectionError?
             var receiveFailure: ConnectionError?
             while let part = await group.next() {
                 switch part {
-                case .sender(let failure):
+                case .sender(let sentAt, let wentAt, let failure):
+                    (intended, actual) = (sentAt, wentAt)
                     sendFailure = failure
                     // Echoes still in flight get half a second; UDP datagrams that never come are counted as lost.
                     group.addTask {
                         try? await Task.sleep(for: .milliseconds(500))
                         return .timer
                     }
-                case .receiver(let failure):
+                case .receiver(let times, let failure):
+                    received = times
                     receiveFailure = failure
                     group.cancelAll()
                 case .timer:
@@ -126,8 +125,7 @@ public struct RateRunner: Sendable {
         }
         let pacerCPU = await pacer.end()
         if let failure { throw failure }
-        let times = book.times.withLock { $0 }
-        var measurement = result(intended: times.intended, actual: times.actual, received: times.received)
+        var measurement = result(intended: intended, actual: actual, received: received)
         measurement.pacingCPUNanoseconds = pacerCPU
         return measurement
     }

@@ -76,6 +76,11 @@ public enum PumpSink {
 
     static func encode(_ value: UInt64) -> [UInt8] { (0..<8).map { UInt8(truncatingIfNeeded: value >> (56 - 8 * $0)) } }
 
+    /// ``encode(_:)`` into the first 8 bytes of `bytes`, in place (a sender's payload: no allocation per message).
+    static func encode(_ value: UInt64, into bytes: inout [UInt8]) {
+        for index in 0..<8 { bytes[index] = UInt8(truncatingIfNeeded: value >> (56 - 8 * index)) }
+    }
+
     static func decode(_ bytes: [UInt8], at offset: Int) -> UInt64 {
         var value: UInt64 = 0
         for index in offset..<(offset + 8) { value = value << 8 | UInt64(bytes[index]) }

@@ -108,8 +108,7 @@ public struct WorkloadRunner: Sendable {
                         await pacer.wait(for: sequence)
                         if Task.isCancelled { break }  // a receiver or another sender failed
                         sent.append(Send(sequence: sequence, intended: intended, actual: MonotonicClock.nanoseconds()))
-                        let encoded = PumpSink.encode(UInt64(sequence))
-                        for byte in 0..<8 { payload[byte] = encoded[byte] }
+                        PumpSink.encode(UInt64(sequence), into: &payload)
                         do throws(ConnectionError) {
                             try await connection.send(payload)
                         } catch {

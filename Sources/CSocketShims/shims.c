@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <string.h>
 #include <unistd.h>
+#include <poll.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <netdb.h>
@@ -53,6 +54,13 @@ int csock_eventfd_drain(int fd) {
     ssize_t n;
     do { n = read(fd, &value, sizeof value); } while (n < 0 && errno == EINTR);
     return n == sizeof value || (n < 0 && errno == EAGAIN) ? 0 : -1;
+}
+
+int csock_wait_readable_ns(int fd, long long seconds, long nanoseconds) {
+    struct pollfd watched = {.fd = fd, .events = POLLIN, .revents = 0};
+    struct timespec timeout = {.tv_sec = (time_t)seconds, .tv_nsec = nanoseconds};
+    int n = ppoll(&watched, 1, &timeout, NULL);
+    return n > 0 && watched.revents != 0 ? 1 : 0;
 }
 
 const int csock_EPOLL_CTL_ADD = EPOLL_CTL_ADD;

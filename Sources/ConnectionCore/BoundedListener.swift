@@ -173,6 +173,7 @@ final class BoundedConnection: Connection, Sendable {
     deinit { release() }
 
     var preferredExecutor: (any TaskExecutor)? { inner.preferredExecutor }
+    var sendsFromAnyThread: Bool { inner.sendsFromAnyThread }
 
     // A send touches before and after: one held up by a slow reader is not idleness.
     func send(_ message: Message) async throws(ConnectionError) {

@@ -94,11 +94,21 @@ public protocol Connection: AnyObject, Sendable {
     /// is also a `TaskExecutor`). A task that runs there (`withTaskExecutorPreference`) is resumed by I/O
     /// without hopping threads. `nil` (the default) when any executor serves equally well.
     var preferredExecutor: (any TaskExecutor)? { get }
+
+    /// Whether a send from any thread makes its system call on that thread when the socket has room, with no
+    /// hand-over (bsd, async, and TLS or WebSocket over them). `false` (the default) when a send from off
+    /// ``preferredExecutor`` hands its bytes to the connection's own thread (a loop's: uv, runloop, uring, nio), so a
+    /// task that sends often is best run there. An open-loop sender uses it to choose its thread: its own pacing
+    /// thread, as the C floor's client sends, or the connection's.
+    var sendsFromAnyThread: Bool { get }
 }
 
 extension Connection {
     /// No preference by default.
     public var preferredExecutor: (any TaskExecutor)? { nil }
+
+    /// A send hands over to the connection's thread by default.
+    public var sendsFromAnyThread: Bool { false }
 
     /// A connection with nothing to reset (UDP) closes.
     public func abort() async { await close() }

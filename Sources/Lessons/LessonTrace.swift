@@ -421,6 +421,7 @@ final class TracedConnection: Connection {
     var remoteEndpoint: Endpoint { base.remoteEndpoint }
     var options: ConnectionOptions { base.options }
     var preferredExecutor: (any TaskExecutor)? { base.preferredExecutor }
+    var sendsFromAnyThread: Bool { base.sendsFromAnyThread }
 
     func send(_ message: Message) async throws(ConnectionError) {
         // Recorded before the send: a send that waits for room (flow control) shows when it was asked for.

@@ -65,6 +65,16 @@ extension Syscall {
         return count == 0 ? (0, 0) : (fds.0.revents, fds.1.revents)
     }
 
+    /// Waits until `fd` is readable or the monotonic clock (``MonotonicClock``) reaches `deadline`, with the
+    /// nanosecond resolution of ppoll(2) (poll's is a millisecond). Returns `true` when `fd` became readable.
+    /// Interrupted by a signal, it returns `false` early; callers look at the clock again.
+    package static func waitReadable(_ fd: Int32, untilMonotonic deadline: UInt64) -> Bool {
+        let now = MonotonicClock.nanoseconds()
+        guard deadline > now else { return false }
+        let left = deadline - now
+        return csock_wait_readable_ns(fd, Int64(left / 1_000_000_000), Int(left % 1_000_000_000)) == 1
+    }
+
     /// POLLIN, POLLOUT, POLLERR and POLLHUP, for ``poll(_:events:timeoutMilliseconds:)``.
     package static let pollIn = Int16(POLLIN)
     package static let pollOut = Int16(POLLOUT)

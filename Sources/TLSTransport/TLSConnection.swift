@@ -15,6 +15,7 @@ public final class TLSConnection: Connection, Sendable {
     public let remoteEndpoint: Endpoint
     public var options: ConnectionOptions { tcp.options }
     public var preferredExecutor: (any TaskExecutor)? { tcp.preferredExecutor }
+    public var sendsFromAnyThread: Bool { tcp.sendsFromAnyThread }
     /// The configuration the connection was made with.
     public let configuration: TLSConfiguration
     /// The negotiated protocol version, e.g. `TLSv1.3`.

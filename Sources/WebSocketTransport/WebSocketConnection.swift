@@ -19,6 +19,7 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
     public let remoteEndpoint: Endpoint
     public var options: ConnectionOptions { tcp.options }
     public var preferredExecutor: (any TaskExecutor)? { tcp.preferredExecutor }
+    public var sendsFromAnyThread: Bool { tcp.sendsFromAnyThread }
     /// The subprotocol the handshake chose, if any.
     public let subprotocol: String?
     /// Server side: the client's opening handshake (path, query, headers, subprotocols, origin). `nil` on a client.

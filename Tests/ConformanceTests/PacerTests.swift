@@ -1,3 +1,4 @@
+import ConnectionTestKit
 import POSIXSupport
 import Testing
 
@@ -10,62 +11,104 @@ struct PacerTests {
     @Test(
         "Each wait returns at or after its message's time, in order, and a late sender does not wait",
         arguments: Pacing.allCases)
-    func waitsUntilDue(pacing: Pacing) async {
-        let pacer = Pacer(
-            start: MonotonicClock.nanoseconds() + 2_000_000, interval: 1_000_000, count: 20, pacing: pacing)
-        defer { pacer.stop() }
-        for index in 0..<10 {
-            await pacer.wait(for: index)
-            #expect(MonotonicClock.nanoseconds() >= pacer.due(index))
+    func waitsUntilDue(pacing: Pacing) async throws {
+        // Under the socket tests' lock: a sleeping pacer holds an eventfd until its thread ends (`end()`).
+        try await SocketTest.run {
+            let pacer = Pacer(
+                start: MonotonicClock.nanoseconds() + 2_000_000, interval: 1_000_000, count: 20, pacing: pacing)
+            for index in 0..<10 {
+                await pacer.wait(for: index)
+                #expect(MonotonicClock.nanoseconds() >= pacer.due(index))
+            }
+            // Message 10's time passes while the sender is busy: its wait returns at once.
+            while MonotonicClock.nanoseconds() < pacer.due(12) { await Task.yield() }
+            let before = MonotonicClock.nanoseconds()
+            await pacer.wait(for: 10)
+            #expect(MonotonicClock.nanoseconds() - before < pacer.due(1) - pacer.due(0) + 1_000_000)
+            _ = await pacer.end()
         }
-        // Message 10's time passes while the sender is busy: its wait returns at once.
-        while MonotonicClock.nanoseconds() < pacer.due(12) { await Task.yield() }
-        let before = MonotonicClock.nanoseconds()
-        await pacer.wait(for: 10)
-        #expect(MonotonicClock.nanoseconds() - before < pacer.due(1) - pacer.due(0) + 1_000_000)
     }
 
     @Test(
         "stop() lets a sender waiting for a later message go at once, and a spinning pacer ends",
         arguments: Pacing.allCases)
-    func stopResumesTheWaiter(pacing: Pacing) async {
-        // Its thread ends 0.5 s on when sleeping; a spinning one ends at the stop.
-        let pacer = Pacer(start: MonotonicClock.nanoseconds(), interval: 0.5e9, count: 3, pacing: pacing)
-        let waiting = Task { await pacer.wait(for: 2) }
-        while pacer.hasWaiter == false { await Task.yield() }
-        let stopped = MonotonicClock.nanoseconds()
-        pacer.stop()
-        await waiting.value
-        #expect(MonotonicClock.nanoseconds() < stopped + 250_000_000, "the waiter went only at its message's time")
-        if pacing == .spin {
-            let deadline = stopped + 250_000_000
-            while pacer.cpuNanoseconds == nil && MonotonicClock.nanoseconds() < deadline { await Task.yield() }
-            #expect(pacer.cpuNanoseconds != nil, "the spinning pacer went on after stop()")
+    func stopResumesTheWaiter(pacing: Pacing) async throws {
+        try await SocketTest.run {
+            let pacer = Pacer(start: MonotonicClock.nanoseconds(), interval: 0.5e9, count: 3, pacing: pacing)
+            let waiting = Task { await pacer.wait(for: 2) }
+            while pacer.hasWaiter == false { await Task.yield() }
+            let stopped = MonotonicClock.nanoseconds()
+            pacer.stop()
+            await waiting.value
+            #expect(MonotonicClock.nanoseconds() < stopped + 250_000_000, "the waiter went only at its message's time")
+            if pacing == .spin {
+                let deadline = stopped + 250_000_000
+                while pacer.cpuNanoseconds == nil && MonotonicClock.nanoseconds() < deadline { await Task.yield() }
+                #expect(pacer.cpuNanoseconds != nil, "the spinning pacer went on after stop()")
+            }
+            _ = await pacer.end()
         }
     }
 
     /// A workload's senders, one per connection, wait on one pacer for their own messages (connection k sends
     /// messages k, k + N, ...): each is resumed at its own messages' times, none early, none forgotten.
     @Test("Senders of many connections each wait for their own messages", arguments: Pacing.allCases)
-    func manySenders(pacing: Pacing) async {
-        let connections = 5
-        let pacer = Pacer(
-            start: MonotonicClock.nanoseconds() + 2_000_000, interval: 300_000, count: 60, pacing: pacing)
-        defer { pacer.stop() }
-        let early = await withTaskGroup(of: Int.self) { group in
-            for connection in 0..<connections {
-                group.addTask {
-                    var early = 0
-                    for index in stride(from: connection, to: 60, by: connections) {
-                        await pacer.wait(for: index)
-                        if MonotonicClock.nanoseconds() < pacer.due(index) { early += 1 }
+    func manySenders(pacing: Pacing) async throws {
+        try await SocketTest.run {
+            let connections = 5
+            let pacer = Pacer(
+                start: MonotonicClock.nanoseconds() + 2_000_000, interval: 300_000, count: 60, pacing: pacing)
+            let early = await withTaskGroup(of: Int.self) { group in
+                for connection in 0..<connections {
+                    group.addTask {
+                        var early = 0
+                        for index in stride(from: connection, to: 60, by: connections) {
+                            await pacer.wait(for: index)
+                            if MonotonicClock.nanoseconds() < pacer.due(index) { early += 1 }
+                        }
+                        return early
                     }
-                    return early
                 }
+                return await group.reduce(0, +)
             }
-            return await group.reduce(0, +)
+            #expect(early == 0)
+            #expect(!pacer.hasWaiter)
+            _ = await pacer.end()
         }
-        #expect(early == 0)
-        #expect(!pacer.hasWaiter)
+    }
+
+    /// A sender that prefers the pacer (its connection sends from any thread) runs on the pacer's thread: resumed
+    /// there at each of its messages' times, never early; and a job that comes from another thread while the
+    /// pacer waits for a far send time runs at once, whether it spins or sleeps.
+    @Test(
+        "A sender on the pacer's executor runs on its thread, and work from elsewhere runs while it waits",
+        arguments: Pacing.allCases)
+    func senderOnThePacer(pacing: Pacing) async throws {
+        try await SocketTest.run {
+            let pacer = Pacer(
+                start: MonotonicClock.nanoseconds() + 2_000_000, interval: 1_000_000, count: 10, pacing: pacing)
+            let (early, elsewhere) = await Task(executorPreference: pacer) {
+                var early = 0
+                var elsewhere = 0
+                for index in 0..<10 {
+                    await pacer.wait(for: index)
+                    if MonotonicClock.nanoseconds() < pacer.due(index) { early += 1 }
+                    if !pacer.isCurrent { elsewhere += 1 }
+                }
+                return (early, elsewhere)
+            }.value
+            #expect(early == 0)
+            #expect(elsewhere == 0, "the sender ran off the pacer's thread")
+            _ = await pacer.end()
+
+            // The next send time is 10 s away: a job handed to the pacer meanwhile must not wait for it.
+            let far = Pacer(
+                start: MonotonicClock.nanoseconds() + 10_000_000_000, interval: 1e9, count: 2, pacing: pacing)
+            let handed = MonotonicClock.nanoseconds()
+            let onPacer = await Task(executorPreference: far) { far.isCurrent }.value
+            #expect(onPacer)
+            #expect(MonotonicClock.nanoseconds() - handed < 2_000_000_000, "the job waited for the next send time")
+            _ = await far.end()
+        }
     }
 }

@@ -20,6 +20,8 @@ int csock_epoll_wait(int epfd, uint32_t *events, uint64_t *datas, int max, int t
 int csock_eventfd(void);
 int csock_eventfd_signal(int fd);
 int csock_eventfd_drain(int fd);
+/* ppoll(2) for POLLIN on one descriptor with a nanosecond time-out: 1 when readable, 0 on time-out or a signal. */
+int csock_wait_readable_ns(int fd, long long seconds, long nanoseconds);
 
 extern const int csock_EPOLL_CTL_ADD;
 extern const int csock_EPOLL_CTL_MOD;
