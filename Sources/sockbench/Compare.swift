@@ -72,7 +72,7 @@ struct Compare: AsyncParsableCommand {
 
     @Option(
         help:
-            "How the open-loop (rate) senders, ours and the C floor's, wait for each send time: `spin` (check the clock, yielding the CPU between checks, as sockperf's sender polls it: no timer or idle wake-up in the latency) or `sleep` (clock_nanosleep: every message pays the timer's lateness and an idle CPU's wake-up)."
+            "How the open-loop (rate) senders, ours and the C floor's, wait for each send time: `spin` (check the clock, yielding the CPU between checks, as sockperf's sender polls it: no timer or idle wake-up in the latency) or `sleep` (a timed sleep, clock_nanosleep in C and ppoll in ours: every message pays the timer's lateness and an idle CPU's wake-up)."
     )
     var pacing: String = Pacing.spin.rawValue
 
