@@ -12,10 +12,7 @@ struct PacerTests {
         "Each wait returns at or after its message's time, in order, and a late sender does not wait",
         arguments: Pacing.allCases)
     func waitsUntilDue(pacing: Pacing) async throws {
-        // Under the socket tests' lock: a sleeping pacer holds an eventfd until its thread ends (`end()`).
-        try await SocketTest.run {
-            let pacer = Pacer(
-                start: MonotonicClock.nanoseconds() + 2_000_000, interval: 1_000_000, count: 20, pacing: pacing)
+        try await withPacer(interval: 1_000_000, count: 20, pacing: pacing) { pacer in
             for index in 0..<10 {
                 await pacer.wait(for: index)
                 #expect(MonotonicClock.nanoseconds() >= pacer.due(index))
@@ -25,7 +22,6 @@ struct PacerTests {
             let before = MonotonicClock.nanoseconds()
             await pacer.wait(for: 10)
             #expect(MonotonicClock.nanoseconds() - before < pacer.due(1) - pacer.due(0) + 1_000_000)
-            _ = await pacer.end()
         }
     }
 
@@ -33,8 +29,7 @@ struct PacerTests {
         "stop() lets a sender waiting for a later message go at once, and a spinning pacer ends",
         arguments: Pacing.allCases)
     func stopResumesTheWaiter(pacing: Pacing) async throws {
-        try await SocketTest.run {
-            let pacer = Pacer(start: MonotonicClock.nanoseconds(), interval: 0.5e9, count: 3, pacing: pacing)
+        try await withPacer(after: 0, interval: 0.5e9, count: 3, pacing: pacing) { pacer in
             let waiting = Task { await pacer.wait(for: 2) }
             while pacer.hasWaiter == false { await Task.yield() }
             let stopped = MonotonicClock.nanoseconds()
@@ -46,7 +41,6 @@ struct PacerTests {
                 while pacer.cpuNanoseconds == nil && MonotonicClock.nanoseconds() < deadline { await Task.yield() }
                 #expect(pacer.cpuNanoseconds != nil, "the spinning pacer went on after stop()")
             }
-            _ = await pacer.end()
         }
     }
 
@@ -54,26 +48,16 @@ struct PacerTests {
     /// messages k, k + N, ...): each is resumed at its own messages' times, none early, none forgotten.
     @Test("Senders of many connections each wait for their own messages", arguments: Pacing.allCases)
     func manySenders(pacing: Pacing) async throws {
-        try await SocketTest.run {
+        try await withPacer(interval: 300_000, count: 60, pacing: pacing) { pacer in
             let connections = 5
-            let pacer = Pacer(
-                start: MonotonicClock.nanoseconds() + 2_000_000, interval: 300_000, count: 60, pacing: pacing)
             let early = await withTaskGroup(of: Int.self) { group in
                 for connection in 0..<connections {
-                    group.addTask {
-                        var early = 0
-                        for index in stride(from: connection, to: 60, by: connections) {
-                            await pacer.wait(for: index)
-                            if MonotonicClock.nanoseconds() < pacer.due(index) { early += 1 }
-                        }
-                        return early
-                    }
+                    group.addTask { await waitEach(pacer, stride(from: connection, to: 60, by: connections)).early }
                 }
                 return await group.reduce(0, +)
             }
             #expect(early == 0)
             #expect(!pacer.hasWaiter)
-            _ = await pacer.end()
         }
     }
 
@@ -84,22 +68,10 @@ struct PacerTests {
         "A sender on the pacer's executor runs on its thread, and work from elsewhere runs while it waits",
         arguments: Pacing.allCases)
     func senderOnThePacer(pacing: Pacing) async throws {
-        try await SocketTest.run {
-            let pacer = Pacer(
-                start: MonotonicClock.nanoseconds() + 2_000_000, interval: 1_000_000, count: 10, pacing: pacing)
-            let (early, elsewhere) = await Task(executorPreference: pacer) {
-                var early = 0
-                var elsewhere = 0
-                for index in 0..<10 {
-                    await pacer.wait(for: index)
-                    if MonotonicClock.nanoseconds() < pacer.due(index) { early += 1 }
-                    if !pacer.isCurrent { elsewhere += 1 }
-                }
-                return (early, elsewhere)
-            }.value
+        try await withPacer(interval: 1_000_000, count: 10, pacing: pacing) { pacer in
+            let (early, elsewhere) = await Task(executorPreference: pacer) { await waitEach(pacer, 0..<10) }.value
             #expect(early == 0)
             #expect(elsewhere == 0, "the sender ran off the pacer's thread")
-            _ = await pacer.end()
 
             // The next send time is 10 s away: a job handed to the pacer meanwhile must not wait for it.
             let far = Pacer(
@@ -110,5 +82,31 @@ struct PacerTests {
             #expect(MonotonicClock.nanoseconds() - handed < 2_000_000_000, "the job waited for the next send time")
             _ = await far.end()
         }
+    }
+}
+
+/// Waits on `pacer` for each of `indices` in turn. Returns how many waits returned before their message's time,
+/// and how many returned off the pacer's thread.
+private func waitEach(_ pacer: Pacer, _ indices: some Sequence<Int>) async -> (early: Int, offPacer: Int) {
+    var early = 0
+    var offPacer = 0
+    for index in indices {
+        await pacer.wait(for: index)
+        if MonotonicClock.nanoseconds() < pacer.due(index) { early += 1 }
+        if !pacer.isCurrent { offPacer += 1 }
+    }
+    return (early, offPacer)
+}
+
+/// Runs `body` with a pacer whose first message is due `after` nanoseconds from now, then ends the pacer; under
+/// the socket tests' lock, since a sleeping pacer holds an eventfd until its thread ends.
+private func withPacer(
+    after: UInt64 = 2_000_000, interval: Double, count: Int, pacing: Pacing,
+    _ body: @escaping @Sendable (Pacer) async throws -> Void
+) async throws {
+    try await SocketTest.run {
+        let pacer = Pacer(start: MonotonicClock.nanoseconds() + after, interval: interval, count: count, pacing: pacing)
+        try await body(pacer)
+        _ = await pacer.end()
     }
 }
