@@ -26,10 +26,7 @@ final class ReaderExecutor: TaskExecutor, Sendable {
         if work.close() != nil { Syscall.close(wakeFD) }
     }
 
-    func enqueue(_ job: consuming ExecutorJob) {
-        let job = UnownedJob(job)
-        if !work.add(.job(job)) { globalConcurrentExecutor.enqueue(ExecutorJob(job)) }
-    }
+    func enqueue(_ job: consuming ExecutorJob) { work.enqueue(UnownedJob(job)) }
 
     /// Wakes the reader from any thread (a close, or room in the receive queue).
     func wake() { work.wake() }
@@ -63,10 +60,6 @@ final class ReaderExecutor: TaskExecutor, Sendable {
 
     /// The reader thread ends: queued and later jobs go to Swift's global executor.
     func stop() {
-        let left = work.close()
-        work.unbind()
-        guard let left else { return }
-        Syscall.close(wakeFD)
-        for case .job(let job) in left { globalConcurrentExecutor.enqueue(ExecutorJob(job)) }
+        if work.end() { Syscall.close(wakeFD) }
     }
 }

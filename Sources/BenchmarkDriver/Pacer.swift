@@ -79,10 +79,7 @@ final class Pacer: TaskExecutor, Sendable {
 
     /// A job of a sender that prefers the pacer: run on its thread (at once when it waits; before the next
     /// send time at the latest), or on Swift's global executor once the pacer has ended.
-    func enqueue(_ job: consuming ExecutorJob) {
-        let job = UnownedJob(job)
-        if !work.add(.job(job)) { globalConcurrentExecutor.enqueue(ExecutorJob(job)) }
-    }
+    func enqueue(_ job: consuming ExecutorJob) { work.enqueue(UnownedJob(job)) }
 
     /// Returns once message `index` is due: at once when it already is, else when the pacer reaches it.
     func wait(for index: Int) async {
@@ -149,10 +146,8 @@ final class Pacer: TaskExecutor, Sendable {
         var waited: UInt64 = 0
         defer {
             // Jobs that come later (a sender's send that suspended and is resumed now) run on the global executor.
-            let left = work.close()
-            work.unbind()
+            work.end()
             if wakeFD >= 0 { Syscall.close(wakeFD) }
-            for case .job(let job) in left ?? [] { globalConcurrentExecutor.enqueue(ExecutorJob(job)) }
             let waiters = state.withLock { state in
                 state.cpuNanoseconds = waited
                 defer { state.endWaiters = [] }

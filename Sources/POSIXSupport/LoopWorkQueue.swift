@@ -208,4 +208,23 @@ package final class LoopWorkQueue: Sendable {
 
     /// `false` once ``close()`` was called.
     package var isOpen: Bool { shared.withLock { $0.open } }
+
+    // MARK: A thread that is a task executor
+
+    /// A job for a loop thread that is a `TaskExecutor` (bsd's reader, the open-loop pacer): queued for it, or,
+    /// once the queue is closed (the thread has ended), run by Swift's global executor, so no task is lost.
+    package func enqueue(_ job: UnownedJob) {
+        if !add(.job(job)) { globalConcurrentExecutor.enqueue(ExecutorJob(job)) }
+    }
+
+    /// The loop thread ends: closes the queue, unbinds the thread and hands the jobs it had not run to Swift's
+    /// global executor (as ``enqueue(_:)`` does with later ones). Returns `false` when it was closed already.
+    @discardableResult
+    package func end() -> Bool {
+        let left = close()
+        unbind()
+        guard let left else { return false }
+        for case .job(let job) in left { globalConcurrentExecutor.enqueue(ExecutorJob(job)) }
+        return true
+    }
 }
