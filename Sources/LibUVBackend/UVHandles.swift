@@ -351,4 +351,5 @@ private let uvRead: @convention(c) (UnsafeMutablePointer<uv_stream_t>?, Int, Uns
     stream, count, buffer in
     let tcp = Unmanaged<UVTCP>.fromOpaque(uv_handle_get_data(csuv_handle(stream))).takeUnretainedValue()
     tcp.didRead(count, buffer)
+    tcp.loop.runCallbackWork()
 }

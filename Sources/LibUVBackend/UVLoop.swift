@@ -128,6 +128,17 @@ public final class UVLoop: @unchecked Sendable {
         drain()
     }
 
+    /// Inside a read callback: runs at once the work the delivered data queued (the task it resumed, on this
+    /// loop), rather than after the poll's other callbacks. libuv reads a UDP socket again after every datagram
+    /// until the read would block, so a task left for the check handle answered one system call later: that
+    /// read sat between a datagram's arrival and its echo. `sockbench serve udp://127.0.0.1:0 --backend uv --cpu 1`
+    /// under a C ping client on the same CPU: p50 round trip 14.9 us before, 13.5 after (the C floor's server:
+    /// 11.5).
+    func runCallbackWork() {
+        guard work.hasUnrunWork else { return }
+        afterPoll()
+    }
+
     /// The wake-up eventfd is readable: reads it back to 0, then as ``afterPoll()``.
     fileprivate func woken() {
         Syscall.eventFDDrain(wakeFD)
@@ -251,9 +262,9 @@ extension LibUVBackend {
 /// ``Connection/preferredExecutor``) runs on the loop thread, so a read callback that resumes it needs no thread
 /// hop and its sends go straight to `uv_try_write`. A job enqueued from another thread goes through the same
 /// queue as ``execute(_:)`` (one eventfd write, coalesced). A job enqueued on the loop thread itself (the
-/// common case: a read callback resumes a waiting receive) is kept in a loop-local queue that a `uv_check_t`
-/// runs right after the callbacks of the same poll, and a `uv_prepare_t` before the loop next waits: no eventfd
-/// write, no extra turn of the loop. A job never runs inside `enqueue`. Jobs enqueued after ``shutdown()`` has
+/// common case: a read callback resumes a waiting receive) is kept in a loop-local queue that the read callback
+/// runs as it returns (``runCallbackWork()``), a `uv_check_t` right after the callbacks of the same poll, and a
+/// `uv_prepare_t` before the loop next waits: no eventfd write, no extra turn of the loop. A job never runs inside `enqueue`. Jobs enqueued after ``shutdown()`` has
 /// closed the wake-up handle are dropped, like blocks: shut a loop down only once no task uses it.
 extension UVLoop: TaskExecutor {
     public func enqueue(_ job: consuming ExecutorJob) {

@@ -224,6 +224,7 @@ private let uvUDPReceive:
         -> Void = { handle, count, buffer, from, flags in
             let udp = Unmanaged<UVUDP>.fromOpaque(uv_handle_get_data(csuv_handle(handle))).takeUnretainedValue()
             udp.didReceive(count, buffer, from, flags)
+            udp.loop.runCallbackWork()
         }
 
 private let uvUDPSent: @convention(c) (UnsafeMutablePointer<uv_udp_send_t>?, Int32) -> Void = { request, status in
