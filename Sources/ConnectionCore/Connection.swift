@@ -96,10 +96,11 @@ public protocol Connection: AnyObject, Sendable {
     var preferredExecutor: (any TaskExecutor)? { get }
 
     /// Whether a send from any thread makes its system call on that thread when the socket has room, with no
-    /// hand-over (bsd, async, and TLS or WebSocket over them). `false` (the default) when a send from off
-    /// ``preferredExecutor`` hands its bytes to the connection's own thread (a loop's: uv, runloop, uring, nio), so a
-    /// task that sends often is best run there. An open-loop sender uses it to choose its thread: its own pacing
-    /// thread, as the C floor's client sends, or the connection's.
+    /// hand-over (bsd, async, and TLS or WebSocket over them; UDP on uv, runloop and uring, which send around their
+    /// loop while it holds no datagram for room). `false` (the default) when a send from off
+    /// ``preferredExecutor`` hands its bytes to the connection's own thread (a loop's), so a task that sends often
+    /// is best run there. An open-loop sender uses it to choose its thread: its own pacing thread, as the C floor's
+    /// client sends, or the connection's.
     var sendsFromAnyThread: Bool { get }
 }
 

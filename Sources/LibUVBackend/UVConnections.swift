@@ -225,6 +225,9 @@ final class UVUDPConnection: Connection, Sendable {
 
     var preferredExecutor: (any TaskExecutor)? { loop }
 
+    /// A send from off the loop goes straight to the connected socket when it has room (`UVUDP.sendFromAnyThread`).
+    var sendsFromAnyThread: Bool { true }
+
     init(udp: UVUDP, peer: SocketAddress, options: ConnectionOptions) throws(UVError) {
         self.udp = udp
         self.loop = udp.loop
@@ -263,6 +266,16 @@ final class UVUDPConnection: Connection, Sendable {
 
     func send(_ message: Message) async throws(ConnectionError) {
         if case .refuse(let error) = life.handle(.send) { throw error }
+        if !loop.isOnLoopThread {
+            let sent = message.bytes.withUnsafeBytes { raw in
+                Result { () throws(UVError) in try udp.sendFromAnyThread(raw) }
+            }
+            do throws(UVError) {
+                if try sent.get() { return }
+            } catch {
+                throw error.connectionError("send")
+            }
+        }
         try await sendDatagram(message.bytes, on: udp, to: nil, loop: loop)
     }
 

@@ -20,6 +20,8 @@ public final class UVUDP: UVHandle, @unchecked Sendable {
     /// the buffer, each of libuv's largest datagram (64 KiB), and calls back once per datagram.
     private let batch: Int
     private static let chunk = 64 * 1024
+    /// Sends from other threads on a connected handle.
+    private let direct = DirectSend()
 
     /// `uv_udp_init_ex` (call on the loop thread). `bufferSize` bounds the datagrams received whole; `batch` > 1
     /// reads up to that many datagrams per system call (a server's socket, where floods arrive).
@@ -51,9 +53,28 @@ public final class UVUDP: UVHandle, @unchecked Sendable {
         try UVError.check(address.withSockAddr { pointer, _ in uv_udp_bind(udp, pointer, flags) })
     }
 
-    /// `uv_udp_connect`: fixes the peer; sends then need no address.
+    /// `uv_udp_connect`: fixes the peer; sends then need no address, and may come from any thread
+    /// (``sendFromAnyThread(_:)``).
     public func connect(_ address: SocketAddress) throws(UVError) {
         try UVError.check(address.withSockAddr { pointer, _ in uv_udp_connect(udp, pointer) })
+        var fd: uv_os_fd_t = -1
+        if uv_fileno(csuv_handle(handle), &fd) == 0 { direct.open(fd) }
+    }
+
+    /// Off the loop thread, on a connected handle: sends the datagram on the calling thread when the socket has
+    /// room and no datagram queued in libuv is ahead of it (`false`: hand it to the loop). Around libuv, not through it: libuv's own calls are
+    /// for its loop's thread only, and closing the handle waits for such a send to finish.
+    public func sendFromAnyThread(_ bytes: UnsafeRawBufferPointer) throws(UVError) -> Bool {
+        switch direct.datagram(bytes) {
+        case .sent: return true
+        case .handOver: return false
+        case .failed(let code): throw UVError(-code)
+        }
+    }
+
+    public override func close(_ callback: (() -> Void)? = nil) {
+        direct.close()
+        super.close(callback)
     }
 
     /// `uv_udp_recv_start`.
@@ -134,7 +155,10 @@ public final class UVUDP: UVHandle, @unchecked Sendable {
     )
         throws(UVError)
     {
-        let request = UVRequest<uv_udp_send_t>(keeping: bytes) { status in
+        // Sends from other threads wait behind it until it has left (order kept).
+        direct.loopHolds(1)
+        let request = UVRequest<uv_udp_send_t>(keeping: bytes) { [direct] status in
+            direct.loopHolds(-1)
             callback(status < 0 ? UVError(status) : nil)
         }
         let status = request.kept.withUnsafeBytes { raw in
@@ -149,6 +173,7 @@ public final class UVUDP: UVHandle, @unchecked Sendable {
         }
         if status < 0 {
             request.abandon()
+            direct.loopHolds(-1)
             throw UVError(status)
         }
     }

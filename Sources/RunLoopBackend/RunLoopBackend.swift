@@ -489,6 +489,10 @@ final class RunLoopUDPConnection: Connection, DatagramSocketDelegate, Sendable {
 
     var preferredExecutor: (any TaskExecutor)? { runLoop.loop }
 
+    /// A send from off the run loop goes straight to the connected socket when it has room
+    /// (`DatagramSocket.sendFromAnyThread`).
+    var sendsFromAnyThread: Bool { true }
+
     func datagramSocket(_ socket: DatagramSocket, didReceive bytes: [UInt8], from sender: SocketAddress) {
         if inbox.hasSpace { inbox.push(bytes) }
     }
@@ -501,6 +505,7 @@ final class RunLoopUDPConnection: Connection, DatagramSocketDelegate, Sendable {
         if case .refuse(let error) = life.handle(.send) { throw error }
         // On the run loop's thread (a task that prefers it) the socket is ours to use: no hop, no suspension.
         if runLoop.isCurrent { return try socket.send(message.bytes) }
+        if try socket.sendFromAnyThread(message.bytes) { return }
         try await runDatagramSend { [socket] () throws(ConnectionError) in try socket.send(message.bytes) }
     }
 

@@ -106,6 +106,8 @@ public final class DatagramSocket: EpollHandler, Sendable {
     }
     private let state: LoopConfined<State>
     private var isClosed: Bool { socket.isClosed }
+    /// Sends from other threads on a connected socket (``sendFromAnyThread(_:)``).
+    private let direct = DirectSend()
 
     /// A socket bound to `endpoint` (a server), or connected to it when `connect` is true (a client).
     public init(
@@ -128,6 +130,7 @@ public final class DatagramSocket: EpollHandler, Sendable {
             capacity: connect ? 2 : 16, slotSize: options.maxDatagramSize, singlesAfterSingles: true)
         state = LoopConfined(State(), on: runLoop.loop.thread)
         try runLoop.loop.register(fd, events: Syscall.epollIn, handler: self)
+        if connect { direct.open(fd) }
     }
 
     deinit {
@@ -196,6 +199,7 @@ public final class DatagramSocket: EpollHandler, Sendable {
         guard !isClosed else { throw .closed() }
         if state.withValue({ $0.pending.isEmpty }), try trySend(bytes, to: address) { return }
         state.withValue { $0.pending.append((bytes, address)) }
+        direct.loopHolds(1)
         try runLoop.loop.modify(fd, events: Syscall.epollIn | Syscall.epollOut)
     }
 
@@ -226,12 +230,25 @@ public final class DatagramSocket: EpollHandler, Sendable {
         while let first = state.withValue({ $0.pending.first }) {
             guard (try? trySend(first.bytes, to: first.to)) != false else { return }
             state.withValue { _ = $0.pending.removeFirst() }
+            direct.loopHolds(-1)
         }
         try? runLoop.loop.modify(fd, events: Syscall.epollIn)
     }
 
+    /// Off the run loop's thread, on a connected socket: sends the datagram on the calling thread when the
+    /// socket has room and nothing queued is ahead of it (`false`: hand it to the run loop). Closing waits for
+    /// such a send to finish.
+    public func sendFromAnyThread(_ bytes: [UInt8]) throws(ConnectionError) -> Bool {
+        switch bytes.withUnsafeBytes({ direct.datagram($0) }) {
+        case .sent: return true
+        case .handOver: return false
+        case .failed(let code): throw .errno(code, "send")
+        }
+    }
+
     /// Closes the socket.
     public func close() {
+        direct.close()
         socket.close(beforeClosing: runLoop.loop.unregister)
     }
 }

@@ -66,6 +66,7 @@ final class UringConnection: Connection, Sendable {
     var remoteEndpoint: Endpoint { socket.remoteEndpoint }
     var options: ConnectionOptions { socket.options }
     var preferredExecutor: (any TaskExecutor)? { socket.loop }
+    var sendsFromAnyThread: Bool { socket.sendsFromAnyThread }
 
     func send(_ message: Message) async throws(ConnectionError) {
         try await socket.send(message.bytes)

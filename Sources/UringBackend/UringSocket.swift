@@ -195,6 +195,7 @@ public final class UringSocket: Sendable {
             let fd = try ready()
             if let failure = datagramFailures.take(for: nil) { throw failure }
             if loop.sendDatagram(bytes, to: nil, fd: fd, failures: datagramFailures, gate: submissions) { return }
+            if try bytes.withBytes({ (raw) throws(ConnectionError) in try sendFromAnyThread(fd, raw) }) { return }
             return try await Self.withStableCopy(of: bytes) { copy throws(ConnectionError) in
                 try await sendDirect(fd, copy, zeroCopy: false)
             }
@@ -226,6 +227,7 @@ public final class UringSocket: Sendable {
         if !writeGate.tryEnter() { await writeGate.enter() }
         defer { writeGate.leave() }
         let fd = try ready()
+        if transport == .udp, try sendFromAnyThread(fd, bytes) { return }
         if let queue = sendQueue {
             if bytes.count <= UringSendQueue.limit {
                 return try await enqueue(bytes.count, into: queue) { queue.tryAppend(bytes) }
@@ -250,6 +252,20 @@ public final class UringSocket: Sendable {
         let fd = try ready()
         try await sendQueue?.drain()
         try await sendDirect(fd, bytes, zeroCopy: true)
+    }
+
+    /// Whether a send from off the ring's thread makes its system call on the calling thread (UDP: see
+    /// ``sendFromAnyThread(_:_:)``).
+    public var sendsFromAnyThread: Bool { transport == .udp }
+
+    /// UDP, inside the write gate, off the ring's thread: sends the datagram on the calling thread when the socket
+    /// has room and no datagram the ring holds for room is ahead of it (`false`: the ring's way). A submission would
+    /// wake the ring's thread and wait for its turn before the datagram left; the write gate keeps ``close()`` from
+    /// closing the descriptor meanwhile.
+    private func sendFromAnyThread(_ fd: Int32, _ bytes: UnsafeRawBufferPointer) throws(ConnectionError) -> Bool {
+        guard !loop.inLoop, !datagramFailures.isWaitingForRoom else { return false }
+        if case .processed = try Syscall.send(fd, bytes, dontWait: true) { return true }
+        return false
     }
 
     /// Inside the write gate, with the send queue empty: all of `bytes` (UDP: one datagram), one send after another.

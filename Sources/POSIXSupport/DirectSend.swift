@@ -1,0 +1,73 @@
+import ConnectionCore
+internal import Glibc
+import Synchronization
+
+/// Sends on a loop-owned datagram socket from a thread other than the loop's: the system call is made on the
+/// calling thread when the socket has room, with no hand-over to the loop (which costs an eventfd write, a
+/// wake-up and a turn of the loop's thread before the datagram leaves). Written once for the loop backends (uv,
+/// runloop, uring), whose connected UDP sockets declare ``Connection/sendsFromAnyThread`` with it.
+///
+/// The descriptor belongs to the loop, which closes it: ``close()``, called on the loop thread before the
+/// descriptor is closed, waits for a send in progress and refuses later ones, so a send never reaches a reused
+/// descriptor. A datagram is whole or not sent at all, so a send from here and one from the loop need no order
+/// between them beyond what each task's own awaits give it (a task sends its next datagram after its previous
+/// one has left, whichever way that went).
+package final class DirectSend: Sendable {
+    private struct State {
+        /// The socket, -1 until ``open(_:)`` and from ``close()`` on.
+        var fd: Int32 = -1
+        /// Datagrams the loop holds for room in the socket buffer: later ones wait behind them.
+        var held = 0
+    }
+
+    private let state = Guarded(State())
+
+    package init() {}
+
+    /// The socket is connected and may be sent on from any thread.
+    package func open(_ fd: Int32) {
+        state.withLock { $0.fd = fd }
+    }
+
+    /// Before the loop closes the socket: returns once no send from another thread is in progress, and none
+    /// starts after.
+    package func close() {
+        state.withLock { $0.fd = -1 }
+    }
+
+    /// The loop queued datagrams for room in the socket buffer (`count` > 0), or sent queued ones (`count` < 0).
+    /// While it holds any, sends from here go to the loop too, so that they leave after them, in order.
+    package func loopHolds(_ count: Int) {
+        state.withLock { $0.held += count }
+    }
+
+    /// What a send from another thread did.
+    package enum Outcome: Equatable, Sendable {
+        /// The datagram left.
+        case sent
+        /// Not sent: the socket is closed, its send buffer is full, or the loop holds datagrams sent before it;
+        /// the caller hands it to the loop.
+        case handOver
+        /// send(2) failed with this errno (a refused peer after an ICMP port-unreachable, an oversized datagram);
+        /// the backend reports it as its loop's send would.
+        case failed(errno: Int32)
+    }
+
+    /// Sends `bytes` as one datagram now, when the socket is open and has room.
+    package func datagram(_ bytes: UnsafeRawBufferPointer) -> Outcome {
+        state.withLock { state in
+            let fd = state.fd
+            guard fd >= 0, state.held == 0 else { return .handOver }
+            while true {
+                if Glibc.send(fd, bytes.baseAddress, bytes.count, Int32(MSG_NOSIGNAL | MSG_DONTWAIT)) >= 0 {
+                    return .sent
+                }
+                switch Glibc.errno {
+                case EINTR: continue
+                case EAGAIN, EWOULDBLOCK: return .handOver
+                case let code: return .failed(errno: code)
+                }
+            }
+        }
+    }
+}
