@@ -3,8 +3,9 @@ import POSIXSupport
 import Synchronization
 
 /// A TCP connection on a libuv loop. Reads go into a bounded ``ReceiveQueue``: when it is full the handle
-/// stops reading (`uv_read_stop`) until a receive makes room. Sends try `uv_try_write` first and queue the
-/// rest with `uv_write`; each send returns when its bytes are written, so a fast sender waits for a slow peer.
+/// stops reading (`uv_read_stop`) until a receive makes room. Sends try `uv_try_write` first (from another thread:
+/// send(2) on that thread) and queue the rest with `uv_write`; each send returns when its bytes are written, so a
+/// fast sender waits for a slow peer.
 final class UVTCPConnection: Connection, Sendable {
     let transport = Transport.tcp
     let localEndpoint: Endpoint
@@ -17,8 +18,15 @@ final class UVTCPConnection: Connection, Sendable {
     /// Reading stopped because the queue was full (the loop thread's, bound as the connection is made there).
     private let readingPaused = LoopConfined(false)
 
+    /// One send at a time, each until libuv has written all of it: a send from off the loop writes on its own
+    /// thread, and what the socket does not take then must reach libuv's queue before a later send's bytes.
+    private let writes = AsyncGate()
+
     /// The loop thread: a task there is resumed by read callbacks without a hop, and sends without a wake-up.
     var preferredExecutor: (any TaskExecutor)? { loop }
+
+    /// A send from off the loop writes on its own thread when the socket has room (`UVTCP.writeFromAnyThread`).
+    var sendsFromAnyThread: Bool { true }
 
     /// On the loop thread: wraps a connected handle and starts reading.
     init(tcp: UVTCP, options: ConnectionOptions) throws(ConnectionError) {
@@ -37,6 +45,7 @@ final class UVTCPConnection: Connection, Sendable {
             loop.execute { weakSelf.object?.resumeReading() }
         }
         weakSelf.set(self)
+        tcp.allowWritesFromAnyThread()
         readingPaused.bindToCurrentThread()
         do throws(UVError) {
             try tcp.readStart(makeReadCallback())
@@ -88,23 +97,42 @@ final class UVTCPConnection: Connection, Sendable {
     func send(_ message: Message) async throws(ConnectionError) {
         if case .refuse(let error) = life.handle(.send) { throw error }
         let bytes = message.bytes
-        // On the loop thread (a task that prefers the loop), the common case costs one uv_try_write and no
-        // suspension: only what the kernel does not take at once waits for uv_write's callback.
-        var written = 0
-        if loop.isOnLoopThread, !tcp.isClosing {
-            do throws(UVError) {
-                written = try tcp.tryWrite(bytes)
-            } catch {
-                throw error.connectionError("write")
-            }
-            if written == bytes.count { return }
+        if !writes.tryEnter() { await writes.enter() }
+        defer { writes.leave() }
+        let written = try bytes.withBytes { (raw) throws(ConnectionError) in try writeNow(raw) }
+        if written == bytes.count { return }
+        try await queueOnLoop(written == 0 ? bytes : Array(bytes[written...]))
+    }
+
+    func send(contentsOf bytes: UnsafeRawBufferPointer) async throws(ConnectionError) {
+        // From where the bytes lie; only what the kernel does not take is copied.
+        if case .refuse(let error) = life.handle(.send) { throw error }
+        if !writes.tryEnter() { await writes.enter() }
+        defer { writes.leave() }
+        let written = try writeNow(bytes)
+        if written == bytes.count { return }
+        try await queueOnLoop(Array(bytes[written...]))
+    }
+
+    /// Inside the write gate: writes what the socket takes now, with no suspension: `uv_try_write` on the loop
+    /// thread (a task that prefers the loop), a send(2) on any other (`UVTCP.writeFromAnyThread`). Returns the
+    /// count written.
+    private func writeNow(_ bytes: UnsafeRawBufferPointer) throws(ConnectionError) -> Int {
+        do throws(UVError) {
+            if loop.isOnLoopThread { return tcp.isClosing ? 0 : try tcp.tryWrite(bytes) }
+            return try tcp.writeFromAnyThread(bytes)
+        } catch {
+            throw error.connectionError("write")
         }
-        let rest = written == 0 ? bytes : Array(bytes[written...])
+    }
+
+    /// Inside the write gate: `rest` to the loop, which writes what the kernel takes and queues the remainder with
+    /// `uv_write`; returns once it is written.
+    private func queueOnLoop(_ rest: [UInt8]) async throws(ConnectionError) {
         let result: Result<Void, ConnectionError> = await withCheckedContinuation { continuation in
             loop.executeHere { [tcp] in
                 guard !tcp.isClosing else { return continuation.resume(returning: .failure(.closed())) }
                 do throws(UVError) {
-                    // uv_try_write returns EAGAIN (0 here) while earlier writes are queued, so order is kept.
                     let now = try tcp.tryWrite(rest)
                     if now == rest.count { return continuation.resume(returning: .success(())) }
                     try tcp.write(now == 0 ? rest : Array(rest[now...])) { error in
@@ -119,21 +147,6 @@ final class UVTCPConnection: Connection, Sendable {
             }
         }
         try result.get()
-    }
-
-    func send(contentsOf bytes: UnsafeRawBufferPointer) async throws(ConnectionError) {
-        // On the loop thread, from where the bytes lie; only what the kernel does not take is copied (and goes the
-        // way of every send, with no suspension in between, so order is kept).
-        var written = 0
-        if loop.isOnLoopThread, !tcp.isClosing, case .proceed = life.handle(.send) {
-            do throws(UVError) {
-                written = try tcp.tryWrite(bytes)
-            } catch {
-                throw error.connectionError("write")
-            }
-            if written == bytes.count { return }
-        }
-        try await send(Message(Array(bytes[written...])))
     }
 
     func receive(maximumLength: Int) async throws(ConnectionError) -> Message? {
@@ -177,6 +190,9 @@ final class UVTCPConnection: Connection, Sendable {
         case .shutdownOutput: break
         default: return
         }
+        // After the send in progress, if any (one from another thread writes around libuv's queue).
+        if !writes.tryEnter() { await writes.enter() }
+        defer { writes.leave() }
         let result: Result<Void, ConnectionError> = await withCheckedContinuation { continuation in
             loop.executeHere { [tcp] in
                 guard !tcp.isClosing else { return continuation.resume(returning: .failure(.closed())) }

@@ -73,6 +73,8 @@ public final class UVTCP: UVHandle, @unchecked Sendable {
     private var readBuffer: UnsafeMutableRawBufferPointer?
     /// The size of the read buffer libuv reads into: a read callback with fewer bytes emptied the socket.
     let readBufferSize: Int
+    /// Writes from other threads (``writeFromAnyThread(_:)``).
+    private let direct = DirectSend()
 
     /// `uv_tcp_init` on `loop` (call on the loop thread). `readBufferSize` is what the alloc callback hands out
     /// for each read (one buffer per handle, reused: each read is consumed inside the read callback).
@@ -218,6 +220,31 @@ public final class UVTCP: UVHandle, @unchecked Sendable {
         if status == csuv_eagain() { return 0 }
         try UVError.check(status)
         return Int(status)
+    }
+
+    /// On the loop thread, once connected: sends may come from any thread from now on
+    /// (``writeFromAnyThread(_:)``).
+    func allowWritesFromAnyThread() {
+        var fd: uv_os_fd_t = -1
+        if uv_fileno(csuv_handle(handle), &fd) == 0 { direct.open(fd) }
+    }
+
+    /// Off the loop thread, with no write of this handle queued or in progress (the caller lets one send through
+    /// at a time, and each returns once libuv has written what it queued): one send(2) on the calling thread.
+    /// Returns how many bytes the socket took (0: closed or full); the caller queues the rest on the loop.
+    /// Around libuv, not through it: libuv's own calls are for its loop's thread only, and closing the handle
+    /// waits for such a send to finish.
+    public func writeFromAnyThread(_ bytes: UnsafeRawBufferPointer) throws(UVError) -> Int {
+        switch direct.send(bytes) {
+        case .sent(let count): return count
+        case .handOver: return 0
+        case .failed(let code): throw UVError(-code)
+        }
+    }
+
+    public override func close(_ callback: (() -> Void)? = nil) {
+        direct.close()
+        super.close(callback)
     }
 
     /// ``tryWrite(_:)-(UnsafeRawBufferPointer)`` for an array.

@@ -65,7 +65,7 @@ public final class UVUDP: UVHandle, @unchecked Sendable {
     /// room and no datagram queued in libuv is ahead of it (`false`: hand it to the loop). Around libuv, not through it: libuv's own calls are
     /// for its loop's thread only, and closing the handle waits for such a send to finish.
     public func sendFromAnyThread(_ bytes: UnsafeRawBufferPointer) throws(UVError) -> Bool {
-        switch direct.datagram(bytes) {
+        switch direct.send(bytes) {
         case .sent: return true
         case .handOver: return false
         case .failed(let code): throw UVError(-code)

@@ -2,10 +2,10 @@ import ConnectionCore
 internal import Glibc
 import Synchronization
 
-/// Sends on a loop-owned datagram socket from a thread other than the loop's: the system call is made on the
-/// calling thread when the socket has room, with no hand-over to the loop (which costs an eventfd write, a
-/// wake-up and a turn of the loop's thread before the datagram leaves). Written once for the loop backends (uv,
-/// runloop, uring), whose connected UDP sockets declare ``Connection/sendsFromAnyThread`` with it.
+/// Sends on a loop-owned socket from a thread other than the loop's: the system call is made on the calling
+/// thread when the socket has room, with no hand-over to the loop (which costs an eventfd write, a wake-up and a
+/// turn of the loop's thread before the bytes leave). Written once for the loop backends whose connections
+/// declare ``Connection/sendsFromAnyThread`` with it (uv, runloop).
 ///
 /// The descriptor belongs to the loop, which closes it: ``close()``, called on the loop thread before the
 /// descriptor is closed, waits for a send in progress and refuses later ones, so a send never reaches a reused
@@ -43,25 +43,26 @@ package final class DirectSend: Sendable {
 
     /// What a send from another thread did.
     package enum Outcome: Equatable, Sendable {
-        /// The datagram left.
-        case sent
+        /// send(2) took this many bytes: a datagram whole; of a stream's bytes, maybe only the first ones (the
+        /// caller hands the rest to the loop, ahead of any later send: a stream's connection lets one send at a
+        /// time through, its rest included).
+        case sent(Int)
         /// Not sent: the socket is closed, its send buffer is full, or the loop holds datagrams sent before it;
         /// the caller hands it to the loop.
         case handOver
-        /// send(2) failed with this errno (a refused peer after an ICMP port-unreachable, an oversized datagram);
-        /// the backend reports it as its loop's send would.
+        /// send(2) failed with this errno (a refused peer after an ICMP port-unreachable, an oversized datagram, a
+        /// reset); the backend reports it as its loop's send would.
         case failed(errno: Int32)
     }
 
-    /// Sends `bytes` as one datagram now, when the socket is open and has room.
-    package func datagram(_ bytes: UnsafeRawBufferPointer) -> Outcome {
+    /// One send(2) of `bytes` now (MSG_DONTWAIT), when the socket is open and nothing the loop holds is ahead.
+    package func send(_ bytes: UnsafeRawBufferPointer) -> Outcome {
         state.withLock { state in
             let fd = state.fd
             guard fd >= 0, state.held == 0 else { return .handOver }
             while true {
-                if Glibc.send(fd, bytes.baseAddress, bytes.count, Int32(MSG_NOSIGNAL | MSG_DONTWAIT)) >= 0 {
-                    return .sent
-                }
+                let sent = Glibc.send(fd, bytes.baseAddress, bytes.count, Int32(MSG_NOSIGNAL | MSG_DONTWAIT))
+                if sent >= 0 { return .sent(sent) }
                 switch Glibc.errno {
                 case EINTR: continue
                 case EAGAIN, EWOULDBLOCK: return .handOver

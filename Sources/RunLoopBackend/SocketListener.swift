@@ -239,7 +239,7 @@ public final class DatagramSocket: EpollHandler, Sendable {
     /// socket has room and nothing queued is ahead of it (`false`: hand it to the run loop). Closing waits for
     /// such a send to finish.
     public func sendFromAnyThread(_ bytes: [UInt8]) throws(ConnectionError) -> Bool {
-        switch bytes.withUnsafeBytes({ direct.datagram($0) }) {
+        switch bytes.withUnsafeBytes({ direct.send($0) }) {
         case .sent: return true
         case .handOver: return false
         case .failed(let code): throw .errno(code, "send")
