@@ -94,6 +94,32 @@ final class UringSendQueue: Sendable {
         return appended
     }
 
+    /// Off the ring's thread, inside the socket's write gate: when nothing is queued or in flight, sends what the
+    /// socket takes now (MSG_DONTWAIT) on the calling thread and returns how much; 0 when bytes are queued (these
+    /// go behind them) or the socket is full. The rest goes through the queue, so the stream keeps its order. A
+    /// failure fails the queue exactly as a batch's would, and counts as taken: the send returns as a queued one
+    /// does, and the failure reaches the next send, the half-close, and (a reset this send took from the socket)
+    /// the receive that finds only the end afterwards.
+    func sendNow(_ bytes: UnsafeRawBufferPointer) -> Int {
+        let address = UInt(bitPattern: bytes.baseAddress)
+        let count = bytes.count
+        return state.withLock { state -> Int in
+            guard state.failure == nil, state.flying == nil, !state.scheduled, (state.gathering?.count ?? 0) == 0
+            else { return 0 }
+            let fd = descriptor.raw
+            guard fd >= 0 else { return 0 }
+            do throws(ConnectionError) {
+                let raw = UnsafeRawBufferPointer(start: UnsafeRawPointer(bitPattern: address), count: count)
+                guard case .processed(let sent) = try Syscall.send(fd, raw, dontWait: true) else { return 0 }
+                return sent
+            } catch {
+                state.failure = error
+                state.refused = error
+                return count
+            }
+        }
+    }
+
     /// Waits until `count` more bytes fit (the batch gathered went into flight), or the queue failed.
     func waitForRoom(_ count: Int) async {
         await withUnsafeContinuation { continuation in

@@ -204,7 +204,11 @@ public final class UringSocket: Sendable {
             if !writeGate.tryEnter() { await writeGate.enter() }
             defer { writeGate.leave() }
             try ready()
-            return try await enqueue(bytes.count, into: queue) { bytes.withUnsafeBytes { queue.tryAppend($0) } }
+            let sent = loop.inLoop ? 0 : bytes.withUnsafeBytes { queue.sendNow($0) }
+            if sent == bytes.count { return }
+            return try await enqueue(bytes.count - sent, into: queue) {
+                bytes.withUnsafeBytes { queue.tryAppend(UnsafeRawBufferPointer(rebasing: $0[sent...])) }
+            }
         }
         try await Self.withStableCopy(of: bytes) { copy throws(ConnectionError) in try await send(contentsOf: copy) }
     }
@@ -230,7 +234,10 @@ public final class UringSocket: Sendable {
         if transport == .udp, try sendFromAnyThread(fd, bytes) { return }
         if let queue = sendQueue {
             if bytes.count <= UringSendQueue.limit {
-                return try await enqueue(bytes.count, into: queue) { queue.tryAppend(bytes) }
+                let sent = loop.inLoop ? 0 : queue.sendNow(bytes)
+                if sent == bytes.count { return }
+                let rest = UnsafeRawBufferPointer(rebasing: bytes[sent...])
+                return try await enqueue(rest.count, into: queue) { queue.tryAppend(rest) }
             }
             // Large: after what is queued, straight from the caller's bytes.
             try await queue.drain()
@@ -254,9 +261,10 @@ public final class UringSocket: Sendable {
         try await sendDirect(fd, bytes, zeroCopy: true)
     }
 
-    /// Whether a send from off the ring's thread makes its system call on the calling thread (UDP: see
-    /// ``sendFromAnyThread(_:_:)``).
-    public var sendsFromAnyThread: Bool { transport == .udp }
+    /// Whether a send from off the ring's thread makes its system call on the calling thread: a datagram
+    /// (``sendFromAnyThread(_:_:)``), or TCP bytes up to the send queue's 64 KiB while the queue is empty
+    /// (`UringSendQueue.sendNow`); what the socket does not take then goes through the ring.
+    public var sendsFromAnyThread: Bool { true }
 
     /// UDP, inside the write gate, off the ring's thread: sends the datagram on the calling thread when the socket
     /// has room and no datagram the ring holds for room is ahead of it (`false`: the ring's way). A submission would
