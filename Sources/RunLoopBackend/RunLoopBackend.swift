@@ -106,6 +106,12 @@ final class RunLoopTCPConnection: Connection, SocketStreamDelegate, Sendable {
         var timer: RunLoopTimer?
     }
     private let state: LoopConfined<LoopState>
+    /// One send at a time, each until the socket has taken all of it: a send from off the run loop writes on its
+    /// own thread, and what the socket does not take then must be queued on the run loop before a later send's
+    /// bytes.
+    private let writes = AsyncGate()
+    /// The output stream, for writes from other threads (it refuses them once closed).
+    private let outputForAnyThread = Guarded<SocketOutputStream?>(nil)
     /// The read buffer (run loop thread only).
     private let readBuffer: LoopConfined<UnsafeMutableRawBufferPointer>
 
@@ -141,11 +147,15 @@ final class RunLoopTCPConnection: Connection, SocketStreamDelegate, Sendable {
     }
     var preferredExecutor: (any TaskExecutor)? { runLoop.loop }
 
+    /// A send from off the run loop writes on its own thread when the socket has room (`writeFromAnyThread`).
+    var sendsFromAnyThread: Bool { true }
+
     private func attach(_ input: SocketInputStream, _ output: SocketOutputStream) {
         state.withValue { state in
             state.input = input
             state.output = output
         }
+        outputForAnyThread.withLock { $0 = output }
         input.delegate = self
         output.delegate = self
         input.core.delegateToleratesEmptyReads = true  // drainInput stops at a short or empty read
@@ -295,10 +305,47 @@ final class RunLoopTCPConnection: Connection, SocketStreamDelegate, Sendable {
 
     func send(_ message: Message) async throws(ConnectionError) {
         if case .refuse(let error) = life.handle(.send) { throw error }
+        if !writes.tryEnter() { await writes.enter() }
+        defer { writes.leave() }
         let bytes = message.bytes
-        // On the run loop's thread (a task that prefers it) with nothing queued, write at once: only what the
-        // socket does not take waits for hasSpaceAvailable (queued before this task suspends, so no other
-        // send can slip in ahead of the rest).
+        let written = try bytes.withBytes { (raw) throws(ConnectionError) in try writeFromAnyThread(raw) }
+        if written == bytes.count && written > 0 { return }
+        try await write(written == 0 ? bytes : Array(bytes[written...]))
+    }
+
+    func send(contentsOf bytes: UnsafeRawBufferPointer) async throws(ConnectionError) {
+        if case .refuse(let error) = life.handle(.send) { throw error }
+        if !writes.tryEnter() { await writes.enter() }
+        defer { writes.leave() }
+        // From where the bytes lie: only what the socket does not take now is copied (and queued by `write(_:)`
+        // with no suspension in between, so order is kept).
+        var written = try writeFromAnyThread(bytes)
+        if runLoop.loop.inLoop, !bytes.isEmpty, let output = idleOutput() {
+            written = output.write(bytes)
+            if written < 0 { throw output.streamError ?? ConnectionError(.reset, "write failed") }
+        }
+        if written == bytes.count && written > 0 { return }
+        try await write(Array(bytes[written...]))
+    }
+
+    /// Inside the write gate, off the run loop's thread: writes what the socket takes now on this thread
+    /// (`SocketOutputStream.writeFromAnyThread`), so the bytes need no hand-over to the run loop. Returns the count
+    /// (0 on the run loop's thread, or when the socket is full or closed). A failure is also the streams' error,
+    /// as a failed write on the run loop makes it.
+    private func writeFromAnyThread(_ bytes: UnsafeRawBufferPointer) throws(ConnectionError) -> Int {
+        guard !runLoop.loop.inLoop, !bytes.isEmpty, let output = outputForAnyThread.withLock({ $0 }) else { return 0 }
+        do throws(ConnectionError) {
+            return try output.writeFromAnyThread(bytes)
+        } catch {
+            runLoop.perform { output.core.fail(error) }
+            throw error
+        }
+    }
+
+    /// Inside the write gate: writes `bytes` and returns once the socket has taken them all. On the run loop's
+    /// thread (a task that prefers it) with nothing queued, it writes at once: only what the socket does not take
+    /// waits for hasSpaceAvailable (queued before this task suspends). Elsewhere it queues them on the run loop.
+    private func write(_ bytes: [UInt8]) async throws(ConnectionError) {
         if runLoop.loop.inLoop, !bytes.isEmpty, let output = idleOutput() {
             let written = output.write(bytes)
             if written < 0 { throw output.streamError ?? ConnectionError(.reset, "write failed") }
@@ -329,18 +376,6 @@ final class RunLoopTCPConnection: Connection, SocketStreamDelegate, Sendable {
             }
         }
         try result.get()
-    }
-
-    func send(contentsOf bytes: UnsafeRawBufferPointer) async throws(ConnectionError) {
-        // As `send(_:)`, from where the bytes lie: only what the socket does not take now is copied (and queued by
-        // `send(_:)` with no suspension in between, so order is kept).
-        var written = 0
-        if runLoop.loop.inLoop, !bytes.isEmpty, case .proceed = life.handle(.send), let output = idleOutput() {
-            written = output.write(bytes)
-            if written < 0 { throw output.streamError ?? ConnectionError(.reset, "write failed") }
-            if written == bytes.count { return }
-        }
-        try await send(Message(Array(bytes[written...])))
     }
 
     func receive(maximumLength: Int) async throws(ConnectionError) -> Message? {
@@ -374,6 +409,9 @@ final class RunLoopTCPConnection: Connection, SocketStreamDelegate, Sendable {
         case .shutdownOutput: break
         default: return  // already half-closed (or under way)
         }
+        // After the send in progress, if any (one from another thread writes on its own thread).
+        if !writes.tryEnter() { await writes.enter() }
+        defer { writes.leave() }
         let result: Result<Void, ConnectionError> = await withCheckedContinuation { continuation in
             runLoop.perform { [self] in
                 // Checked again here, on the loop: a close() that started after the check above may have run
@@ -405,6 +443,7 @@ final class RunLoopTCPConnection: Connection, SocketStreamDelegate, Sendable {
                     }
                     return (state.input, state.output)
                 }
+                outputForAnyThread.withLock { $0 = nil }
                 input?.close()
                 output?.close()
                 finished()

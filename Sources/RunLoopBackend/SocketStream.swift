@@ -123,6 +123,15 @@ public final class SocketOutputStream: SocketStream, @unchecked Sendable {
     public func write(_ bytes: [UInt8]) -> Int {
         bytes.withUnsafeBytes { write($0) }
     }
+
+    /// From a thread other than the run loop's, while the stream is open: writes what the kernel takes now on the
+    /// calling thread (0 when full or closed) and throws the socket's error. It leaves the stream's events as
+    /// they were: the caller lets one write through at a time and hands the rest to the run loop, whose
+    /// ``write(_:)-(UnsafeRawBufferPointer)`` then re-arms `hasSpaceAvailable` as usual. Closing waits for such a
+    /// write to finish.
+    func writeFromAnyThread(_ bytes: UnsafeRawBufferPointer) throws(ConnectionError) -> Int {
+        try core.writeFromAnyThread(bytes)
+    }
 }
 
 /// Creates a pair of streams to a TCP endpoint, like `Stream.getStreamsToHost(withName:port:...)`. Nothing
@@ -151,6 +160,8 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
     let endpoint: Endpoint
     let options: ConnectionOptions
     private(set) var fd: Int32 = -1
+    /// Writes from other threads while the output is open (``writeFromAnyThread(_:)``).
+    private let direct = DirectSend()
     private var runLoop: SocketRunLoop?
     private weak var input: SocketInputStream?
     private weak var output: SocketOutputStream?
@@ -250,6 +261,7 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
             runLoop?.perform { [self] in
                 guard stream.streamStatus == .opening else { return }
                 stream.streamStatus = .open
+                if !stream.isInput { direct.open(fd) }
                 stream.deliver(.openCompleted)
                 do throws(ConnectionError) {
                     try updateInterest()
@@ -309,6 +321,7 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
 
     /// Closes the socket (and takes it off epoll): a connect attempt that failed, or the pair's end.
     private func dropAttempt() {
+        direct.close()
         guard fd >= 0 else { return }
         if registered { runLoop?.loop.unregister(fd) }
         registered = false
@@ -325,6 +338,7 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
         for stream in [input as SocketStream?, output as SocketStream?].compactMap({ $0 })
         where stream.streamStatus == .opening {
             stream.streamStatus = .open
+            if !stream.isInput { direct.open(fd) }
             stream.deliver(.openCompleted)
         }
         do throws(ConnectionError) {
@@ -575,6 +589,16 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
         }
     }
 
+    /// From any thread, while the output is open: one send(2) on the calling thread (see
+    /// `SocketOutputStream.writeFromAnyThread`).
+    func writeFromAnyThread(_ bytes: UnsafeRawBufferPointer) throws(ConnectionError) -> Int {
+        switch direct.send(bytes) {
+        case .sent(let count): return count
+        case .handOver: return 0
+        case .failed(let code): throw .errno(code, "send")
+        }
+    }
+
     func write(_ bytes: UnsafeRawBufferPointer, from output: SocketOutputStream) -> Int {
         do throws(ConnectionError) {
             let result = try Syscall.send(fd, bytes, dontWait: true)
@@ -599,6 +623,7 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
     func fail(_ error: ConnectionError) {
         guard !failed else { return }
         failed = true
+        direct.close()
         connecting = false
         if registered, fd >= 0 {
             runLoop?.loop.unregister(fd)
@@ -623,6 +648,7 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
             keepInput = nil
         } else {
             keepOutput = nil
+            direct.close()
             if fd >= 0, connected, !failed { try? Syscall.shutdown(fd, .write) }
         }
         let inputDone = input.map { $0.streamStatus == .closed || $0.streamStatus == .notOpen } ?? true
