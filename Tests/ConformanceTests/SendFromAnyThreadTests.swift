@@ -12,12 +12,14 @@ import Testing
 struct SendFromAnyThreadTests {
     @Test(
         "A connection that sends from any thread sends while its own executor is busy",
-        arguments: ConformanceCase.udp.filter(\.usesSockets))
+        arguments: ConformanceCase.withSockets.filter { $0.transport == .tcp || $0.transport == .udp })
     func sendsWhileItsExecutorIsBusy(_ test: ConformanceCase) async throws {
         try await SocketTest.run {
-            let peer = try BSDSocket.listen(on: try Endpoint(url: "udp://127.0.0.1:0"))
-            defer { peer.close() }
-            let client = try await test.connect(to: try peer.localAddress.endpoint(.udp))
+            let listening = try BSDSocket.listen(on: try Endpoint(url: "\(test.transport)://127.0.0.1:0"))
+            defer { listening.close() }
+            let client = try await test.connect(to: try listening.localAddress.endpoint(test.transport))
+            let peer = test.transport == .tcp ? try listening.accept() : listening
+            defer { if peer !== listening { peer.close() } }
             guard client.sendsFromAnyThread, let executor = client.preferredExecutor else {
                 await client.close()
                 return
@@ -38,7 +40,7 @@ struct SendFromAnyThreadTests {
             let sending = Task.detached { try await client.send([7, 8, 9]) }
             let arrived = Syscall.waitReadable(
                 peer.descriptor, untilMonotonic: MonotonicClock.nanoseconds() + 5_000_000_000)
-            #expect(arrived, "the datagram left only after the connection's executor was free")
+            #expect(arrived, "the bytes left only after the connection's executor was free")
             Syscall.eventFDSignal(release)
             await busy.withLock { $0 }?.value
             try await sending.value
