@@ -96,8 +96,9 @@ public protocol Connection: AnyObject, Sendable {
     var preferredExecutor: (any TaskExecutor)? { get }
 
     /// Whether a send from any thread makes its system call on that thread when the socket has room, with no
-    /// hand-over (bsd, async, and TLS or WebSocket over them; UDP on uv, runloop and uring, which send around their
-    /// loop while it holds no datagram for room). `false` (the default) when a send from off
+    /// hand-over (bsd, async, and TLS or WebSocket over them; uv, runloop and uring, which send around their loop
+    /// while it holds nothing of that socket's, and hand it only what the socket did not take). `false` (the
+    /// default) when a send from off
     /// ``preferredExecutor`` hands its bytes to the connection's own thread (a loop's), so a task that sends often
     /// is best run there. An open-loop sender uses it to choose its thread: its own pacing thread, as the C floor's
     /// client sends, or the connection's.
