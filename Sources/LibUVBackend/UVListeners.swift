@@ -116,6 +116,15 @@ final class UVUDPListener: Listener, Sendable {
         }
         peers = DatagramDemultiplexer(
             localEndpoint: localEndpoint, options: options, executor: loop, endpoint: { $0.endpoint(.udp) },
+            // On the loop thread (the peers' tasks prefer it): one uv_udp_try_send, no suspension.
+            sendNow: { bytes, peer throws(ConnectionError) in
+                guard loop.isOnLoopThread, !udp.isClosing else { return false }
+                do throws(UVError) {
+                    return try udp.trySend(bytes, to: peer)
+                } catch {
+                    throw error.connectionError("send")
+                }
+            },
             send: { bytes, peer throws(ConnectionError) in try await sendDatagram(bytes, on: udp, to: peer, loop: loop)
             })
         do throws(UVError) {

@@ -603,6 +603,13 @@ final class RunLoopUDPListener: Listener, DatagramSocketDelegate, Sendable {
         peers = DatagramDemultiplexer(
             localEndpoint: socket.localEndpoint, options: options, executor: runLoop.loop,
             endpoint: { $0.endpoint(.udp) },
+            // On the run loop's thread (the peers' tasks prefer it) the socket is ours to use: sent, or queued in
+            // order for room, with no hop and no suspension.
+            sendNow: { bytes, address throws(ConnectionError) in
+                guard runLoop.isCurrent else { return false }
+                try socket.send(bytes, to: address)
+                return true
+            },
             send: { bytes, address throws(ConnectionError) in
                 let result: Result<Void, ConnectionError> = await withCheckedContinuation { continuation in
                     runLoop.perform {

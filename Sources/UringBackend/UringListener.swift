@@ -220,6 +220,11 @@ final class UringUDPListener: Listener, Sendable {
         peers = DatagramDemultiplexer(
             localEndpoint: local, options: options, executor: loop,
             endpoint: { $0.endpoint(.udp) },
+            sendNow: { [failures] bytes, address throws(ConnectionError) in
+                if let failure = failures.take(for: address) { throw failure }
+                return bytes.count <= 65_507
+                    && loop.sendDatagram(bytes, to: address, fd: fd, failures: failures, gate: submissions)
+            },
             send: { [failures] bytes, address throws(ConnectionError) in
                 if let failure = failures.take(for: address) { throw failure }
                 // Within IPv4's largest datagram: a larger one goes the waiting way, which reports EMSGSIZE at once.
