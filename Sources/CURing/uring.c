@@ -51,6 +51,9 @@ struct csur_ring *csur_create(unsigned entries, unsigned sqpoll_idle_ms, int sqp
         result = io_uring_queue_init_params(entries, &ring->ring, &params);
         if (result == 0) {
             *flags = tries[index];
+            /* Each io_uring_enter then names the ring by its registered index, without looking up its descriptor
+               (liburing passes IORING_ENTER_REGISTERED_RING; Linux 5.18). Where that fails, enters look it up. */
+            io_uring_register_ring_fd(&ring->ring);
             return ring;
         }
         if (result != -EINVAL) break;
