@@ -51,22 +51,32 @@ public struct RateRunner: Sendable {
         var received: [UInt64] = []
         let failure: ConnectionError? = await withTaskGroup(of: Part.self) { group in
             // The receiver, on the connection's executor (resumed by I/O without a hop), only notes when each echo
-            // came back (the latencies are worked out afterwards): a read, a clock and a store per echo, as in
-            // the C floor's client.
+            // came back (the latencies are worked out afterwards): a read into a buffer it keeps, a clock and a
+            // store per echo, as in the C floor's client (no array per echo).
             group.addTask(executorPreference: connection.preferredExecutor) {
                 var times = [UInt64](repeating: 0, count: total)
                 var count = 0
+                let buffer = UnsafeMutableRawBufferPointer.allocate(
+                    byteCount: stream ? size : connection.options.maxDatagramSize, alignment: 16)
+                defer { buffer.deallocate() }
                 do throws(ConnectionError) {
                     while count < total {
-                        let bytes: [UInt8]
                         if stream {
-                            bytes = try await connection.receive(exactly: size)
+                            // Exactly one message's bytes, however the stream splits them.
+                            var filled = 0
+                            while filled < size {
+                                guard
+                                    let got = try await connection.receive(
+                                        into: UnsafeMutableRawBufferPointer(rebasing: buffer[filled..<size]))
+                                else { throw ConnectionError(.closed, "stream ended after \(filled) of \(size) bytes") }
+                                filled += got.count
+                            }
                         } else {
-                            guard let message = try await connection.receive() else { break }
-                            bytes = message.bytes
+                            guard let got = try await connection.receive(into: buffer) else { break }
+                            guard got.count >= 8 else { continue }
                         }
                         let now = MonotonicClock.nanoseconds()
-                        let sequence = Int(PumpSink.decode(bytes, at: 0))
+                        let sequence = Int(PumpSink.decode(UnsafeRawBufferPointer(buffer), at: 0))
                         guard sequence < total, times[sequence] == 0 else { continue }
                         times[sequence] = now
                         count += 1

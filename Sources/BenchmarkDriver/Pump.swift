@@ -82,6 +82,11 @@ public enum PumpSink {
     }
 
     static func decode(_ bytes: [UInt8], at offset: Int) -> UInt64 {
+        bytes.withUnsafeBytes { decode($0, at: offset) }
+    }
+
+    /// ``decode(_:at:)`` from memory the caller owns (a receive buffer).
+    static func decode(_ bytes: UnsafeRawBufferPointer, at offset: Int) -> UInt64 {
         var value: UInt64 = 0
         for index in offset..<(offset + 8) { value = value << 8 | UInt64(bytes[index]) }
         return value
