@@ -62,8 +62,9 @@ public final class UVUDP: UVHandle, @unchecked Sendable {
     }
 
     /// Off the loop thread, on a connected handle: sends the datagram on the calling thread when the socket has
-    /// room and no datagram queued in libuv is ahead of it (`false`: hand it to the loop). Around libuv, not through it: libuv's own calls are
-    /// for its loop's thread only, and closing the handle waits for such a send to finish.
+    /// room and no datagram queued in libuv is ahead of it (`false`: hand it to the loop). Around libuv, not
+    /// through it: libuv's own calls are for its loop's thread only, and closing the handle waits for such a send
+    /// to finish.
     public func sendFromAnyThread(_ bytes: UnsafeRawBufferPointer) throws(UVError) -> Bool {
         switch direct.send(bytes) {
         case .sent: return true
