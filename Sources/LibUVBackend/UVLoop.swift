@@ -263,7 +263,7 @@ extension LibUVBackend {
 /// and its sends go straight to `uv_try_write`. A job enqueued from another thread goes through the same queue as
 /// ``execute(_:)`` (one eventfd write, coalesced). A job enqueued on the loop thread itself (the common case: a read
 /// callback resumes a waiting receive) is kept in a loop-local queue that the read callback runs as it returns
-/// (``runCallbackWork()``), a `uv_check_t` right after the callbacks of the same poll, and a `uv_prepare_t` before the
+/// (`runCallbackWork()`), a `uv_check_t` right after the callbacks of the same poll, and a `uv_prepare_t` before the
 /// loop next waits: no eventfd write, no extra turn of the loop. A job never runs inside `enqueue`. Jobs enqueued after
 /// ``shutdown()`` has closed the wake-up handle are dropped, like blocks: shut a loop down only once no task uses it.
 extension UVLoop: TaskExecutor {

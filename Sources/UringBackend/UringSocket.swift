@@ -262,7 +262,7 @@ public final class UringSocket: Sendable {
     }
 
     /// Whether a send from off the ring's thread makes its system call on the calling thread: a datagram
-    /// (``sendFromAnyThread(_:_:)``), or TCP bytes up to the send queue's 64 KiB while the queue is empty
+    /// (`sendFromAnyThread(_:_:)`), or TCP bytes up to the send queue's 64 KiB while the queue is empty
     /// (`UringSendQueue.sendNow`); what the socket does not take then goes through the ring.
     public var sendsFromAnyThread: Bool { true }
 
