@@ -9,7 +9,8 @@ import SocketStyles
 /// runs of one build (four runs on 2026-11-24: nio 20-21 and 23 in CI, runloop 9-12, uv 13-16, bsd 8-9,
 /// async 9; nio after session 16's change to its reads and sends: 19 in four runs here, 16 in CI; uv after
 /// session 28's hand-over queue: 13 in three runs here, 10 in CI, its p25 10 and p50 13 in every run; uring
-/// after session 34's send queue: 13 in three runs here and in CI, down from 16). Each
+/// after session 34's send queue: 13 in three runs here and in CI, down from 16; uv after session 42, whose
+/// sends from off the loop no longer hand it a block and a continuation: 9 in CI). Each
 /// committed threshold is the middle of what was seen and may be missed by 2 either way, no more; time is
 /// reported, not gated.
 nonisolated(unsafe) var server: EchoServer?
