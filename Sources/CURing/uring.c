@@ -189,8 +189,6 @@ int csur_reserve(struct csur_ring *ring, unsigned count) {
     return io_uring_sq_space_left(&ring->ring) >= count ? 0 : -EBUSY;
 }
 
-unsigned csur_unsubmitted(struct csur_ring *ring) { return io_uring_sq_ready(&ring->ring); }
-
 void csur_poll_first_last(struct csur_ring *ring) { last_entry(ring)->ioprio |= IORING_RECVSEND_POLL_FIRST; }
 
 void csur_skip_success_last(struct csur_ring *ring) { last_entry(ring)->flags |= IOSQE_CQE_SKIP_SUCCESS; }

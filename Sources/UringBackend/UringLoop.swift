@@ -135,10 +135,6 @@ public final class UringLoop: TaskExecutor, Sendable {
         case multishot((_ result: Int32, _ flags: UInt32) -> Void)
         /// A zero-copy send whose count came and whose notification (the buffer is free again) has not.
         case zeroCopySent(UnsafeContinuation<Int32, Never>?, result: Int32)
-        /// A datagram sent without waiting (``sendDatagram(_:to:fd:failures:gate:)``): its message (`nil` on a
-        /// connected socket) and copy, freed once the kernel has taken the entry, or by its completion, which comes
-        /// only when the send failed.
-        case datagram(fd: Int32, UringDatagram, failures: UringSendFailures)
     }
 
     /// What only the ring's thread touches.
@@ -155,13 +151,6 @@ public final class UringLoop: TaskExecutor, Sendable {
         var skipsSuccess = false
         /// Whether a receive linked behind a send waits for data before its first try (IORING_RECVSEND_POLL_FIRST).
         var pollsFirst = false
-        /// Whether datagrams may be sent without waiting: entries skip success and the kernel takes them during
-        /// this thread's enter (no SQPOLL thread taking them later).
-        var sendsDatagramsAtOnce = false
-        /// Datagram sends queued in this turn, and those handed to the kernel whose entries it may not have taken
-        /// yet (their memory is freed once it has).
-        var queuedDatagrams: [UInt64] = []
-        var enteredDatagrams: [UInt64] = []
     }
 
     /// Sets a ring up and starts its thread. Throws (one line, with the kernel's reason) when io_uring is
@@ -189,7 +178,6 @@ public final class UringLoop: TaskExecutor, Sendable {
                     $0.skipsSuccess =
                         features.skipSuccess == .on && ring.map { csur_supports($0, "cqe_skip") != 0 } ?? false
                     $0.pollsFirst = features.pollFirst == .on
-                    $0.sendsDatagramsAtOnce = $0.skipsSuccess && features.submissionPollingIdle == 0
                 }
                 flags.store(setup, ordering: .relaxed)
                 if ring == nil { failure.store(code, ordering: .relaxed) }
@@ -480,86 +468,66 @@ public final class UringLoop: TaskExecutor, Sendable {
 
     // MARK: Datagrams sent without waiting
 
-    /// Loop thread: queues one datagram to `address` on the unconnected socket `fd` (`nil`: on the connected socket
-    /// `fd`, to its peer) and returns at once, without
-    /// a completion to wait for: the send carries MSG_DONTWAIT (the kernel tries it once, when this turn enters,
-    /// and never parks it) and IOSQE_CQE_SKIP_SUCCESS (it posts a completion only when it failed), so an echo costs
-    /// one `io_uring_enter` (the one that waits for the next datagram) instead of two, and its task no suspension.
-    /// The copy lives until the kernel has taken the entry. A send the socket buffer had no room for (EAGAIN) is
-    /// sent again, waiting for room; any other failure is kept in `failures` for the next send to that address.
-    /// `false` (nothing queued) off the ring's thread, where the kernel cannot skip success or an SQPOLL thread
-    /// takes entries, while a send waits for room (so that sends still wait behind a full buffer), or when the gate
-    /// closed or the ring refused the entry: the caller then sends and waits.
+    /// Loop thread: sends one datagram to `address` on the unconnected socket `fd` (`nil`: on the connected socket
+    /// `fd`, to its peer) and returns at once: sendto(2) with MSG_DONTWAIT on this thread, as the echo's task runs.
+    /// An entry for the ring instead (IORING_OP_SENDMSG, taken when the turn enters the kernel to wait) was slower
+    /// on a paced echo: the datagram left only after the rest of the turn, and the kernel's sendmsg path, the
+    /// msghdr and the copy cost more than the system call (server round trip 15.8-16.2 us against 14.2-14.3 with
+    /// this, docs/backends/uring.md). A send the socket buffer had no room for (EAGAIN) goes to the ring, waiting
+    /// for room, and later sends wait behind it; any other failure is kept in `failures` for the next send to that
+    /// address or the next receive. `false` (nothing sent) off the ring's thread, while a send waits for room,
+    /// when the gate closed, or when no copy could be made for the ring: the caller then sends and waits.
     func sendDatagram(
         _ bytes: [UInt8], to address: SocketAddress?, fd: Int32, failures: UringSendFailures,
         gate: UringDescriptorGuard
     ) -> Bool {
+        // The descriptor stays open through the call: a connection's send holds its write gate, which close()
+        // waits for, and a listener closes its descriptor only after its receive, run on this thread, has ended.
         guard inLoop, !gate.isClosed, !failures.isWaitingForRoom else { return false }
-        return confined.withValue { confined -> Bool in
-            guard confined.sendsDatagramsAtOnce, let datagram = UringDatagram(copying: bytes, to: address) else {
-                return false
-            }
-            let id = Self.allocate(&confined, owned: nil)
-            confined.slots[Int(truncatingIfNeeded: id & 0xffff_ffff)] = .datagram(fd: fd, datagram, failures: failures)
-            guard Self.prepare(&confined, id, fd, datagram, waiting: false) else {
-                Self.release(&confined, id)
-                datagram.free()
-                return false
-            }
-            csur_skip_success_last(confined.ring!)
-            confined.queuedDatagrams.append(id)
+        let code = bytes.withUnsafeBytes { Self.sendNow(fd, $0, to: address) }
+        if code == 0 { return true }
+        guard code == EAGAIN || code == EWOULDBLOCK else {
+            failures.record(-code, to: address)
             return true
         }
-    }
-
-    /// The entry of a datagram send: IORING_OP_SENDMSG to the message's address, IORING_OP_SEND on a connected
-    /// socket; tried once (MSG_DONTWAIT) unless `waiting`.
-    private static func prepare(
-        _ confined: inout Confined, _ id: UInt64, _ fd: Int32, _ datagram: UringDatagram, waiting: Bool
-    ) -> Bool {
-        let flags = Int32(waiting ? MSG_NOSIGNAL : MSG_NOSIGNAL | MSG_DONTWAIT)
-        if let message = datagram.message { return csur_prep_sendmsg(confined.ring!, id, fd, message, flags) == 0 }
-        return csur_prep_send(confined.ring!, id, fd, datagram.payload, datagram.length, flags) == 0
-    }
-
-    /// Loop thread, after an enter and its completions: frees the datagram sends whose entries the kernel has
-    /// taken (each was tried then; a failed one's completion has come and been handled).
-    private func releaseEnteredDatagrams(_ ring: OpaquePointer) {
-        confined.withValue { confined in
-            guard !confined.enteredDatagrams.isEmpty, csur_unsubmitted(ring) == 0 else { return }
-            for id in confined.enteredDatagrams {
-                if case .datagram(_, let datagram, _) = Self.release(&confined, id) { datagram.free() }
-            }
-            confined.enteredDatagrams.removeAll(keepingCapacity: true)
-        }
-    }
-
-    /// Loop thread: a datagram sent without waiting failed. No room in the socket buffer: send it again, waiting
-    /// for room (sends that come meanwhile wait too); any other failure is kept for the next send to that address.
-    private func datagramFailed(fd: Int32, _ datagram: UringDatagram, failures: UringSendFailures, result: Int32) {
-        let address = datagram.address
-        if result == -EAGAIN {
-            failures.waitForRoom()
-            let queued = confined.withValue { confined -> Bool in
-                let id = Self.allocate(&confined, owned: nil)
-                confined.slots[Int(truncatingIfNeeded: id & 0xffff_ffff)] = .callback { result in
-                    datagram.free()
-                    failures.roomCame(result < 0 && result != -ECANCELED ? (result, address) : nil)
-                }
-                guard Self.prepare(&confined, id, fd, datagram, waiting: true) else {
-                    Self.release(&confined, id)
-                    return false
-                }
-                return true
-            }
-            if !queued {
+        guard let datagram = UringDatagram(copying: bytes, to: address) else { return false }
+        failures.waitForRoom()
+        let queued = confined.withValue { confined -> Bool in
+            let id = Self.allocate(&confined, owned: nil)
+            confined.slots[Int(truncatingIfNeeded: id & 0xffff_ffff)] = .callback { result in
                 datagram.free()
-                failures.roomCame((-EAGAIN, address))
+                failures.roomCame(result < 0 && result != -ECANCELED ? (result, address) : nil)
             }
-            return
+            let flags = Int32(MSG_NOSIGNAL)
+            let prepared =
+                if let message = datagram.message {
+                    csur_prep_sendmsg(confined.ring!, id, fd, message, flags)
+                } else {
+                    csur_prep_send(confined.ring!, id, fd, datagram.payload, datagram.length, flags)
+                }
+            if prepared != 0 { Self.release(&confined, id) }
+            return prepared == 0
         }
-        datagram.free()
-        failures.record(result, to: address)
+        if !queued {
+            datagram.free()
+            failures.roomCame((-EAGAIN, address))
+        }
+        return true
+    }
+
+    /// One send(2) or sendto(2) with MSG_DONTWAIT: 0 when the datagram left, its errno when not.
+    private static func sendNow(_ fd: Int32, _ bytes: UnsafeRawBufferPointer, to address: SocketAddress?) -> Int32 {
+        let flags = Int32(MSG_NOSIGNAL | MSG_DONTWAIT)
+        while true {
+            let sent =
+                if let address {
+                    address.withSockAddr { Glibc.sendto(fd, bytes.baseAddress, bytes.count, flags, $0, $1) }
+                } else {
+                    Glibc.send(fd, bytes.baseAddress, bytes.count, flags)
+                }
+            if sent >= 0 { return 0 }
+            if errno != EINTR { return errno }
+        }
     }
 
     // MARK: Multishot receives with provided buffers
@@ -645,11 +613,6 @@ public final class UringLoop: TaskExecutor, Sendable {
             // Announce sleep, then submit the turn's entries and wait for a completion (or, when work came in
             // meanwhile, only submit and collect what is there).
             let sleeps = work.prepareToSleep()
-            confined.withValue { confined in
-                guard !confined.queuedDatagrams.isEmpty else { return }
-                confined.enteredDatagrams.append(contentsOf: confined.queuedDatagrams)
-                confined.queuedDatagrams.removeAll(keepingCapacity: true)
-            }
             let entered = csur_enter(ring, sleeps ? 1 : 0)
             if sleeps { work.awoke() }
             if entered < 0 && entered != -EINTR && entered != -EAGAIN && entered != -EBUSY && entered != -ETIME {
@@ -660,7 +623,6 @@ public final class UringLoop: TaskExecutor, Sendable {
                 if count == 0 { break }
                 for index in 0..<count { complete(data[index], results[index], flags[index]) }
             }
-            releaseEnteredDatagrams(ring)
         }
     }
 
@@ -699,8 +661,6 @@ public final class UringLoop: TaskExecutor, Sendable {
         case .zeroCopySent(let continuation, let sent):
             // The notification (IORING_CQE_F_NOTIF): the kernel has let go of the buffer.
             continuation?.resume(returning: sent)
-        case .datagram(let fd, let datagram, let failures):
-            datagramFailed(fd: fd, datagram, failures: failures, result: result)
         case .free, nil:
             return
         }

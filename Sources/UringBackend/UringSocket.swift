@@ -189,7 +189,7 @@ public final class UringSocket: Sendable {
     /// socket's send queue and the call returns; the ring sends what gathered before it next enters the kernel.
     public func send(_ bytes: [UInt8]) async throws(ConnectionError) {
         if transport == .udp, bytes.count <= 65_507, writeGate.tryEnter() {
-            // From the ring's thread, with no send ahead of it: queued, waiting for no completion
+            // From the ring's thread, with no send ahead of it: sent at once, waiting for no completion
             // (`UringLoop.sendDatagram`); an earlier one's failure is thrown here or by the next receive.
             defer { writeGate.leave() }
             let fd = try ready()

@@ -54,8 +54,6 @@ void csur_link_last(struct csur_ring *ring);
 /* Makes room for `count` entries in a row (submitting what is queued when needed), so that a linked chain is
  * submitted whole: 0, or -EBUSY. */
 int csur_reserve(struct csur_ring *ring, unsigned count);
-/* Entries queued and not yet taken by the kernel (0 once an enter has taken them all). */
-unsigned csur_unsubmitted(struct csur_ring *ring);
 /* Marks the receive or send queued last IORING_RECVSEND_POLL_FIRST (Linux 5.19): the kernel waits for the socket
  * to be ready before the first attempt instead of trying at once (for a receive that cannot find data yet). */
 void csur_poll_first_last(struct csur_ring *ring);
