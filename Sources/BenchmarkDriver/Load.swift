@@ -149,13 +149,17 @@ public struct RateRunner: Sendable {
         let count = min(intended.count, actual.count, received.count)
         var echoed = 0
         var last: UInt64 = 0
+        var fromActual: [UInt64] = []
+        fromActual.reserveCapacity(max(0, count - skip))
         for index in 0..<count where actual[index] != 0 {
             last = max(last, actual[index], received[index])
             guard received[index] != 0 else { continue }
             echoed += 1
             guard index >= skip else { continue }
             _ = corrected.record(max(1, received[index] &- intended[index]))
-            _ = uncorrected.record(max(1, received[index] &- actual[index]))
+            let latency = max(1, received[index] &- actual[index])
+            _ = uncorrected.record(latency)
+            fromActual.append(latency)
         }
         // From the first send time to the last echo (or send): echoes that trail the schedule by seconds, as under
         // overload, do not count as keeping up with it.
@@ -164,6 +168,8 @@ public struct RateRunner: Sendable {
         var measurement = ScenarioResult()
         measurement.latency = LatencySummary(corrected)
         measurement.uncorrectedLatency = LatencySummary(uncorrected)
+        // From the actual send time, in send order: the row's p50 while the machine ran at its quicker speed.
+        measurement.quietP50 = QuietP50.of(fromActual, messages: QuietP50.openLoopMessages(perSecond: perSecond))
         measurement.messages = total - skip
         measurement.lost = total - echoed
         measurement.elapsedNanoseconds = elapsed

@@ -28,15 +28,45 @@ public enum QuietP50 {
             stretch.append(sample)
             elapsed &+= sample
             if elapsed >= window {
-                stretch.sort()
-                medians.append(stretch[stretch.count / 2])
-                stretch.removeAll(keepingCapacity: true)
+                medians.append(median(&stretch))
                 elapsed = 0
             }
         }
+        return pick(medians, quantile: quantile, minimumWindows: minimumWindows)
+    }
+
+    /// An open-loop row's stretches: in an open loop the messages go on a schedule, not one after another's
+    /// round trip, so a stretch is `messages` messages in the order they were sent (at a fixed rate, a fixed
+    /// span of time). The quiet p50 of their latencies (nanoseconds, in send order), as ``of(_:window:quantile:minimumWindows:)``.
+    public static func of(
+        _ samples: [UInt64], messages: Int, quantile: Double = 0.1, minimumWindows: Int = 10
+    ) -> UInt64? {
+        let size = max(1, messages)
+        var medians: [UInt64] = []
+        var stretch: [UInt64] = []
+        for sample in samples {
+            stretch.append(sample)
+            if stretch.count == size { medians.append(median(&stretch)) }
+        }
+        return pick(medians, quantile: quantile, minimumWindows: minimumWindows)
+    }
+
+    /// Messages per stretch of an open-loop row sent `perSecond` times a second: 20 ms of them (the machine's
+    /// speed states last 10 to 100 ms), at least 50 (a p50 of fewer says little).
+    public static func openLoopMessages(perSecond: Int) -> Int { max(50, perSecond / 50) }
+
+    /// The median of `stretch`, which is emptied for the next.
+    private static func median(_ stretch: inout [UInt64]) -> UInt64 {
+        stretch.sort()
+        let value = stretch[stretch.count / 2]
+        stretch.removeAll(keepingCapacity: true)
+        return value
+    }
+
+    private static func pick(_ medians: [UInt64], quantile: Double, minimumWindows: Int) -> UInt64? {
         guard medians.count >= max(1, minimumWindows) else { return nil }
-        medians.sort()
-        let index = Int((Double(medians.count - 1) * min(1, max(0, quantile))).rounded())
-        return medians[index]
+        let sorted = medians.sorted()
+        let index = Int((Double(sorted.count - 1) * min(1, max(0, quantile))).rounded())
+        return sorted[index]
     }
 }

@@ -193,7 +193,8 @@ public struct ScenarioResult: Sendable, Codable {
     /// receiver's rate).
     public var receivedPerSecond: Double?
     /// Closed-loop round trips: the median round trip in the run's quiet stretches (``QuietP50``), nanoseconds;
-    /// what the report's ratios compare.
+    /// open-loop (rate) rows: the median latency from the actual send time in theirs (stretches of 20 ms of
+    /// messages). What the report's ratios compare.
     public var quietP50: UInt64?
     /// rate: the CPU time the sender's clock spent waiting for send times (all of it while spinning), part of the
     /// client's CPU time and left out of ``cpuPerMessageNanoseconds``: it is the load generator's, not the cost of

@@ -79,6 +79,16 @@ extension Report {
         ratio(row, over: reference, Self.comparedP50([row, reference].compactMap { $0 }))
     }
 
+    /// An open-loop (rate) row over the C floor's paced client at the same rate and transport, repetition by
+    /// repetition: latency from the actual send time, the quiet p50s (``QuietP50``, stretches of 20 ms of
+    /// messages) when every repetition of both rows has one, else their p50s (sockperf's under-load row).
+    func openLoopRatio(_ row: ReportRow?, over reference: ReportRow?) -> Ratio? {
+        let quiet = [row, reference].compactMap { $0 }.allSatisfy { $0.repetitions.allSatisfy { $0.quietP50 != nil } }
+        return ratio(row, over: reference) { result in
+            quiet ? result.quietP50.map { Double($0) } : result.uncorrectedLatency.map { Double($0.p50) }
+        }
+    }
+
     /// The latency figure two rows' ratio compares: the quiet p50 when every repetition of both has it.
     static func comparedP50(_ rows: [ReportRow]) -> (ScenarioResult) -> Double? {
         let quiet = rows.allSatisfy { $0.repetitions.allSatisfy { $0.quietP50 != nil } }

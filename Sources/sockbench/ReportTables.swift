@@ -28,7 +28,7 @@ extension Report {
                 "p50 \(microseconds(m.latency?.p50 ?? 0)) us, \(Int(m.messageBytes ?? 0)) B as \(Int(m.wireBytes ?? 0)) B on the wire"
         case .rate, .workload:
             return
-                "p50 \(microseconds(m.latency?.p50 ?? 0)) us (uncorrected \(microseconds(m.uncorrectedLatency?.p50 ?? 0))), p99 \(microseconds(m.latency?.p99 ?? 0)) us, lost \(m.lost ?? 0)"
+                "p50 \(microseconds(m.latency?.p50 ?? 0)) us (uncorrected \(microseconds(m.uncorrectedLatency?.p50 ?? 0))\(m.quietP50.map { ", quiet \(microseconds($0))" } ?? "")), p99 \(microseconds(m.latency?.p99 ?? 0)) us, lost \(m.lost ?? 0)"
         default:
             return
                 "p50 \(microseconds(m.latency?.p50 ?? 0)) us, p99 \(microseconds(m.latency?.p99 ?? 0)) us, \(Int(m.messagesPerSecond ?? 0)) rt/s"
@@ -106,19 +106,17 @@ extension Report {
         case .rate:
             let header = [
                 "backend", "transport", "p50 us", "p99 us", "p99.9 us", "max us", "uncorrected p50", "uncorrected p99",
-                "x C floor", "achieved/s", "lost", "cpu us/msg",
+                "quiet p50", "x C floor", "achieved/s", "lost", "cpu us/msg",
             ]
             let cells = selected.map { row -> [String] in
                 let m = row.median
                 // sockperf's under-load rows have no corrected latency (it corrects for no stall).
                 func us(_ value: UInt64?) -> String { value.map { microseconds($0) } ?? "-" }
-                // Against the C floor's open-loop client at the same rate and transport, repetition by repetition.
-                let ratio = self.ratio(row, over: self.row(Self.floorName, row.transport, scenario)) {
-                    $0.uncorrectedLatency.map { Double($0.p50) }
-                }?.text
+                let ratio = openLoopRatio(row, over: self.row(Self.floorName, row.transport, scenario))?.text
                 return [
                     row.backend, row.transport, us(m.latency?.p50), us(m.latency?.p99), us(m.latency?.p999),
-                    us(m.latency?.max), us(m.uncorrectedLatency?.p50), us(m.uncorrectedLatency?.p99), ratio ?? "-",
+                    us(m.latency?.max), us(m.uncorrectedLatency?.p50), us(m.uncorrectedLatency?.p99), us(m.quietP50),
+                    ratio ?? "-",
                     "\(Int(m.messagesPerSecond ?? 0))", "\(m.lost ?? 0)", cpuPerMessage(m),
                 ]
             }

@@ -52,4 +52,33 @@ struct QuietP50Tests {
         let grouped = Self.run((0..<20).map { $0 < 5 })
         #expect(QuietP50.of(interleaved) == QuietP50.of(grouped))
     }
+
+    /// An open-loop run at `perSecond`: `stretches` of 20 ms of messages each, fast (14 us from the send, a few at
+    /// 20) or slow (21 us, a few at 30), in send order.
+    static func openLoop(_ stretches: [Bool], perSecond: Int) -> [UInt64] {
+        let messages = QuietP50.openLoopMessages(perSecond: perSecond)
+        return stretches.flatMap { fast -> [UInt64] in
+            (0..<messages).map { index in
+                let (typical, late): (UInt64, UInt64) = fast ? (14_000, 20_000) : (21_000, 30_000)
+                return index % 5 == 4 ? late : typical
+            }
+        }
+    }
+
+    @Test("Open loop: stretches of messages in send order; mostly slow or mostly fast, the same quiet p50")
+    func openLoopStretches() throws {
+        // 0.5 s at 5,000 a second: 25 stretches of 100 messages. Mostly slow or mostly fast, the same quiet p50.
+        #expect(QuietP50.openLoopMessages(perSecond: 5_000) == 100)
+        #expect(QuietP50.openLoopMessages(perSecond: 1_000) == 50)
+        let mostlySlow = Self.openLoop((0..<25).map { $0 % 5 == 0 }, perSecond: 5_000)
+        let mostlyFast = Self.openLoop((0..<25).map { $0 % 5 != 0 }, perSecond: 5_000)
+        #expect(mostlySlow.sorted()[mostlySlow.count / 2] == 21_000)
+        #expect(try #require(QuietP50.of(mostlySlow, messages: 100)) == 14_000)
+        #expect(try #require(QuietP50.of(mostlyFast, messages: 100)) == 14_000)
+        // A run that never had a quick stretch reports its own speed.
+        let allSlow = Self.openLoop(Array(repeating: false, count: 12), perSecond: 5_000)
+        #expect(try #require(QuietP50.of(allSlow, messages: 100)) == 21_000)
+        // Fewer than ten whole stretches: none.
+        #expect(QuietP50.of(Self.openLoop(Array(repeating: true, count: 9), perSecond: 5_000), messages: 100) == nil)
+    }
 }

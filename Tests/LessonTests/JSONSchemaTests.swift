@@ -81,6 +81,14 @@ struct JSONSchemaTests {
                 #expect(repetitions.count == 2 * 5, "two repetitions of five slices: \(row["backend"] ?? "")")
                 #expect(repetitions.allSatisfy { ($0["quietP50"] as? Int) != nil }, "\(row["backend"] ?? "")")
             }
+            // The open-loop rows carry one too (latency from the actual send time in stretches of 20 ms of
+            // messages), the C floor's among them: their "x C floor" and target compare those.
+            for row in rows where (row["scenario"] as? String) == "rate-2000" {
+                let repetitions = try #require(row["repetitions"] as? [[String: Any]])
+                #expect(
+                    repetitions.allSatisfy { ($0["quietP50"] as? Int) != nil },
+                    "rate-2000 \(row["backend"] ?? "") \(row["transport"] ?? "")")
+            }
             // The summary ranks by those quiet p50s and prints each backend's median in microseconds (it once
             // printed 0.0 for every one).
             let bsd = try #require(
@@ -103,6 +111,7 @@ struct JSONSchemaTests {
             for transport in ["tcp", "udp"] {
                 let target = lines.first {
                     $0.hasPrefix("- Target, rate-2000 \(transport) p50 from the actual send time <= 1.3x")
+                        && $0.contains("both in their quiet stretches")
                 }
                 #expect(target?.contains("(bsd ") == true, "\(target ?? "no rate-2000 \(transport) target")")
             }
