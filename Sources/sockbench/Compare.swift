@@ -264,11 +264,6 @@ struct Compare: AsyncParsableCommand {
             }
             return results
         }
-        /// The foreign share of a pass (its windows together), `nil` when it was not disturbed.
-        func disturbed(_ results: some Collection<ScenarioResult>) -> Double? {
-            guard let share = CPUShare.combined(results.compactMap(\.cpuShare)), share.isDisturbed else { return nil }
-            return share.foreignShare
-        }
         // Each repetition measures every target in turn, the order rotated; round-trip scenarios do it in
         // `slices` short passes, so that a row and the rows it is compared with are measured seconds apart at
         // most: this VM's CPU runs at different speeds for seconds at a time (a spin loop took 17 to 40 ms), and

@@ -295,3 +295,9 @@ extension Compare {
         return measurement
     }
 }
+
+/// The foreign share of a pass (its windows together), `nil` when it was not disturbed.
+func disturbed(_ results: some Collection<ScenarioResult>) -> Double? {
+    guard let share = CPUShare.combined(results.compactMap(\.cpuShare)), share.isDisturbed else { return nil }
+    return share.foreignShare
+}
