@@ -189,6 +189,8 @@ public struct ScenarioResult: Sendable, Codable {
     public var server: ResourceUsage?
     /// What else used the measured CPUs during the window (`nil` where /proc/stat could not be read).
     public var cpuShare: CPUShare?
+    /// A re-measured pass's result: the foreign share of the disturbed pass it replaced (`nil`: measured once).
+    public var replacedForeignShare: Double?
     /// UDP pump: datagrams the sink received per second of the send window (goodput; what iperf3 reports as the
     /// receiver's rate).
     public var receivedPerSecond: Double?

@@ -317,7 +317,8 @@ struct Compare: AsyncParsableCommand {
                 let worstBefore = disturbed(before) ?? 0
                 let worstAgain = disturbed(again.values)
                 if worstAgain == nil || worstAgain! < worstBefore {
-                    for (key, result) in again where runs[key]?.indices.contains(entry.slot) == true {
+                    for (key, var result) in again where runs[key]?.indices.contains(entry.slot) == true {
+                        result.replacedForeignShare = worstBefore
                         runs[key]![entry.slot] = result
                     }
                 }

@@ -176,6 +176,7 @@ extension Report {
     func disturbanceLines() -> [String] {
         var largest: Double?
         var named: [String] = []
+        var replaced: [String] = []
         for scenario in plan.scenarios {
             let selected = rows.filter { $0.scenario == scenario && !$0.repetitions.contains { $0.cpuShare == nil } }
             let passes = selected.map(\.repetitions.count).max() ?? 0
@@ -185,6 +186,12 @@ extension Report {
                 }
                 guard let share = CPUShare.combined(windows) else { continue }
                 largest = max(largest ?? 0, share.foreignShare)
+                let before = selected.compactMap { row in
+                    row.repetitions.indices.contains(index) ? row.repetitions[index].replacedForeignShare : nil
+                }.max()
+                if let before {
+                    replaced.append("\(scenario) pass \(index + 1) of \(passes) (\(fixed(before * 100, 0))%)")
+                }
                 if share.isDisturbed {
                     named.append("\(scenario) pass \(index + 1) of \(passes) (\(fixed(share.foreignShare * 100, 0))%)")
                 }
@@ -193,18 +200,26 @@ extension Report {
         guard let largest else {
             return ["- Foreign load on the measured CPUs was not watched (/proc/stat unreadable, or an older run)."]
         }
+        // Passes taken under foreign load and measured again: the report holds the new ones; it says which.
+        let again =
+            replaced.isEmpty
+            ? []
+            : [
+                "- Measured again: \(replaced.count) pass(es) were disturbed when first taken (foreign share of the measured CPUs in brackets) and their results are from a later, quieter pass: "
+                    + replaced.joined(separator: ", ") + "."
+            ]
         guard !named.isEmpty else {
             return [
-                "- No pass was disturbed: other processes and the hypervisor used at most \(fixed(largest * 100, 1))% of the measured CPUs in any pass (a pass is disturbed at \(fixed(CPUShare.disturbedShare * 100, 0))% and 50 ms)."
-            ]
+                "- No pass \(replaced.isEmpty ? "was" : "is") disturbed: other processes and the hypervisor used at most \(fixed(largest * 100, 1))% of the measured CPUs in any pass (a pass is disturbed at \(fixed(CPUShare.disturbedShare * 100, 0))% and 50 ms)."
+            ] + again
         }
-        let again =
+        let why =
             plan.remeasure == 0
             ? "they were not measured again (--remeasure 0)" : "measuring them again did not find a quiet moment"
         return [
-            "- DISTURBED: something else used the measured CPUs during these passes, and \(again); the rows measured in them, and every ratio against those rows, are not to be trusted: "
+            "- DISTURBED: something else used the measured CPUs during these passes, and \(why); the rows measured in them, and every ratio against those rows, are not to be trusted: "
                 + named.joined(separator: ", ") + "."
-        ]
+        ] + again
     }
 
     // MARK: Fan-in

@@ -117,7 +117,42 @@ struct JSONSchemaTests {
             }
             #expect(!lines.contains { $0.hasPrefix("- Target, rate-2000 ws") })
             try await checkReportPage(directory.appendingPathComponent("report.html"))
+            try await checkDisturbanceLines(results: object, in: directory)
         }
+    }
+
+    /// The summary's word on foreign load, from this run's results.json made to say it (`sockbench report` renders
+    /// a run again): the first pass of `connect` as measured again after a disturbed first try (46% foreign), the
+    /// second pass of `pump-65536` as disturbed still (80%).
+    private func checkDisturbanceLines(results object: [String: Any], in directory: URL) async throws {
+        var object = object
+        var rows = try #require(object["rows"] as? [[String: Any]])
+        for index in rows.indices {
+            var repetitions = try #require(rows[index]["repetitions"] as? [[String: Any]])
+            switch rows[index]["scenario"] as? String {
+            case "connect": repetitions[0]["replacedForeignShare"] = 0.46
+            case "pump-65536":
+                repetitions[1]["cpuShare"] = [
+                    "windowNanoseconds": 1_000_000_000, "busyNanoseconds": 900_000_000, "stealNanoseconds": 0,
+                    "measuredNanoseconds": 100_000_000, "cpus": 1,
+                ]
+            default: continue
+            }
+            rows[index]["repetitions"] = repetitions
+        }
+        object["rows"] = rows
+        let again = directory.appendingPathComponent("again")
+        try FileManager.default.createDirectory(at: again, withIntermediateDirectories: true)
+        let json = try JSONSerialization.data(withJSONObject: object)
+        try check(String(decoding: json, as: UTF8.self), against: "compare.schema.json")
+        try json.write(to: again.appendingPathComponent("results.json"))
+        let output = try await run(["report", again.path])
+        let lines = output.split(separator: "\n")
+        let disturbed = lines.first { $0.hasPrefix("- DISTURBED:") }
+        #expect(disturbed?.contains("pump-65536 pass 2 of 2 (80%)") == true, "\(disturbed ?? "no DISTURBED line")")
+        #expect(disturbed?.contains("connect") == false)
+        let measuredAgain = lines.first { $0.hasPrefix("- Measured again: 1 pass(es)") }
+        #expect(measuredAgain?.contains("connect pass 1 of 2 (46%)") == true, "\(output.suffix(3000))")
     }
 
     /// `compare --workload`: the user's load on every backend, ending in a verdict. The verdict must agree with
