@@ -472,11 +472,12 @@ public final class UringLoop: TaskExecutor, Sendable {
     /// `fd`, to its peer) and returns at once: sendto(2) with MSG_DONTWAIT on this thread, as the echo's task runs.
     /// An entry for the ring instead (IORING_OP_SENDMSG, taken when the turn enters the kernel to wait) was slower
     /// on a paced echo: the datagram left only after the rest of the turn, and the kernel's sendmsg path, the
-    /// msghdr and the copy cost more than the system call (server round trip 15.8-16.2 us against 14.2-14.3 with
+    /// msghdr and the copy cost more than the system call (server round trip 15.6-16.2 us against 14.1-14.3 with
     /// this, docs/backends/uring.md). A send the socket buffer had no room for (EAGAIN) goes to the ring, waiting
     /// for room, and later sends wait behind it; any other failure is kept in `failures` for the next send to that
     /// address or the next receive. `false` (nothing sent) off the ring's thread, while a send waits for room,
-    /// when the gate closed, or when no copy could be made for the ring: the caller then sends and waits.
+    /// when the gate closed, or when the ring had no room (or no memory) for a send that must wait: the caller then
+    /// sends and waits.
     func sendDatagram(
         _ bytes: [UInt8], to address: SocketAddress?, fd: Int32, failures: UringSendFailures,
         gate: UringDescriptorGuard
@@ -509,10 +510,11 @@ public final class UringLoop: TaskExecutor, Sendable {
             return prepared == 0
         }
         if !queued {
+            // The ring had no room for the entry: the caller sends and waits.
             datagram.free()
-            failures.roomCame((-EAGAIN, address))
+            failures.roomCame(nil)
         }
-        return true
+        return queued
     }
 
     /// One send(2) or sendto(2) with MSG_DONTWAIT: 0 when the datagram left, its errno when not.
