@@ -485,10 +485,14 @@ public final class UringLoop: TaskExecutor, Sendable {
         // The descriptor stays open through the call: a connection's send holds its write gate, which close()
         // waits for, and a listener closes its descriptor only after its receive, run on this thread, has ended.
         guard inLoop, !gate.isClosed, !failures.isWaitingForRoom else { return false }
-        let code = bytes.withUnsafeBytes { Self.sendNow(fd, $0, to: address) }
-        if code == 0 { return true }
-        guard code == EAGAIN || code == EWOULDBLOCK else {
-            failures.record(-code, to: address)
+        do throws(ConnectionError) {
+            let sent = try bytes.withBytes { (raw) throws(ConnectionError) -> IOResult<Int> in
+                if let address { return try Syscall.sendTo(fd, raw, to: address, dontWait: true) }
+                return try Syscall.send(fd, raw, dontWait: true)
+            }
+            if case .processed = sent { return true }
+        } catch {
+            failures.record(-(error.systemCode?.code ?? EIO), to: address)
             return true
         }
         guard let datagram = UringDatagram(copying: bytes, to: address) else { return false }
@@ -515,21 +519,6 @@ public final class UringLoop: TaskExecutor, Sendable {
             failures.roomCame(nil)
         }
         return queued
-    }
-
-    /// One send(2) or sendto(2) with MSG_DONTWAIT: 0 when the datagram left, its errno when not.
-    private static func sendNow(_ fd: Int32, _ bytes: UnsafeRawBufferPointer, to address: SocketAddress?) -> Int32 {
-        let flags = Int32(MSG_NOSIGNAL | MSG_DONTWAIT)
-        while true {
-            let sent =
-                if let address {
-                    address.withSockAddr { Glibc.sendto(fd, bytes.baseAddress, bytes.count, flags, $0, $1) }
-                } else {
-                    Glibc.send(fd, bytes.baseAddress, bytes.count, flags)
-                }
-            if sent >= 0 { return 0 }
-            if errno != EINTR { return errno }
-        }
     }
 
     // MARK: Multishot receives with provided buffers

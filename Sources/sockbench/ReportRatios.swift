@@ -83,18 +83,19 @@ extension Report {
     /// repetition: latency from the actual send time, the quiet p50s (``QuietP50``, stretches of 20 ms of
     /// messages) when every repetition of both rows has one, else their p50s (sockperf's under-load row).
     func openLoopRatio(_ row: ReportRow?, over reference: ReportRow?) -> Ratio? {
-        let quiet = [row, reference].compactMap { $0 }.allSatisfy { $0.repetitions.allSatisfy { $0.quietP50 != nil } }
-        return ratio(row, over: reference) { result in
-            quiet ? result.quietP50.map { Double($0) } : result.uncorrectedLatency.map { Double($0.p50) }
-        }
+        let rows = [row, reference].compactMap { $0 }
+        return ratio(row, over: reference, Self.comparedP50(rows) { $0.uncorrectedLatency?.p50 })
     }
 
-    /// The latency figure two rows' ratio compares: the quiet p50 when every repetition of both has it.
-    static func comparedP50(_ rows: [ReportRow]) -> (ScenarioResult) -> Double? {
+    /// The latency figure two rows' ratio compares: the quiet p50 when every repetition of both has it, else
+    /// `plain` (the p50, by default).
+    static func comparedP50(
+        _ rows: [ReportRow], plain: @escaping (ScenarioResult) -> UInt64? = { $0.latency?.p50 }
+    ) -> (ScenarioResult) -> Double? {
         let quiet = rows.allSatisfy { $0.repetitions.allSatisfy { $0.quietP50 != nil } }
         // Not `.map(Double.init)`: for a UInt64 that resolves to `init(bitPattern:)`, whose ratios come out right
         // (the values are subnormals, linear in their bits) and whose printed microseconds were all 0.0.
-        return quiet ? { $0.quietP50.map { Double($0) } } : { $0.latency.map { Double($0.p50) } }
+        return quiet ? { $0.quietP50.map { Double($0) } } : { plain($0).map { Double($0) } }
     }
 
     /// The C floor's row for a latency row of the same size (ws/tls/wss against tcp): the floor measured in the
