@@ -61,6 +61,9 @@ public import Synchronization
     /// A value owned by `owner` (by default a thread of its own, bound with ``bindToCurrentThread()``); `release`
     /// runs on it when the box goes.
     package init(_ value: Value, on owner: LoopThread = LoopThread(), release: ((Value) -> Void)? = nil) {
+        assert(
+            !FunctionValue.isBare(Value.self),
+            "LoopConfined<\(Value.self)>: put the function value in a struct (docs/architecture.md, function values)")
         storage = .allocate(capacity: 1)
         storage.initialize(to: value)
         self.owner = owner
@@ -88,5 +91,29 @@ public import Synchronization
     public func withValue<R, E: Error>(_ body: (inout Value) throws(E) -> R) throws(E) -> R {
         assert(owner.allowsCurrentThread(), "loop-confined state touched off its thread")
         return try body(&storage.pointee)
+    }
+}
+
+/// The rule that keeps a stored closure from growing as it is read: a function value kept in a generic box
+/// (``LoopConfined``, `Guarded`, `Late`) is a field of a named struct, never the box's type argument itself.
+///
+/// A generic box holds its value at the most general abstraction; a closure that takes the value `inout` at its
+/// concrete function type (`withValue { $0 }`, `withLock { $0 }`) gets a copy wrapped in a reabstraction thunk,
+/// and the write-back on return wraps that in a thunk going the other way. The box then holds a closure one thunk
+/// pair deeper than before, every read deepens it again, and a call runs through all of them: the runloop
+/// listener's accept handler, read once per accepted connection, overflowed its thread's stack at the 6,461st
+/// connection (Swift 6.3.1, release build). A struct field keeps the function at its own abstraction, so
+/// passing the struct `inout` converts nothing.
+package enum FunctionValue {
+    /// `true` when `type` is a function type, or an optional or tuple holding one at its top level (what must not
+    /// be a generic box's type argument). Decided by the type's name, for debug-build checks.
+    package static func isBare(_ type: Any.Type) -> Bool {
+        var name = Substring(String(reflecting: type))
+        while name.hasPrefix("Swift.Optional<") { name = name.dropFirst("Swift.Optional<".count) }
+        // A nominal type's name is qualified by its module ("Swift.Array<() -> ()>" holds a function but is not
+        // one); a function's starts with its parameters or its attributes ("nonisolated(nonsending) @Sendable ...").
+        let word = name.prefix { $0.isLetter || $0.isNumber || $0 == "_" }
+        let nominal = !word.isEmpty && name.dropFirst(word.count).first == "."
+        return !nominal && name.contains("->")
     }
 }

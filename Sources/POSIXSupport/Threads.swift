@@ -213,11 +213,15 @@ extension PosixThread {
 /// signal handler only writes to a self-pipe; a thread reading the pipe calls `handler` with the signal number.
 /// Installed once per process; later calls replace the handler.
 public enum SignalForwarder {
-    private static let handler = Guarded<(@Sendable (Int32) -> Void)?>(nil)
+    /// In a struct, not bare in the lock: see docs/architecture.md, "Function values in generic boxes".
+    private struct Handler: Sendable {
+        let call: @Sendable (Int32) -> Void
+    }
+    private static let handler = Guarded<Handler?>(nil)
     private static let installed = Guarded(false)
 
     public static func install(_ body: @escaping @Sendable (Int32) -> Void) {
-        handler.withLock { $0 = body }
+        handler.withLock { $0 = Handler(call: body) }
         let first = installed.withLock { installed in
             defer { installed = true }
             return !installed
@@ -230,7 +234,7 @@ public enum SignalForwarder {
         PosixThread.spawn(name: "signals") {
             var byte: UInt8 = 0
             while read(readEnd, &byte, 1) == 1 || errno == EINTR {
-                handler.withLock { $0 }?(Int32(byte))
+                handler.withLock { $0 }?.call(Int32(byte))
             }
         }
     }

@@ -11,8 +11,13 @@ public final class SocketListener: EpollHandler, Sendable {
     private let fd: Int32
     private let runLoop: SocketRunLoop
     private let options: ConnectionOptions
-    /// Called on the run loop's thread only.
-    private let onAccept: LoopConfined<(SocketInputStream, SocketOutputStream) -> Void>
+    /// Called on the run loop's thread only. The closure lives inside a struct: a bare function value as the type
+    /// argument of a generic box gains one more reabstraction thunk each time it is read through the box's `inout`
+    /// access (docs/architecture.md, "Function values in generic boxes").
+    private let onAccept: LoopConfined<AcceptHandler>
+    private struct AcceptHandler {
+        let call: (SocketInputStream, SocketOutputStream) -> Void
+    }
     private var isClosed: Bool { socket.isClosed }
 
     /// Binds, listens and starts delivering connections on `runLoop` (call on its thread).
@@ -26,7 +31,7 @@ public final class SocketListener: EpollHandler, Sendable {
         self.fd = socket.raw
         self.runLoop = runLoop
         self.options = options
-        self.onAccept = LoopConfined(onAccept, on: runLoop.loop.thread)
+        self.onAccept = LoopConfined(AcceptHandler(call: onAccept), on: runLoop.loop.thread)
         try runLoop.loop.register(fd, events: Syscall.epollIn, handler: self)
     }
 
@@ -47,11 +52,12 @@ public final class SocketListener: EpollHandler, Sendable {
             let (client, peer) = accepted
             try? Syscall.setNoDelay(client, options.tcpNoDelay)
             try? Syscall.setBufferSizes(client, receive: options.receiveBufferSize, send: options.sendBufferSize)
-            let core = StreamPairCore(acceptedFD: client, endpoint: peer.endpoint(.tcp), options: options)
+            let core = StreamPairCore(
+                accepted: SocketDescriptor(adopting: client), endpoint: peer.endpoint(.tcp), options: options)
             let (input, output) = core.makeStreams()
             input.schedule(in: runLoop)
             output.schedule(in: runLoop)
-            onAccept(input, output)
+            onAccept.call(input, output)
         }
     }
 
