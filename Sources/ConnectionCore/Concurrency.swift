@@ -1,21 +1,5 @@
 import Synchronization
 
-/// Waits until the first of two operations finishes (the other keeps running, unobserved). Used to bound a wait
-/// (an operation against a timer) where the operation is stopped by other means (closing what it waits on).
-public func firstOf(
-    _ first: @escaping @Sendable () async -> Void, _ second: @escaping @Sendable () async -> Void
-) async {
-    let done = OnceFlag()
-    await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-        for operation in [first, second] {
-            Task {
-                await operation()
-                if done.claim() { continuation.resume() }
-            }
-        }
-    }
-}
-
 /// True for the first caller of ``claim()`` only.
 public final class OnceFlag: Sendable {
     private let flag = Guarded(false)

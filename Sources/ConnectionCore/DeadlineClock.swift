@@ -10,11 +10,12 @@ public struct DeadlineClock: Sendable, Hashable {
     private let sleeper: @Sendable (Duration) async throws -> Void
     private let identity: ObjectIdentifier?
 
-    /// The system's continuous clock: `Task.sleep(for:)`.
+    /// The system's continuous clock, on the process's deadline timer: a wait that is cancelled ends at once and
+    /// holds nothing until its deadline (`Task.sleep` holds its task's memory until then: see `DeadlineTimer`).
     public static let continuous = DeadlineClock()
 
     private init() {
-        sleeper = { try await Task.sleep(for: $0) }
+        sleeper = { try await DeadlineTimer.sleep(for: $0) }
         identity = nil
     }
 

@@ -189,14 +189,14 @@ public final class WebSocketConnection: Connection, @unchecked Sendable {
             }
         }
         if closeFrameSent.isClaimed {
-            // Read (discarding data) until the peer's close frame or the time limit, whichever comes first.
-            await firstOf(
-                { [self] in
-                    while !state.withLock({ $0.tcpClosed }) {
-                        guard (try? await receive(duringClose: true)) != nil else { break }
-                    }
-                },
-                { [webSocketOptions] in try? await webSocketOptions.clock.sleep(for: timeout) })
+            // Read (discarding data) until the peer's close frame or the time limit, whichever comes first: past
+            // it, TCP is closed under the read.
+            _ = await runBounded(by: timeout, on: webSocketOptions.clock, onTimeout: { [tcp] in await tcp.close() }) {
+                [self] in
+                while !state.withLock({ $0.tcpClosed }) {
+                    guard (try? await receive(duringClose: true)) != nil else { break }
+                }
+            }
         }
         await closeTCP(failing: .closed())
         emitClosed(code: peerCloseCode, reason: peerCloseReason ?? "")
