@@ -218,9 +218,7 @@ final class RunLoopTCPConnection: Connection, SocketStreamDelegate, Sendable {
             }
             if let (opened, timer) = opened {
                 timer?.invalidate()
-                if let fd = Optional(stream.core.fd), fd >= 0,
-                    let local = try? Syscall.localAddress(fd), let remote = try? Syscall.peerAddress(fd)
-                {
+                if let (local, remote) = stream.core.addresses {
                     endpoints.withLock { $0 = (local.endpoint(.tcp), remote.endpoint(.tcp)) }
                 }
                 opened.resume(returning: .success(()))
