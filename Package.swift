@@ -262,7 +262,7 @@ let package = Package(
         ),
         .testTarget(
             name: "LessonTests",
-            dependencies: ["Lessons", "SocketStyles", "POSIXSupport", "ConnectionTestKit"],
+            dependencies: ["Lessons", "SocketStyles", "POSIXSupport", "ConnectionTestKit", "BenchmarkDriver"],
             swiftSettings: strictSettings
         ),
         .testTarget(

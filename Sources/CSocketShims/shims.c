@@ -9,6 +9,7 @@
 #include <netdb.h>
 #include <pthread.h>
 #include <sched.h>
+#include <malloc.h>
 #include <signal.h>
 #include <sys/syscall.h>
 #include <stdatomic.h>
@@ -299,4 +300,9 @@ int csock_recv_datagrams(
         addr_lens[i] = messages[i].msg_hdr.msg_namelen;
     }
     return received;
+}
+
+unsigned long long csock_heap_in_use(void) {
+    struct mallinfo2 info = mallinfo2();
+    return (unsigned long long)info.uordblks + (unsigned long long)info.hblkhd;
 }

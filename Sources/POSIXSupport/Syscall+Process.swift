@@ -9,6 +9,13 @@ extension Syscall {
         _ = signal(SIGPIPE, SIG_IGN)
     }
 
+    /// Bytes the allocator (glibc malloc, every arena) has handed out and not had back: what the program holds,
+    /// whatever the resident memory says about where the allocator put it (memory freed by one thread and taken
+    /// again by another may sit in two arenas, and count twice in RSS).
+    package static func heapInUseBytes() -> UInt64 {
+        UInt64(csock_heap_in_use())
+    }
+
     /// The number of open file descriptors of this process (entries of /proc/self/fd, minus the one used to
     /// list them).
     package static func openDescriptorCount() -> Int {

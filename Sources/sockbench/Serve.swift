@@ -1,4 +1,5 @@
 import ArgumentParser
+import BenchmarkDriver
 import ConnectionTestKit
 import Dispatch
 import Foundation
@@ -182,8 +183,21 @@ enum StopSignal {
         }
         if stdinEOF {
             PosixThread.spawn(name: "stdin-watch") {
+                // A line `memory` is answered on standard output: `memory RSS_KIB HEAP_BYTES` (resident memory,
+                // and what the allocator has handed out and not had back), for a test that watches the server.
                 var byte: UInt8 = 0
-                while read(0, &byte, 1) > 0 {}
+                var line: [UInt8] = []
+                while read(0, &byte, 1) > 0 {
+                    guard byte == UInt8(ascii: "\n") else {
+                        if line.count < 64 { line.append(byte) }
+                        continue
+                    }
+                    if line == Array("memory".utf8) {
+                        let resident = ResourceUsage.read()?.residentKiB ?? 0
+                        Console.line("memory \(resident) \(Syscall.heapInUseBytes())")
+                    }
+                    line.removeAll()
+                }
                 continuation.yield("standard input closed")
             }
         }

@@ -16,7 +16,8 @@ struct Sockbench: AsyncParsableCommand {
             """,
         version: SocketStylesVersion.current,
         subcommands: [
-            Compare.self, Serve.self, Ping.self, PumpCommand.self, Soak.self, Proxy.self, LessonCommand.self,
+            Compare.self, Serve.self, Ping.self, PumpCommand.self, Soak.self, ChurnCommand.self, Proxy.self,
+            LessonCommand.self,
             Backends.self,
             Microbench.self,
             FloorServe.self,

@@ -95,4 +95,7 @@ int csock_recv_datagrams(
 /// sizeof(struct sockaddr_storage).
 size_t csock_sockaddr_storage_size(void);
 
+/// Bytes the C allocator (glibc malloc, every arena) has handed out and not had back: mallinfo2's uordblks + hblkhd.
+unsigned long long csock_heap_in_use(void);
+
 #endif
