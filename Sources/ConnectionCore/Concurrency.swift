@@ -1,5 +1,26 @@
 import Synchronization
 
+/// Waits for `body` to deliver a value, from any thread (a loop's, a reader's), exactly once. The value goes through a
+/// lock as well as the continuation: the concurrency runtime orders a resume and the resumed task's run with atomics
+/// ThreadSanitizer cannot see, so an object made on a loop's thread and handed over by the resume alone reads as
+/// unpublished under TSan; the lock makes the hand-off one it checks.
+public func awaitHandOff<Value: Sendable>(
+    _ body: (_ deliver: @escaping @Sendable (Value) -> Void) -> Void
+) async -> Value {
+    let slot = HandOffSlot<Value>()
+    await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+        body { value in
+            slot.value.withLock { $0 = value }
+            continuation.resume()
+        }
+    }
+    return slot.value.withLock { $0! }
+}
+
+private final class HandOffSlot<Value: Sendable>: Sendable {
+    let value = Guarded<Value?>(nil)
+}
+
 /// True for the first caller of ``claim()`` only.
 public final class OnceFlag: Sendable {
     private let flag = Guarded(false)

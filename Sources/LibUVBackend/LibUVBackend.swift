@@ -55,7 +55,7 @@ public final class LibUVBackend: ConnectionBackend, Sendable {
             var cancelled = false
             var tcp: UVTCP?
             var timer: UVTimer?
-            var continuation: CheckedContinuation<Result<any Connection, ConnectionError>, Never>?
+            var deliver: (@Sendable (Result<any Connection, ConnectionError>) -> Void)?
         }
         let state: LoopConfined<State>
 
@@ -63,18 +63,18 @@ public final class LibUVBackend: ConnectionBackend, Sendable {
 
         func finish(_ result: Result<any Connection, ConnectionError>) {
             let ending = state.withValue {
-                state -> (UVTimer?, CheckedContinuation<Result<any Connection, ConnectionError>, Never>?)? in
+                state -> (UVTimer?, (@Sendable (Result<any Connection, ConnectionError>) -> Void)?)? in
                 guard !state.finished else { return nil }
                 state.finished = true
                 defer {
                     state.timer = nil
-                    state.continuation = nil
+                    state.deliver = nil
                 }
-                return (state.timer, state.continuation)
+                return (state.timer, state.deliver)
             }
-            guard let (timer, continuation) = ending else { return }
+            guard let (timer, deliver) = ending else { return }
             timer?.close()
-            continuation?.resume(returning: result)
+            deliver?(result)
         }
     }
 
@@ -86,10 +86,10 @@ public final class LibUVBackend: ConnectionBackend, Sendable {
         let loop = loop
         let attempt = Attempt(loop: loop)
         let result = await withTaskCancellationHandler {
-            await withCheckedContinuation { continuation in
+            await awaitHandOff { deliver in
                 loop.execute {
                     let cancelled = attempt.state.withValue { state in
-                        state.continuation = continuation
+                        state.deliver = deliver
                         return state.cancelled
                     }
                     if cancelled { return attempt.finish(.failure(.cancelled("connect was cancelled"))) }
@@ -190,8 +190,8 @@ public final class LibUVBackend: ConnectionBackend, Sendable {
     ) async throws(ConnectionError)
         -> R
     {
-        let result: Result<R, ConnectionError> = await withCheckedContinuation { continuation in
-            loop.execute { continuation.resume(returning: Result { () throws(ConnectionError) in try body() }) }
+        let result: Result<R, ConnectionError> = await awaitHandOff { deliver in
+            loop.execute { deliver(Result { () throws(ConnectionError) in try body() }) }
         }
         return try result.get()
     }

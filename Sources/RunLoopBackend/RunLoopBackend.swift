@@ -75,8 +75,8 @@ public final class RunLoopBackend: ConnectionBackend, Sendable {
     )
         async throws(ConnectionError) -> R
     {
-        let result: Result<R, ConnectionError> = await withCheckedContinuation { continuation in
-            runLoop.perform { continuation.resume(returning: Result { () throws(ConnectionError) in try body() }) }
+        let result: Result<R, ConnectionError> = await awaitHandOff { deliver in
+            runLoop.perform { deliver(Result { () throws(ConnectionError) in try body() }) }
         }
         return try result.get()
     }
