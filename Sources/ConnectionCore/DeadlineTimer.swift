@@ -21,7 +21,8 @@ package final class DeadlineTimer: @unchecked Sendable {
     private var nextID: UInt64 = 1
     private var threadStarted = false
 
-    private init() {
+    /// A timer of its own (for a test): it must live as long as the process, as its thread holds it unretained.
+    package init() {
         pthread_mutex_init(mutex, nil)
         var attributes = pthread_condattr_t()
         pthread_condattr_init(&attributes)
@@ -79,9 +80,14 @@ package final class DeadlineTimer: @unchecked Sendable {
         return (actions.count, heap.count)
     }
 
-    /// Waits `duration`; throws `CancellationError` at once when the task is cancelled.
+    /// Waits `duration` on the shared timer; throws `CancellationError` at once when the task is cancelled.
     package static func sleep(for duration: Duration) async throws {
-        let wait = Wait()
+        try await shared.sleep(for: duration)
+    }
+
+    /// Waits `duration` on this timer; throws `CancellationError` at once when the task is cancelled.
+    package func sleep(for duration: Duration) async throws {
+        let wait = Wait(timer: self)
         try await withTaskCancellationHandler {
             try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
                 wait.start(continuation, after: duration)
@@ -99,12 +105,15 @@ package final class DeadlineTimer: @unchecked Sendable {
             case over
         }
         private let lock = Guarded(State.new)
+        private let timer: DeadlineTimer
+
+        init(timer: DeadlineTimer) { self.timer = timer }
 
         func start(_ continuation: CheckedContinuation<Void, any Error>, after duration: Duration) {
             let cancelledFirst = lock.withLock { state -> Bool in
                 guard case .new = state else { return true }
                 // The entry is made under the wait's lock, so a cancel that comes now finds it.
-                let id = DeadlineTimer.shared.schedule(after: duration) { [self] in fire() }
+                let id = timer.schedule(after: duration) { [self] in fire() }
                 state = .waiting(continuation, id: id)
                 return false
             }
@@ -134,7 +143,7 @@ package final class DeadlineTimer: @unchecked Sendable {
                 }
             }
             guard let (continuation, id) = taken else { return }
-            DeadlineTimer.shared.cancel(id)
+            timer.cancel(id)
             continuation.resume(throwing: CancellationError())
         }
     }
@@ -143,7 +152,7 @@ package final class DeadlineTimer: @unchecked Sendable {
 
     private func startThread() {
         var thread = pthread_t()
-        let context = Unmanaged.passUnretained(self).toOpaque()  // `shared` lives as long as the process
+        let context = Unmanaged.passUnretained(self).toOpaque()  // a timer lives as long as the process
         let created = pthread_create(
             &thread, nil,
             { context in
