@@ -1,3 +1,6 @@
+// One piece, over 400 lines: each method carries out one of StreamPairState's decisions on the same socket, epoll
+// registration and pair of streams.
+
 import ConnectionCore
 import POSIXSupport
 

@@ -1,3 +1,6 @@
+// One piece, over 400 lines: the pair's phases and each stream side's arming change together at nearly every
+// event, so the value that holds them and the transitions between them stay in one file.
+
 import ConnectionCore
 import POSIXSupport
 
