@@ -52,20 +52,7 @@ public enum PosixThread {
     public static func spawnAndAwait<Value: Sendable>(
         name: String, _ body: @escaping @Sendable (_ deliver: @Sendable (Value) -> Void) -> Void
     ) async -> Value {
-        let slot = HandOff<Value>()
-        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-            spawn(name: name) {
-                body { value in
-                    slot.value.withLock { $0 = value }
-                    continuation.resume()
-                }
-            }
-        }
-        return slot.value.withLock { $0! }
-    }
-
-    private final class HandOff<Value: Sendable>: Sendable {
-        let value = Guarded<Value?>(nil)
+        await awaitHandOff { deliver in spawn(name: name) { body(deliver) } }
     }
 
     fileprivate static func run(_ raw: UnsafeMutableRawPointer) {
