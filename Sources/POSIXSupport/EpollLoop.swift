@@ -158,9 +158,14 @@ public final class EpollLoop: TaskExecutor, Sendable {
 
     // MARK: Running
 
+    /// How many turns in a row may skip `epoll_wait` because the reads made before it found data. Past that
+    /// the loop polls its descriptors (without blocking) before it reads first again: a socket that never runs
+    /// dry (a UDP flood, a bulk flow) must not keep the loop from every other descriptor it watches.
+    public static let turnsWithoutWait = 16
+
     /// Runs the loop on the calling thread until ``stop()`` is called or `deadline` (monotonic nanoseconds)
     /// passes. Each turn: due timers, handed-over work, the reads made before a wait, then `epoll_wait` until the
-    /// next timer.
+    /// next timer (at most ``turnsWithoutWait`` turns in a row without it).
     public func run(until deadline: UInt64?) {
         work.bindToCurrentThread()
         let executor = confined.withValue { $0.jobExecutor } ?? asUnownedTaskExecutor()
@@ -172,6 +177,7 @@ public final class EpollLoop: TaskExecutor, Sendable {
             events.deallocate()
             data.deallocate()
         }
+        var skippedWaits = 0
         while !stopRequested.load(ordering: .relaxed) {
             runDueTimers()
             work.runAll(jobsAs: executor)
@@ -179,7 +185,12 @@ public final class EpollLoop: TaskExecutor, Sendable {
             let now = MonotonicClock.nanoseconds()
             if let deadline, now >= deadline { break }
             // After the deadline's check: reads that keep finding data must not keep run(until:) from returning.
-            if runBeforeWait() { continue }
+            let pollsFirst = skippedWaits >= Self.turnsWithoutWait
+            if !pollsFirst, runBeforeWait() {
+                skippedWaits += 1
+                continue
+            }
+            skippedWaits = 0
             var timeout: Int32 = -1
             if let next = confined.withValue({ $0.timers.first?.deadline }) {
                 timeout = next <= now ? 0 : Int32(clamping: (next - now + 999_999) / 1_000_000)
@@ -190,7 +201,7 @@ public final class EpollLoop: TaskExecutor, Sendable {
             }
             // Announce sleep, then look once more for work handed over meanwhile.
             let sleeps = work.prepareToSleep()
-            if !sleeps { timeout = 0 }
+            if !sleeps || pollsFirst { timeout = 0 }  // the reads put off wait for their turn, not for an event
             let count =
                 (try? Syscall.epollWait(
                     epoll, events: events, data: data, capacity: capacity,

@@ -47,6 +47,58 @@ struct ReadBeforeWaitTests {
         #expect(runs == ["read 2", "work 2", "read 1", "work 1", "read 0"])
     }
 
+    @Test("reads that find data before every wait do not keep the loop from its other descriptors")
+    func floodDoesNotStarve() async throws {
+        let (served, floodReads) = try await SocketTest.run { try Self.runFlood() }
+        #expect(served, "the other descriptor's event was handled before the deadline")
+        // Found data each time, yet the loop polled its descriptors within its bound.
+        #expect(floodReads <= EpollLoop.turnsWithoutWait + 1, "\(floodReads) reads before the event was handled")
+    }
+
+    /// An endless flood read before every wait, beside an eventfd that is readable from the start; the eventfd's
+    /// handler stops the loop (ten seconds at most). Whether it ran, and how many flood reads came before it.
+    static func runFlood() throws -> (Bool, Int) {
+        final class Ready: EpollHandler {
+            unowned let loop: EpollLoop
+            let fd: Int32
+            let handled = Atomic<Bool>(false)
+            init(loop: EpollLoop, fd: Int32) {
+                self.loop = loop
+                self.fd = fd
+            }
+            func epollReady(_ events: UInt32) {
+                Syscall.eventFDDrain(fd)
+                handled.store(true, ordering: .relaxed)
+                loop.stop()
+            }
+        }
+        let loop = try EpollLoop(name: "flood-test")
+        let fd = try Syscall.eventFD()
+        defer { Syscall.close(fd) }
+        let ready = Ready(loop: loop, fd: fd)
+        try loop.register(fd, events: Syscall.epollIn, handler: ready)
+        defer { loop.unregister(fd) }
+        let reads = Mutex(0)
+        // The blocks hold the loop weakly: one is still waiting for its turn when the loop stops, and the loop
+        // (its epoll and eventfd descriptors) must go when this returns.
+        loop.perform { [weak loop] in
+            func flood() {
+                loop?.beforeNextWait {
+                    let count = reads.withLock { count in
+                        count += 1
+                        return count
+                    }
+                    if !ready.handled.load(ordering: .relaxed) && count < 100_000 { flood() }
+                    return true
+                }
+            }
+            flood()
+            Syscall.eventFDSignal(fd)
+        }
+        loop.run(until: MonotonicClock.nanoseconds() + 10_000_000_000)
+        return (ready.handled.load(ordering: .relaxed), reads.withLock { $0 })
+    }
+
     /// Runs a loop on this thread until its third block stops it (or ten seconds pass).
     static func runHooks() throws -> [String] {
         let loop = try EpollLoop(name: "read-before-wait-test")
