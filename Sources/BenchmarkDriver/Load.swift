@@ -213,10 +213,15 @@ public struct FaninRunner: Sendable {
         for client in clients { await client.close() }
         var merged = LatencySummary.makeHistogram()
         var lost = 0
+        var throughputs: [Double] = []
+        var latencies: [[UInt64]] = []
         for result in results {
             let run = try result.get()
             for value in run.raw ?? [] { _ = merged.record(value) }
             lost += run.lost
+            // Each connection made the same count of round trips: one that waited longer took longer.
+            throughputs.append(Double(count) / (Double(max(1, run.elapsedNanoseconds)) / 1e9))
+            latencies.append(run.raw ?? [])
         }
         var measurement = ScenarioResult()
         measurement.latency = LatencySummary(merged)
@@ -228,6 +233,7 @@ public struct FaninRunner: Sendable {
         measurement.bytesPerSecond = perConnectionTotal * Double(size) / (Double(elapsed) / 1e9)
         measurement.serverKiBPerConnection = opened.serverKiBPerConnection
         measurement.clientKiBPerConnection = opened.clientKiBPerConnection
+        measurement.fairness = Fairness(throughputs: throughputs, latencies: latencies)
         return measurement
     }
 

@@ -181,6 +181,8 @@ public struct ScenarioResult: Sendable, Codable {
     public var serverKiBPerConnection: Double?
     /// fanin: the same for the client (the load generator).
     public var clientKiBPerConnection: Double?
+    /// fanin and workload: whether every connection got its share (``Fairness``).
+    public var fairness: Fairness?
     /// Wall-clock time of the measured window, nanoseconds.
     public var elapsedNanoseconds: UInt64 = 0
     /// The client process during the window (peak memory: so far).

@@ -163,6 +163,21 @@ public struct WorkloadRunner: Sendable {
         measurement.bytesPerSecond = (measurement.messagesPerSecond ?? 0) * Double(size)
         measurement.serverKiBPerConnection = opened.serverKiBPerConnection
         measurement.clientKiBPerConnection = opened.clientKiBPerConnection
+        measurement.fairness = Self.fairness(
+            connections: count, skip: schedule.skip, intended: intended, received: received)
         return measurement
+    }
+
+    /// Every connection was offered the same rate (message i goes on connection i mod N): its share is the echoes
+    /// it got back, its latency each answered message's from its intended send time, the warm-up left out.
+    static func fairness(connections: Int, skip: Int, intended: [UInt64], received: [UInt64]) -> Fairness {
+        var answered = [Double](repeating: 0, count: connections)
+        var latencies = [[UInt64]](repeating: [], count: connections)
+        let end = min(intended.count, received.count)
+        for index in min(skip, end)..<end where received[index] != 0 && intended[index] != 0 {
+            answered[index % connections] += 1
+            latencies[index % connections].append(max(1, received[index] &- intended[index]))
+        }
+        return Fairness(throughputs: answered, latencies: latencies)
     }
 }

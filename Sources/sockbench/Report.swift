@@ -194,6 +194,14 @@ struct Report: Codable {
         result.clientKiBPerConnection = mid(runs.compactMap(\.clientKiBPerConnection))
         result.client = usage(runs.compactMap(\.client))
         result.server = usage(runs.compactMap(\.server))
+        let fairness = runs.compactMap(\.fairness)
+        if var median = fairness.first {
+            median.jainIndex = mid(fairness.map(\.jainIndex))!
+            median.slowestShare = mid(fairness.map(\.slowestShare))!
+            median.medianP99 = mid(fairness.compactMap(\.medianP99))
+            median.worstP99 = mid(fairness.compactMap(\.worstP99))
+            result.fairness = median
+        }
         return result
     }
 

@@ -122,11 +122,12 @@ extension Report {
             }
             return (header, cells)
         case .workload:
-            let header = [
-                "backend", "transport", "held", "p50 us", "p99 us", "p99 range", "p99.9 us", "max us",
-                "uncorrected p50", "offered/s", "answered/s", "lost %", "cpu us/msg", "server KiB/conn",
-                "client KiB/conn",
-            ]
+            let header =
+                [
+                    "backend", "transport", "held", "p50 us", "p99 us", "p99 range", "p99.9 us", "max us",
+                    "uncorrected p50", "offered/s", "answered/s", "lost %", "cpu us/msg", "server KiB/conn",
+                    "client KiB/conn",
+                ] + Self.fairnessHeader
             let cells = selected.map { row -> [String] in
                 let m = row.median
                 let verdict = verdicts?.first { $0.transport == row.transport && .workload($0.workload) == scenario }
@@ -142,7 +143,7 @@ extension Report {
                     entry.map { fixed($0.achievedPerSecond, 0) } ?? "-", entry.map { fixed($0.lossPercent, 2) } ?? "-",
                     cpuPerMessage(m), m.serverKiBPerConnection.map { fixed($0, 1) } ?? "-",
                     m.clientKiBPerConnection.map { fixed($0, 1) } ?? "-",
-                ]
+                ] + Self.fairnessCells(m.fairness)
             }
             return (header, cells)
         default:
@@ -156,7 +157,8 @@ extension Report {
                     "threads",
                 ]
                 + (scenario.kind == .fanin
-                    ? ["server KiB/conn", "client KiB/conn", "N x one rt", "p50 / (N x rt)", "p99.9"] : [])
+                    ? ["server KiB/conn", "client KiB/conn", "N x one rt", "p50 / (N x rt)", "p99.9"]
+                        + Self.fairnessHeader : [])
             let cells = selected.map { row -> [String] in
                 let m = row.median
                 let p50 = Double(m.latency?.p50 ?? 0)
@@ -190,11 +192,24 @@ extension Report {
                 if scenario.kind == .fanin {
                     cells += [m.serverKiBPerConnection, m.clientKiBPerConnection].map { $0.map { fixed($0, 1) } ?? "-" }
                     cells += faninExpectation(row)
+                    cells += Self.fairnessCells(m.fairness)
                 }
                 return cells
             }
             return (header, cells)
         }
+    }
+
+    /// Whether every connection got its share (``Fairness``): Jain's index over per-connection throughput, the
+    /// least-served connection's throughput over the mean, and the median and the worst connection's own p99.
+    static let fairnessHeader = ["fairness", "slowest share", "conn p99 median us", "conn p99 worst us"]
+
+    static func fairnessCells(_ fairness: Fairness?) -> [String] {
+        guard let fairness else { return fairnessHeader.map { _ in "-" } }
+        return [
+            fixed(fairness.jainIndex, 3), fixed(fairness.slowestShare, 2),
+            fairness.medianP99.map(microseconds) ?? "-", fairness.worstP99.map(microseconds) ?? "-",
+        ]
     }
 
     static func render(_ header: [String], _ cells: [[String]]) -> String {

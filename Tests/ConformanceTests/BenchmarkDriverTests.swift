@@ -175,6 +175,10 @@ struct BenchmarkDriverTests {
             #expect(fanin.messages == 1000)
             #expect(fanin.latency?.count == 1000)
             #expect(fanin.serverKiBPerConnection != nil && fanin.clientKiBPerConnection != nil)
+            let fairness = try #require(fanin.fairness)
+            #expect(fairness.connections == 20)
+            #expect(fairness.jainIndex > 0.05 && fairness.jainIndex <= 1)
+            #expect(fairness.medianP99 != nil && fairness.medianP99! <= fairness.worstP99!)
             let connect = try await ConnectRunner(count: 20).run { () throws(ConnectionError) in
                 try await Backend.nio.connect(to: endpoint)
             }

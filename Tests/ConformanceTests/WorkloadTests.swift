@@ -70,6 +70,10 @@ struct WorkloadTests {
             #expect(Int(corrected.count) + (result.lost ?? 0) >= result.messages - 1)
             #expect(corrected.p50 >= uncorrected.p50)
             #expect(result.serverKiBPerConnection != nil)
+            // Every connection was offered the same and (lost aside) answered: counts differ by at most one.
+            let fairness = try #require(result.fairness)
+            #expect(fairness.connections == 12)
+            #expect(fairness.jainIndex > (test.transport == .udp ? 0.9 : 0.99), "\(fairness)")
             await server.stop()
         }
     }

@@ -356,21 +356,40 @@ struct JSONSchemaTests {
         for expected in ["backend", "size", "latencyUnit", "extra", "latency.min"] {
             #expect(problems.contains { $0.contains(expected) }, "no problem named \(expected): \(problems)")
         }
+        // A bound above (the compare schema's fairness index is at most 1).
+        var fairness = SchemaValidator(directory: Self.schemas)
+        let index: [String: Any] = ["connections": 2, "jainIndex": 1.5, "slowestShare": 1]
+        let tooFair = try fairness.validate(
+            index, against: "compare.schema.json", definition: "fairness")
+        #expect(tooFair.contains { $0.contains("jainIndex") && $0.contains("above") }, "\(tooFair)")
+        #expect(
+            try fairness.validate(
+                ["connections": 2, "jainIndex": 1, "slowestShare": 1], against: "compare.schema.json",
+                definition: "fairness"
+            ).isEmpty)
     }
 }
 
 /// The JSON Schema keywords docs/schemas uses: $ref (another file, or #/$defs/NAME), type, const, enum,
-/// required, properties, additionalProperties, items, minimum, minItems, maxItems, pattern.
+/// required, properties, additionalProperties, items, minimum, maximum, minItems, maxItems, pattern.
 struct SchemaValidator {
     let directory: URL
     private var loaded: [String: [String: Any]] = [:]
 
     init(directory: URL) { self.directory = directory }
 
-    mutating func validate(_ value: Any, against file: String) throws -> [String] {
+    /// Checks `value` against the schema in `file`, or against one of its `$defs` (`definition`).
+    mutating func validate(_ value: Any, against file: String, definition: String? = nil) throws -> [String] {
         var problems: [String] = []
         let root = try load(file)
-        try check(value, root, root: root, path: "", &problems)
+        var schema = root
+        if let definition {
+            guard let definitions = root["$defs"] as? [String: Any],
+                let part = definitions[definition] as? [String: Any]
+            else { throw SocketTest.Failure(description: "\(file) has no definition \(definition)") }
+            schema = part
+        }
+        try check(value, schema, root: root, path: "", &problems)
         return problems
     }
 
@@ -386,7 +405,7 @@ struct SchemaValidator {
 
     private static let known: Set<String> = [
         "$schema", "$id", "$ref", "$defs", "title", "description", "type", "const", "enum", "required",
-        "properties", "additionalProperties", "items", "minimum", "minItems", "maxItems", "pattern",
+        "properties", "additionalProperties", "items", "minimum", "maximum", "minItems", "maxItems", "pattern",
     ]
 
     private mutating func check(
@@ -422,6 +441,11 @@ struct SchemaValidator {
             number < minimum
         {
             problems.append("\(at): \(number) is below \(minimum)")
+        }
+        if let maximum = (schema["maximum"] as? NSNumber)?.doubleValue, let number = Self.number(value),
+            number > maximum
+        {
+            problems.append("\(at): \(number) is above \(maximum)")
         }
         if let pattern = schema["pattern"] as? String, let text = value as? String,
             text.range(of: pattern, options: .regularExpression) == nil
