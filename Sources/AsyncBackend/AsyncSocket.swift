@@ -430,7 +430,7 @@ public final class AsyncSocket: Sendable {
             return taken > 0 && policy.readsFirst
         }
         if again {
-            reactor.loop.beforeNextWait { [self] in
+            reactor.loop.beforeNextWait(for: self) { [self] in
                 readDatagrams(into: batch, policy: policy, afterWait: false, deliver: deliver)
             }
         }

@@ -32,8 +32,10 @@ public final class EpollLoop: TaskExecutor, Sendable {
         var cancelledTimers: Set<UInt64> = []
         /// Set before the loop runs.
         var jobExecutor: UnownedTaskExecutor?
-        /// Run once each, the next time the loop is about to wait (``beforeNextWait(_:)``).
-        var beforeWait: [() -> Bool] = []
+        /// Run once each, the next time the loop is about to wait (``beforeNextWait(for:_:)``), with their owners.
+        var beforeWait: [(owner: ObjectIdentifier?, block: () -> Bool)] = []
+        /// The owners with a block in ``beforeWait``.
+        var waitingOwners: Set<ObjectIdentifier> = []
     }
 
     /// Creates the epoll instance and its wake-up eventfd. Nothing runs until ``run(until:)`` is called on some
@@ -140,9 +142,16 @@ public final class EpollLoop: TaskExecutor, Sendable {
     /// Runs `block` on the loop thread once, the next time the loop has run its work and is about to wait in
     /// epoll_wait: for a reader that reads before it waits (``ReadBeforeWait``). `block` returns whether it found
     /// something (then the loop runs the work that made before it waits, and `block` may have asked again).
+    /// With an `owner` (the socket that reads), one block per owner waits at a time: asked again before its block
+    /// has run, the read is already asked for (a socket's event can come in a turn that put the reads off,
+    /// ``turnsWithoutWait``, and each such turn would otherwise add one more read of the same socket).
     /// Loop thread only.
-    public func beforeNextWait(_ block: @escaping () -> Bool) {
-        confined.withValue { $0.beforeWait.append(block) }
+    public func beforeNextWait(for owner: AnyObject? = nil, _ block: @escaping () -> Bool) {
+        confined.withValue { confined in
+            let key = owner.map(ObjectIdentifier.init)
+            if let key, !confined.waitingOwners.insert(key).inserted { return }
+            confined.beforeWait.append((key, block))
+        }
     }
 
     /// Runs the blocks waiting for the loop's next wait; whether any found something.
@@ -151,10 +160,20 @@ public final class EpollLoop: TaskExecutor, Sendable {
         let count = confined.withValue { $0.beforeWait.count }
         if count == 0 { return false }
         var found = false
-        for index in 0..<count where confined.withValue({ $0.beforeWait[index] })() { found = true }
+        for index in 0..<count {
+            let block = confined.withValue { confined in
+                let entry = confined.beforeWait[index]
+                if let owner = entry.owner { confined.waitingOwners.remove(owner) }
+                return entry.block
+            }
+            if block() { found = true }
+        }
         confined.withValue { $0.beforeWait.removeFirst(count) }
         return found
     }
+
+    /// How many blocks wait for the loop's next wait (tests). Loop thread only.
+    package var blocksBeforeNextWait: Int { confined.withValue { $0.beforeWait.count } }
 
     // MARK: Running
 

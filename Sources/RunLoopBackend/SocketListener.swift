@@ -194,7 +194,7 @@ public final class DatagramSocket: EpollHandler, Sendable {
             return taken > 0 && state.reads.readsFirst
         }
         if again && !isClosed {
-            runLoop.loop.beforeNextWait { [weak self] in self?.readDatagrams(afterWait: false) ?? false }
+            runLoop.loop.beforeNextWait(for: self) { [weak self] in self?.readDatagrams(afterWait: false) ?? false }
         }
         return taken > 0
     }

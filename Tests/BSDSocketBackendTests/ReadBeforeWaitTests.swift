@@ -49,19 +49,24 @@ struct ReadBeforeWaitTests {
 
     @Test("reads that find data before every wait do not keep the loop from its other descriptors")
     func floodDoesNotStarve() async throws {
-        let (served, floodReads) = try await SocketTest.run { try Self.runFlood() }
+        let (served, floodReads, queued) = try await SocketTest.run { try Self.runFlood() }
         #expect(served, "the other descriptor's event was handled before the deadline")
         // Found data each time, yet the loop polled its descriptors within its bound.
         #expect(floodReads <= EpollLoop.turnsWithoutWait + 1, "\(floodReads) reads before the event was handled")
+        // The event came while the flood's read was put off: asking again for the same owner added nothing.
+        #expect(queued == 1)
     }
 
     /// An endless flood read before every wait, beside an eventfd that is readable from the start; the eventfd's
-    /// handler stops the loop (ten seconds at most). Whether it ran, and how many flood reads came before it.
-    static func runFlood() throws -> (Bool, Int) {
+    /// handler asks for a read before the next wait for the flood's owner (as a socket's event does) and stops the
+    /// loop (ten seconds at most). Whether it ran, how many flood reads came before it, and how many blocks then
+    /// waited for the next wait.
+    static func runFlood() throws -> (Bool, Int, Int) {
         final class Ready: EpollHandler {
             unowned let loop: EpollLoop
             let fd: Int32
             let handled = Atomic<Bool>(false)
+            let queued = Atomic<Int>(0)
             init(loop: EpollLoop, fd: Int32) {
                 self.loop = loop
                 self.fd = fd
@@ -69,6 +74,8 @@ struct ReadBeforeWaitTests {
             func epollReady(_ events: UInt32) {
                 Syscall.eventFDDrain(fd)
                 handled.store(true, ordering: .relaxed)
+                loop.beforeNextWait(for: self) { false }
+                queued.store(loop.blocksBeforeNextWait, ordering: .relaxed)
                 loop.stop()
             }
         }
@@ -83,7 +90,7 @@ struct ReadBeforeWaitTests {
         // (its epoll and eventfd descriptors) must go when this returns.
         loop.perform { [weak loop] in
             func flood() {
-                loop?.beforeNextWait {
+                loop?.beforeNextWait(for: ready) {
                     let count = reads.withLock { count in
                         count += 1
                         return count
@@ -96,7 +103,7 @@ struct ReadBeforeWaitTests {
             Syscall.eventFDSignal(fd)
         }
         loop.run(until: MonotonicClock.nanoseconds() + 10_000_000_000)
-        return (ready.handled.load(ordering: .relaxed), reads.withLock { $0 })
+        return (ready.handled.load(ordering: .relaxed), reads.withLock { $0 }, ready.queued.load(ordering: .relaxed))
     }
 
     /// Runs a loop on this thread until its third block stops it (or ten seconds pass).
