@@ -281,6 +281,9 @@ let package = Package(
             ],
             swiftSettings: strictSettings
         ),
+        // sockbench's own parts (its scenarios' names and registration), through `@testable import`.
+        .testTarget(
+            name: "SockbenchTests", dependencies: ["sockbench", "BenchmarkDriver"], swiftSettings: strictSettings),
         .testTarget(
             name: "ConformanceTests",
             dependencies: ["SocketStyles", "POSIXSupport", "ConnectionTestKit", "BenchmarkDriver", "NativeStyles"],

@@ -68,7 +68,7 @@ public struct Workload: Sendable, Hashable, Codable, CustomStringConvertible {
 
     /// Parses the scenario name's part after `workload-`: `1000x10/s-200B-3s` (size and duration may be left
     /// out: 64 B, 3 s).
-    init(name: String) throws(ScenarioError) {
+    public init(name: String) throws(ScenarioError) {
         let parts = name.split(separator: "-").map(String.init)
         let shape = "workload-CONNECTIONSxRATE/s[-SIZEB][-SECONDSs], e.g. workload-1000x10/s-200B-3s"
         guard (1...3).contains(parts.count) else { throw ScenarioError(message: "'\(name)': expected \(shape)") }

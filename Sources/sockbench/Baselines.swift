@@ -63,7 +63,7 @@ enum Baselines {
             }
         }
         if let sockperf = path("sockperf") {
-            for case .rate(let perSecond) in plan.scenarios {
+            for perSecond in plan.scenarios.compactMap({ $0.as(RateScenario.self)?.perSecond }) {
                 for transport in ["tcp", "udp"] where plan.transports.contains(transport) {
                     do {
                         rows[RowKey(scenario: .rate(perSecond: perSecond), source: "sockperf", transport: transport)] =

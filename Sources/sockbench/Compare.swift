@@ -133,22 +133,17 @@ struct Compare: AsyncParsableCommand {
         let start = { (backend: Backend?, transport: Transport, mode: String) async throws -> any ServerHandle in
             try await Self.startServer(backend, transport, mode, agent: agent, certificates: certificates, plan: plan)
         }
-        let needsSink = plan.scenarios.contains { $0.kind == .pump }
-        let needsNative = plan.scenarios.contains { $0.kind == .native }
-        let needsAsyncChannel = plan.scenarios.contains { $0.kind == .asyncChannel }
-        let relaysHere = agent == nil && chosenTransports.contains(.tcp)
-        let needsProxy = plan.scenarios.contains { $0.kind == .proxy } && relaysHere
-        let needsProxyPump = plan.scenarios.contains { $0.kind == .proxyPump } && relaysHere
-        // proxy-SIZE: every style's relay forwards to one C echo server, so only the hop differs; proxypump-SIZE:
-        // to one C sink, which is also the direct path of the C floor's row.
-        let proxyUpstream =
-            needsProxy ? try ChildServer.start(backend: nil, url: "tcp://127.0.0.1:0", cpu: plan.serverCPU) : nil
-        defer { proxyUpstream?.stop() }
-        let proxySink =
-            needsProxyPump
-            ? try ChildServer.start(
-                backend: nil, url: "tcp://127.0.0.1:0", cpu: plan.serverCPU, extraArguments: ["--sink"]) : nil
-        defer { proxySink?.stop() }
+        // The kinds of server the planned scenarios run against, besides the echo server every target has, each
+        // with the process it fronts (a relay's upstream) started once for the run, here.
+        var roles: [ServerRole] = []
+        for scenario in plan.scenarios where scenario.server.mode != ServerRole.echo.mode {
+            if !roles.contains(where: { $0.mode == scenario.server.mode }) { roles.append(scenario.server) }
+        }
+        var upstreams: [String: ChildServer] = [:]
+        defer { upstreams.values.forEach { $0.stop() } }
+        for role in roles where agent == nil {
+            if let upstream = try role.upstream?(plan) { upstreams[role.mode] = upstream }
+        }
 
         var targets: [Target] = []
         defer { targets.forEach { $0.stop() } }
@@ -176,39 +171,20 @@ struct Compare: AsyncParsableCommand {
         }
         func startTarget(_ backend: Backend?, _ transport: Transport) async throws -> Target {
             let echo = try await start(backend, transport, "echo")
-            let sink = needsSink ? try await start(backend, transport, "sink") : nil
-            let native =
-                needsNative && backend?.nativeTransports.contains(transport) == true
-                ? try await start(backend, transport, "native") : nil
-            let asyncChannel =
-                needsAsyncChannel && backend?.hasAsyncChannelStyle == true && transport == .tcp
-                ? try await start(backend, transport, "async-channel") : nil
-            func relay(to upstream: (any ServerHandle)?) throws -> (any ServerHandle)? {
-                guard let upstream, let backend, transport == .tcp else { return nil }
-                return try ChildServer.start(
-                    command: [
-                        "proxy", "tcp://127.0.0.1:0", "\(upstream.endpoint)", "--backend", backend.rawValue, "--native",
-                    ], cpu: plan.serverCPU, label: "the \(backend.rawValue) relay")
+            var servers: [String: any ServerHandle] = [:]
+            for role in roles {
+                let context = ServerStart(
+                    backend: backend, transport: transport, plan: plan, upstream: upstreams[role.mode],
+                    serve: { mode in try await start(backend, transport, mode) })
+                servers[role.mode] = try await role.start(context)
             }
-            return Target(
-                backend: backend, transport: transport, echo: echo, sink: sink, native: native,
-                asyncChannel: asyncChannel, proxy: try relay(to: proxyUpstream), proxyPump: try relay(to: proxySink))
+            return Target(backend: backend, transport: transport, echo: echo, servers: servers)
         }
         targets = try await startTargets()
 
         /// The server a scenario runs against, and other local processes of the measurement.
         func serverOf(_ scenario: Scenario, _ target: Target) -> (any ServerHandle, [any ServerHandle]) {
-            let server: any ServerHandle =
-                switch scenario.kind {
-                case .pump: target.sink!
-                // The C floor's native row is its ping-pong against its echo server.
-                case .native: target.native ?? target.echo
-                case .asyncChannel: target.asyncChannel ?? target.echo
-                case .proxy: target.proxy ?? target.echo
-                case .proxyPump: target.proxyPump ?? proxySink!
-                default: target.echo
-                }
-            return (server, [proxyUpstream, proxySink].compactMap { $0 })
+            (scenario.kind.server(of: target, upstreams: upstreams), Array(upstreams.values))
         }
         // Round trips per slice, by time: one calibration run per row (it is also the row's warm-up).
         var roundTrips: [RowKey: Int] = [:]
@@ -252,7 +228,7 @@ struct Compare: AsyncParsableCommand {
                     scenario, target, server: server, also: also, plan: plan, tls: clientTLS,
                     roundTrips: roundTrips[key] ?? plan.pingpongCount)
                 results[key] = measurement
-                if plan.sweep != nil, case .rate(let rate) = scenario,
+                if plan.sweep != nil, let rate = scenario.as(RateScenario.self)?.perSecond,
                     Report.saturated(measurement, perSecond: rate, bound: plan.p99Bound ?? Plan.defaultP99Bound)
                 {
                     saturated[target.name] = min(rate, saturated[target.name] ?? rate)

@@ -202,25 +202,20 @@ extension Compare {
         connections * (backend == .bsd ? 2 : 1) + 1024
     }
 
-    /// One server process (and its sink, for pump) per backend x transport.
+    /// The servers of one backend x transport: its echo server, and one of each other kind the planned
+    /// scenarios run against (``ServerRole``: a sink, the backend's own-style server, a relay, ...).
     struct Target {
         var backend: Backend?
         var transport: Transport
         var echo: any ServerHandle
-        var sink: (any ServerHandle)?
-        /// The backend's own-style echo server (tcp, for native-SIZE).
-        var native: (any ServerHandle)?
-        /// nio's NIOAsyncChannel echo server (tcp, for asyncchannel-SIZE).
-        var asyncChannel: (any ServerHandle)?
-        /// The backend's own-style relay in front of the C echo server (tcp, for proxy-SIZE).
-        var proxy: (any ServerHandle)?
-        /// The backend's own-style relay in front of the C sink (tcp, for proxypump-SIZE).
-        var proxyPump: (any ServerHandle)?
+        /// The other servers, by ``ServerRole/mode``.
+        var servers: [String: any ServerHandle]
         var name: String { "\(backend?.rawValue ?? Report.floorName)/\(transport)" }
 
         /// Stops every server of the target.
         func stop() {
-            for server in [echo, sink, native, asyncChannel, proxy, proxyPump] { server?.stop() }
+            echo.stop()
+            for server in servers.values { server.stop() }
         }
     }
 }

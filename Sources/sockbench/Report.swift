@@ -109,21 +109,7 @@ struct Report: Codable {
             }
         }
         self.rows = rows
-        var verdicts: [WorkloadVerdict] = []
-        for case .workload(let workload) in plan.scenarios {
-            for transport in plan.transports {
-                let runs = plan.backends.compactMap { backend in
-                    runs[RowKey(scenario: .workload(workload), source: backend, transport: transport)].map {
-                        (backend: backend, results: $0)
-                    }
-                }
-                guard !runs.isEmpty else { continue }
-                verdicts.append(
-                    WorkloadVerdict(
-                        workload: workload, transport: transport,
-                        p99Bound: plan.p99Bound ?? Compare.Plan.defaultP99Bound, runs: runs))
-            }
-        }
+        let verdicts = WorkloadScenario.verdicts(plan: plan, runs: runs)
         self.verdicts = verdicts.isEmpty ? nil : verdicts
         notes = [
             "Every backend is measured through the unified Connection on both ends (client here, server in its own process), except native-SIZE: the same tcp ping-pong written in the backend's own style on both ends (x native = the price of the unified API), and proxy-SIZE: the C client and C echo server with one relay between them written in the backend's own style (sockbench proxy --native, in its own process on the server's CPU); the C floor's proxy row is the direct path. Its CPU figures are the client's and the relay's (the C echo server is not counted).",
@@ -133,15 +119,10 @@ struct Report: Codable {
         ]
     }
 
-    /// The figure a scenario is judged by: p50 latency (ns) for latency scenarios, bytes/s for pump,
-    /// connections/s for connect, p99 (ns, from the intended send time) for a workload.
+    /// The figure a scenario is judged by (its kind's): p50 latency (ns) for latency scenarios, bytes/s for pump,
+    /// the p99 (ns, from the intended send time) for a workload.
     static func mainFigure(_ scenario: Scenario, _ measurement: ScenarioResult) -> Double {
-        switch scenario.kind {
-        case .pump, .proxyPump: measurement.bytesPerSecond ?? 0
-        case .connect: Double(measurement.latency?.p50 ?? 0)
-        case .workload: Double(measurement.latency?.p99 ?? 0)
-        default: Double(measurement.latency?.p50 ?? 0)
-        }
+        scenario.kind.mainFigure(measurement)
     }
 
     static func median(_ runs: [ScenarioResult]) -> ScenarioResult {
@@ -210,111 +191,7 @@ struct Report: Codable {
     /// What the numbers mean for someone choosing: measured facts first, then what each style asks of you.
     func summary() -> [String] {
         var lines = ["== What this run says"]
-        for verdict in verdicts ?? [] {
-            let text = verdict.lines
-            lines.append("- Your workload, " + text[0])
-            lines += text.dropFirst()
-        }
-        lines += sweepLines()
-        if let ping = plan.scenarios.first(where: { $0.kind == .pingpong }) {
-            for transport in plan.transports {
-                let candidates = rows.filter {
-                    $0.scenario == ping && $0.transport == transport && Backend(rawValue: $0.backend) != nil
-                }
-                guard !candidates.isEmpty else { continue }
-                let figure = Self.comparedP50(candidates)
-                let quiet = candidates.allSatisfy { $0.median.quietP50 != nil }
-                let ordered = ranking(
-                    candidates, lowerIsBetter: true, figure: figure, show: { microseconds(UInt64($0)) })
-                lines.append(
-                    "- \(ping) \(transport) \(quiet ? "quiet p50" : "p50") us, lowest first (~: the ranges over the repetitions overlap, not distinguishable in this run): \(ordered)."
-                )
-            }
-        }
-        for case .native(let size) in plan.scenarios {
-            let prices = rows.filter { $0.scenario == .pingpong(size: size) && $0.transport == "tcp" }.compactMap {
-                row in
-                unifiedPrice(for: row).map { (row.backend, $0) }
-            }
-            guard !prices.isEmpty else { continue }
-            lines.append(
-                "- The price of the unified API (tcp pingpong-\(size) p50 through Connection / the same backend written in its own style, both ends): "
-                    + prices.map { "\($0.0) \($0.1.text)" }.joined(separator: ", ") + ".")
-            let references = [
-                ("ws", "SwiftNIO's own WebSocket (NIOHTTP1 upgrade and NIOWebSocket handlers"),
-                ("tls", "SwiftNIO with swift-nio-ssl (its TLS handler in front of the echo handlers"),
-                ("wss", "SwiftNIO's own WebSocket over swift-nio-ssl (NIOSSL, NIOHTTP1 and NIOWebSocket handlers"),
-            ]
-            for (transport, written) in references {
-                guard let reference = p50(Backend.nio.name, transport, .native(size: size)) else { continue }
-                let ratios = rows.filter { $0.scenario == .pingpong(size: size) && $0.transport == transport }
-                    .compactMap { row in row.median.latency.map { (row.backend, Double($0.p50) / max(1, reference)) } }
-                lines.append(
-                    "- \(transport) pingpong-\(size) p50 against \(written) on both ends, no Connection; \(microseconds(UInt64(reference))) us): "
-                        + ratios.map { "\($0.0) \(fixed($0.1))x" }.joined(separator: ", ") + ".")
-            }
-            let floors = rows.filter {
-                $0.scenario == .native(size: size) && $0.transport == "tcp" && $0.backend != Self.floorName
-            }.compactMap { row in
-                p50Ratio(row, over: floorRow(for: row)).map { (row.backend, $0) }
-            }
-            if !floors.isEmpty {
-                lines.append(
-                    "- native-\(size) against the C floor: "
-                        + floors.map { "\($0.0) \($0.1.text)" }.joined(separator: ", ")
-                        + ".")
-            }
-        }
-        for case .asyncChannel(let size) in plan.scenarios {
-            guard let bridge = p50(Backend.nio.name, "tcp", .asyncChannel(size: size)) else { continue }
-            var compared = [String]()
-            if let floor = p50(Self.floorName, "tcp", .pingpong(size: size)) {
-                compared.append("\(fixed(bridge / floor))x the C floor")
-            }
-            if let handlers = p50(Backend.nio.name, "tcp", .native(size: size)) {
-                compared.append("\(fixed(bridge / handlers))x \(Backend.nio.name)'s ChannelHandlers (native-\(size))")
-            }
-            if let unified = p50(Backend.nio.name, "tcp", .pingpong(size: size)) {
-                compared.append("\(fixed(bridge / unified))x \(Backend.nio.name) through Connection")
-            }
-            if let async = p50(Backend.async.name, "tcp", .native(size: size)) {
-                compared.append("\(fixed(bridge / async))x the async backend's own style")
-            }
-            lines.append(
-                "- SwiftNIO's async/await bridge (NIOAsyncChannel on both ends, tasks on the global executor), tcp asyncchannel-\(size) p50 \(microseconds(UInt64(bridge))) us"
-                    + (compared.isEmpty ? "." : ": " + compared.joined(separator: ", ") + "."))
-        }
-        for case .proxy(let size) in plan.scenarios {
-            guard let direct = p50(Self.floorName, "tcp", .proxy(size: size)) else { continue }
-            let hops = rows.filter { $0.scenario == .proxy(size: size) && $0.backend != Self.floorName }
-                .compactMap { row in row.median.latency.map { (row.backend, (Double($0.p50) - direct) / 1000) } }
-                .sorted { $0.1 < $1.1 }
-            guard !hops.isEmpty else { continue }
-            lines.append(
-                "- One tcp relay hop in each style's own code (proxy-\(size): C client -> relay -> C echo server, against the direct \(microseconds(UInt64(direct))) us), added p50, least first: "
-                    + hops.map { "\($0.0) +\(fixed($0.1, 1))" }.joined(separator: ", ") + " us.")
-        }
-        for case .proxyPump(let size) in plan.scenarios {
-            let scenario = Scenario.proxyPump(size: size)
-            guard
-                let direct = rows.first(where: { $0.backend == Self.floorName && $0.scenario == scenario })?
-                    .median.bytesPerSecond, direct > 0
-            else { continue }
-            let hops = rows.filter { $0.scenario == scenario && $0.backend != Self.floorName }
-                .compactMap { row in row.median.bytesPerSecond.map { (row.backend, $0) } }
-                .sorted { $0.1 > $1.1 }
-            guard !hops.isEmpty else { continue }
-            lines.append(
-                "- The same hop under bulk (proxypump-\(size): C pump -> relay -> C sink, against the direct \(fixed(direct / 1e6, 0)) MB/s), MB/s and share of the direct path, highest first: "
-                    + hops.map { "\($0.0) \(fixed($0.1 / 1e6, 0)) (\(fixed($0.1 / direct))x)" }.joined(separator: ", ")
-                    + ".")
-        }
-        if let pump = plan.scenarios.first(where: { $0.kind == .pump }) {
-            let candidates = rows.filter { $0.scenario == pump && $0.transport == "tcp" }
-            let ordered = candidates.sorted { ($0.median.bytesPerSecond ?? 0) > ($1.median.bytesPerSecond ?? 0) }
-                .map { "\($0.backend) \(fixed(($0.median.bytesPerSecond ?? 0) / 1e6, 0))" }.joined(separator: ", ")
-            if !ordered.isEmpty { lines.append("- \(pump) tcp, MB/s, highest first: \(ordered).") }
-        }
+        for kind in Scenario.registered { lines += summaryLines(of: kind) }
         lines += disturbanceLines()
         lines += targets()
         let measured = Set(rows.map(\.backend))
@@ -325,5 +202,10 @@ struct Report: Codable {
             "- Read the ratios from this run, never absolute numbers from another day: shared machines are noisy.",
         ]
         return lines
+    }
+
+    /// One kind's lines about the planned scenarios of that kind.
+    private func summaryLines<Kind: ScenarioKind>(of kind: Kind.Type) -> [String] {
+        Kind.summary(self, plan.scenarios.compactMap { $0.as(Kind.self) })
     }
 }

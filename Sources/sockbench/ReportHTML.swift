@@ -35,14 +35,14 @@ struct ReportHTML {
             for row in cells { body += "<tr>" + row.map { "<td>\(escape($0))</td>" }.joined() + "</tr>\n" }
             body += "</table>\n"
         }
-        let pingpongs = report.plan.scenarios.filter { $0.kind == .pingpong }
+        let pingpongs = report.plan.scenarios.filter { $0.is(PingPongScenario.self) }
         for scenario in pingpongs {
             let distribution = percentileChart(scenario)
             if !distribution.isEmpty {
                 body += "<h2>\(scenario): latency by percentile (log scales)</h2>\n" + distribution
             }
         }
-        let fanins = report.plan.scenarios.filter { $0.kind == .fanin }
+        let fanins = report.plan.scenarios.filter { $0.is(FaninScenario.self) }
         if fanins.count > 1 {
             body += "<h2>Latency against concurrency (fan-in, p50 and p99)</h2>\n" + concurrencyChart(fanins)
         }
@@ -91,9 +91,9 @@ struct ReportHTML {
     /// references, never picks.
     func verdict() -> [String] {
         let backends = Set(Backend.allCases.map(\.rawValue))
-        func rows(_ kind: Scenario.Kind, _ transport: String) -> [ReportRow] {
+        func rows(_ kind: (some ScenarioKind).Type, _ transport: String) -> [ReportRow] {
             report.rows.filter {
-                $0.scenario.kind == kind && $0.transport == transport && backends.contains($0.backend)
+                $0.scenario.is(kind) && $0.transport == transport && backends.contains($0.backend)
             }
         }
         func pick(
@@ -115,9 +115,9 @@ struct ReportHTML {
                     + escape(verdict.reason) + "."
                     + (verdict.best.flatMap(Self.codeCost).map { " In code: " + escape($0) + "." } ?? ""))
         }
-        for scenario in report.plan.scenarios where scenario.kind == .pingpong {
+        for scenario in report.plan.scenarios where scenario.is(PingPongScenario.self) {
             for transport in ["tcp", "ws"] {
-                let candidates = rows(.pingpong, transport).filter { $0.scenario == scenario }
+                let candidates = rows(PingPongScenario.self, transport).filter { $0.scenario == scenario }
                 if let line = pick(
                     "Lowest latency, \(transport) \(scenario)", candidates,
                     by: { $0.median.latency.map { Double($0.p50) } }, lowest: true,
@@ -131,7 +131,8 @@ struct ReportHTML {
                 }
             }
             if let line = pick(
-                "Least CPU per message, tcp \(scenario)", rows(.pingpong, "tcp").filter { $0.scenario == scenario },
+                "Least CPU per message, tcp \(scenario)",
+                rows(PingPongScenario.self, "tcp").filter { $0.scenario == scenario },
                 by: { $0.median.cpuPerMessageNanoseconds }, lowest: true,
                 { _, cpu in "\(fixed(cpu / 1000, 1)) us of CPU per round trip, both ends" })
             {
@@ -139,18 +140,19 @@ struct ReportHTML {
             }
             break
         }
-        for scenario in report.plan.scenarios where scenario.kind == .pump {
+        for scenario in report.plan.scenarios where scenario.is(PumpScenario.self) {
             if let line = pick(
-                "Bulk, tcp \(scenario)", rows(.pump, "tcp").filter { $0.scenario == scenario },
+                "Bulk, tcp \(scenario)", rows(PumpScenario.self, "tcp").filter { $0.scenario == scenario },
                 by: { $0.median.bytesPerSecond }, lowest: false,
                 { _, rate in "\(fixed(rate / 1e6, 0)) MB/s delivered" })
             {
                 lines.append(line)
             }
         }
-        if let scenario = report.plan.scenarios.filter({ $0.kind == .fanin }).last,
+        if let scenario = report.plan.scenarios.filter({ $0.is(FaninScenario.self) }).last,
             let line = pick(
-                "Many connections at once, tcp \(scenario)", rows(.fanin, "tcp").filter { $0.scenario == scenario },
+                "Many connections at once, tcp \(scenario)",
+                rows(FaninScenario.self, "tcp").filter { $0.scenario == scenario },
                 by: { $0.median.messagesPerSecond }, lowest: false,
                 { row, rate in
                     "\(Int(rate).formatted()) round trips/s"
@@ -170,42 +172,47 @@ struct ReportHTML {
         return lines
     }
 
-    /// One chart per transport: each backend's rows sorted best first, with a value axis.
+    /// One scenario's chart: its kind's.
     func chart(for scenario: Scenario) -> String {
-        let rows = report.rows.filter { $0.scenario == scenario }
+        scenario.kind.chart(self, rows: report.rows.filter { $0.scenario == scenario })
+    }
+
+    /// One chart per transport (headed by the transport when there are several), in the report's transport order.
+    func perTransport(_ rows: [ReportRow], _ chart: ([ReportRow]) -> String) -> String {
         let transports = Array(Set(rows.map(\.transport))).sorted {
             (Self.transportOrder.firstIndex(of: $0) ?? 99) < (Self.transportOrder.firstIndex(of: $1) ?? 99)
         }
         var html = ""
         for transport in transports {
-            let group = rows.filter { $0.transport == transport }
             if transports.count > 1 { html += "<h3>\(escape(transport))</h3>\n" }
-            switch scenario.kind {
-            case .pump, .proxyPump:
-                let sorted = group.sorted { ($0.median.bytesPerSecond ?? 0) > ($1.median.bytesPerSecond ?? 0) }
-                html += bars(
-                    sorted.map { ($0.backend, [($0.median.bytesPerSecond ?? 0) / 1e6]) },
-                    series: ["MB/s delivered"], unit: "MB/s")
-                html += cpuBars(group)
-            case .connect:
-                let sorted = group.sorted { ($0.median.latency?.p50 ?? 0) < ($1.median.latency?.p50 ?? 0) }
-                html += bars(
-                    sorted.map { ($0.backend, [Double($0.median.latency?.p50 ?? 0) / 1000]) },
-                    series: ["connect p50"], unit: "us")
-            default:
-                let sorted = group.sorted { ($0.median.latency?.p50 ?? 0) < ($1.median.latency?.p50 ?? 0) }
-                html += bars(
-                    sorted.map { row in
-                        let l = row.median.latency
-                        return (
-                            row.backend,
-                            [Double(l?.p50 ?? 0) / 1000, Double(l?.p90 ?? 0) / 1000, Double(l?.p99 ?? 0) / 1000]
-                        )
-                    }, series: ["p50", "p90", "p99"], unit: "us")
-                html += cpuBars(group)
-            }
+            html += chart(rows.filter { $0.transport == transport })
         }
         return html
+    }
+
+    /// Delivered MB/s per backend, highest first, then CPU per message; per transport.
+    func throughputBars(_ rows: [ReportRow]) -> String {
+        perTransport(rows) { group in
+            let sorted = group.sorted { ($0.median.bytesPerSecond ?? 0) > ($1.median.bytesPerSecond ?? 0) }
+            return bars(
+                sorted.map { ($0.backend, [($0.median.bytesPerSecond ?? 0) / 1e6]) },
+                series: ["MB/s delivered"], unit: "MB/s") + cpuBars(group)
+        }
+    }
+
+    /// p50, p90 and p99 per backend, lowest p50 first, then CPU per message; per transport.
+    func latencyBars(_ rows: [ReportRow]) -> String {
+        perTransport(rows) { group in
+            let sorted = group.sorted { ($0.median.latency?.p50 ?? 0) < ($1.median.latency?.p50 ?? 0) }
+            return bars(
+                sorted.map { row in
+                    let l = row.median.latency
+                    return (
+                        row.backend,
+                        [Double(l?.p50 ?? 0) / 1000, Double(l?.p90 ?? 0) / 1000, Double(l?.p99 ?? 0) / 1000]
+                    )
+                }, series: ["p50", "p90", "p99"], unit: "us") + cpuBars(group)
+        }
     }
 
     static let transportOrder = ["tcp", "udp", "tls", "ws", "wss"]
@@ -354,8 +361,8 @@ struct ReportHTML {
 
     /// p50 (solid) and p99 (dashed) against the number of connections, one line per backend x transport.
     func concurrencyChart(_ scenarios: [Scenario]) -> String {
-        let counts: [(Scenario, Int)] = scenarios.compactMap {
-            if case .fanin(let n) = $0 { return ($0, n) } else { return nil }
+        let counts: [(Scenario, Int)] = scenarios.compactMap { scenario in
+            scenario.as(FaninScenario.self).map { (scenario, $0.count) }
         }
         var lines: [String: [(Int, Double, Double)]] = [:]
         for (scenario, n) in counts {

@@ -102,11 +102,11 @@ extension Report {
     /// same passes when the run has it (native-SIZE and asyncchannel-SIZE run the C floor's ping-pong beside
     /// their rows), else its pingpong row.
     func floorRow(for row: ReportRow) -> ReportRow? {
-        let size: Int
-        switch row.scenario {
-        case .pingpong(let value), .native(let value), .asyncChannel(let value), .proxy(let value): size = value
-        default: return nil
-        }
+        let scenario = row.scenario
+        guard
+            let size = scenario.as(PingPongScenario.self)?.size ?? scenario.as(NativeScenario.self)?.size
+                ?? scenario.as(AsyncChannelScenario.self)?.size ?? scenario.as(ProxyScenario.self)?.size
+        else { return nil }
         let transport = row.transport == "udp" ? "udp" : "tcp"
         return self.row(Self.floorName, transport, row.scenario)
             ?? self.row(Self.floorName, transport, .pingpong(size: size))
@@ -114,7 +114,9 @@ extension Report {
 
     /// The price of the unified API: a tcp pingpong-SIZE row's p50 over the same backend's native-SIZE p50.
     func unifiedPrice(for row: ReportRow) -> Ratio? {
-        guard case .pingpong(let size) = row.scenario, row.transport == "tcp", row.backend != Self.floorName else {
+        guard let size = row.scenario.as(PingPongScenario.self)?.size, row.transport == "tcp",
+            row.backend != Self.floorName
+        else {
             return nil
         }
         return p50Ratio(row, over: self.row(row.backend, "tcp", .native(size: size)))
@@ -123,7 +125,7 @@ extension Report {
     /// A pump row against the C floor's pump of the same size: MB/s delivered for tcp, datagrams received per
     /// second at the sink for udp (goodput; what the UDP target compares).
     func pumpFloorRatio(for row: ReportRow?) -> Ratio? {
-        guard let row, row.scenario.kind == .pump || row.scenario.kind == .proxyPump,
+        guard let row, row.scenario.is(PumpScenario.self) || row.scenario.is(ProxyPumpScenario.self),
             row.transport == "tcp" || row.transport == "udp"
         else { return nil }
         let floor = self.row(Self.floorName, row.transport, row.scenario)
@@ -231,7 +233,7 @@ extension Report {
     /// judged against N x one connection's p99.9: within it, queueing behind the others explains it; above it,
     /// "unexplained" (something else: a stall, a timer, the machine).
     func faninExpectation(_ row: ReportRow) -> [String] {
-        guard case .fanin(let connections) = row.scenario,
+        guard let connections = row.scenario.connections, row.scenario.is(FaninScenario.self),
             let single = self.row(row.backend, row.transport, .pingpong(size: 64))?.median.latency,
             let measured = row.median.latency
         else { return ["-", "-", microseconds(row.median.latency?.p999 ?? 0)] }

@@ -57,7 +57,7 @@ extension Report {
         // The open-loop rows against the C floor's paced client at the same rate and transport (the trust issue's
         // second "done when"): p50 from the actual send time in each row's quiet stretches, as the rate tables'
         // "x C floor" column (the machine's speed moved a whole repetition's plain p50 by up to 1.9x).
-        for case .rate(let perSecond) in plan.scenarios {
+        for perSecond in plan.scenarios.compactMap({ $0.as(RateScenario.self)?.perSecond }) {
             for transport in plan.transports {
                 targets.append(
                     PerformanceTarget(

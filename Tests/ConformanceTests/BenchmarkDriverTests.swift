@@ -7,17 +7,6 @@ import Testing
 /// measure what they claim (every byte delivered, every message matched), whatever the figures are.
 @Suite("Benchmark driver scenarios", .timeLimit(.minutes(10)))
 struct BenchmarkDriverTests {
-    @Test(
-        "Scenario names carry their parameters and parse back",
-        arguments: [
-            "pingpong-64", "pingpong-1k", "proxy-64", "rate-10k", "pump-64k", "pump-1400", "connect", "fanin-100",
-        ])
-    func names(_ name: String) throws {
-        let scenario = try Scenario(name: name)
-        #expect(try Scenario(name: scenario.description) == scenario)
-        #expect(name.hasPrefix(scenario.kind.rawValue))
-    }
-
     @Test("soak: every byte comes back verified over every backend x transport", arguments: ConformanceCase.all)
     func soakClean(_ test: ConformanceCase) async throws {
         try await SocketTest.run {
@@ -102,13 +91,6 @@ struct BenchmarkDriverTests {
             await listener.close()
             await silent.value?.close()
         }
-    }
-
-    @Test("Unknown or malformed scenario names are rejected with the reason")
-    func badNames() {
-        #expect(throws: ScenarioError.self) { try Scenario(name: "teleport") }
-        #expect(throws: ScenarioError.self) { try Scenario(name: "rate") }
-        #expect(throws: ScenarioError.self) { try Scenario(name: "fanin-0") }
     }
 
     @Test("pump delivers every byte to the sink, which reports the count", arguments: [Transport.tcp, .ws, .tls])

@@ -31,20 +31,6 @@ struct WorkloadTests {
         }
     }
 
-    @Test(
-        "A workload's scenario name carries every parameter and parses back",
-        arguments: [
-            Workload(connections: 1000, perSecond: 10, size: 200, seconds: 3),
-            Workload(connections: 4, perSecond: 0.5, size: 8, seconds: 2.5),
-            Workload(connections: 16, perSecond: 1250, size: 1024, seconds: 0.25),
-        ])
-    func names(_ workload: Workload) throws {
-        let scenario = Scenario.workload(workload)
-        #expect(try Scenario(name: scenario.description) == scenario, "\(scenario)")
-        #expect(scenario.connections == workload.connections)
-        #expect(scenario.kind == .workload)
-    }
-
     /// Every message goes on its own connection in turn and comes back on it: the run counts each echo once,
     /// loses none over a reliable transport, and spreads the load over every connection.
     @Test(
