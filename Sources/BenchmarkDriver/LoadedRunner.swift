@@ -84,7 +84,7 @@ public struct LoadedRunner: Sendable {
         let (run, bytes, elapsed) = try outcome.get()
         var measurement = ScenarioResult()
         measurement.latency = run.latency
-        measurement.messages = probe.count
+        measurement.messages = Int(run.latency.count)
         measurement.lost = run.lost
         measurement.elapsedNanoseconds = run.elapsedNanoseconds
         measurement.messagesPerSecond = run.roundTripsPerSecond

@@ -74,6 +74,11 @@ public struct PingRunner: Sendable {
     public var timeout: Duration?
     /// Checked between round trips: once requested, the run ends with what it measured (`nil`: runs `count`).
     public var stop: RunStop?
+    /// The measured part ends once it has lasted this long (from the end of the warm-up) and made at least
+    /// ``minimumCount`` round trips; `count` stays the most (`nil`: `count` round trips).
+    public var duration: Duration?
+    /// With ``duration``: the round trips the measured part makes however long they take.
+    public var minimumCount = 0
     /// How often ``onInterval`` gets the round trips of the interval just ended (`nil`: never). Called on the
     /// loop's executor: it should only hand the interval over.
     public var reportEvery: Duration?
@@ -173,6 +178,12 @@ public struct PingRunner: Sendable {
         return try outcome.get()
     }
 
+    /// When a measured part that began at `start` may end (``duration``), `UInt64.max` without one.
+    private func endOfWindow(from start: UInt64) -> UInt64 {
+        guard let duration else { return .max }
+        return start &+ UInt64(max(0, duration.wholeNanoseconds))
+    }
+
     /// When the last round trip finished, for the watchdog.
     private final class Progress: Sendable {
         let last = Atomic<UInt64>(MonotonicClock.nanoseconds())
@@ -184,12 +195,15 @@ public struct PingRunner: Sendable {
         var recorder = Recorder(self)
         var payload = [UInt8](repeating: 0x5a, count: size)
         var start: UInt64 = 0
+        var deadline = UInt64.max
         for index in 0..<(warmup + count) {
             if let stop, stop.isRequested { break }
             if index == warmup {
                 start = MonotonicClock.nanoseconds()
                 recorder.begin(at: start)
+                deadline = endOfWindow(from: start)
             }
+            if index >= warmup + minimumCount, deadline != .max, MonotonicClock.nanoseconds() >= deadline { break }
             Self.stamp(&payload, UInt64(index))
             let sent = MonotonicClock.nanoseconds()
             try await connection.send(payload)
@@ -249,13 +263,16 @@ public struct PingRunner: Sendable {
         var stale = 0
         var payload = [UInt8](repeating: 0x5a, count: size)
         var start: UInt64 = 0
+        var deadline = UInt64.max
         for index in 0..<(warmup + count) {
             if let stop, stop.isRequested { break }
             if index == warmup {
                 start = MonotonicClock.nanoseconds()
                 recorder.begin(at: start)
+                deadline = endOfWindow(from: start)
                 probe.state.withLock { $0.lost = 0 }
             }
+            if index >= warmup + minimumCount, deadline != .max, MonotonicClock.nanoseconds() >= deadline { break }
             let outgoing: Message
             if let messageMaker {
                 outgoing = messageMaker(index)

@@ -16,10 +16,10 @@ struct Compare: AsyncParsableCommand {
             Starts one server process per backend x transport (an echo server, and a sink for pump scenarios), \
             then runs each scenario against each, backends interleaved and the order rotated, --repetitions \
             times, and reports the median with the spread. Client and server are pinned (--placement). \
-            Scenarios: pingpong-SIZE, rate-PERSECOND, pump-SIZE, connect, fanin-N (docs/benchmarks.md says what \
-            each times). The quick default takes about four minutes; --full goes deep; --workload runs your own \
-            load and names the backend that holds it best.
+            The quick default takes about four minutes; --full goes deep; --workload runs your own load and names \
+            the backend that holds it best. Scenarios (docs/benchmarks.md says what each times):
             """
+                + Scenario.registered.map { "\n  \($0.usage): \($0.about)" }.joined()
     )
 
     @Option(help: "Comma-separated backends, or `all` (\(Backend.allCases.map(\.name).joined(separator: ", "))).")

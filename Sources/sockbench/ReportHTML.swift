@@ -215,6 +215,68 @@ struct ReportHTML {
         }
     }
 
+    /// One line per name (a backend's colour) through its points, the x values evenly spaced in order (the
+    /// K of loaded-K, the N of broadcast-N), y on a log scale when `logY`.
+    func lineChart(_ lines: [String: [(Double, Double)]], x xLabel: String, y yLabel: String, logY: Bool) -> String {
+        let xs = Array(Set(lines.values.flatMap { $0.map(\.0) })).sorted()
+        let ys = lines.values.flatMap { $0.map(\.1) }.filter { $0 > 0 }
+        guard !xs.isEmpty, let low = ys.min(), let high = ys.max() else { return "" }
+        let width = 900.0
+        let height = 340.0
+        let (left, right, top, bottom) = (70.0, 150.0, 20.0, 44.0)
+        let (lowY, highY) =
+            logY ? (floor(log10(max(low, 0.1))), ceil(log10(max(high, low * 10)))) : (0, niceCeiling(max(high, 1e-9)))
+        func x(_ value: Double) -> Double {
+            let index = Double(xs.firstIndex(of: value) ?? 0)
+            return left + (xs.count > 1 ? index / Double(xs.count - 1) : 0.5) * (width - left - right)
+        }
+        func y(_ value: Double) -> Double {
+            let fraction =
+                logY ? (log10(max(value, 0.1)) - lowY) / max(1e-9, highY - lowY) : value / max(1e-9, highY)
+            return height - bottom - fraction * (height - top - bottom)
+        }
+        var svg =
+            "<svg class=lines width=\"\(Int(width))\" height=\"\(Int(height))\" viewBox=\"0 0 \(Int(width)) \(Int(height))\" role=\"img\">"
+        svg +=
+            "<line class=axis x1=\"\(left)\" y1=\"\(height - bottom)\" x2=\"\(width - right)\" y2=\"\(height - bottom)\" stroke=\"#999\"/>"
+        svg +=
+            "<line class=axis x1=\"\(left)\" y1=\"\(top)\" x2=\"\(left)\" y2=\"\(height - bottom)\" stroke=\"#999\"/>"
+        for value in xs {
+            svg +=
+                "<text x=\"\(fixed(x(value), 1))\" y=\"\(height - bottom + 16)\" font-size=\"11\" text-anchor=\"middle\">\(Int(value).formatted())</text>"
+        }
+        svg +=
+            "<text x=\"\((width - right + left) / 2)\" y=\"\(height - 8)\" font-size=\"11\" text-anchor=\"middle\">\(escape(xLabel))</text>"
+        svg +=
+            "<text x=\"12\" y=\"\(top - 6)\" font-size=\"11\">\(escape(yLabel))</text>"
+        if logY {
+            svg += decades(from: lowY, to: highY, left: left, right: width - right, y: y) {
+                $0 >= 1000 ? "\(Int($0 / 1000).formatted()) ms" : "\($0 < 1 ? fixed($0, 1) : "\(Int($0))") us"
+            }
+        } else {
+            for fraction in [0.0, 0.5, 1.0] {
+                svg +=
+                    "<text x=\"\(left - 6)\" y=\"\(fixed(y(highY * fraction) + 4, 1))\" font-size=\"10\" text-anchor=\"end\">\(fixed(highY * fraction, 0))</text>"
+            }
+        }
+        let order = [Report.floorName] + Backend.allCases.map(\.name)
+        let names = lines.keys.sorted { (order.firstIndex(of: $0) ?? 99, $0) < (order.firstIndex(of: $1) ?? 99, $1) }
+        for (index, name) in names.enumerated() {
+            let color = Self.color(of: name)
+            let points = (lines[name] ?? []).filter { $0.1 > 0 }.sorted { $0.0 < $1.0 }
+            let path = points.map { "\(fixed(x($0.0), 1)),\(fixed(y($0.1), 1))" }.joined(separator: " ")
+            svg +=
+                "<polyline class=curve data-source=\"\(escape(name))\" points=\"\(path)\" fill=\"none\" stroke=\"\(color)\" stroke-width=\"2\"/>"
+            for point in points {
+                svg +=
+                    "<circle cx=\"\(fixed(x(point.0), 1))\" cy=\"\(fixed(y(point.1), 1))\" r=\"2.5\" fill=\"\(color)\"/>"
+            }
+            svg +=
+                "<text x=\"\(width - right + 8)\" y=\"\(top + 14 * Double(index) + 8)\" font-size=\"11\" fill=\"\(color)\">\(escape(name))</text>"
+        }
+        return svg + "</svg>\n"
+    }
+
     static let transportOrder = ["tcp", "udp", "tls", "ws", "wss"]
 
     /// The same colour for a backend (or reference) in every line chart of the page.

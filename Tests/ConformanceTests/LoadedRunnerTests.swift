@@ -41,4 +41,24 @@ struct LoadedRunnerTests {
             await server.stop()
         }
     }
+
+    @Test("A probe given a duration makes at least its minimum of round trips, and stops at the end of its window")
+    func window() async throws {
+        try await SocketTest.run {
+            let server = try await EchoServer.start(.async, on: try Endpoint(url: "tcp://127.0.0.1:0"))
+            let connection = try await Backend.async.connect(to: server.endpoint)
+            var probe = PingRunner(count: 1_000_000, warmup: 5)
+            probe.duration = .zero
+            probe.minimumCount = 50
+            #expect(try await probe.run(on: connection).latency.count == 50, "a window already over: the minimum")
+            probe.duration = .milliseconds(200)
+            probe.minimumCount = 0
+            let started = ContinuousClock.now
+            let result = try await probe.run(on: connection)
+            #expect(result.latency.count > 0 && result.latency.count < 1_000_000, "stopped by the window")
+            #expect(ContinuousClock.now - started < .seconds(10))
+            await connection.close()
+            await server.stop()
+        }
+    }
 }

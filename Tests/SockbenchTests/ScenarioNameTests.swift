@@ -13,6 +13,7 @@ struct ScenarioNameTests {
         arguments: [
             "pingpong-64", "pingpong-1k", "native-64", "asyncchannel-64", "proxy-64", "proxypump-64k", "rate-10k",
             "pump-64k", "pump-1400", "connect", "fanin-100", "json", "json-deflate", "workload-16x100/s-64B-2s",
+            "loaded-0", "loaded-16",
         ])
     func names(_ name: String) throws {
         let scenario = try Scenario(name: name)
@@ -34,11 +35,16 @@ struct ScenarioNameTests {
         #expect(try Scenario(name: "json-deflate").as(JSONScenario.self)?.deflate == true)
         #expect(try Scenario(name: "pingpong-64").countsRoundTrips)
         #expect(try !Scenario(name: "pump-64").countsRoundTrips)
+        #expect(try Scenario(name: "loaded-0").connections == 1)
+        #expect(try Scenario(name: "loaded-16").as(LoadedScenario.self)?.bulk == 16)
     }
 
     @Test("Unknown or malformed scenario names are rejected with the reason")
     func badNames() {
-        for bad in ["teleport", "rate", "fanin-0", "fanin", "pingpong-x", "connect-3", "json-zip", "workload", ""] {
+        for bad in [
+            "teleport", "rate", "fanin-0", "fanin", "pingpong-x", "connect-3", "json-zip", "workload", "",
+            "loaded", "loaded-x", "loaded--1",
+        ] {
             #expect(throws: ScenarioError.self, "\(bad)") { try Scenario(name: bad) }
         }
         do {

@@ -93,6 +93,7 @@ struct Scenario: Sendable, Hashable, Codable, CustomStringConvertible {
         ConnectScenario.self,
         FaninScenario.self,
         JSONScenario.self,
+        LoadedScenario.self,
     ]
 
     /// The kind with its parameters.
