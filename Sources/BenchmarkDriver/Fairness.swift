@@ -31,6 +31,15 @@ public struct Fairness: Sendable, Codable, Hashable {
         worstP99 = p99s.last
     }
 
+    /// `throughputs` as above; `p99s`: each connection's own 99th percentile, nanoseconds, computed where its
+    /// samples were (another process).
+    public init(throughputs: [Double], p99s: [UInt64]) {
+        self.init(throughputs: throughputs)
+        let sorted = p99s.sorted()
+        medianP99 = sorted.isEmpty ? nil : sorted[(sorted.count - 1) / 2]
+        worstP99 = sorted.last
+    }
+
     /// Jain's index of `values` (non-negative). All equal, none at all, or all zero: 1.
     public static func jainIndex(_ values: [Double]) -> Double {
         let sum = values.reduce(0, +)
@@ -40,7 +49,7 @@ public struct Fairness: Sendable, Codable, Hashable {
     }
 
     /// The nearest-rank percentile (the smallest sample with at least `percent` of the samples at or below it).
-    static func percentile(_ percent: Double, of samples: [UInt64]) -> UInt64? {
+    public static func percentile(_ percent: Double, of samples: [UInt64]) -> UInt64? {
         guard !samples.isEmpty else { return nil }
         let sorted = samples.sorted()
         let rank = Int((percent / 100 * Double(sorted.count)).rounded(.up))

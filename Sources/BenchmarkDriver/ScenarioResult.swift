@@ -37,8 +37,11 @@ public struct ScenarioResult: Sendable, Codable {
     public var serverKiBPerConnection: Double?
     /// fanin: the same for the client (the load generator).
     public var clientKiBPerConnection: Double?
-    /// fanin and workload: whether every connection got its share (``Fairness``).
+    /// fanin, workload, loaded (its bulk connections) and broadcast: whether every connection got its share
+    /// (``Fairness``).
     public var fairness: Fairness?
+    /// broadcast: per message, the first and the last client's receipt, the asker's answer, what went missing.
+    public var broadcast: BroadcastFigures?
     /// Wall-clock time of the measured window, nanoseconds.
     public var elapsedNanoseconds: UInt64 = 0
     /// The client process during the window (peak memory: so far).

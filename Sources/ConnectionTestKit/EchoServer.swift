@@ -17,10 +17,12 @@ public final class EchoServer: Sendable {
     /// What the server does with what it receives.
     public let mode: Mode
 
-    /// Echo every message back, or count and discard (the receiving end of a one-way `pump`).
+    /// Echo every message back, count and discard (the receiving end of a one-way `pump`), or send what one client
+    /// asks for to every other client (``Broadcast``: the server of `broadcast-N`).
     public enum Mode: String, Sendable {
         case echo
         case sink
+        case broadcast
     }
 
     /// Listens on `endpoint` with `backend` and starts serving.
@@ -66,6 +68,10 @@ public final class EchoServer: Sendable {
                         switch mode {
                         case .echo: await Self.echo(connection)
                         case .sink: await PumpSink.serve(connection)
+                        case .broadcast:
+                            await Broadcast.serve(connection) { [self] in
+                                connections.withLock { Array($0.values) }
+                            }
                         }
                         connections.withLock { $0[id] = nil }
                         await connection.close()

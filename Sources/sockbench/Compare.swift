@@ -175,7 +175,11 @@ struct Compare: AsyncParsableCommand {
             for role in roles {
                 let context = ServerStart(
                     backend: backend, transport: transport, plan: plan, upstream: upstreams[role.mode],
-                    serve: { mode in try await start(backend, transport, mode) })
+                    serve: { mode, extra in
+                        try await Self.startServer(
+                            backend, transport, mode, extraArguments: extra, agent: agent, certificates: certificates,
+                            plan: plan)
+                    })
                 servers[role.mode] = try await role.start(context)
             }
             return Target(backend: backend, transport: transport, echo: echo, servers: servers)

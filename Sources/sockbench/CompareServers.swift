@@ -135,8 +135,8 @@ final class ChildServer: ServerHandle {
 extension Compare {
     /// Starts one server: a child process here, or one the agent starts there.
     static func startServer(
-        _ backend: Backend?, _ transport: Transport, _ mode: String, agent: AgentClient?,
-        certificates: TestCertificates?, plan: Plan
+        _ backend: Backend?, _ transport: Transport, _ mode: String, extraArguments: [String] = [],
+        agent: AgentClient?, certificates: TestCertificates?, plan: Plan
     ) async throws -> any ServerHandle {
         // A udp sink's receive buffer (--udp-sink-buffer): the agent's mode `sink:BYTES`, a local server's flag.
         let sinkBuffer = mode == "sink" && transport == .udp ? plan.udpSinkBuffer : nil
@@ -145,6 +145,7 @@ extension Compare {
             transport.isSecure ? ["--cert", certificates!.server.certificate, "--key", certificates!.server.key] : []
         if mode != "echo" { arguments.append("--\(mode)") }
         if let sinkBuffer { arguments += ["--socket-buffer", "\(sinkBuffer)"] }
+        arguments += extraArguments
         // WebSocket echo servers accept permessage-deflate; only the json-deflate clients offer it.
         if mode == "echo", transport == .ws || transport == .wss, backend != nil { arguments.append("--deflate") }
         return try ChildServer.start(

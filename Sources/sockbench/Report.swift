@@ -175,6 +175,12 @@ struct Report: Codable {
         result.clientKiBPerConnection = mid(runs.compactMap(\.clientKiBPerConnection))
         result.client = usage(runs.compactMap(\.client))
         result.server = usage(runs.compactMap(\.server))
+        // A broadcast's figures: those of its median repetition by the last receipt's p95 (the percentiles of one
+        // repetition's messages stay together).
+        let broadcasts = runs.compactMap(\.broadcast).sorted {
+            ($0.lastReceipt?.p95 ?? .max) < ($1.lastReceipt?.p95 ?? .max)
+        }
+        result.broadcast = broadcasts.isEmpty ? nil : broadcasts[broadcasts.count / 2]
         let fairness = runs.compactMap(\.fairness)
         if var median = fairness.first {
             median.jainIndex = mid(fairness.map(\.jainIndex))!

@@ -31,6 +31,12 @@ struct Serve: AsyncParsableCommand {
 
     @Flag(
         help:
+            "tcp, ws: send what a client asks for to every other client connected, then answer it (the server of `compare`'s broadcast-N; docs/benchmarks.md)."
+    )
+    var broadcast = false
+
+    @Flag(
+        help:
             "Serve in the backend's own style instead of through Listener/Connection (tcp; \(Backend.nio.name) also ws with NIOWebSocket, tls and wss with swift-nio-ssl): the server side of `compare`'s native-SIZE."
     )
     var native = false
@@ -85,6 +91,7 @@ struct Serve: AsyncParsableCommand {
         guard udpPeerIdle > 0 else { throw ValidationError("--udp-peer-idle must be above 0") }
         guard maxUDPPeers >= 1 else { throw ValidationError("--max-udp-peers must be at least 1") }
         guard (0...9).contains(deflateLevel) else { throw ValidationError("--deflate-level must be 0-9") }
+        guard !(sink && broadcast) else { throw ValidationError("--sink and --broadcast are two different servers") }
     }
 
     func run() async throws {
@@ -120,7 +127,7 @@ struct Serve: AsyncParsableCommand {
             let numbered = endpoint.transport.isByteStream ? nil : LessonTrace.leadingNumber
             server = EchoServer(
                 listener: recorder.map { $0.trace(listener, phase: 0, number: numbered) } ?? listener,
-                mode: sink ? .sink : .echo)
+                mode: sink ? .sink : broadcast ? .broadcast : .echo)
             server.begin()
         } catch {
             throw fail(error.description)
@@ -148,7 +155,7 @@ struct Serve: AsyncParsableCommand {
 extension Serve {
     func serveNative(_ endpoint: Endpoint, _ backend: Backend) async throws {
         let flag = asyncChannel ? "--async-channel" : "--native"
-        guard !sink, !(native && asyncChannel) else {
+        guard !sink, !broadcast, !(native && asyncChannel) else {
             throw fail("\(flag) serves an echo (no --sink, not both --native and --async-channel)")
         }
         let tlsConfiguration = try tls.configuration(for: endpoint.transport)

@@ -94,6 +94,7 @@ struct Scenario: Sendable, Hashable, Codable, CustomStringConvertible {
         FaninScenario.self,
         JSONScenario.self,
         LoadedScenario.self,
+        BroadcastScenario.self,
     ]
 
     /// The kind with its parameters.
@@ -200,8 +201,12 @@ struct ServerStart {
     let plan: Compare.Plan
     /// The role's upstream when it has one and the servers run here (`nil` with `--server`).
     let upstream: ChildServer?
-    /// Starts `sockbench serve` in a mode: a child process here, or one the agent starts there.
-    let serve: (String) async throws -> any ServerHandle
+    /// Starts `sockbench serve` in a mode, with more arguments (here: an agent starts the mode alone): a child
+    /// process here, or one the agent starts there.
+    let serve: (String, [String]) async throws -> any ServerHandle
+
+    /// `serve` with no more arguments.
+    func serve(_ mode: String) async throws -> any ServerHandle { try await serve(mode, []) }
 }
 
 /// What a scenario's measurement is given: the target, the server it runs against, the plan, the client's TLS,
