@@ -87,13 +87,29 @@ public enum Broadcast {
 
     /// Sends one message: a text message over WebSocket, length-prefixed over a byte stream.
     public static func send(_ bytes: [UInt8], on connection: any Connection) async throws(ConnectionError) {
-        if connection.transport.isByteStream {
+        try await send(Framed(bytes), on: connection)
+    }
+
+    /// A message made ready to send once, to be sent to many connections: its length prefix and its WebSocket
+    /// message built once, not per client.
+    public struct Framed: Sendable {
+        let prefixed: [UInt8]
+        let text: Message
+
+        public init(_ bytes: [UInt8]) {
             let length = UInt32(bytes.count)
-            try await connection.send(
+            prefixed =
                 [UInt8(length >> 24), UInt8(length >> 16 & 0xFF), UInt8(length >> 8 & 0xFF), UInt8(length & 0xFF)]
-                    + bytes)
+                + bytes
+            text = Message(kind: .text, bytes: bytes)
+        }
+    }
+
+    public static func send(_ framed: Framed, on connection: any Connection) async throws(ConnectionError) {
+        if connection.transport.isByteStream {
+            try await connection.send(framed.prefixed)
         } else {
-            try await connection.send(Message(kind: .text, bytes: bytes))
+            try await connection.send(framed.text)
         }
     }
 
@@ -137,7 +153,7 @@ public enum Broadcast {
                 var header = request
                 header.kind = .message
                 header.server = MonotonicClock.nanoseconds()
-                let message = encode(header, body: MarketData.book(Int(request.sequence % 1_000_000)))
+                let message = Framed(encode(header, body: MarketData.book(Int(request.sequence % 1_000_000))))
                 for other in everyone() where ObjectIdentifier(other) != me {
                     try? await send(message, on: other)
                 }
