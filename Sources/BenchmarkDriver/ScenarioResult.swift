@@ -40,6 +40,8 @@ public struct ScenarioResult: Sendable, Codable {
     /// fanin, workload, loaded (its bulk connections) and broadcast: whether every connection got its share
     /// (``Fairness``).
     public var fairness: Fairness?
+    /// workload with `bulk=K`: the bytes per second the bulk connections beside it got echoed during its window.
+    public var bulkBytesPerSecond: Double?
     /// broadcast: per message, the first and the last client's receipt, the asker's answer, what went missing.
     public var broadcast: BroadcastFigures?
     /// Wall-clock time of the measured window, nanoseconds.

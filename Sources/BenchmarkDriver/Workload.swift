@@ -14,12 +14,16 @@ public struct Workload: Sendable, Hashable, Codable, CustomStringConvertible {
     public var size: Int
     /// Measured seconds (after a quarter second of warm-up that is not recorded).
     public var seconds: Double
+    /// Bulk connections to the same server beside the load (`bulk=K`), each carrying as much as it can, every
+    /// byte echoed (``LoadedRunner``'s flows: 64 KiB writes, udp 1,400-byte datagrams); `nil`: none.
+    public var bulk: Int?
 
-    public init(connections: Int, perSecond: Double, size: Int = 64, seconds: Double = 3) {
+    public init(connections: Int, perSecond: Double, size: Int = 64, seconds: Double = 3, bulk: Int? = nil) {
         self.connections = connections
         self.perSecond = perSecond
         self.size = size
         self.seconds = seconds
+        self.bulk = bulk.flatMap { $0 > 0 ? $0 : nil }
     }
 
     /// Messages per second over all connections: what the server is offered.
@@ -30,6 +34,7 @@ public struct Workload: Sendable, Hashable, Codable, CustomStringConvertible {
 
     public var description: String {
         "workload-\(connections)x\(Self.number(perSecond))/s-\(size)B-\(Self.number(seconds))s"
+            + (bulk.map { "-bulk\($0)" } ?? "")
     }
 
     /// `12`, `0.5`, `2.25`: a rate or duration as the name writes it.
@@ -54,6 +59,9 @@ public struct Workload: Sendable, Hashable, Codable, CustomStringConvertible {
             throw ScenarioError(
                 message: "a workload's messages need at least 8 bytes (each carries its sequence number)")
         }
+        guard (bulk ?? 0) <= 1_000 else {
+            throw ScenarioError(message: "at most 1,000 bulk connections beside a workload")
+        }
         guard seconds > 0, seconds <= 600 else {
             throw ScenarioError(message: "a workload's duration must be above 0 and at most 600 s")
         }
@@ -66,21 +74,24 @@ public struct Workload: Sendable, Hashable, Codable, CustomStringConvertible {
         return self
     }
 
-    /// Parses the scenario name's part after `workload-`: `1000x10/s-200B-3s` (size and duration may be left
-    /// out: 64 B, 3 s).
+    /// Parses the scenario name's part after `workload-`: `1000x10/s-200B-3s`, `16x100/s-64B-3s-bulk4` (size and
+    /// duration may be left out: 64 B, 3 s; bulk connections: none).
     public init(name: String) throws(ScenarioError) {
         let parts = name.split(separator: "-").map(String.init)
-        let shape = "workload-CONNECTIONSxRATE/s[-SIZEB][-SECONDSs], e.g. workload-1000x10/s-200B-3s"
-        guard (1...3).contains(parts.count) else { throw ScenarioError(message: "'\(name)': expected \(shape)") }
+        let shape = "workload-CONNECTIONSxRATE/s[-SIZEB][-SECONDSs][-bulkK], e.g. workload-1000x10/s-200B-3s"
+        guard (1...4).contains(parts.count) else { throw ScenarioError(message: "'\(name)': expected \(shape)") }
         let load = parts[0].lowercased().split(separator: "x", maxSplits: 1).map(String.init)
         guard load.count == 2, let connections = Int(load[0]), let rate = Self.rate(load[1]) else {
             throw ScenarioError(message: "'\(name)': expected \(shape)")
         }
         var size = 64
         var seconds = 3.0
+        var bulk: Int?
         for part in parts.dropFirst() {
             let lower = part.lowercased()
-            if lower.hasSuffix("b"), let value = Self.size(String(lower.dropLast())) {
+            if lower.hasPrefix("bulk"), let value = Int(lower.dropFirst(4)), value > 0 {
+                bulk = value
+            } else if lower.hasSuffix("b"), let value = Self.size(String(lower.dropLast())) {
                 size = value
             } else if let value = Self.duration(lower) {
                 seconds = value
@@ -88,7 +99,8 @@ public struct Workload: Sendable, Hashable, Codable, CustomStringConvertible {
                 throw ScenarioError(message: "'\(name)': '\(part)' is neither a size (200B) nor a duration (3s)")
             }
         }
-        self = try Workload(connections: connections, perSecond: rate, size: size, seconds: seconds).validated()
+        self = try Workload(connections: connections, perSecond: rate, size: size, seconds: seconds, bulk: bulk)
+            .validated()
     }
 
     /// `10/s`, `10`, `2k/s`, `600/min`.
@@ -141,7 +153,8 @@ public struct Workload: Sendable, Hashable, Codable, CustomStringConvertible {
         return value * scale
     }
 
-    /// What `sockbench compare --workload` takes: `connections=N,rate=R/s,size=S,transport=T[,duration=D][,p99=B]`,
+    /// What `sockbench compare --workload` takes:
+    /// `connections=N,rate=R/s,size=S,transport=T[,duration=D][,p99=B][,bulk=K]`,
     /// keys in any order; `rate` is per connection (`total=R/s` gives the rate over all connections instead).
     public struct Specification: Sendable, Hashable {
         public var workload: Workload
@@ -159,7 +172,8 @@ public struct Workload: Sendable, Hashable, Codable, CustomStringConvertible {
             var seconds = 3.0
             var transport: Transport?
             var bound: UInt64?
-            let keys = "connections, rate (per connection), total, size, transport, duration, p99"
+            var bulk: Int?
+            let keys = "connections, rate (per connection), total, size, transport, duration, p99, bulk"
             for item in text.split(separator: ",") {
                 let pair = item.split(separator: "=", maxSplits: 1).map {
                     String($0).trimmingCharacters(in: " ")
@@ -193,6 +207,11 @@ public struct Workload: Sendable, Hashable, Codable, CustomStringConvertible {
                 case "duration", "seconds":
                     guard let number = Workload.duration(value) else { throw bad("a duration, e.g. 3s or 500ms") }
                     seconds = number
+                case "bulk":
+                    guard let number = Int(value), number >= 0 else {
+                        throw bad("the bulk connections beside the load, e.g. 4")
+                    }
+                    bulk = number
                 case "p99":
                     guard let number = Workload.duration(value) else {
                         throw bad("a latency, e.g. 1ms or 500us")
@@ -208,8 +227,9 @@ public struct Workload: Sendable, Hashable, Codable, CustomStringConvertible {
             guard let perConnection = rate ?? total.map({ $0 / Double(connections) }) else {
                 throw ScenarioError(message: "a workload needs rate=R/s (per connection) or total=R/s")
             }
-            workload = try Workload(connections: connections, perSecond: perConnection, size: size, seconds: seconds)
-                .validated()
+            workload = try Workload(
+                connections: connections, perSecond: perConnection, size: size, seconds: seconds, bulk: bulk
+            ).validated()
             self.transport = transport
             p99Bound = bound
         }

@@ -56,6 +56,35 @@ public struct WorkloadRunner: Sendable {
         let opened = try await FaninRunner.open(
             workload.connections, size: workload.size, serverUsage: serverUsage, connect: connect)
         let clients = opened.clients
+        // Bulk connections beside the load (`bulk=K`): each keeps as much in flight as ``LoadedRunner``'s flows,
+        // from before the window opens to its end; the bytes echoed in the window are what they got meanwhile.
+        var flows: [LoadedRunner.Flow] = []
+        do throws(ConnectionError) {
+            for _ in 0..<(workload.bulk ?? 0) {
+                let connection = try await connect()
+                flows.append(
+                    LoadedRunner.Flow(connection, size: connection.transport == .udp ? 1_400 : 65_536, window: 8))
+            }
+        } catch {
+            for flow in flows { await flow.connection.abort() }
+            for client in clients { await client.close() }
+            throw error
+        }
+        let bulk = flows
+        let bulkTasks = Task {
+            await withTaskGroup(of: Void.self) { group in
+                for flow in bulk {
+                    group.addTask(executorPreference: flow.connection.preferredExecutor) { await flow.send() }
+                    group.addTask(executorPreference: flow.connection.preferredExecutor) { await flow.receive() }
+                    if flow.connection.transport == .udp {
+                        group.addTask { await flow.refill(after: .milliseconds(50)) }
+                    }
+                }
+            }
+        }
+        for flow in bulk { await flow.firstEcho() }
+        let bulkBefore = bulk.map(\.echoedBytes)
+        let bulkStart = MonotonicClock.nanoseconds()
         await startWindow()
         let schedule = schedule
         let total = schedule.total
@@ -155,7 +184,13 @@ public struct WorkloadRunner: Sendable {
             }
         }
         let pacerCPU = await pacer.end()
+        let bulkBytes = zip(bulk.map(\.echoedBytes), bulkBefore).map { $0 - $1 }
+        let bulkElapsed = MonotonicClock.nanoseconds() &- bulkStart
         await endWindow()
+        for flow in bulk { flow.stop() }
+        for flow in bulk { await flow.connection.abort() }
+        bulkTasks.cancel()
+        await bulkTasks.value
         for client in clients { await client.close() }
         if let failure { throw failure }
         var measurement = schedule.result(intended: intended, actual: actual, received: received)
@@ -165,6 +200,9 @@ public struct WorkloadRunner: Sendable {
         measurement.clientKiBPerConnection = opened.clientKiBPerConnection
         measurement.fairness = Self.fairness(
             connections: count, skip: schedule.skip, intended: intended, received: received)
+        if !bulk.isEmpty {
+            measurement.bulkBytesPerSecond = Double(bulkBytes.reduce(0, +)) / (Double(max(1, bulkElapsed)) / 1e9)
+        }
         return measurement
     }
 

@@ -179,7 +179,7 @@ public struct WorkloadVerdict: Sendable, Codable, Hashable {
     /// The verdict as the report prints it: a line for the load, one per backend, and the choice.
     public var lines: [String] {
         var lines = [
-            "\(workload) over \(transport): \(workload.connections) connection(s) x \(Workload.number(workload.perSecond))/s = \(fixed(offeredPerSecond, 0)) messages/s of \(workload.size) B for \(Workload.number(workload.seconds)) s; held = answered >= \(Int(Self.minimumShare * 100))% of that, <= \(fixed(Self.maximumLossPercent, 0))% unanswered, p99 <= \(Self.time(p99Bound)) (latency from the intended send time; medians over repetitions)"
+            "\(workload) over \(transport): \(workload.connections) connection(s) x \(Workload.number(workload.perSecond))/s = \(fixed(offeredPerSecond, 0)) messages/s of \(workload.size) B for \(Workload.number(workload.seconds)) s\(workload.bulk.map { ", beside \($0) bulk connection(s) to the same server" } ?? ""); held = answered >= \(Int(Self.minimumShare * 100))% of that, <= \(fixed(Self.maximumLossPercent, 0))% unanswered, p99 <= \(Self.time(p99Bound)) (latency from the intended send time; medians over repetitions)"
         ]
         for entry in entries {
             let figures =

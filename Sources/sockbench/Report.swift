@@ -171,6 +171,7 @@ struct Report: Codable {
         result.elapsedNanoseconds = mid(runs.map(\.elapsedNanoseconds)) ?? 0
         result.messageBytes = mid(runs.compactMap(\.messageBytes))
         result.wireBytes = mid(runs.compactMap(\.wireBytes))
+        result.bulkBytesPerSecond = mid(runs.compactMap(\.bulkBytesPerSecond))
         result.serverKiBPerConnection = mid(runs.compactMap(\.serverKiBPerConnection))
         result.clientKiBPerConnection = mid(runs.compactMap(\.clientKiBPerConnection))
         result.client = usage(runs.compactMap(\.client))

@@ -64,6 +64,37 @@ struct WorkloadTests {
         }
     }
 
+    /// `bulk=K`: bulk connections beside the load move bytes during its window, and the load's messages are still
+    /// all answered on a reliable transport.
+    @Test(
+        "A workload with bulk connections beside it: every echo matched, the bulk flows moved bytes",
+        arguments: ConformanceCase.all.filter { [.tcp, .udp, .ws].contains($0.transport) })
+    func bulkBeside(_ test: ConformanceCase) async throws {
+        try await SocketTest.run {
+            let server = try await test.echoServer()
+            let endpoint = server.endpoint
+            let workload = Workload(connections: 4, perSecond: 100, size: 64, seconds: 0.3, bulk: 2)
+            let result = try await WorkloadRunner(workload, warmup: .milliseconds(50)).run {
+                () throws(ConnectionError) in try await test.connect(to: endpoint)
+            }
+            if test.transport != .udp { #expect(result.lost ?? 0 == 0) }
+            #expect(try #require(result.latency).count > 0)
+            #expect((result.bulkBytesPerSecond ?? 0) > 0, "the bulk connections moved bytes in the window")
+            await server.stop()
+        }
+    }
+
+    @Test("bulk=K is part of the workload's name and its specification")
+    func bulkNames() throws {
+        let spec = try Workload.Specification(parsing: "connections=16,rate=100/s,bulk=4")
+        #expect(spec.workload.bulk == 4)
+        #expect(spec.workload.description == "workload-16x100/s-64B-3s-bulk4")
+        #expect(try Workload(name: "16x100/s-64B-3s-bulk4") == spec.workload)
+        #expect(try Workload.Specification(parsing: "connections=16,rate=100/s,bulk=0").workload.bulk == nil)
+        #expect(throws: ScenarioError.self) { try Workload.Specification(parsing: "connections=1,rate=1/s,bulk=x") }
+        #expect(throws: ScenarioError.self) { try Workload(name: "16x100/s-bulkx") }
+    }
+
     private final class Counter: Sendable {
         private let count = Guarded(0)
         func add(_ value: Int) { count.withLock { $0 += value } }

@@ -162,6 +162,45 @@ struct JSONSchemaTests {
         #expect(measuredAgain?.contains("connect pass 1 of 2 (46%)") == true, "\(output.suffix(3000))")
     }
 
+    /// `compare --scenarios loaded-K,broadcast-N`: rows that fit the schema, every broadcast message at every
+    /// client, and the summary's lines on both. tcp only: in this debug build an async ws probe beside two bulk
+    /// flows of 64 KiB messages got no echo within 30 s (the release build's p99 at 16 flows is 13 ms; open, in
+    /// the note); LoadedRunnerTests run ws on every backend with 16 KiB messages.
+    @Test(
+        "compare runs loaded-K and broadcast-N: the schema holds, every broadcast arrives, the summary speaks of both")
+    func loadedAndBroadcast() async throws {
+        try await SocketTest.run(timeLimit: .seconds(300)) {
+            let directory = FileManager.default.temporaryDirectory.appendingPathComponent("loaded-\(getpid())")
+            defer { try? FileManager.default.removeItem(at: directory) }
+            let output = try await run([
+                "compare", "--scenarios", "loaded-0,loaded-2,broadcast-40", "--transports", "tcp", "--backends",
+                "bsd,async", "--repetitions", "1", "--seconds", "0.2", "--remeasure", "0", "--no-baselines", "--out",
+                directory.path,
+            ])
+            let results = try String(contentsOf: directory.appendingPathComponent("results.json"), encoding: .utf8)
+            try check(results, against: "compare.schema.json")
+            let object = try #require(try JSONSerialization.jsonObject(with: Data(results.utf8)) as? [String: Any])
+            let rows = try #require(object["rows"] as? [[String: Any]])
+            for scenario in ["loaded-0", "loaded-2", "broadcast-40"] {
+                #expect(rows.filter { $0["scenario"] as? String == scenario }.count == 2, "\(scenario)")
+            }
+            for row in rows where row["scenario"] as? String == "loaded-2" {
+                let median = try #require(row["median"] as? [String: Any])
+                #expect((median["bytesPerSecond"] as? Double ?? 0) > 0, "the bulk flows moved bytes")
+                #expect((median["messages"] as? Int ?? 0) >= 100, "at least 100 probe round trips")
+            }
+            for row in rows where row["scenario"] as? String == "broadcast-40" {
+                let broadcast = try #require((row["median"] as? [String: Any])?["broadcast"] as? [String: Any])
+                #expect(broadcast["clients"] as? Int == 40)
+                #expect(broadcast["messages"] as? Int == 20)
+                #expect(broadcast["missing"] as? Int == 0 && broadcast["duplicates"] as? Int == 0)
+                #expect(broadcast["outOfOrder"] as? Int == 0)
+            }
+            #expect(output.contains("An interactive connection beside 2 bulk ones on the same tcp server"))
+            #expect(output.contains("Broadcast over tcp, the most clients served"))
+        }
+    }
+
     /// `compare --workload`: the user's load on every backend, ending in a verdict. The verdict must agree with
     /// the run's own figures: each backend's quoted p99 and range are the median and extremes of its
     /// repetitions in results.json, and the named best held the load and is not beaten by any other that held

@@ -13,6 +13,7 @@ struct ScenarioNameTests {
         arguments: [
             "pingpong-64", "pingpong-1k", "native-64", "asyncchannel-64", "proxy-64", "proxypump-64k", "rate-10k",
             "pump-64k", "pump-1400", "connect", "fanin-100", "json", "json-deflate", "workload-16x100/s-64B-2s",
+            "workload-16x100/s-64B-3s-bulk4",
             "loaded-0", "loaded-16",
         ])
     func names(_ name: String) throws {

@@ -22,7 +22,8 @@ struct WorkloadScenario: ScenarioKind {
     }
 
     var name: String { workload.description }
-    var connections: Int? { workload.connections }
+    /// Its connections, and the bulk ones beside them.
+    var connections: Int? { workload.connections + (workload.bulk ?? 0) }
 
     func skipReason(_ target: Compare.Target, remote: Bool) -> String? {
         if target.transport == .udp, workload.size > 65_507 { return "a UDP datagram carries at most 65,507 bytes" }
@@ -46,7 +47,7 @@ struct WorkloadScenario: ScenarioKind {
                 "backend", "transport", "held", "p50 us", "p99 us", "p99 range", "p99.9 us", "max us",
                 "uncorrected p50", "offered/s", "answered/s", "lost %", "cpu us/msg", "server KiB/conn",
                 "client KiB/conn",
-            ] + Report.fairnessHeader
+            ] + Report.fairnessHeader + (workload.bulk == nil ? [] : ["bulk MB/s"])
         let cells = rows.map { row -> [String] in
             let m = row.median
             let verdict = report.verdicts?.first { $0.transport == row.transport && $0.workload == workload }
@@ -63,6 +64,7 @@ struct WorkloadScenario: ScenarioKind {
                 report.cpuPerMessage(m), m.serverKiBPerConnection.map { fixed($0, 1) } ?? "-",
                 m.clientKiBPerConnection.map { fixed($0, 1) } ?? "-",
             ] + Report.fairnessCells(m.fairness)
+                + (workload.bulk == nil ? [] : [m.bulkBytesPerSecond.map { fixed($0 / 1e6, 1) } ?? "-"])
         }
         return (header, cells)
     }
