@@ -272,6 +272,10 @@ extension Scenario {
 
 /// A `sockbench broadcast-clients` child process: its lines of standard output as they come, its standard error
 /// kept for a failure's message.
+///
+/// `@unchecked Sendable`: the measurement's deadline tasks hold it to `kill()` and `send(_:)` it from another task,
+/// and Foundation's `Process` and `Pipe` are not `Sendable` on Linux (their methods used here take their own locks
+/// or are single system calls); the one mutable field, the line iterator, is only read by the measuring task.
 private final class ClientProcess: @unchecked Sendable {
     private let process = Process()
     private let input = Pipe()
