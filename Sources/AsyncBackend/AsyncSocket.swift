@@ -58,6 +58,16 @@ public final class AsyncSocket: Sendable {
     private let stateContinuation: AsyncStream<State>.Continuation
     // Used only inside the read gate.
     nonisolated(unsafe) private var scratch: UnsafeMutableRawBufferPointer
+    /// Reads in a row that found data without waiting (inside the read gate; atomic only to stay `Sendable`).
+    private let readsWithoutWait = Atomic<Int>(0)
+
+    /// How many reads in a row may find data without the task giving up the reactor's thread. A peer that
+    /// keeps the socket's buffer full (a bulk flow to an echo loop: each read finds data, each echo has room)
+    /// would otherwise keep the task on the reactor's thread for as long as the peer keeps up, and the reactor
+    /// would poll no other socket: an interactive connection beside two bulk ones went without its echo for
+    /// 30 s (a debug build, client and server on one CPU). SwiftNIO bounds its reads per turn the same way
+    /// (`maxMessagesPerRead`).
+    static let readsPerTurn = 16
 
     private struct Life {
         /// What the user sees (NWConnection's states).
@@ -267,6 +277,10 @@ public final class AsyncSocket: Sendable {
     private func read(into buffer: UnsafeMutableRawBufferPointer) async throws(ConnectionError) -> Int? {
         let fd = try usableDescriptor()
         if life.withLock({ $0.lifecycle.inputEnded }) { throw .closed("the end of the stream was already reported") }
+        if readsWithoutWait.add(1, ordering: .relaxed).newValue > Self.readsPerTurn {
+            readsWithoutWait.store(0, ordering: .relaxed)
+            if reactor.loop.inLoop { await reactor.loop.yieldUntilPolled() } else { await Task.yield() }
+        }
         while true {
             let result =
                 transport == .udp
@@ -283,6 +297,7 @@ public final class AsyncSocket: Sendable {
                 }
                 return count
             case .wouldBlock:
+                readsWithoutWait.store(0, ordering: .relaxed)
                 try await readiness.waitReadable()
                 _ = try usableDescriptor()
             }

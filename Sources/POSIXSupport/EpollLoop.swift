@@ -36,6 +36,8 @@ public final class EpollLoop: TaskExecutor, Sendable {
         var beforeWait: [(owner: ObjectIdentifier?, block: () -> Bool)] = []
         /// The owners with a block in ``beforeWait``.
         var waitingOwners: Set<ObjectIdentifier> = []
+        /// Tasks that gave up their turn (``yieldUntilPolled()``): resumed after the loop's next `epoll_wait`.
+        var yielded: [UnsafeContinuation<Void, Never>] = []
     }
 
     /// Creates the epoll instance and its wake-up eventfd. Nothing runs until ``run(until:)`` is called on some
@@ -154,6 +156,23 @@ public final class EpollLoop: TaskExecutor, Sendable {
         }
     }
 
+    /// Suspends the calling task, which runs on the loop thread, until the loop has polled its descriptors once
+    /// more (without blocking, as it has work) and queued what they made ready: a task that keeps finding data
+    /// (a connection whose peer never lets its buffer run dry) gives the loop's other sockets their turn.
+    /// Resumed in the order the tasks yielded, after the jobs the poll readied. Loop thread only.
+    public func yieldUntilPolled() async {
+        await withUnsafeContinuation { (continuation: UnsafeContinuation<Void, Never>) in
+            confined.withValue { $0.yielded.append(continuation) }
+        }
+    }
+
+    private func takeYielded() -> [UnsafeContinuation<Void, Never>] {
+        confined.withValue { confined in
+            defer { confined.yielded = [] }
+            return confined.yielded
+        }
+    }
+
     /// Runs the blocks waiting for the loop's next wait; whether any found something.
     private func runBeforeWait() -> Bool {
         // By index, no copy of the list: a block that asks again appends, for the next wait.
@@ -219,8 +238,10 @@ public final class EpollLoop: TaskExecutor, Sendable {
                 timeout = timeout < 0 ? untilDeadline : min(timeout, untilDeadline)
             }
             // Announce sleep, then look once more for work handed over meanwhile.
-            let sleeps = work.prepareToSleep()
-            if !sleeps || pollsFirst { timeout = 0 }  // the reads put off wait for their turn, not for an event
+            let yielded = takeYielded()
+            let sleeps = yielded.isEmpty && work.prepareToSleep()
+            // The reads put off and the tasks that yielded wait for their turn, not for an event.
+            if !sleeps || pollsFirst { timeout = 0 }
             let count =
                 (try? Syscall.epollWait(
                     epoll, events: events, data: data, capacity: capacity,
@@ -235,7 +256,9 @@ public final class EpollLoop: TaskExecutor, Sendable {
                 let fd = Int32(bitPattern: UInt32(truncatingIfNeeded: token))
                 handlers.withLock { $0[fd] }?.epollReady(events[index])
             }
+            for continuation in yielded { continuation.resume() }
         }
+        for continuation in takeYielded() { continuation.resume() }
         work.runAll(jobsAs: executor)
     }
 

@@ -186,6 +186,53 @@ struct AsyncBackendTests {
         }
     }
 
+    /// A task on the reactor that reads a socket whose buffer never runs dry finds data at every read and would
+    /// never suspend: the reactor would poll no other socket until that one ran dry. Here 64 KiB wait in one
+    /// socket and its reader takes them a byte at a time; after its 100th byte it sends the probe's byte to the
+    /// other socket, whose reader must have it while the first still has most of its bytes to read.
+    @Test("A reader that always finds data gives the reactor's other sockets their turn")
+    func readerThatNeverWaitsYields() async throws {
+        try await SocketTest.run {
+            let reactor = try AsyncReactor(name: "yield-test")
+            defer { reactor.loop.stop() }
+            let listener = try AsyncListener(on: try Endpoint(url: "tcp://127.0.0.1:0"), reactor: reactor)
+            let bulkClient = AsyncSocket(to: listener.localEndpoint, reactor: reactor)
+            try await bulkClient.start()
+            let bulk = try await listener.accept()
+            let probeClient = AsyncSocket(to: listener.localEndpoint, reactor: reactor)
+            try await probeClient.start()
+            let probe = try await listener.accept()
+            let total = 65_536
+            try await bulkClient.send([UInt8](repeating: 7, count: total))
+            // On loopback the bytes are in the peer's buffer once the send returned, or soon after.
+            while Syscall.bytesReadable(bulk.fileDescriptor) < total { await Task.yield() }
+            let read = SharedCount()
+            let probeSawBulkAt = Task(executorPreference: reactor) { () async throws -> Int in
+                let byte = UnsafeMutableRawBufferPointer.allocate(byteCount: 1, alignment: 1)
+                defer { byte.deallocate() }
+                _ = try await probe.receive(into: byte)
+                return read.value.load(ordering: .relaxed)
+            }
+            let reader = Task(executorPreference: reactor) { () async throws in
+                let byte = UnsafeMutableRawBufferPointer.allocate(byteCount: 1, alignment: 1)
+                defer { byte.deallocate() }
+                while read.value.load(ordering: .relaxed) < total {
+                    guard try await bulk.receive(into: byte) == 1 else { break }
+                    if read.value.add(1, ordering: .relaxed).newValue == 100 { try await probeClient.send([1]) }
+                }
+            }
+            try await reader.value
+            let seenAt = try await probeSawBulkAt.value
+            #expect(read.value.load(ordering: .relaxed) == total)
+            #expect(
+                seenAt < 1_000,
+                "the probe's byte was read after \(seenAt) of the bulk socket's \(total) bytes: its reader never gave way"
+            )
+            for socket in [bulkClient, bulk, probeClient, probe] { await socket.close() }
+            await listener.close()
+        }
+    }
+
     @Test("1,000 concurrent TCP echo connections against one server; every echo checked")
     func thousandConnections() async throws {
         try await SocketTest.run(timeLimit: .seconds(120)) {
@@ -309,6 +356,11 @@ struct BSDFullListener {
     }
 
     func close() { Syscall.close(fd) }
+}
+
+/// A count that tasks share.
+final class SharedCount: Sendable {
+    let value = Atomic<Int>(0)
 }
 
 /// The events an epoll set of this process watches on `fd`, from /proc/self/fdinfo ("tfd: FD events: MASK ...").
