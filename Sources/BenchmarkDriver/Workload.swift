@@ -38,7 +38,7 @@ public struct Workload: Sendable, Hashable, Codable, CustomStringConvertible {
     }
 
     /// `12`, `0.5`, `2.25`: a rate or duration as the name writes it.
-    static func number(_ value: Double) -> String {
+    public static func number(_ value: Double) -> String {
         value == value.rounded() && abs(value) < 1e15 ? "\(Int(value))" : fixed(value, 3).trimmingTrailingZeros()
     }
 
@@ -156,13 +156,21 @@ public struct Workload: Sendable, Hashable, Codable, CustomStringConvertible {
     /// What `sockbench compare --workload` takes:
     /// `connections=N,rate=R/s,size=S,transport=T[,duration=D][,p99=B][,bulk=K]`,
     /// keys in any order; `rate` is per connection (`total=R/s` gives the rate over all connections instead).
+    /// The broadcast form, `broadcast=N[,rate=R/s][,duration=D][,transport=T][,p95=B]`: N clients, one message to
+    /// all of them R times a second (10/s unless given), held when every message reaches every client and the last
+    /// receipt's p95 stays within B (250 ms unless given).
     public struct Specification: Sendable, Hashable {
-        public var workload: Workload
+        /// The echoed load (`nil` for the broadcast form).
+        public var workload: Workload?
+        /// The broadcast form's load.
+        public var broadcast: BroadcastLoad?
+        /// The broadcast form's bound on the last receipt's p95, nanoseconds (`nil`: 250 ms).
         /// The transports to run it on (`nil`: the run's own choice).
         public var transport: Transport?
         /// The p99 (from the intended send time) a backend must keep to hold the load, nanoseconds (`nil`: the
         /// run's default).
         public var p99Bound: UInt64?
+        public var p95Bound: UInt64?
 
         public init(parsing text: String) throws(ScenarioError) {
             var connections = 1
@@ -173,7 +181,11 @@ public struct Workload: Sendable, Hashable, Codable, CustomStringConvertible {
             var transport: Transport?
             var bound: UInt64?
             var bulk: Int?
-            let keys = "connections, rate (per connection), total, size, transport, duration, p99, bulk"
+            var broadcastClients: Int?
+            var p95: UInt64?
+            var given: Set<String> = []
+            let keys =
+                "connections, rate (per connection), total, size, transport, duration, p99, bulk; or broadcast, rate, duration, transport, p95"
             for item in text.split(separator: ",") {
                 let pair = item.split(separator: "=", maxSplits: 1).map {
                     String($0).trimmingCharacters(in: " ")
@@ -182,6 +194,7 @@ public struct Workload: Sendable, Hashable, Codable, CustomStringConvertible {
                     throw ScenarioError(message: "'\(item)': expected KEY=VALUE (\(keys))")
                 }
                 let (key, value) = (pair[0].lowercased(), pair[1])
+                given.insert(key)
                 func bad(_ example: String) -> ScenarioError {
                     ScenarioError(message: "\(key)=\(value): expected \(example)")
                 }
@@ -217,10 +230,42 @@ public struct Workload: Sendable, Hashable, Codable, CustomStringConvertible {
                         throw bad("a latency, e.g. 1ms or 500us")
                     }
                     bound = UInt64(number * 1e9)
+                case "broadcast":
+                    let lower = value.lowercased()
+                    let thousands = lower.hasSuffix("k")
+                    guard let count = Int(thousands ? String(lower.dropLast()) : lower), count > 0 else {
+                        throw bad("the clients a message goes to, e.g. 5000 or 5k")
+                    }
+                    broadcastClients = thousands ? count * 1000 : count
+                case "p95":
+                    guard let number = Workload.duration(value) else { throw bad("a latency, e.g. 250ms") }
+                    p95 = UInt64(number * 1e9)
                 default:
                     throw ScenarioError(message: "unknown workload key '\(key)' (\(keys))")
                 }
             }
+            if let broadcastClients {
+                let foreign = given.subtracting(["broadcast", "rate", "duration", "seconds", "transport", "p95"])
+                guard foreign.isEmpty else {
+                    throw ScenarioError(
+                        message:
+                            "a broadcast workload takes broadcast, rate, duration, transport and p95, not \(foreign.sorted().joined(separator: ", ")) (its message is the market-data JSON, sent to every client)"
+                    )
+                }
+                if let transport, transport != .tcp, transport != .ws {
+                    throw ScenarioError(message: "a broadcast runs over tcp or ws, not \(transport)")
+                }
+                broadcast = try BroadcastLoad(
+                    clients: broadcastClients, perSecond: rate ?? BroadcastLoad.defaultPerSecond,
+                    seconds: given.contains("duration") || given.contains("seconds") ? seconds : nil
+                ).validated()
+                workload = nil
+                self.transport = transport
+                p99Bound = nil
+                p95Bound = p95
+                return
+            }
+            if p95 != nil { throw ScenarioError(message: "p95 bounds a broadcast workload (broadcast=N); use p99") }
             if rate != nil, total != nil {
                 throw ScenarioError(message: "give rate (per connection) or total (over all connections), not both")
             }
@@ -230,8 +275,10 @@ public struct Workload: Sendable, Hashable, Codable, CustomStringConvertible {
             workload = try Workload(
                 connections: connections, perSecond: perConnection, size: size, seconds: seconds, bulk: bulk
             ).validated()
+            broadcast = nil
             self.transport = transport
             p99Bound = bound
+            p95Bound = nil
         }
     }
 }

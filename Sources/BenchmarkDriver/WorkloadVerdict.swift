@@ -106,12 +106,12 @@ public struct WorkloadVerdict: Sendable, Codable, Hashable {
             // Every backend that held it and whose p99 range overlaps the lowest one's: by p99 alone this run
             // cannot tell them apart, so CPU per message, then memory per connection, chooses among them. Not one
             // that another backend beats on both p99 and cost (ties are not transitive: a backend tied with the
-            // fastest can have a lower-p99, cheaper neighbour that is not).
-            let tied = held.filter { entry in
-                Self.indistinguishable(entry, fastest)
-                    && !held.contains { $0.p99 < entry.p99 && Self.cheaper($0, than: entry) }
+            // fastest can have a lower-p99, cheaper neighbour that is not); it is still named as tied.
+            let tied = held.filter { Self.indistinguishable($0, fastest) }
+            let undominated = tied.filter { entry in
+                !held.contains { $0.p99 < entry.p99 && Self.cheaper($0, than: entry) }
             }
-            let chosen = tied.min { Self.cheaper($0, than: $1) }!
+            let chosen = undominated.min { Self.cheaper($0, than: $1) }!
             best = chosen.backend
             tiedOnP99 = tied.map(\.backend).filter { $0 != chosen.backend }
             held.removeAll { $0.backend == chosen.backend }
@@ -120,10 +120,13 @@ public struct WorkloadVerdict: Sendable, Codable, Hashable {
                 reason =
                     "\(chosen.backend) held it with the lowest p99 (\(Self.time(chosen.p99)), \(Self.range(chosen)) over \(chosen.repetitions) repetition(s)), clear of every other backend's"
             } else {
+                let cheapest = tied.allSatisfy { $0.backend == chosen.backend || Self.cheaper(chosen, than: $0) }
                 reason =
                     "\(chosen.backend) held it; its p99 (\(Self.time(chosen.p99)), \(Self.range(chosen))) is not distinguishable in this run from "
-                    + tiedOnP99.joined(separator: ", ")
-                    + "'s, and among those it costs the least: \(Self.costs(chosen))"
+                    + tiedOnP99.joined(separator: ", ") + "'s, and "
+                    + (cheapest
+                        ? "among those it costs the least: \(Self.costs(chosen))"
+                        : "none of those beats it on both p99 and cost: \(Self.costs(chosen))")
             }
         } else if let nearest = rest.first {
             closest = nearest.backend

@@ -47,6 +47,10 @@ extension Compare {
         /// The p99 (from the intended send time, nanoseconds) a backend must keep to hold a load: a workload
         /// without its own `p99=`, a sweep's step (`nil` in reports made before there was a choice: 1 ms).
         var p99Bound: UInt64?
+        /// The broadcast workload (`--workload broadcast=N,...`): its `broadcast-N` rows get a verdict.
+        var broadcastWorkload: BroadcastLoad?
+        /// The bound on its last receipt's p95, nanoseconds (`nil`: 250 ms).
+        var p95Bound: UInt64?
         /// The rates of a sweep (`--sweep`), per second: its `rate-N` rows are one curve per backend x transport.
         var sweep: [Int]?
         var placement: Placement
@@ -116,7 +120,8 @@ extension Compare {
             }.sorted()
         }
         var chosenTransports: [Transport] = []
-        let transportList = transports ?? specification?.transport?.rawValue
+        let transportList =
+            transports ?? specification?.transport?.rawValue ?? (specification?.broadcast != nil ? "tcp,ws" : nil)
         for name in (transportList ?? (full ? "tcp,udp,ws,tls,wss" : "tcp,udp,ws")).split(separator: ",") {
             guard let transport = Transport(rawValue: String(name)) else {
                 throw fail("unknown transport '\(name)' (tcp, udp, ws, tls, wss)")
@@ -140,7 +145,10 @@ extension Compare {
         for rate in sweepRates ?? [] where !chosenScenarios.contains(.rate(perSecond: rate)) {
             chosenScenarios.append(.rate(perSecond: rate))
         }
-        if let specification { chosenScenarios.append(.workload(specification.workload)) }
+        if let workload = specification?.workload { chosenScenarios.append(.workload(workload)) }
+        if let load = specification?.broadcast, !chosenScenarios.contains(.broadcast(load)) {
+            chosenScenarios.append(.broadcast(load))
+        }
         let (serverCPU, clientCPU): (Int?, Int?) =
             switch placement {
             case .same: (Syscall.cpuCount - 1, Syscall.cpuCount - 1)
@@ -157,7 +165,8 @@ extension Compare {
             pumpBytes: full ? 1024 << 20 : 256 << 20, pumpSeconds: pumpSeconds ?? (full ? 1 : 0.25),
             udpSinkBuffer: udpSinkBuffer > 0 ? udpSinkBuffer : nil,
             connectCount: full ? 200 : 30, faninCount: full ? 500 : 100,
-            p99Bound: specification?.p99Bound ?? UInt64(bound * 1e9), sweep: sweepRates, placement: placement,
+            p99Bound: specification?.p99Bound ?? UInt64(bound * 1e9), broadcastWorkload: specification?.broadcast,
+            p95Bound: specification?.p95Bound, sweep: sweepRates, placement: placement,
             serverCPU: serverCPU, clientCPU: clientCPU,
             options:
                 "TCP_NODELAY on; SO_RCVBUF/SO_SNDBUF system defaults\(udpSinkBuffer > 0 ? " (udp pump sinks: SO_RCVBUF \(udpSinkBuffer) B asked\(Syscall.receiveBufferLimit.map { ", net.core.rmem_max \($0) B here" } ?? ""))" : ""); read chunk \(defaults.readChunkSize) B; UDP buffer \(defaults.maxDatagramSize) B; receive queue \(defaults.receiveQueueLimit) B; TLS \(TLSLibrary.version), TLS 1.3, certificate verified against a throwaway CA"

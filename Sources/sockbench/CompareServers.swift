@@ -157,7 +157,7 @@ extension Compare {
 struct LoadOptions: ParsableArguments {
     @Option(
         help: ArgumentHelp(
-            "Your own load, run on every backend and ending in a verdict: connections=N,rate=R/s,size=S,transport=T[,duration=D][,p99=B][,bulk=K] (rate per connection, or total=R/s over all; default size 64, duration 3s, p99 bound --bound; bulk=K: K bulk connections to the same server beside it, 64 KiB writes or udp 1,400-byte datagrams, every byte echoed).",
+            "Your own load, run on every backend and ending in a verdict: connections=N,rate=R/s,size=S,transport=T[,duration=D][,p99=B][,bulk=K] (rate per connection, or total=R/s over all; default size 64, duration 3s, p99 bound --bound; bulk=K: K bulk connections to the same server beside it, 64 KiB writes or udp 1,400-byte datagrams, every byte echoed). Or a broadcast: broadcast=N[,rate=R/s][,duration=D][,transport=T][,p95=B]: N clients, one message to all of them R times a second (default 10/s, tcp and ws), held when every message reaches every client and the last receipt's p95 stays within B (default 250ms).",
             valueName: "spec"))
     var workload: String?
 

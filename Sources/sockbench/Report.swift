@@ -82,6 +82,8 @@ struct Report: Codable {
     /// Per workload scenario and transport: which backends held the load and the best choice for it (absent in
     /// reports of runs without a workload).
     var verdicts: [WorkloadVerdict]?
+    /// Per transport, the verdict on the broadcast workload (absent without one).
+    var broadcastVerdicts: [BroadcastVerdict]?
 
     static func key(_ scenario: Scenario, _ backend: Backend?, _ transport: Transport) -> RowKey {
         RowKey(scenario: scenario, source: backend?.rawValue ?? floorName, transport: "\(transport)")
@@ -111,6 +113,8 @@ struct Report: Codable {
         self.rows = rows
         let verdicts = WorkloadScenario.verdicts(plan: plan, runs: runs)
         self.verdicts = verdicts.isEmpty ? nil : verdicts
+        let broadcastVerdicts = BroadcastScenario.verdicts(plan: plan, runs: runs)
+        self.broadcastVerdicts = broadcastVerdicts.isEmpty ? nil : broadcastVerdicts
         notes = [
             "Every backend is measured through the unified Connection on both ends (client here, server in its own process), except native-SIZE: the same tcp ping-pong written in the backend's own style on both ends (x native = the price of the unified API), and proxy-SIZE: the C client and C echo server with one relay between them written in the backend's own style (sockbench proxy --native, in its own process on the server's CPU); the C floor's proxy row is the direct path. Its CPU figures are the client's and the relay's (the C echo server is not counted).",
             "SwiftNIO (\(Backend.nio.name)) runs with TCP_NODELAY and a 64 KiB UDP buffer like every other backend (its defaults differ); its tls/wss use the same OpenSSL layer as the others, so TLS numbers compare connection styles, not TLS libraries; nio's native tls and wss rows are swift-nio-ssl (BoringSSL in SwiftNIO's pipeline), what a SwiftNIO user would write. Its ws and wss frames go through the shared WebSocket codec like every backend's; SwiftNIO's own WebSocket (NIOHTTP1 upgrade and NIOWebSocket handlers on both ends) is nio's native ws row.",

@@ -115,6 +115,12 @@ struct ReportHTML {
                     + escape(verdict.reason) + "."
                     + (verdict.best.flatMap(Self.codeCost).map { " In code: " + escape($0) + "." } ?? ""))
         }
+        for verdict in report.broadcastVerdicts ?? [] {
+            lines.append(
+                "<b>Your broadcast, \(escape(verdict.transport)) \(escape(verdict.load.description)): \(escape(verdict.best ?? "no backend held it"))</b>: "
+                    + escape(verdict.reason) + "."
+                    + (verdict.best.flatMap(Self.codeCost).map { " In code: " + escape($0) + "." } ?? ""))
+        }
         for scenario in report.plan.scenarios where scenario.is(PingPongScenario.self) {
             for transport in ["tcp", "ws"] {
                 let candidates = rows(PingPongScenario.self, transport).filter { $0.scenario == scenario }

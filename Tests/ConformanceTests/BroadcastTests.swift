@@ -1,5 +1,6 @@
 import BenchmarkDriver
 import ConnectionTestKit
+import Foundation
 import Histogram
 import POSIXSupport
 import SocketStyles
@@ -97,5 +98,86 @@ struct BroadcastTests {
         #expect(figures.clientCPUNanoseconds == 10)
         #expect(latency?.count == 5)
         #expect(fairness.connections == 3 && fairness.jainIndex < 1, "one client got half of what the others got")
+    }
+
+    @Test("A broadcast workload is written as the user says it, and named so that the name says what ran")
+    func specification() throws {
+        let spec = try Workload.Specification(
+            parsing: "broadcast=5k, rate=20/s, duration=10s, transport=ws, p95=100ms")
+        #expect(spec.workload == nil)
+        #expect(spec.broadcast == BroadcastLoad(clients: 5000, perSecond: 20, seconds: 10))
+        #expect(spec.transport == .ws && spec.p95Bound == 100_000_000 && spec.p99Bound == nil)
+        #expect(spec.broadcast?.description == "broadcast-5000-20/s-10s")
+        #expect(try BroadcastLoad(name: "5000-20/s-10s") == spec.broadcast)
+        let plain = try Workload.Specification(parsing: "broadcast=100")
+        #expect(plain.broadcast == BroadcastLoad(clients: 100) && plain.broadcast?.description == "broadcast-100")
+        #expect(plain.broadcast?.warmup == 5 && plain.broadcast?.measured(fallbackSeconds: 3) == 30)
+        #expect(try BroadcastLoad(name: "100-600/min").perSecond == 10)
+        for bad in [
+            "broadcast=0", "broadcast=100,size=64", "broadcast=100,bulk=2", "broadcast=100,connections=5",
+            "broadcast=100,transport=udp", "broadcast=100,rate=5000/s", "broadcast=many",
+            "connections=10,rate=1/s,p95=1ms",
+        ] {
+            #expect(throws: ScenarioError.self, "\(bad)") { try Workload.Specification(parsing: bad) }
+        }
+        for bad in ["100-fast", "100-20/s-10s-x", "-20/s", "100-0/s"] {
+            #expect(throws: ScenarioError.self, "\(bad)") { try BroadcastLoad(name: bad) }
+        }
+    }
+
+    /// One backend's repetitions with the given last-receipt p95s (ns), missing deliveries and server CPU per
+    /// delivery (us), as a run would report them.
+    private func runs(p95s: [UInt64], missing: Int = 0, cpu: Double) throws -> [ScenarioResult] {
+        try p95s.map { p95 in
+            let json = """
+                {"clients": 100, "processes": 1, "messages": 20, "missing": \(missing), "duplicates": 0,
+                 "outOfOrder": 0, "clientCPUNanoseconds": 0,
+                 "firstReceipt": {"p50": 1000, "p95": 2000, "p99": 3000, "max": 4000},
+                 "lastReceipt": {"p50": \(p95 / 2), "p95": \(p95), "p99": \(p95 * 2), "max": \(p95 * 3)}}
+                """
+            var result = ScenarioResult()
+            result.broadcast = try JSONDecoder().decode(BroadcastFigures.self, from: Data(json.utf8))
+            result.messages = 2_000
+            var server = ResourceUsage()
+            server.cpuClockNanoseconds = UInt64(cpu * 1000 * 2_000)
+            result.server = server
+            return result
+        }
+    }
+
+    @Test(
+        "The broadcast verdict: every delivery made and the lowest p95 within the bound wins; ties go to the cheapest")
+    func verdict() throws {
+        let load = BroadcastLoad(clients: 100)
+        let verdict = BroadcastVerdict(
+            load: load, transport: "ws", p95Bound: 250_000_000,
+            runs: [
+                ("fast-dear", try runs(p95s: [20_000_000, 21_000_000, 26_000_000], cpu: 40)),
+                ("close-cheap", try runs(p95s: [25_000_000, 25_500_000, 27_000_000], cpu: 20)),
+                ("slow", try runs(p95s: [90_000_000, 95_000_000, 99_000_000], cpu: 5)),
+                ("over-bound", try runs(p95s: [300_000_000, 280_000_000, 400_000_000], cpu: 1)),
+                ("lost-some", try runs(p95s: [10_000_000, 10_000_000, 10_000_000], missing: 3, cpu: 1)),
+            ])
+        #expect(verdict.best == "close-cheap")
+        #expect(verdict.tiedOnP95 == ["fast-dear"])
+        #expect(verdict.entries.map(\.backend) == ["close-cheap", "fast-dear", "slow", "over-bound", "lost-some"])
+        #expect(verdict.entries.map(\.held) == [true, true, true, false, false])
+        let best = try #require(verdict.entries.first)
+        #expect(best.p95 == 25_500_000 && best.p95Range == [25_000_000, 27_000_000])
+        #expect(best.serverCPUPerDeliveryMicroseconds == 20)
+        // Of those that did not hold it, one that made every delivery comes before one that lost some.
+        #expect(verdict.entries[3].shortfalls == ["last receipt p95 300.0 ms over the 250.0 ms bound"])
+        #expect(verdict.entries[3].repetitionsHeld == 0)
+        #expect(verdict.entries[4].shortfalls == ["3 deliveries missing"])
+        #expect(verdict.lines.count == 7 && verdict.lines[0].hasPrefix("broadcast-100 over ws: 100 clients"))
+        #expect(verdict.lines.last == "  Best choice for this load: close-cheap. Why: \(verdict.reason).")
+
+        let none = BroadcastVerdict(
+            load: load, transport: "tcp", p95Bound: 50_000_000,
+            runs: [
+                ("a", try runs(p95s: [60_000_000], cpu: 5)), ("b", try runs(p95s: [70_000_000], missing: 1, cpu: 5)),
+            ])
+        #expect(none.best == nil && none.closest == "a")
+        #expect(none.reason.contains("60.0 ms over the 50.0 ms bound"), "\(none.reason)")
     }
 }

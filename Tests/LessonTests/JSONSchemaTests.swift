@@ -162,27 +162,27 @@ struct JSONSchemaTests {
         #expect(measuredAgain?.contains("connect pass 1 of 2 (46%)") == true, "\(output.suffix(3000))")
     }
 
-    /// `compare --scenarios loaded-K,broadcast-N`: rows that fit the schema, every broadcast message at every
-    /// client, and the summary's lines on both. tcp only: in this debug build an async ws probe beside two bulk
-    /// flows of 64 KiB messages got no echo within 30 s (the release build's p99 at 16 flows is 13 ms; open, in
-    /// the note); LoadedRunnerTests run ws on every backend with 16 KiB messages.
+    /// `compare --scenarios loaded-K,broadcast-N --workload broadcast=N,...`: rows that fit the schema, every
+    /// broadcast message at every client, the summary's lines on both, and the broadcast workload's verdict per
+    /// transport, which agrees with the rows it judges.
     @Test(
-        "compare runs loaded-K and broadcast-N: the schema holds, every broadcast arrives, the summary speaks of both")
+        "compare runs loaded-K, broadcast-N and a broadcast workload: the schema holds, every broadcast arrives, the summary speaks of all three"
+    )
     func loadedAndBroadcast() async throws {
         try await SocketTest.run(timeLimit: .seconds(300)) {
             let directory = FileManager.default.temporaryDirectory.appendingPathComponent("loaded-\(getpid())")
             defer { try? FileManager.default.removeItem(at: directory) }
             let output = try await run([
-                "compare", "--scenarios", "loaded-0,loaded-2,broadcast-40", "--transports", "tcp", "--backends",
-                "bsd,async", "--repetitions", "1", "--seconds", "0.2", "--remeasure", "0", "--no-baselines", "--out",
-                directory.path,
+                "compare", "--scenarios", "loaded-0,loaded-2,broadcast-40", "--workload",
+                "broadcast=30,rate=20/s,duration=1s", "--transports", "tcp,ws", "--backends", "bsd,async",
+                "--repetitions", "1", "--seconds", "0.2", "--remeasure", "0", "--no-baselines", "--out", directory.path,
             ])
             let results = try String(contentsOf: directory.appendingPathComponent("results.json"), encoding: .utf8)
             try check(results, against: "compare.schema.json")
             let object = try #require(try JSONSerialization.jsonObject(with: Data(results.utf8)) as? [String: Any])
             let rows = try #require(object["rows"] as? [[String: Any]])
-            for scenario in ["loaded-0", "loaded-2", "broadcast-40"] {
-                #expect(rows.filter { $0["scenario"] as? String == scenario }.count == 2, "\(scenario)")
+            for scenario in ["loaded-0", "loaded-2", "broadcast-40", "broadcast-30-20/s-1s"] {
+                #expect(rows.filter { $0["scenario"] as? String == scenario }.count == 4, "\(scenario)")
             }
             for row in rows where row["scenario"] as? String == "loaded-2" {
                 let median = try #require(row["median"] as? [String: Any])
@@ -196,8 +196,33 @@ struct JSONSchemaTests {
                 #expect(broadcast["missing"] as? Int == 0 && broadcast["duplicates"] as? Int == 0)
                 #expect(broadcast["outOfOrder"] as? Int == 0)
             }
-            #expect(output.contains("An interactive connection beside 2 bulk ones on the same tcp server"))
-            #expect(output.contains("Broadcast over tcp, the most clients served"))
+            for row in rows where row["scenario"] as? String == "broadcast-30-20/s-1s" {
+                let broadcast = try #require((row["median"] as? [String: Any])?["broadcast"] as? [String: Any])
+                #expect(broadcast["clients"] as? Int == 30 && broadcast["messages"] as? Int == 20)
+                #expect(broadcast["missing"] as? Int == 0)
+            }
+            let verdicts = try #require(object["broadcastVerdicts"] as? [[String: Any]])
+            #expect(verdicts.map { $0["transport"] as? String } == ["tcp", "ws"])
+            for verdict in verdicts {
+                let entries = try #require(verdict["entries"] as? [[String: Any]])
+                #expect(Set(entries.compactMap { $0["backend"] as? String }) == ["bsd", "async"])
+                // Each entry's p95 is its row's last-receipt p95 (one repetition: the median is that one).
+                for entry in entries {
+                    let row = try #require(
+                        rows.first {
+                            $0["scenario"] as? String == "broadcast-30-20/s-1s"
+                                && $0["backend"] as? String == entry["backend"] as? String
+                                && $0["transport"] as? String == verdict["transport"] as? String
+                        })
+                    let last = ((row["median"] as? [String: Any])?["broadcast"] as? [String: Any])?["lastReceipt"]
+                    #expect((last as? [String: Any])?["p95"] as? Int == entry["p95"] as? Int)
+                }
+            }
+            for transport in ["tcp", "ws"] {
+                #expect(output.contains("An interactive connection beside 2 bulk ones on the same \(transport) server"))
+                #expect(output.contains("Broadcast over \(transport), the most clients served"))
+                #expect(output.contains("Your broadcast, broadcast-30-20/s-1s over \(transport): 30 clients"))
+            }
         }
     }
 

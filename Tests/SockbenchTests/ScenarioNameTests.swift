@@ -14,7 +14,7 @@ struct ScenarioNameTests {
             "pingpong-64", "pingpong-1k", "native-64", "asyncchannel-64", "proxy-64", "proxypump-64k", "rate-10k",
             "pump-64k", "pump-1400", "connect", "fanin-100", "json", "json-deflate", "workload-16x100/s-64B-2s",
             "workload-16x100/s-64B-3s-bulk4",
-            "loaded-0", "loaded-16",
+            "loaded-0", "loaded-16", "broadcast-5000", "broadcast-5000-20/s", "broadcast-100-20/s-2s",
         ])
     func names(_ name: String) throws {
         let scenario = try Scenario(name: name)

@@ -5,8 +5,8 @@ import POSIXSupport
 import SocketStyles
 import Synchronization
 
-/// `broadcast-N`: N clients connected to one server (tcp, ws); one more client, the asker, asks 10 times a second
-/// for a broadcast, and the server sends the market-data JSON to every other client, then answers the asker (the
+/// `broadcast-N[-RATE/s][-SECONDSs]`: N clients connected to one server (tcp, ws); one more client, the asker, asks
+/// 10 times a second (or RATE) for a broadcast, and the server sends the market-data JSON to every other client, then answers the asker (the
 /// request form of the WebSocket shootouts, ``Broadcast``). Per message: from the request's intended send time to
 /// the first and the last client's receipt (p50, p95, p99), and the asker's answer; every client's latency; whether
 /// every message reached every client once and in order. The clients run in processes of at most 5,000 each
@@ -14,29 +14,28 @@ import Synchronization
 /// one, so that what is measured is the server; their CPU is shown beside the server's.
 struct BroadcastScenario: ScenarioKind {
     static let prefix = "broadcast"
-    static let usage = "broadcast-N"
+    static let usage = "broadcast-N[-RATE/s][-SECONDSs]"
     static let about =
-        "N clients connected; one more asks 10 times a second for a broadcast, the server sends the market-data JSON to all N, then answers: per message the time to the first and the last client's receipt"
-    var clients: Int
+        "N clients connected; one more asks 10 times a second (or RATE) for a broadcast, the server sends the market-data JSON to all N, then answers: per message the time to the first and the last client's receipt"
+    var load: BroadcastLoad
+    var clients: Int { load.clients }
 
-    init(clients: Int) { self.clients = clients }
+    init(_ load: BroadcastLoad) { self.load = load }
 
     init(argument: String?, name: String) throws(ScenarioError) {
-        clients = try Scenario.number(argument, nil, kilo: 1000, name: name)
+        guard let argument else { throw ScenarioError(message: "'\(name)' needs its clients, e.g. broadcast-5000") }
+        load = try BroadcastLoad(name: argument)
     }
 
-    var name: String { "broadcast-\(clients)" }
+    var name: String { load.description }
     /// The clients and the asker.
     var connections: Int? { clients + 1 }
 
-    /// Broadcasts per second, and the ones before the measured ones.
-    static let perSecond = 10
-    static let warmup = 5
     /// Clients per client process.
     static let perProcess = 5_000
     /// The 95th percentile of the last receipt a server must keep to serve N clients (hashrocket's
     /// websocket-shootout measure).
-    static let bound: UInt64 = 250_000_000
+    static let bound = BroadcastVerdict.defaultBound
 
     /// `sockbench serve --broadcast`, as many connections as the descriptor limit allows.
     static let server = ServerRole(mode: "broadcast") { start in
@@ -52,8 +51,12 @@ struct BroadcastScenario: ScenarioKind {
 
     func measure(_ context: MeasureContext) async throws(ConnectionError) -> ScenarioResult {
         let plan = context.plan
-        let measured = plan.pingpongSeconds.map { max(20, Int($0 * 3 * Double(Self.perSecond))) } ?? plan.pingpongCount
-        let total = Self.warmup + measured
+        // Three times the round-trip scenarios' window, unless the load names its own duration.
+        let measured =
+            load.seconds != nil || plan.pingpongSeconds != nil
+            ? load.measured(fallbackSeconds: (plan.pingpongSeconds ?? 1) * 3) : plan.pingpongCount
+        let warmup = load.warmup
+        let total = warmup + measured
         let processes = (clients + Self.perProcess - 1) / Self.perProcess
         let clientCPU = plan.serverCPU.map { $0 == 0 ? min(1, Syscall.cpuCount - 1) : 0 }
         var started: [ClientProcess] = []
@@ -65,7 +68,7 @@ struct BroadcastScenario: ScenarioKind {
                     try ClientProcess(
                         arguments: [
                             "broadcast-clients", "\(context.endpoint)", "--connections", "\(share)", "--messages",
-                            "\(total)", "--warmup", "\(Self.warmup)",
+                            "\(total)", "--warmup", "\(warmup)",
                         ] + (clientCPU.map { ["--cpu", "\($0)"] } ?? [])))
             } catch {
                 throw ConnectionError(.unsupported, "could not start broadcast-clients: \(error)")
@@ -88,7 +91,7 @@ struct BroadcastScenario: ScenarioKind {
         setupDeadline.cancel()
         let asker = try await context.connect()
         await context.startWindow()
-        let interval = UInt64(1_000_000_000 / Self.perSecond)
+        let interval = UInt64(1e9 / load.perSecond)
         let start = MonotonicClock.nanoseconds() + 10_000_000
         let sentTimes = (0..<total).map { start + UInt64($0) * interval }
         let answers = Task {
@@ -98,7 +101,7 @@ struct BroadcastScenario: ScenarioKind {
                 let bytes: [UInt8]?
                 do throws(ConnectionError) { bytes = try await Broadcast.receive(on: asker) } catch { break }
                 guard let bytes, let header = Broadcast.decode(bytes), header.kind == .answer else { break }
-                if header.sequence >= UInt64(Self.warmup) {
+                if header.sequence >= UInt64(warmup) {
                     latencies.append(MonotonicClock.nanoseconds() &- header.sent)
                 }
                 if header.sequence == UInt64(total - 1) { break }
@@ -154,7 +157,7 @@ struct BroadcastScenario: ScenarioKind {
                 .timedOut, "the asker got \(answered.count) of \(measured) answers from the broadcast server")
         }
         var sent: [UInt64: UInt64] = [:]
-        for sequence in Self.warmup..<total { sent[UInt64(sequence)] = sentTimes[sequence] }
+        for sequence in warmup..<total { sent[UInt64(sequence)] = sentTimes[sequence] }
         let (figures, latency, fairness) = BroadcastFigures.merge(reports, sent: sent, answers: answered)
         var result = ScenarioResult()
         result.latency = latency
@@ -225,49 +228,83 @@ struct BroadcastScenario: ScenarioKind {
         }
     }
 
-    /// Per transport: each backend's largest N whose last receipt kept p95 within 250 ms (and had every message
-    /// reach every client), of the N the run measured.
+    /// Per transport and rate: each backend's largest N whose last receipt kept p95 within 250 ms (and had every
+    /// message reach every client), of the N the run measured; then the verdict on the user's broadcast workload.
     static func summary(_ report: Report, _ scenarios: [Self]) -> [String] {
         guard !scenarios.isEmpty else { return [] }
         var lines: [String] = []
+        let rates = scenarios.map(\.load.perSecond).reduce(into: [Double]()) { if !$0.contains($1) { $0.append($1) } }
         for transport in report.plan.transports {
-            let rows = report.rows.filter {
-                $0.scenario.is(BroadcastScenario.self) && $0.transport == transport
-                    && Backend(rawValue: $0.backend) != nil
+            for rate in rates {
+                let sized = scenarios.filter { $0.load.perSecond == rate }
+                // The workload alone has its verdict below.
+                if let asked = report.plan.broadcastWorkload, sized.map(\.load) == [asked] { continue }
+                lines += largestWithinBound(report, transport, sized)
             }
-            guard !rows.isEmpty else { continue }
-            var best: [String: (clients: Int, p95: UInt64, within: Int, repetitions: Int)] = [:]
-            for row in rows {
-                guard let n = row.scenario.as(BroadcastScenario.self)?.clients,
-                    let b = row.median.broadcast, b.missing == 0, let p95 = b.lastReceipt?.p95, p95 <= bound
-                else { continue }
-                let each = row.repetitions.map { $0.broadcast?.lastReceipt?.p95 ?? .max }
-                if n > best[row.backend]?.clients ?? 0 {
-                    best[row.backend] = (n, p95, each.filter { $0 <= bound }.count, each.count)
-                }
-            }
-            let backends = Array(Set(rows.map(\.backend)))
-            let ordered = backends.sorted {
-                (best[$0]?.clients ?? 0, -Int(best[$0]?.p95 ?? 0)) > (best[$1]?.clients ?? 0, -Int(best[$1]?.p95 ?? 0))
-            }
-            let measured = scenarios.map(\.clients).sorted().map { $0.formatted() }.joined(separator: ", ")
-            lines.append(
-                "- Broadcast over \(transport), the most clients served with the last one's p95 within 250 ms (of \(measured) measured): "
-                    + ordered.map { backend in
-                        best[backend].map {
-                            "\(backend) \($0.clients.formatted()) (p95 \(ms($0.p95)) ms"
-                                + ($0.within < $0.repetitions
-                                    ? ", \($0.within) of \($0.repetitions) repetitions within)" : ")")
-                        }
-                            ?? "\(backend) none"
-                    }.joined(separator: ", ") + ".")
+        }
+        for verdict in report.broadcastVerdicts ?? [] {
+            let text = verdict.lines
+            lines.append("- Your broadcast, " + text[0])
+            lines += text.dropFirst()
         }
         return lines
+    }
+
+    private static func largestWithinBound(_ report: Report, _ transport: String, _ scenarios: [Self]) -> [String] {
+        let rows = report.rows.filter { row in
+            row.transport == transport && Backend(rawValue: row.backend) != nil
+                && scenarios.contains { Scenario($0) == row.scenario }
+        }
+        guard !rows.isEmpty else { return [] }
+        var best: [String: (clients: Int, p95: UInt64, within: Int, repetitions: Int)] = [:]
+        for row in rows {
+            guard let n = row.scenario.as(BroadcastScenario.self)?.clients,
+                let b = row.median.broadcast, b.missing == 0, let p95 = b.lastReceipt?.p95, p95 <= bound
+            else { continue }
+            let each = row.repetitions.map { $0.broadcast?.lastReceipt?.p95 ?? .max }
+            if n > best[row.backend]?.clients ?? 0 {
+                best[row.backend] = (n, p95, each.filter { $0 <= bound }.count, each.count)
+            }
+        }
+        let backends = Array(Set(rows.map(\.backend)))
+        let ordered = backends.sorted {
+            (best[$0]?.clients ?? 0, -Int(best[$0]?.p95 ?? 0)) > (best[$1]?.clients ?? 0, -Int(best[$1]?.p95 ?? 0))
+        }
+        let measured = scenarios.map(\.clients).sorted().map { $0.formatted() }.joined(separator: ", ")
+        let rate = scenarios[0].load.perSecond
+        let at = rate == BroadcastLoad.defaultPerSecond ? "" : " at \(Workload.number(rate)) messages/s"
+        return [
+            "- Broadcast over \(transport)\(at), the most clients served with the last one's p95 within 250 ms (of \(measured) measured): "
+                + ordered.map { backend in
+                    best[backend].map {
+                        "\(backend) \($0.clients.formatted()) (p95 \(ms($0.p95)) ms"
+                            + ($0.within < $0.repetitions
+                                ? ", \($0.within) of \($0.repetitions) repetitions within)" : ")")
+                    }
+                        ?? "\(backend) none"
+                }.joined(separator: ", ") + "."
+        ]
+    }
+
+    /// Per transport, the verdict on the broadcast workload (`--workload broadcast=N,...`) over the backends' runs.
+    static func verdicts(plan: Compare.Plan, runs: [RowKey: [ScenarioResult]]) -> [BroadcastVerdict] {
+        guard let load = plan.broadcastWorkload else { return [] }
+        return plan.transports.compactMap { transport in
+            let each = plan.backends.compactMap { backend in
+                runs[RowKey(scenario: .broadcast(load), source: backend, transport: transport)].map {
+                    (backend: backend, results: $0)
+                }
+            }
+            guard !each.isEmpty else { return nil }
+            return BroadcastVerdict(
+                load: load, transport: transport, p95Bound: plan.p95Bound ?? BroadcastVerdict.defaultBound, runs: each)
+        }
     }
 }
 
 extension Scenario {
-    static func broadcast(clients: Int) -> Scenario { Scenario(BroadcastScenario(clients: clients)) }
+    static func broadcast(clients: Int) -> Scenario { Scenario(BroadcastScenario(BroadcastLoad(clients: clients))) }
+    static func broadcast(_ load: BroadcastLoad) -> Scenario { Scenario(BroadcastScenario(load)) }
 }
 
 /// A `sockbench broadcast-clients` child process: its lines of standard output as they come, its standard error
