@@ -256,33 +256,7 @@ public struct FaninRunner: Sendable {
     ) async throws(ConnectionError) -> Opened {
         let serverBefore = await serverUsage?()?.residentKiB
         let clientBefore = ResourceUsage.read()?.residentKiB
-        var clients: [any Connection] = []
-        while clients.count < connections {
-            let batch = min(64, connections - clients.count)
-            let opened: [Result<any Connection, ConnectionError>] = await withTaskGroup(
-                of: Result<any Connection, ConnectionError>.self
-            ) { group in
-                for _ in 0..<batch {
-                    group.addTask {
-                        do throws(ConnectionError) { return .success(try await connect()) } catch {
-                            return .failure(error)
-                        }
-                    }
-                }
-                var results: [Result<any Connection, ConnectionError>] = []
-                for await result in group { results.append(result) }
-                return results
-            }
-            for result in opened {
-                switch result {
-                case .success(let connection): clients.append(connection)
-                case .failure(let error):
-                    for client in clients { await client.close() }
-                    for case .success(let other) in opened { await other.close() }
-                    throw error
-                }
-            }
-        }
+        let clients = try await ConnectionBatch.open(connections, connect: connect)
         var once = PingRunner(size: size, count: 1, warmup: 0)
         once.keepsSamples = true
         once.keepsHistogram = false

@@ -38,43 +38,15 @@ struct BroadcastClients: AsyncParsableCommand {
         let (endpoint, backend) = try parseTarget(url: url, backend: backend)
         guard connections >= 1, messages >= 1 else { throw fail("--connections and --messages must be at least 1") }
         try pin(toCPU: cpu)
-        var clients: [any Connection] = []
+        let clients: [any Connection]
         do throws(ConnectionError) {
-            while clients.count < connections {
-                let batch = min(64, connections - clients.count)
-                let opened = await withTaskGroup(of: Result<any Connection, ConnectionError>.self) { group in
-                    for _ in 0..<batch {
-                        group.addTask {
-                            do throws(ConnectionError) {
-                                let connection = try await backend.connect(to: endpoint)
-                                do throws(ConnectionError) {
-                                    try await BroadcastReceipts.hello(on: connection)
-                                } catch {
-                                    await connection.close()
-                                    throw error
-                                }
-                                return .success(connection)
-                            } catch {
-                                return .failure(error)
-                            }
-                        }
-                    }
-                    var results: [Result<any Connection, ConnectionError>] = []
-                    for await result in group { results.append(result) }
-                    return results
-                }
-                for result in opened {
-                    switch result {
-                    case .success(let connection): clients.append(connection)
-                    case .failure(let error):
-                        for case .success(let other) in opened { await other.close() }
-                        for client in clients { await client.close() }
-                        throw error
-                    }
-                }
+            clients = try await ConnectionBatch.open(connections) { () throws(ConnectionError) in
+                try await backend.connect(to: endpoint)
+            } prepare: { connection throws(ConnectionError) in
+                try await BroadcastReceipts.hello(on: connection)
             }
         } catch {
-            throw fail("broadcast-clients: after \(clients.count) of \(connections) connections: \(error)")
+            throw fail("broadcast-clients: \(error)")
         }
         let last = UInt64(messages - 1)
         let done = DoneCount()

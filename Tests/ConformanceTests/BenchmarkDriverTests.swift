@@ -1,6 +1,7 @@
 import BenchmarkDriver
 import ConnectionTestKit
 import SocketStyles
+import Synchronization
 import Testing
 
 /// The benchmark driver's scenarios, run for real (small and short) against in-process servers: they must
@@ -143,6 +144,48 @@ struct BenchmarkDriverTests {
             await connection.close()
             await server.stop()
         }
+    }
+
+    /// The wires of the in-memory connections a batch opened (what goes toward the server's end is held there, so
+    /// a close shows as a held end of stream), and how many connects were asked for.
+    private final class Opened: Sendable {
+        let wires = Mutex<[MemoryWire]>([])
+        let connects = Atomic<Int>(0)
+        let prepared = Atomic<Int>(0)
+    }
+
+    @Test("Connections open in batches, each prepared; a failure closes every one opened and says how far it got")
+    func connectionBatch() async throws {
+        typealias Connector = @Sendable () async throws(ConnectionError) -> any Connection
+        func connector(_ opened: Opened, failingAt failure: Int?) -> Connector {
+            { () throws(ConnectionError) in
+                let call = opened.connects.add(1, ordering: .relaxed).newValue
+                if call == failure { throw ConnectionError(.refused, "connect \(call) refused") }
+                let (client, _, wire) = MemoryConnection.pair()
+                wire.hold(toward: .toSecond)
+                opened.wires.withLock { $0.append(wire) }
+                return client
+            }
+        }
+        let fine = Opened()
+        let connections = try await ConnectionBatch.open(70, batchSize: 64, connect: connector(fine, failingAt: nil)) {
+            _ throws(ConnectionError) in fine.prepared.add(1, ordering: .relaxed)
+        }
+        #expect(connections.count == 70 && fine.prepared.load(ordering: .relaxed) == 70)
+        for connection in connections { await connection.close() }
+
+        let failing = Opened()
+        await #expect {
+            _ = try await ConnectionBatch.open(150, batchSize: 64, connect: connector(failing, failingAt: 100))
+        } throws: { error in
+            let error = error as? ConnectionError
+            return error?.kind == .refused && error?.detail == "after 64 of 150 connections: connect 100 refused"
+        }
+        // The batch that failed stopped there: 64 opened before it, 63 beside the failure, all closed.
+        let wires = failing.wires.withLock { $0 }
+        #expect(wires.count == 127 && failing.connects.load(ordering: .relaxed) == 128)
+        let leftOpen = wires.count { $0.heldCount(toward: .toSecond) == 0 }
+        #expect(leftOpen == 0, "\(leftOpen) connections the batch opened were left open")
     }
 
     @Test("fanin: every client's round trips are counted; connect: each handshake timed")
