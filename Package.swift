@@ -16,7 +16,7 @@ let strictSettings: [SwiftSetting] = [
 let package = Package(
     name: "SocketStyles",
     products: [
-        // Everything: every backend, WebSocket and TLS, the `Backend` enum.
+        // Everything: every backend, WebSocket and TLS, the backends' registrations (`Backend.allCases`), TransportStack.
         .library(name: "SocketStyles", targets: ["SocketStyles"]),
         // A la carte: the contract, one backend, the layers. Depending on SocketStylesBSD alone builds neither
         // SwiftNIO nor links libuv or OpenSSL (Examples/BSDOnly shows it, and CI checks it).
@@ -51,7 +51,8 @@ let package = Package(
         .target(name: "ConnectionCore", swiftSettings: strictSettings),
         // What Glibc does not import (accept4, epoll, eventfd, timerfd). Symbols prefixed csock_.
         .target(name: "CSocketShims"),
-        // The one file of syscall wrappers, socket addresses, name resolution, threads.
+        // The socket layer: system calls by concern, socket addresses, name resolution, owned descriptors, the listen
+        // and connect recipes, threads, the clock, EpollLoop and the loops' work queue.
         .target(name: "POSIXSupport", dependencies: ["ConnectionCore", "CSocketShims"], swiftSettings: strictSettings),
         // Style 1: blocking BSD sockets on threads of our own.
         .target(
@@ -115,7 +116,7 @@ let package = Package(
             dependencies: ["ConnectionCore", "COpenSSL"],
             swiftSettings: strictSettings
         ),
-        // Umbrella: re-exports and the Backend enum.
+        // Umbrella: re-exports, the six socket backends' registrations, and TransportStack (tls, ws, wss per URL).
         .target(
             name: "SocketStyles",
             dependencies: [
@@ -138,7 +139,7 @@ let package = Package(
             ],
             swiftSettings: strictSettings
         ),
-        // Shipped test support: fd counting, time limits, echo servers.
+        // Shipped test support: descriptor counting, time limits, echo servers, the in-memory backend, test certificates.
         .target(
             name: "ConnectionTestKit", dependencies: ["SocketStyles", "POSIXSupport", "BenchmarkDriver"],
             swiftSettings: strictSettings),
@@ -153,7 +154,8 @@ let package = Package(
         ),
         // The C floor: blocking C ping-pong and echo server, the reference every backend is compared with.
         .target(name: "CFloor"),
-        // Measurement: HdrHistogram summaries, the ping-pong runner. A library so tests can drive it.
+        // Measurement: HdrHistogram summaries, the runners (ping-pong, open loop, pump, fan-in, workload, loaded,
+        // broadcast) and their verdicts. A library so tests can drive it.
         .target(
             name: "BenchmarkDriver",
             dependencies: [
