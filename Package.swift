@@ -16,7 +16,8 @@ let strictSettings: [SwiftSetting] = [
 let package = Package(
     name: "SocketStyles",
     products: [
-        // Everything: every backend, WebSocket and TLS, the backends' registrations (`Backend.allCases`), TransportStack.
+        // Everything: every backend, WebSocket and TLS, the backends' registrations (`Backend.allCases`),
+        // TransportStack.
         .library(name: "SocketStyles", targets: ["SocketStyles"]),
         // A la carte: the contract, one backend, the layers. Depending on SocketStylesBSD alone builds neither
         // SwiftNIO nor links libuv or OpenSSL (Examples/BSDOnly shows it, and CI checks it).
@@ -139,7 +140,8 @@ let package = Package(
             ],
             swiftSettings: strictSettings
         ),
-        // Shipped test support: descriptor counting, time limits, echo servers, the in-memory backend, test certificates.
+        // Shipped test support: descriptor counting, time limits, echo servers, the in-memory backend, test
+        // certificates.
         .target(
             name: "ConnectionTestKit", dependencies: ["SocketStyles", "POSIXSupport", "BenchmarkDriver"],
             swiftSettings: strictSettings),
