@@ -180,45 +180,29 @@ public struct BroadcastVerdict: Sendable, Codable, Hashable {
             let near = Double(max(a.p95, b.p95)) <= Double(min(a.p95, b.p95)) * (1 + WorkloadVerdict.resolution)
             return overlap || near
         }
-        var held = entries.filter(\.held).sorted { ($0.p95, $0.backend) < ($1.p95, $1.backend) }
+        let held = entries.filter(\.held).sorted { ($0.p95, $0.backend) < ($1.p95, $1.backend) }
         let rest = entries.filter { !$0.held }.sorted {
             ($0.missing, $0.p95, $0.backend) < ($1.missing, $1.p95, $1.backend)
         }
-        best = nil
-        closest = nil
-        tiedOnP95 = []
-        if let fastest = held.first {
-            // As in WorkloadVerdict: among those the run cannot tell from the fastest, the cheapest, but never one
-            // that another beats on both p95 and CPU.
-            let tied = held.filter { indistinguishable($0, fastest) }
-            let undominated = tied.filter { entry in !held.contains { $0.p95 < entry.p95 && cheaper($0, entry) } }
-            let chosen = undominated.min(by: cheaper)!
-            best = chosen.backend
-            tiedOnP95 = tied.map(\.backend).filter { $0 != chosen.backend }
-            held.removeAll { $0.backend == chosen.backend }
-            held.insert(chosen, at: 0)
-            let range = "\(WorkloadVerdict.time(chosen.p95Range[0]))-\(WorkloadVerdict.time(chosen.p95Range[1]))"
-            let cost =
-                chosen.serverCPUPerDeliveryMicroseconds.map { "\(fixed($0, 2)) us of server CPU per delivery" }
-                ?? "server CPU not read"
-            let cheapest = tied.allSatisfy { $0.backend == chosen.backend || cheaper(chosen, $0) }
-            reason =
-                tied.count == 1
-                ? "\(chosen.backend) held it with the lowest last-receipt p95 (\(WorkloadVerdict.time(chosen.p95)), \(range) over \(chosen.repetitions) repetition(s)), clear of every other backend's"
-                : "\(chosen.backend) held it; its p95 (\(WorkloadVerdict.time(chosen.p95)), \(range)) is not distinguishable in this run from "
-                    + tiedOnP95.joined(separator: ", ") + "'s, and "
-                    + (cheapest
-                        ? "among those it costs the least: \(cost)"
-                        : "none of those beats it on both p95 and cost: \(cost)")
-        } else if let nearest = rest.first {
-            closest = nearest.backend
-            reason =
-                "no backend held it on this machine; \(nearest.backend) came closest: "
-                + nearest.shortfalls.joined(separator: ", ")
-        } else {
-            reason = "no backend ran it"
-        }
-        self.entries = held + rest
+        let t = WorkloadVerdict.time
+        let choice = VerdictChoice(
+            held: held, rest: rest, name: \.backend, figure: \.p95, indistinguishable: indistinguishable,
+            cheaper: cheaper,
+            describe: {
+                .init(
+                    value: t($0.p95), range: "\(t($0.p95Range[0]))-\(t($0.p95Range[1]))", repetitions: $0.repetitions,
+                    cost: Self.cost($0))
+            }, shortfalls: \.shortfalls, lowest: "last-receipt p95", figure: "p95")
+        self.entries = choice.entries
+        best = choice.best
+        closest = choice.closest
+        tiedOnP95 = choice.tied
+        reason = choice.reason
+    }
+
+    static func cost(_ entry: Entry) -> String {
+        entry.serverCPUPerDeliveryMicroseconds.map { "\(fixed($0, 2)) us of server CPU per delivery" }
+            ?? "server CPU not read"
     }
 
     /// The verdict as the report prints it: a line for the load, one per backend, and the choice.
@@ -229,9 +213,7 @@ public struct BroadcastVerdict: Sendable, Codable, Hashable {
         for entry in entries {
             let t = WorkloadVerdict.time
             let range = "\(t(entry.p95Range[0]))-\(t(entry.p95Range[1]))"
-            let cost =
-                entry.serverCPUPerDeliveryMicroseconds.map { "\(fixed($0, 2)) us of server CPU per delivery" }
-                ?? "server CPU not read"
+            let cost = Self.cost(entry)
             let figures =
                 "last receipt p50 \(t(entry.p50)) / p95 \(t(entry.p95)) (\(range)) / p99 \(t(entry.p99)), first p50 \(t(entry.firstP50)), \(cost)"
             lines.append(

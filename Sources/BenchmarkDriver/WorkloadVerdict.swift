@@ -95,48 +95,22 @@ public struct WorkloadVerdict: Sendable, Codable, Hashable {
                     serverKiBPerConnection: mid(results.compactMap(\.serverKiBPerConnection)),
                     clientKiBPerConnection: mid(results.compactMap(\.clientKiBPerConnection))))
         }
-        var held = entries.filter(\.held).sorted { ($0.p99, $0.backend) < ($1.p99, $1.backend) }
+        let held = entries.filter(\.held).sorted { ($0.p99, $0.backend) < ($1.p99, $1.backend) }
         let rest = entries.filter { !$0.held }.sorted {
             ($0.achievedShare, -Double($0.p99)) > ($1.achievedShare, -Double($1.p99))
         }
-        tiedOnP99 = []
-        best = nil
-        closest = nil
-        if let fastest = held.first {
-            // Every backend that held it and whose p99 range overlaps the lowest one's: by p99 alone this run
-            // cannot tell them apart, so CPU per message, then memory per connection, chooses among them. Not one
-            // that another backend beats on both p99 and cost (ties are not transitive: a backend tied with the
-            // fastest can have a lower-p99, cheaper neighbour that is not); it is still named as tied.
-            let tied = held.filter { Self.indistinguishable($0, fastest) }
-            let undominated = tied.filter { entry in
-                !held.contains { $0.p99 < entry.p99 && Self.cheaper($0, than: entry) }
-            }
-            let chosen = undominated.min { Self.cheaper($0, than: $1) }!
-            best = chosen.backend
-            tiedOnP99 = tied.map(\.backend).filter { $0 != chosen.backend }
-            held.removeAll { $0.backend == chosen.backend }
-            held.insert(chosen, at: 0)
-            if tied.count == 1 {
-                reason =
-                    "\(chosen.backend) held it with the lowest p99 (\(Self.time(chosen.p99)), \(Self.range(chosen)) over \(chosen.repetitions) repetition(s)), clear of every other backend's"
-            } else {
-                let cheapest = tied.allSatisfy { $0.backend == chosen.backend || Self.cheaper(chosen, than: $0) }
-                reason =
-                    "\(chosen.backend) held it; its p99 (\(Self.time(chosen.p99)), \(Self.range(chosen))) is not distinguishable in this run from "
-                    + tiedOnP99.joined(separator: ", ") + "'s, and "
-                    + (cheapest
-                        ? "among those it costs the least: \(Self.costs(chosen))"
-                        : "none of those beats it on both p99 and cost: \(Self.costs(chosen))")
-            }
-        } else if let nearest = rest.first {
-            closest = nearest.backend
-            reason =
-                "no backend held it on this machine; \(nearest.backend) came closest: "
-                + nearest.shortfalls.joined(separator: ", ")
-        } else {
-            reason = "no backend ran it"
-        }
-        self.entries = held + rest
+        let choice = VerdictChoice(
+            held: held, rest: rest, name: \.backend, figure: \.p99, indistinguishable: Self.indistinguishable,
+            cheaper: { Self.cheaper($0, than: $1) },
+            describe: {
+                .init(
+                    value: Self.time($0.p99), range: Self.range($0), repetitions: $0.repetitions, cost: Self.costs($0))
+            }, shortfalls: \.shortfalls, lowest: "p99", figure: "p99")
+        self.entries = choice.entries
+        best = choice.best
+        closest = choice.closest
+        tiedOnP99 = choice.tied
+        reason = choice.reason
     }
 
     /// Two p99s this run cannot tell apart: their ranges over the repetitions overlap, or their medians are
