@@ -35,12 +35,19 @@ func fail(_ message: String) -> ExitCode {
 
 /// Unbuffered output (stdout may be a pipe read line by line by `sockbench compare`).
 enum Console {
+    /// A line to standard output. When its reader has gone (`sockbench backends | head -1`: the pipe is closed,
+    /// and SIGPIPE is ignored for the sockets' sake), there is no one left to tell anything: the process ends
+    /// quietly, as a tool killed by SIGPIPE would, instead of crashing in `FileHandle.write`.
     static func line(_ text: String) {
-        FileHandle.standardOutput.write(Data((text + "\n").utf8))
+        do {
+            try FileHandle.standardOutput.write(contentsOf: Data((text + "\n").utf8))
+        } catch {
+            exit(0)
+        }
     }
 
     static func error(_ text: String) {
-        FileHandle.standardError.write(Data((text + "\n").utf8))
+        try? FileHandle.standardError.write(contentsOf: Data((text + "\n").utf8))
     }
 
     /// `value` as pretty-printed JSON with sorted keys, the one form every `--json` prints.

@@ -27,6 +27,28 @@ struct PingCommandTests {
         }
     }
 
+    /// `sockbench backends | head -1`, or any reader that stops reading: SIGPIPE is ignored (for the sockets), so a
+    /// write to the closed pipe fails with EPIPE, and `FileHandle.write` crashed on it (status 132 and a
+    /// backtrace of 9 KB on stderr, every time). It must end quietly.
+    @Test("A reader that goes away (a pipe closed before sockbench writes) ends it quietly, with no crash")
+    func closedPipe() throws {
+        for arguments in [["backends"], ["backends", "--json"]] {
+            let process = Process()
+            process.executableURL = URL(fileURLWithPath: NetworkLab.selfPath())
+            process.arguments = arguments
+            let output = Pipe()
+            let errors = Pipe()
+            process.standardOutput = output
+            process.standardError = errors
+            try output.fileHandleForReading.close()
+            try process.run()
+            let said = errors.fileHandleForReading.readDataToEndOfFile()
+            process.waitUntilExit()
+            #expect(process.terminationStatus == 0, "sockbench \(arguments.joined(separator: " "))")
+            #expect(said.isEmpty, "\(String(decoding: said.prefix(300), as: UTF8.self))")
+        }
+    }
+
     @Test("--time with --interval, --hgrm and --samples: JSON alone on stdout, a line per interval, both files")
     func timedRun() async throws {
         try await withServer { url in
