@@ -82,5 +82,8 @@ extension Backend {
         name: "bsd",
         summary: "blocking BSD sockets; a reader thread (and a writer thread when needed) per connection",
         style: "blocking calls on a thread per connection: the simplest code, and a thread per client",
+        tooling: Backend.Tooling(
+            module: "BSDSocketBackend", colour: "#f28e2b", autobahn: .ws, autobahnDeflate: true,
+            allocationsPerRoundTrip: 8),
         make: { BSDBackend() })
 }

@@ -20,13 +20,45 @@ public struct Backend: Sendable, Hashable, CustomStringConvertible {
     /// `true` for the reference the other styles are set against (SwiftNIO): the report's `x nio` columns and
     /// targets. At most one backend in the list is.
     public let isReference: Bool
+    /// What the project's own tooling needs of one of its backends (`nil` for a backend written elsewhere).
+    public let tooling: Tooling?
     private let make: @Sendable () -> any ConnectionBackend
     private let availability: @Sendable () -> String?
+
+    /// What the project's own tooling reads from a backend's registration, so that adding a backend is its module
+    /// and its registration, with no list elsewhere to extend by hand: `sockbench backends --json` prints it for
+    /// the scripts (DocC's targets, CI's Autobahn runs, the micro-benchmarks' thresholds), and report.html draws
+    /// the backend in its colour.
+    public struct Tooling: Sendable, Hashable {
+        /// The module the backend lives in: a DocC target of `scripts/docs`.
+        public var module: String
+        /// Its lines and bars in report.html (`#rrggbb`).
+        public var colour: String
+        /// The WebSocket scheme (`ws` or `wss`) CI runs Autobahn's cases 1-10 on against it, its server under
+        /// wstest's client and its client against wstest's server; `nil`: not in CI (each run costs minutes).
+        public var autobahn: Transport?
+        /// Whether CI also runs the permessage-deflate cases (12-13) against it, both ways.
+        public var autobahnDeflate: Bool
+        /// Allocations per 64-byte tcp echo round trip, both ends, p90: the micro-benchmarks' threshold for it
+        /// (`Benchmarks/`, with their tolerance of 2 either way).
+        public var allocationsPerRoundTrip: Int
+
+        public init(
+            module: String, colour: String, autobahn: Transport? = nil, autobahnDeflate: Bool = false,
+            allocationsPerRoundTrip: Int
+        ) {
+            self.module = module
+            self.colour = colour
+            self.autobahn = autobahn
+            self.autobahnDeflate = autobahnDeflate
+            self.allocationsPerRoundTrip = allocationsPerRoundTrip
+        }
+    }
 
     /// `availability` says, in one line, why the backend cannot run on this machine (io_uring on a kernel or in a
     /// sandbox that forbids it), or `nil` when it can.
     public init(
-        name: String, summary: String, style: String, isReference: Bool = false,
+        name: String, summary: String, style: String, isReference: Bool = false, tooling: Tooling? = nil,
         availability: @escaping @Sendable () -> String? = { nil },
         make: @escaping @Sendable () -> any ConnectionBackend
     ) {
@@ -34,6 +66,7 @@ public struct Backend: Sendable, Hashable, CustomStringConvertible {
         self.summary = summary
         self.style = style
         self.isReference = isReference
+        self.tooling = tooling
         self.availability = availability
         self.make = make
     }

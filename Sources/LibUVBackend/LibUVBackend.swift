@@ -219,5 +219,6 @@ extension Backend {
         name: "uv",
         summary: "libuv 1.44 loop and callbacks; every connection on one loop thread, an eventfd to reach it",
         style: "libuv callbacks on one loop thread: every buffer's lifetime managed by hand",
+        tooling: Backend.Tooling(module: "LibUVBackend", colour: "#e15759", allocationsPerRoundTrip: 11),
         make: { LibUVBackend.shared })
 }

@@ -3,8 +3,9 @@ import Synchronization
 
 /// The list of connection styles: the six this package ships, in the order reports show them, then any a program
 /// registered. Each backend module declares its own `Backend` value (its name, summary and factory); this is
-/// the one place that lists them. Adding a backend is its module, its registration value, one entry here and its
-/// Package.swift lines: the CLI, compare, the report and the conformance suite iterate `allCases`.
+/// the one place that lists them. Adding a backend is its module, its registration value (with its `Tooling`:
+/// module, colour, Autobahn runs, allocation threshold, which the scripts read), one entry here and its
+/// Package.swift lines: the CLI, compare, the report, the conformance suite and the scripts iterate the list.
 extension Backend {
     /// The package's own styles.
     public static let builtIn: [Backend] = [.bsd, .uv, .runloop, .async, .nio, .uring]

@@ -111,10 +111,15 @@ extension ReportHTML {
 
     static let transportOrder = ["tcp", "udp", "tls", "ws", "wss"]
 
-    /// The same colour for a backend (or reference) in every line chart of the page.
+    /// The same colour for a backend (or reference) in every line chart of the page: a backend's own, from its
+    /// registration (`Backend.Tooling.colour`); the C floor's, sockperf's and iperf3's here; anything else by the
+    /// order it comes in.
     static func color(of name: String) -> String {
-        let order = [Report.floorName] + Backend.allCases.map(\.name) + ["sockperf", "iperf3"]
-        return palette[(order.firstIndex(of: name) ?? palette.count - 1) % palette.count]
+        if let colour = Backend.everyCase.first(where: { $0.name == name })?.tooling?.colour { return colour }
+        let references = [Report.floorName: palette[0], "sockperf": palette[7], "iperf3": palette[0]]
+        if let colour = references[name] { return colour }
+        let others = Backend.everyCase.filter { $0.tooling == nil }.map(\.name)
+        return others.firstIndex(of: name).map { palette[($0 + 1) % palette.count] } ?? palette[palette.count - 1]
     }
 
     /// CPU per message (both ends), least first.

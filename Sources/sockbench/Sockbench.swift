@@ -91,7 +91,43 @@ func pin(toCPU cpu: Int?) throws {
 struct Backends: ParsableCommand {
     static let configuration = CommandConfiguration(abstract: "List the backends and their transports.")
 
-    func run() {
+    @Flag(
+        help:
+            "One JSON object per backend, a line each: name, available (or the reason it is not), transports, summary, and what the project's scripts read from its registration (module, colour, autobahn, autobahnDeflate, allocationsPerRoundTrip)."
+    )
+    var json = false
+
+    /// A backend as `--json` prints it.
+    struct Entry: Encodable {
+        var name: String
+        var available: Bool
+        var unavailableReason: String?
+        var transports: [String]
+        var summary: String
+        var module: String?
+        var colour: String?
+        var autobahn: String?
+        var autobahnDeflate: Bool?
+        var allocationsPerRoundTrip: Int?
+    }
+
+    func run() throws {
+        if json {
+            let encoder = JSONEncoder()
+            encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+            for backend in Backend.everyCase {
+                let tooling = backend.tooling
+                let entry = Entry(
+                    name: backend.name, available: backend.unavailableReason == nil,
+                    unavailableReason: backend.unavailableReason,
+                    transports: backend.transports.map(\.rawValue).sorted(), summary: backend.summary,
+                    module: tooling?.module, colour: tooling?.colour, autobahn: tooling?.autobahn?.rawValue,
+                    autobahnDeflate: tooling?.autobahnDeflate, allocationsPerRoundTrip: tooling?.allocationsPerRoundTrip
+                )
+                Console.line(String(decoding: try encoder.encode(entry), as: UTF8.self))
+            }
+            return
+        }
         let width = Backend.everyCase.map { $0.transports.map(\.rawValue).joined(separator: ",").count }.max() ?? 0
         for backend in Backend.everyCase {
             let name = backend.rawValue.padding(toLength: 8, withPad: " ", startingAt: 0)

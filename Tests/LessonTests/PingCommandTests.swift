@@ -49,6 +49,28 @@ struct PingCommandTests {
         }
     }
 
+    /// What the scripts read from the backends' registrations: one JSON object per line, every built-in backend
+    /// with its module, colour and threshold, and the Autobahn runs CI makes.
+    @Test("backends --json: a line per backend with what the scripts read from its registration")
+    func backendsJSON() async throws {
+        let child = try ChildProcess([NetworkLab.selfPath(), "backends", "--json"], mergeErrors: false)
+        let output = try await blocking { child.readToEnd() }
+        #expect(try await blocking { try child.wait() } == 0)
+        let entries = try output.split(separator: "\n").map {
+            try #require(try JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any])
+        }
+        #expect(entries.compactMap { $0["name"] as? String } == Backend.everyCase.map(\.name))
+        for entry in entries {
+            #expect(entry["module"] is String && entry["colour"] is String && entry["allocationsPerRoundTrip"] is Int)
+        }
+        let autobahn = entries.compactMap { entry in (entry["autobahn"] as? String).map { "\(entry["name"]!) \($0)" } }
+        #expect(autobahn == ["bsd ws", "async wss", "nio ws", "uring ws"])
+        #expect(
+            entries.filter { $0["autobahnDeflate"] as? Bool == true }.compactMap { $0["name"] as? String } == [
+                "bsd", "async",
+            ])
+    }
+
     @Test("--time with --interval, --hgrm and --samples: JSON alone on stdout, a line per interval, both files")
     func timedRun() async throws {
         try await withServer { url in

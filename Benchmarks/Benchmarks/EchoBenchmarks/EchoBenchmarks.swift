@@ -10,9 +10,10 @@ import SocketStyles
 /// async 9; nio after session 16's change to its reads and sends: 19 in four runs here, 16 in CI; uv after
 /// session 28's hand-over queue: 13 in three runs here, 10 in CI, its p25 10 and p50 13 in every run; uring
 /// after session 34's send queue: 13 in three runs here and in CI, down from 16; uv after session 42, whose
-/// sends from off the loop no longer hand it a block and a continuation: 9 in CI). Each
-/// committed threshold is the middle of what was seen and may be missed by 2 either way, no more; time is
-/// reported, not gated.
+/// sends from off the loop no longer hand it a block and a continuation: 9 in CI). Each backend's threshold is
+/// in its registration (`Backend.Tooling.allocationsPerRoundTrip`; `scripts/benchmarks` writes it where the
+/// check reads it): the middle of what was seen, which may be missed by 2 either way, no more; time is reported,
+/// not gated.
 nonisolated(unsafe) var server: EchoServer?
 nonisolated(unsafe) var connection: (any Connection)?
 
