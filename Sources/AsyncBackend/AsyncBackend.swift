@@ -25,7 +25,7 @@ public struct AsyncBackend: ConnectionBackend {
     ) async throws(ConnectionError)
         -> any Connection
     {
-        try check(endpoint)
+        try requireTransport(of: endpoint)
         let socket = AsyncSocket(to: endpoint, options: options, reactor: reactor)
         try await socket.start()
         return AsyncConnection(socket: socket)
@@ -36,7 +36,7 @@ public struct AsyncBackend: ConnectionBackend {
     ) async throws(ConnectionError)
         -> any Listener
     {
-        try check(endpoint)
+        try requireTransport(of: endpoint)
         if endpoint.transport == .udp {
             return try await AsyncUDPListener.start(on: endpoint, options: options, reactor: reactor)
         }
@@ -45,12 +45,6 @@ public struct AsyncBackend: ConnectionBackend {
         return AsyncTCPListener(listener: listener)
     }
 
-    private func check(_ endpoint: Endpoint) throws(ConnectionError) {
-        guard transports.contains(endpoint.transport) else {
-            throw ConnectionError(
-                .unsupported, "the async backend provides tcp and udp; \(endpoint.transport) is layered on top")
-        }
-    }
 }
 
 /// ``AsyncSocket`` as a ``Connection``: a thin wrapper, so the price of the unified API is one indirection.

@@ -23,7 +23,7 @@ public struct BSDBackend: ConnectionBackend {
     ) async throws(ConnectionError)
         -> any Connection
     {
-        try check(endpoint)
+        try requireTransport(of: endpoint)
         let attempt = ConnectAttempt()
         let result: Result<BSDConnection, ConnectionError> = await withTaskCancellationHandler {
             await PosixThread.spawnAndAwait(name: "bsd-connect") { deliver in
@@ -50,7 +50,7 @@ public struct BSDBackend: ConnectionBackend {
     ) async throws(ConnectionError)
         -> any Listener
     {
-        try check(endpoint)
+        try requireTransport(of: endpoint)
         // Name resolution may block: do it on a thread of ours.
         let result: Result<any Listener, ConnectionError> = await PosixThread.spawnAndAwait(name: "bsd-listen") {
             deliver in
@@ -68,12 +68,6 @@ public struct BSDBackend: ConnectionBackend {
         return try result.get()
     }
 
-    private func check(_ endpoint: Endpoint) throws(ConnectionError) {
-        guard transports.contains(endpoint.transport) else {
-            throw ConnectionError(
-                .unsupported, "the bsd backend provides tcp and udp; \(endpoint.transport) is layered on top")
-        }
-    }
 }
 
 extension Backend {

@@ -299,3 +299,15 @@ public protocol ConnectionBackend: Sendable {
     /// Resolves the endpoint and binds (and for TCP, listens).
     func listen(on endpoint: Endpoint, options: ConnectionOptions) async throws(ConnectionError) -> any Listener
 }
+
+extension ConnectionBackend {
+    /// Fails with `.unsupported` when the backend does not provide `endpoint`'s transport itself (tls, ws and wss
+    /// are layered on top of its tcp by the umbrella's `TransportStack`).
+    public func requireTransport(of endpoint: Endpoint) throws(ConnectionError) {
+        guard transports.contains(endpoint.transport) else {
+            let own = transports.map(\.rawValue).sorted().joined(separator: " and ")
+            throw ConnectionError(
+                .unsupported, "the \(name) backend provides \(own); \(endpoint.transport) is layered on top")
+        }
+    }
+}

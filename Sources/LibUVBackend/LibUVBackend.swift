@@ -38,7 +38,7 @@ public final class LibUVBackend: ConnectionBackend, Sendable {
     ) async throws(ConnectionError)
         -> any Connection
     {
-        try check(endpoint)
+        try requireTransport(of: endpoint)
         let addresses = try await Syscall.resolveAsync(endpoint)
         return try await Socket.connect(toFirstOf: addresses, endpoint: endpoint, options: options) {
             (address, deadline) async throws(ConnectionError) -> any Connection in
@@ -174,7 +174,7 @@ public final class LibUVBackend: ConnectionBackend, Sendable {
     ) async throws(ConnectionError)
         -> any Listener
     {
-        try check(endpoint)
+        try requireTransport(of: endpoint)
         let address = try await Syscall.resolveAsync(endpoint, passive: true)[0]
         return try await onLoop { () throws(ConnectionError) -> any Listener in
             if endpoint.transport == .udp {
@@ -196,12 +196,6 @@ public final class LibUVBackend: ConnectionBackend, Sendable {
         return try result.get()
     }
 
-    private func check(_ endpoint: Endpoint) throws(ConnectionError) {
-        guard transports.contains(endpoint.transport) else {
-            throw ConnectionError(
-                .unsupported, "the uv backend provides tcp and udp; \(endpoint.transport) is layered on top")
-        }
-    }
 }
 
 extension Duration {

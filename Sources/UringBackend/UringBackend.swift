@@ -32,14 +32,14 @@ public struct UringBackend: ConnectionBackend {
     public func connect(
         to endpoint: Endpoint, options: ConnectionOptions
     ) async throws(ConnectionError) -> any Connection {
-        try check(endpoint)
+        try requireTransport(of: endpoint)
         return UringConnection(socket: try await UringSocket.connect(to: endpoint, options: options))
     }
 
     public func listen(
         on endpoint: Endpoint, options: ConnectionOptions
     ) async throws(ConnectionError) -> any Listener {
-        try check(endpoint)
+        try requireTransport(of: endpoint)
         let loop = try UringLoop.shared()
         if endpoint.transport == .udp {
             return try await UringUDPListener.start(on: endpoint, options: options, loop: loop)
@@ -47,12 +47,6 @@ public struct UringBackend: ConnectionBackend {
         return UringTCPListener(listener: try await UringListener.listen(on: endpoint, options: options, loop: loop))
     }
 
-    private func check(_ endpoint: Endpoint) throws(ConnectionError) {
-        guard transports.contains(endpoint.transport) else {
-            throw ConnectionError(
-                .unsupported, "the uring backend provides tcp and udp; \(endpoint.transport) is layered on top")
-        }
-    }
 }
 
 /// ``UringSocket`` as a ``Connection``: a thin wrapper.
