@@ -87,7 +87,7 @@ public struct BroadcastLoad: Sendable, Hashable, Codable, CustomStringConvertibl
 /// names the one that came closest (fewest missing deliveries, then the lowest p95).
 public struct BroadcastVerdict: Sendable, Codable, Hashable {
     /// One backend's figures: medians over the repetitions, with the smallest and largest p95.
-    public struct Entry: Sendable, Codable, Hashable {
+    public struct Entry: Sendable, Codable, Hashable, VerdictEntry {
         public var backend: String
         public var held: Bool
         /// Repetitions that held the load on their own.
@@ -186,13 +186,13 @@ public struct BroadcastVerdict: Sendable, Codable, Hashable {
         }
         let t = WorkloadVerdict.time
         let choice = VerdictChoice(
-            held: held, rest: rest, name: \.backend, figure: \.p95, indistinguishable: indistinguishable,
+            held: held, rest: rest, figure: \.p95, indistinguishable: indistinguishable,
             cheaper: cheaper,
             describe: {
                 .init(
                     value: t($0.p95), range: "\(t($0.p95Range[0]))-\(t($0.p95Range[1]))", repetitions: $0.repetitions,
                     cost: Self.cost($0))
-            }, shortfalls: \.shortfalls, lowest: "last-receipt p95", figure: "p95")
+            }, lowest: "last-receipt p95", figure: "p95")
         self.entries = choice.entries
         best = choice.best
         closest = choice.closest
@@ -207,23 +207,13 @@ public struct BroadcastVerdict: Sendable, Codable, Hashable {
 
     /// The verdict as the report prints it: a line for the load, one per backend, and the choice.
     public var lines: [String] {
-        var lines = [
-            "\(load) over \(transport): \(load.clients) clients, one message to all of them \(Workload.number(load.perSecond)) times a second (asked for by one more client); held = every message reaches every client once and in order, the last client's receipt p95 <= \(WorkloadVerdict.time(p95Bound)) (from the request's intended send time; medians over repetitions)"
-        ]
-        for entry in entries {
-            let t = WorkloadVerdict.time
-            let range = "\(t(entry.p95Range[0]))-\(t(entry.p95Range[1]))"
-            let cost = Self.cost(entry)
-            let figures =
-                "last receipt p50 \(t(entry.p50)) / p95 \(t(entry.p95)) (\(range)) / p99 \(t(entry.p99)), first p50 \(t(entry.firstP50)), \(cost)"
-            lines.append(
-                "  \(entry.backend): "
-                    + (entry.held
-                        ? "held it (\(entry.repetitionsHeld) of \(entry.repetitions) repetitions on their own)"
-                        : "did not hold it (" + entry.shortfalls.joined(separator: "; ") + ")") + "; " + figures)
-        }
-        lines.append(
-            best.map { "  Best choice for this load: \($0). Why: \(reason)." } ?? "  No best choice: \(reason).")
-        return lines
+        let t = WorkloadVerdict.time
+        return VerdictChoice<Entry>.lines(
+            header:
+                "\(load) over \(transport): \(load.clients) clients, one message to all of them \(Workload.number(load.perSecond)) times a second (asked for by one more client); held = every message reaches every client once and in order, the last client's receipt p95 <= \(t(p95Bound)) (from the request's intended send time; medians over repetitions)",
+            entries: entries,
+            figures: { entry in
+                "last receipt p50 \(t(entry.p50)) / p95 \(t(entry.p95)) (\(t(entry.p95Range[0]))-\(t(entry.p95Range[1]))) / p99 \(t(entry.p99)), first p50 \(t(entry.firstP50)), \(Self.cost(entry))"
+            }, best: best, reason: reason)
     }
 }

@@ -4,7 +4,7 @@
 /// figure and the cost (ties are not transitive: a backend tied with the fastest can have a lower, cheaper
 /// neighbour that is not tied with it). Every backend tied with the fastest is still named as tied. When none held
 /// it, the first of `rest` (closest first) is named with what it missed.
-struct VerdictChoice<Entry> {
+struct VerdictChoice<Entry: VerdictEntry> {
     /// Held first, the chosen one at their head; then the rest.
     var entries: [Entry]
     var best: String?
@@ -25,10 +25,10 @@ struct VerdictChoice<Entry> {
     /// `held`, lowest figure first; `rest`, closest first. `lowest`: how the reason names the figure when one
     /// backend is clear of the others (`p99`, `last-receipt p95`); `figure`: when it is not (`p99`, `p95`).
     init(
-        held: [Entry], rest: [Entry], name: (Entry) -> String, figure value: (Entry) -> UInt64,
-        indistinguishable: (Entry, Entry) -> Bool, cheaper: (Entry, Entry) -> Bool,
-        describe: (Entry) -> Description, shortfalls: (Entry) -> [String], lowest: String, figure: String
+        held: [Entry], rest: [Entry], figure value: (Entry) -> UInt64, indistinguishable: (Entry, Entry) -> Bool,
+        cheaper: (Entry, Entry) -> Bool, describe: (Entry) -> Description, lowest: String, figure: String
     ) {
+        let name = { (entry: Entry) in entry.backend }
         var held = held
         best = nil
         closest = nil
@@ -61,10 +61,40 @@ struct VerdictChoice<Entry> {
             closest = name(nearest)
             reason =
                 "no backend held it on this machine; \(name(nearest)) came closest: "
-                + shortfalls(nearest).joined(separator: ", ")
+                + nearest.shortfalls.joined(separator: ", ")
         } else {
             reason = "no backend ran it"
         }
         entries = held + rest
+    }
+}
+
+/// What a verdict's entry has whatever it judges: the backend, whether it held the load (on its own in how many of
+/// the repetitions), and what it missed.
+protocol VerdictEntry {
+    var backend: String { get }
+    var held: Bool { get }
+    var repetitionsHeld: Int { get }
+    var repetitions: Int { get }
+    var shortfalls: [String] { get }
+}
+
+extension VerdictChoice {
+    /// A verdict as the report prints it: `header`, a line per entry (held, or what it missed, then its `figures`),
+    /// and the choice.
+    static func lines(
+        header: String, entries: [Entry], figures: (Entry) -> String, best: String?, reason: String
+    ) -> [String] {
+        var lines = [header]
+        for entry in entries {
+            lines.append(
+                "  \(entry.backend): "
+                    + (entry.held
+                        ? "held it (\(entry.repetitionsHeld) of \(entry.repetitions) repetitions on their own)"
+                        : "did not hold it (" + entry.shortfalls.joined(separator: "; ") + ")") + "; " + figures(entry))
+        }
+        lines.append(
+            best.map { "  Best choice for this load: \($0). Why: \(reason)." } ?? "  No best choice: \(reason).")
+        return lines
     }
 }

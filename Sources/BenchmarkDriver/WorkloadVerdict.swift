@@ -9,7 +9,7 @@
 /// names the one that came closest (the largest share of the offered rate answered, then the lowest p99).
 public struct WorkloadVerdict: Sendable, Codable, Hashable {
     /// One backend's figures: medians over the repetitions, with the smallest and largest p99.
-    public struct Entry: Sendable, Codable, Hashable {
+    public struct Entry: Sendable, Codable, Hashable, VerdictEntry {
         public var backend: String
         public var held: Bool
         /// Repetitions that held the load on their own.
@@ -100,12 +100,12 @@ public struct WorkloadVerdict: Sendable, Codable, Hashable {
             ($0.achievedShare, -Double($0.p99)) > ($1.achievedShare, -Double($1.p99))
         }
         let choice = VerdictChoice(
-            held: held, rest: rest, name: \.backend, figure: \.p99, indistinguishable: Self.indistinguishable,
+            held: held, rest: rest, figure: \.p99, indistinguishable: Self.indistinguishable,
             cheaper: { Self.cheaper($0, than: $1) },
             describe: {
                 .init(
                     value: Self.time($0.p99), range: Self.range($0), repetitions: $0.repetitions, cost: Self.costs($0))
-            }, shortfalls: \.shortfalls, lowest: "p99", figure: "p99")
+            }, lowest: "p99", figure: "p99")
         self.entries = choice.entries
         best = choice.best
         closest = choice.closest
@@ -155,21 +155,13 @@ public struct WorkloadVerdict: Sendable, Codable, Hashable {
 
     /// The verdict as the report prints it: a line for the load, one per backend, and the choice.
     public var lines: [String] {
-        var lines = [
-            "\(workload) over \(transport): \(workload.connections) connection(s) x \(Workload.number(workload.perSecond))/s = \(fixed(offeredPerSecond, 0)) messages/s of \(workload.size) B for \(Workload.number(workload.seconds)) s\(workload.bulk.map { ", beside \($0) bulk connection(s) to the same server" } ?? ""); held = answered >= \(Int(Self.minimumShare * 100))% of that, <= \(fixed(Self.maximumLossPercent, 0))% unanswered, p99 <= \(Self.time(p99Bound)) (latency from the intended send time; medians over repetitions)"
-        ]
-        for entry in entries {
-            let figures =
+        VerdictChoice<Entry>.lines(
+            header:
+                "\(workload) over \(transport): \(workload.connections) connection(s) x \(Workload.number(workload.perSecond))/s = \(fixed(offeredPerSecond, 0)) messages/s of \(workload.size) B for \(Workload.number(workload.seconds)) s\(workload.bulk.map { ", beside \($0) bulk connection(s) to the same server" } ?? ""); held = answered >= \(Int(Self.minimumShare * 100))% of that, <= \(fixed(Self.maximumLossPercent, 0))% unanswered, p99 <= \(Self.time(p99Bound)) (latency from the intended send time; medians over repetitions)",
+            entries: entries,
+            figures: { entry in
                 "p50 \(Self.time(entry.p50)) / p99 \(Self.time(entry.p99)) (\(Self.range(entry))) / p99.9 \(Self.time(entry.p999)), \(fixed(entry.achievedPerSecond, 0))/s answered, \(fixed(entry.lossPercent, 2))% lost, "
-                + Self.costs(entry)
-            lines.append(
-                "  \(entry.backend): "
-                    + (entry.held
-                        ? "held it (\(entry.repetitionsHeld) of \(entry.repetitions) repetitions on their own)"
-                        : "did not hold it (" + entry.shortfalls.joined(separator: "; ") + ")") + "; " + figures)
-        }
-        lines.append(
-            best.map { "  Best choice for this load: \($0). Why: \(reason)." } ?? "  No best choice: \(reason).")
-        return lines
+                    + Self.costs(entry)
+            }, best: best, reason: reason)
     }
 }
