@@ -193,8 +193,9 @@ struct AsyncBackendTests {
     @Test("A reader that always finds data gives the reactor's other sockets their turn")
     func readerThatNeverWaitsYields() async throws {
         try await SocketTest.run {
-            let reactor = try AsyncReactor(name: "yield-test")
-            defer { reactor.loop.stop() }
+            // The shared reactor: a reactor of the test's own would close its descriptors only once its thread
+            // has ended and its last reference gone, after the test's descriptor check.
+            let reactor = AsyncReactor.shared
             let listener = try AsyncListener(on: try Endpoint(url: "tcp://127.0.0.1:0"), reactor: reactor)
             let bulkClient = AsyncSocket(to: listener.localEndpoint, reactor: reactor)
             try await bulkClient.start()

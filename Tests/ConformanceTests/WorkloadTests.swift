@@ -41,14 +41,17 @@ struct WorkloadTests {
         try await SocketTest.run {
             let server = try await test.echoServer()
             let endpoint = server.endpoint
-            let workload = Workload(connections: 12, perSecond: 150, size: 100, seconds: 0.3)
+            // 600 messages/s: what every backend's debug build serves with a CPU to spare on a CI machine running
+            // other tests beside this one (at 1,800/s nio's server, all its channels on one event-loop thread
+            // shared with the clients', fell behind and the kernel dropped what its socket buffer could not hold).
+            let workload = Workload(connections: 12, perSecond: 50, size: 100, seconds: 1)
             let runner = WorkloadRunner(workload, warmup: .milliseconds(50))
             let windows = Counter()
             let result = try await runner.run(
                 serverUsage: { ResourceUsage.read() }, startWindow: { windows.add(1) }, endWindow: { windows.add(10) }
             ) { () throws(ConnectionError) in try await test.connect(to: endpoint) }
             #expect(windows.value == 11, "the window opened once and closed once")
-            let total = Int((workload.totalPerSecond * 0.35).rounded())
+            let total = Int((workload.totalPerSecond * 1.05).rounded())
             // Loopback keeps every datagram at this rate; a busy CI machine may drop one now and then.
             #expect(result.lost ?? 0 <= (test.transport == .udp ? total / 100 : 0))
             let corrected = try #require(result.latency)
