@@ -42,13 +42,14 @@ public struct AsyncBackend: ConnectionBackend {
         }
         let resolved = try await Syscall.resolveAsync(endpoint, passive: true)[0]
         let listener = try AsyncListener(on: resolved.endpoint(.tcp), options: options, reactor: reactor)
-        return AsyncTCPListener(listener: listener)
+        return SocketBackedListener(listener, accepting: AsyncConnection.self)
     }
 
 }
 
-/// ``AsyncSocket`` as a ``Connection``: a thin wrapper, so the price of the unified API is one indirection.
-final class AsyncConnection: Connection, Sendable {
+/// ``AsyncSocket`` as a ``Connection``: the socket and its endpoints; every call goes straight to the socket
+/// (`SocketBackedConnection`), so the price of the unified API is one call.
+final class AsyncConnection: SocketBackedConnection, Sendable {
     let socket: AsyncSocket
     let localEndpoint: Endpoint
     let remoteEndpoint: Endpoint
@@ -58,59 +59,15 @@ final class AsyncConnection: Connection, Sendable {
         localEndpoint = socket.localEndpoint ?? socket.endpoint
         remoteEndpoint = socket.remoteEndpoint ?? socket.endpoint
     }
+}
 
-    var transport: Transport { socket.transport }
-    var options: ConnectionOptions { socket.options }
-    var preferredExecutor: (any TaskExecutor)? { socket.reactor }
+extension AsyncSocket: StyleSocket {
+    package var resumingExecutor: any TaskExecutor { reactor }
     /// A send tries the non-blocking send(2) on the calling thread first.
-    var sendsFromAnyThread: Bool { true }
-
-    func send(_ message: Message) async throws(ConnectionError) {
-        try await socket.send(message.bytes)
-    }
-
-    func send(contentsOf bytes: UnsafeRawBufferPointer) async throws(ConnectionError) {
-        try await socket.send(contentsOf: bytes)
-    }
-
-    func send(batch: [UnsafeRawBufferPointer]) async throws(ConnectionError) {
-        if transport == .udp { try await socket.send(batch: batch) } else { try await sendEach(batch) }
-    }
-
-    func receive(maximumLength: Int) async throws(ConnectionError) -> Message? {
-        try await socket.receive(maximumLength: maximumLength).map(Message.init)
-    }
-
-    func receive(into buffer: UnsafeMutableRawBufferPointer) async throws(ConnectionError) -> Received? {
-        try await socket.receive(into: buffer).map { Received(count: $0) }
-    }
-
-    func closeOutput() async throws(ConnectionError) {
-        try await socket.closeOutput()
-    }
-
-    func close() async {
-        await socket.close()
-    }
-    func abort() async {
-        await socket.abort()
-    }
+    package var sendsFromAnyThread: Bool { true }
 }
 
-final class AsyncTCPListener: Listener, Sendable {
-    let transport = Transport.tcp
-    let listener: AsyncListener
-
-    init(listener: AsyncListener) { self.listener = listener }
-
-    var localEndpoint: Endpoint { listener.localEndpoint }
-
-    func accept() async throws(ConnectionError) -> any Connection {
-        AsyncConnection(socket: try await listener.accept())
-    }
-
-    func close() async { await listener.close() }
-}
+extension AsyncListener: StyleListener {}
 
 /// The UDP server side: one bound socket, read on the reactor's thread, whose datagrams are sorted by sender into
 /// per-peer connections, as every backend does.

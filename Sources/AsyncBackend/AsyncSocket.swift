@@ -49,15 +49,13 @@ public final class AsyncSocket: Sendable {
     public let stateUpdates: AsyncStream<State>
 
     let readiness = SocketReadiness()
-    private let readGate = AsyncGate()
+    private let reads: ReceiveGate
     private let writeGate = AsyncGate()
     /// Serialises `close()`: every caller returns after the one close has finished.
     private let closeGate = AsyncGate()
     private let descriptor: SocketDescriptor
     private let life: Guarded<Life>
     private let stateContinuation: AsyncStream<State>.Continuation
-    // Used only inside the read gate.
-    nonisolated(unsafe) private var scratch: UnsafeMutableRawBufferPointer
     /// Reads in a row that found data without waiting (inside the read gate; atomic only to stay `Sendable`).
     private let readsWithoutWait = Atomic<Int>(0)
 
@@ -90,8 +88,7 @@ public final class AsyncSocket: Sendable {
             of: State.self, bufferingPolicy: .bufferingNewest(16))
         life = Guarded(Life(state: .setup))
         descriptor = SocketDescriptor()
-        scratch = .allocate(
-            byteCount: endpoint.transport == .udp ? options.maxDatagramSize : options.readChunkSize, alignment: 16)
+        reads = ReceiveGate(transport: endpoint.transport, options: options)
         stateContinuation.yield(.setup)
     }
 
@@ -109,8 +106,7 @@ public final class AsyncSocket: Sendable {
         (stateUpdates, stateContinuation) = AsyncStream.makeStream(
             of: State.self, bufferingPolicy: .bufferingNewest(16))
         life = Guarded(Life(state: .ready, local: local, remote: remote))
-        scratch = .allocate(
-            byteCount: transport == .udp ? options.maxDatagramSize : options.readChunkSize, alignment: 16)
+        reads = ReceiveGate(transport: transport, options: options)
         descriptor = socket
         stateContinuation.yield(.ready)
         try reactor.loop.register(socket.raw, events: Self.watchedEvents(transport), handler: readiness)
@@ -118,7 +114,6 @@ public final class AsyncSocket: Sendable {
 
     deinit {
         descriptor.close(beforeClosing: reactor.loop.unregister)
-        scratch.deallocate()
         stateContinuation.finish()
     }
 
@@ -256,21 +251,13 @@ public final class AsyncSocket: Sendable {
     /// Receives what is available (TCP: at most `maximumLength` bytes; UDP: one datagram), waiting for it
     /// without blocking a thread. Returns `nil` once when the peer finished sending (TCP).
     public func receive(maximumLength: Int = .max) async throws(ConnectionError) -> [UInt8]? {
-        if !readGate.tryEnter() { await readGate.enter() }
-        defer { readGate.leave() }
-        let limit = transport == .udp ? scratch.count : min(max(1, maximumLength), scratch.count)
-        let buffer = UnsafeMutableRawBufferPointer(rebasing: scratch[..<limit])
-        guard let count = try await read(into: buffer) else { return nil }
-        return [UInt8](UnsafeRawBufferPointer(rebasing: buffer[..<count]))
+        try await reads.receive(maximumLength: maximumLength, read: read(into:))
     }
 
     /// Receives into the caller's buffer (TCP: what is available, at most `buffer.count` bytes; UDP: one
     /// datagram, `.messageTooLarge` when it did not fit). No allocation. Returns `nil` once at the end (TCP).
     public func receive(into buffer: UnsafeMutableRawBufferPointer) async throws(ConnectionError) -> Int? {
-        try Received.requireRoom(buffer)
-        if !readGate.tryEnter() { await readGate.enter() }
-        defer { readGate.leave() }
-        return try await read(into: buffer)
+        try await reads.receive(into: buffer, read: read(into:))
     }
 
     /// The read itself, inside the read gate: non-blocking recv(2), and on EAGAIN a wait for readability.
@@ -321,8 +308,13 @@ public final class AsyncSocket: Sendable {
     }
 
     /// Sends datagrams (a connected UDP socket), as few system calls as the kernel allows
-    /// (`Syscall.sendDatagrams`: sendmmsg, UDP GSO), waiting for room when the socket buffer is full.
+    /// (`Syscall.sendDatagrams`: sendmmsg, UDP GSO), waiting for room when the socket buffer is full. TCP: the
+    /// buffers' bytes, one after the other.
     public func send(batch datagrams: [UnsafeRawBufferPointer]) async throws(ConnectionError) {
+        if transport != .udp {
+            for bytes in datagrams { try await send(contentsOf: bytes) }
+            return
+        }
         try await send(count: datagrams.count, countsDatagrams: true) { (fd, sent) throws(ConnectionError) in
             try Syscall.sendDatagrams(fd, datagrams, from: sent, dontWait: true)
         }
@@ -409,8 +401,8 @@ public final class AsyncSocket: Sendable {
         into batch: DatagramBatch, policy: LoopConfined<ReadBeforeWait>, afterWait: Bool,
         deliver: @escaping @Sendable (DatagramBatch) -> Void
     ) -> Bool {
-        guard readGate.tryEnter() else { return false }  // a close waits for the gate: the socket is closing
-        defer { readGate.leave() }
+        guard reads.gate.tryEnter() else { return false }  // a close waits for the gate: the socket is closing
+        defer { reads.gate.leave() }
         guard let fd = try? usableDescriptor() else { return false }
         var taken = 0
         var reads = 0
@@ -489,11 +481,11 @@ public final class AsyncSocket: Sendable {
         guard case .beginClose = life.withLock({ $0.lifecycle.handle(.close) }) else { return }
         readiness.close()
         // Wait for operations inside a system call to leave, so the descriptor number is not reused under them.
-        await readGate.enter()
+        await reads.gate.enter()
         await writeGate.enter()
         descriptor.close(beforeClosing: reactor.loop.unregister)
         writeGate.leave()
-        readGate.leave()
+        reads.gate.leave()
         _ = life.withLock { $0.lifecycle.handle(.closeFinished) }
         set(.cancelled)
         stateContinuation.finish()

@@ -91,8 +91,8 @@ final class AsyncNativeRelay: NativeRelay, Sendable {
         do throws(ConnectionError) {
             try await server.start()
             await withDiscardingTaskGroup { group in
-                group.addTask { await Self.pump(from: client, to: server) }
-                group.addTask { await Self.pump(from: server, to: client) }
+                group.addTask { await relayOneWay(from: client, to: server) }
+                group.addTask { await relayOneWay(from: server, to: client) }
             }
         } catch {}
         for socket in both { await socket.close() }

@@ -35,6 +35,23 @@ extension Backend {
 /// direction, beside what the kernel buffers).
 let nativeRelayWindow = 256 * 1024
 
+/// One direction of the relays written as a task per client (async's and uring's): what `source` receives into the
+/// relay's own 64 KiB goes to `sink` from there (no copy, one receive and one send in flight), and `source`'s FIN
+/// becomes `sink`'s FIN. An error closes both.
+func relayOneWay<Socket: StyleSocket>(from source: Socket, to sink: Socket) async {
+    let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 64 * 1024, alignment: 16)
+    defer { buffer.deallocate() }
+    do throws(ConnectionError) {
+        while let count = try await source.receive(into: buffer) {
+            try await sink.send(contentsOf: UnsafeRawBufferPointer(rebasing: buffer[..<count]))
+        }
+        try await sink.closeOutput()
+    } catch {
+        await source.close()
+        await sink.close()
+    }
+}
+
 /// A counter of accepted clients, shared by the relays.
 final class ClientCounter: Sendable {
     private let count = Atomic<Int>(0)

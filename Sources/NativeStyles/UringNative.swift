@@ -22,15 +22,6 @@ enum UringNative {
         await socket.close()
         return try result.get()
     }
-
-    /// One direction or an echo: what `source` receives into `buffer` is sent to `sink` from there, with no copy.
-    static func forward(
-        from source: UringSocket, to sink: UringSocket, buffer: UnsafeMutableRawBufferPointer
-    ) async throws(ConnectionError) {
-        while let count = try await source.receive(into: buffer) {
-            try await sink.send(contentsOf: UnsafeRawBufferPointer(rebasing: buffer[..<count]))
-        }
-    }
 }
 
 /// A `UringListener` whose clients are echoed in the ring's idiom: a receive whose handler sends the bytes back
@@ -222,24 +213,11 @@ final class UringNativeRelay: NativeRelay, Sendable {
         sockets.opened(server)
         defer { sockets.closed(server) }
         await withDiscardingTaskGroup { group in
-            group.addTask { await Self.pump(from: client, to: server) }
-            group.addTask { await Self.pump(from: server, to: client) }
+            group.addTask { await relayOneWay(from: client, to: server) }
+            group.addTask { await relayOneWay(from: server, to: client) }
         }
         await client.close()
         await server.close()
-    }
-
-    /// One direction: what `source` sends goes to `sink`; its FIN becomes `sink`'s FIN. An error ends both.
-    private static func pump(from source: UringSocket, to sink: UringSocket) async {
-        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 64 * 1024, alignment: 16)
-        defer { buffer.deallocate() }
-        do throws(ConnectionError) {
-            try await UringNative.forward(from: source, to: sink, buffer: buffer)
-            try await sink.closeOutput()
-        } catch {
-            await source.close()
-            await sink.close()
-        }
     }
 
     func stop() async {
