@@ -11,8 +11,7 @@ final class BSDTCPListener: Listener, Sendable {
     private let socket: BSDSocket
     private let lease: DescriptorLease
     private let options: ConnectionOptions
-    private let queue: ReceiveQueue<any Connection>
-    private let refused = RefusedConnections()
+    private let accepted: AcceptedConnections
     private let gate = ConditionLock()
     private let life = SharedLifecycle()
 
@@ -22,7 +21,7 @@ final class BSDTCPListener: Listener, Sendable {
         self.lease = DescriptorLease(socket: socket)
         self.localEndpoint = try socket.localAddress.endpoint(.tcp)
         let gate = gate
-        self.queue = ReceiveQueue(capacity: 128, onSpaceAvailable: { gate.withLock { gate.signal() } })
+        self.accepted = AcceptedConnections(capacity: 128, onSpaceAvailable: { gate.withLock { gate.signal() } })
         _ = lease.retain()
         PosixThread.spawn(name: "bsd-accept-\(socket.descriptor)") { [self] in acceptLoop() }
     }
@@ -31,7 +30,7 @@ final class BSDTCPListener: Listener, Sendable {
         defer { lease.release() }
         var executor: ReaderExecutor?
         while true {
-            gate.withLock { gate.wait(until: { queue.hasSpace || !life.isOpen }) }
+            gate.withLock { gate.wait(until: { accepted.hasSpace || !life.isOpen }) }
             if !life.isOpen { return }
             let client: BSDSocket
             do throws(ConnectionError) {
@@ -50,7 +49,7 @@ final class BSDTCPListener: Listener, Sendable {
                     }
                     continue
                 }
-                queue.finish(.failed(error))
+                accepted.finish(error)
                 return
             }
             let connection: BSDConnection
@@ -60,33 +59,26 @@ final class BSDTCPListener: Listener, Sendable {
             } catch {
                 continue  // the client left before getpeername: not served
             }
-            if !queue.push(connection).accepted {
-                refused.close(connection)
-                return
-            }
+            if !accepted.offer(connection) { return }
         }
     }
 
-    func accept() async throws(ConnectionError) -> any Connection {
-        guard let connection = try await queue.next() else { throw .closed("the listener is closed") }
-        return connection
-    }
+    func accept() async throws(ConnectionError) -> any Connection { try await accepted.accept() }
 
     func close() async {
         await life.close { [self] in
-            let waiting = queue.close(.closed("the listener is closed"))
-            gate.withLock { gate.broadcast() }
-            try? socket.shutdown(.both)  // wakes the thread blocked in accept(2) (EINVAL)
-            lease.release()
-            for connection in waiting { await connection.close() }
-            await lease.closed()  // the acceptor thread has ended: it refuses nothing more
-            await refused.waitForAll()
+            await accepted.close(listener: {
+                gate.withLock { gate.broadcast() }
+                try? socket.shutdown(.both)  // wakes the thread blocked in accept(2) (EINVAL)
+                lease.release()
+                await lease.closed()  // the acceptor thread has ended: it offers nothing more
+            })
         }
     }
 
     deinit {
         if life.beginCloseWithoutWaiting() {
-            for connection in queue.close() { Task { await connection.close() } }
+            for connection in accepted.closeQueue() { Task { await connection.close() } }
             try? socket.shutdown(.both)
             lease.release()
         }

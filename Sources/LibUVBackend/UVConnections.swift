@@ -20,7 +20,7 @@ final class UVTCPConnection: Connection, Sendable {
 
     /// One send at a time, each until libuv has written all of it: a send from off the loop writes on its own
     /// thread, and what the socket does not take then must reach libuv's queue before a later send's bytes.
-    private let writes = AsyncGate()
+    private let writes = WriteThrough()
 
     /// The loop thread: a task there is resumed by read callbacks without a hop, and sends without a wake-up.
     var preferredExecutor: (any TaskExecutor)? { loop }
@@ -96,22 +96,12 @@ final class UVTCPConnection: Connection, Sendable {
 
     func send(_ message: Message) async throws(ConnectionError) {
         if case .refuse(let error) = life.handle(.send) { throw error }
-        let bytes = message.bytes
-        if !writes.tryEnter() { await writes.enter() }
-        defer { writes.leave() }
-        let written = try bytes.withBytes { (raw) throws(ConnectionError) in try writeNow(raw) }
-        if written == bytes.count { return }
-        try await queueOnLoop(written == 0 ? bytes : Array(bytes[written...]))
+        try await writes.send(message.bytes, writeNow: writeNow, queue: queueOnLoop)
     }
 
     func send(contentsOf bytes: UnsafeRawBufferPointer) async throws(ConnectionError) {
-        // From where the bytes lie; only what the kernel does not take is copied.
         if case .refuse(let error) = life.handle(.send) { throw error }
-        if !writes.tryEnter() { await writes.enter() }
-        defer { writes.leave() }
-        let written = try writeNow(bytes)
-        if written == bytes.count { return }
-        try await queueOnLoop(Array(bytes[written...]))
+        try await writes.send(contentsOf: bytes, writeNow: writeNow, queue: queueOnLoop)
     }
 
     /// Inside the write gate: writes what the socket takes now, with no suspension: `uv_try_write` on the loop
@@ -191,8 +181,8 @@ final class UVTCPConnection: Connection, Sendable {
         default: return
         }
         // After the send in progress, if any (one from another thread writes around libuv's queue).
-        if !writes.tryEnter() { await writes.enter() }
-        defer { writes.leave() }
+        if !writes.gate.tryEnter() { await writes.gate.enter() }
+        defer { writes.gate.leave() }
         let result: Result<Void, ConnectionError> = await withCheckedContinuation { continuation in
             loop.executeHere { [tcp] in
                 guard !tcp.isClosing else { return continuation.resume(returning: .failure(.closed())) }

@@ -9,8 +9,7 @@ final class UVTCPListener: Listener, Sendable {
     let localEndpoint: Endpoint
     private let tcp: UVTCP
     private let loop: UVLoop
-    private let queue = ReceiveQueue<any Connection>(capacity: 1024)
-    private let refused = RefusedConnections()
+    private let accepted = AcceptedConnections()
     private let life = SharedLifecycle()
 
     /// On the loop thread.
@@ -24,7 +23,7 @@ final class UVTCPListener: Listener, Sendable {
         do throws(UVError) {
             try tcp.bind(address)
             // libuv reports a bind conflict (EADDRINUSE) from uv_listen on Linux.
-            try tcp.listen(backlog: options.backlog) { [queue, refused, tcp] error in
+            try tcp.listen(backlog: options.backlog) { [accepted, tcp] error in
                 guard error == nil, !tcp.isClosing else { return }
                 do throws(ConnectionError) {
                     let client: UVTCP
@@ -42,13 +41,13 @@ final class UVTCPListener: Listener, Sendable {
                         client.close()
                         throw error
                     }
-                    if !queue.push(connection).accepted { refused.close(connection) }
+                    accepted.offer(connection)
                 } catch {
                     if error.kind == .resourceExhausted {
                         // libuv closes the clients waiting in the backlog (its reserved-descriptor trick) and
                         // goes on; accept() reports the error.
                         BoundsLog.note(.descriptorLimit, "libuv dropped waiting clients: \(error)")
-                        queue.pushFailure(error)
+                        accepted.fail(error)
                     }
                 }
             }
@@ -60,24 +59,18 @@ final class UVTCPListener: Listener, Sendable {
         }
     }
 
-    func accept() async throws(ConnectionError) -> any Connection {
-        guard let connection = try await queue.next() else { throw .closed("the listener is closed") }
-        return connection
-    }
+    func accept() async throws(ConnectionError) -> any Connection { try await accepted.accept() }
 
     func close() async {
-        let waiting = queue.close(.closed("the listener is closed"))
-        for connection in waiting { await connection.close() }
-        await life.close { [loop, tcp] finished in
-            loop.execute { tcp.close(finished) }
-        }
-        await refused.waitForAll()  // the handle is closed: no accept callback runs any more
+        await accepted.close(listener: { [life, loop, tcp] in
+            await life.close { finished in loop.execute { tcp.close(finished) } }
+        })
     }
 
     deinit {
         guard life.beginCloseWithoutWaiting() else { return }
         let tcp = tcp
-        let waiting = queue.close()
+        let waiting = accepted.closeQueue()
         loop.execute { tcp.close() }
         for connection in waiting { Task { await connection.close() } }
     }

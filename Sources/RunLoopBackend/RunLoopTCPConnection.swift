@@ -29,7 +29,7 @@ final class RunLoopTCPConnection: Connection, SocketStreamDelegate, Sendable {
     /// One send at a time, each until the socket has taken all of it: a send from off the run loop writes on its
     /// own thread, and what the socket does not take then must be queued on the run loop before a later send's
     /// bytes.
-    private let writes = AsyncGate()
+    private let writes = WriteThrough()
     /// The output stream, for writes from other threads (it refuses them once closed).
     private let outputForAnyThread = Guarded<SocketOutputStream?>(nil)
     /// The read buffer (run loop thread only).
@@ -223,27 +223,23 @@ final class RunLoopTCPConnection: Connection, SocketStreamDelegate, Sendable {
 
     func send(_ message: Message) async throws(ConnectionError) {
         if case .refuse(let error) = life.handle(.send) { throw error }
-        if !writes.tryEnter() { await writes.enter() }
-        defer { writes.leave() }
-        let bytes = message.bytes
-        let written = try bytes.withBytes { (raw) throws(ConnectionError) in try writeFromAnyThread(raw) }
-        if written == bytes.count && written > 0 { return }
-        try await write(written == 0 ? bytes : Array(bytes[written...]))
+        try await writes.send(message.bytes, writeNow: writeFromAnyThread, queue: write)
     }
 
     func send(contentsOf bytes: UnsafeRawBufferPointer) async throws(ConnectionError) {
         if case .refuse(let error) = life.handle(.send) { throw error }
-        if !writes.tryEnter() { await writes.enter() }
-        defer { writes.leave() }
-        // From where the bytes lie: only what the socket does not take now is copied (and queued by `write(_:)`
-        // with no suspension in between, so order is kept).
-        var written = try writeFromAnyThread(bytes)
-        if runLoop.loop.inLoop, !bytes.isEmpty, let output = idleOutput() {
-            written = output.write(bytes)
-            if written < 0 { throw output.streamError ?? ConnectionError(.reset, "write failed") }
-        }
-        if written == bytes.count && written > 0 { return }
-        try await write(Array(bytes[written...]))
+        // On the run loop's thread with nothing queued, the stream takes what it can at once; only the rest is
+        // copied (and queued by `write(_:)` with no suspension in between, so order is kept).
+        try await writes.send(
+            contentsOf: bytes,
+            writeNow: { (bytes) throws(ConnectionError) in
+                guard runLoop.loop.inLoop, !bytes.isEmpty, let output = idleOutput() else {
+                    return try writeFromAnyThread(bytes)
+                }
+                let written = output.write(bytes)
+                if written < 0 { throw output.streamError ?? ConnectionError(.reset, "write failed") }
+                return written
+            }, queue: write)
     }
 
     /// Inside the write gate, off the run loop's thread: writes what the socket takes now on this thread
@@ -328,8 +324,8 @@ final class RunLoopTCPConnection: Connection, SocketStreamDelegate, Sendable {
         default: return  // already half-closed (or under way)
         }
         // After the send in progress, if any (one from another thread writes on its own thread).
-        if !writes.tryEnter() { await writes.enter() }
-        defer { writes.leave() }
+        if !writes.gate.tryEnter() { await writes.gate.enter() }
+        defer { writes.gate.leave() }
         let result: Result<Void, ConnectionError> = await withCheckedContinuation { continuation in
             runLoop.perform { [self] in
                 // Checked again here, on the loop: a close() that started after the check above may have run
