@@ -49,8 +49,8 @@ public final class AsyncSocket: Sendable {
     public let stateUpdates: AsyncStream<State>
 
     let readiness = SocketReadiness()
-    private let reads: ReceiveGate
-    private let writeGate = AsyncGate()
+    let reads: ReceiveGate
+    let writeGate = AsyncGate()
     /// Serialises `close()`: every caller returns after the one close has finished.
     private let closeGate = AsyncGate()
     private let descriptor: SocketDescriptor
@@ -133,7 +133,7 @@ public final class AsyncSocket: Sendable {
     /// Waits until a send may find room. A UDP socket watches writability only for this wait: arming it
     /// (EPOLL_CTL_MOD) makes epoll look at the socket at once, so room that came since the send failed is
     /// reported too.
-    private func waitForRoom(_ fd: Int32) async throws(ConnectionError) {
+    func waitForRoom(_ fd: Int32) async throws(ConnectionError) {
         guard transport == .udp else { return try await readiness.waitWritable() }
         try reactor.loop.modify(fd, events: Self.readEvents | Syscall.epollOut)
         defer { try? reactor.loop.modify(fd, events: Self.readEvents) }
@@ -366,96 +366,13 @@ public final class AsyncSocket: Sendable {
         }
     }
 
-    private func usableDescriptor() throws(ConnectionError) -> Int32 {
+    func usableDescriptor() throws(ConnectionError) -> Int32 {
         let fd = descriptor.raw
         let open = life.withLock { $0.lifecycle.isOpen }
         if fd < 0 || !open {
             throw fd < 0 && open ? ConnectionError(.unsupported, "the socket is not started") : .closed()
         }
         return fd
-    }
-
-    // MARK: Datagram servers
-
-    /// A datagram server's reads, without a task: from now on the reactor's thread reads the datagrams that arrive
-    /// (recvmmsg, up to the batch's capacity each) when the socket becomes readable and hands each batch to
-    /// `deliver` there, at most 32 datagrams per turn of the loop. A task that waited for each batch was resumed
-    /// once per datagram besides the peer's own task. Until ``close()``.
-    func receiveOnReactor(into batch: DatagramBatch, deliver: @escaping @Sendable (DatagramBatch) -> Void) {
-        let policy = LoopConfined(ReadBeforeWait(), on: reactor.loop.thread)
-        let read: @Sendable () -> Void = { [self] in
-            readDatagrams(into: batch, policy: policy, afterWait: true, deliver: deliver)
-        }
-        readiness.onReadable(read)
-        reactor.loop.perform(read)  // what came before the handler was set made its edge already
-    }
-
-    /// Reads what is there on the reactor's thread. Edge-triggered: reads until a batch comes back short (the
-    /// socket was empty then, and the next datagram makes an edge) or would block; a turn that stops at its limit
-    /// with datagrams left comes back after the loop's other work, as no edge will report them. After datagrams
-    /// (their answers are the work the loop runs next), reads once more before the loop waits, as
-    /// ``ReadBeforeWait`` decides: an edge for what that read takes only makes a later read find nothing.
-    /// Returns whether it found datagrams.
-    @discardableResult
-    private func readDatagrams(
-        into batch: DatagramBatch, policy: LoopConfined<ReadBeforeWait>, afterWait: Bool,
-        deliver: @escaping @Sendable (DatagramBatch) -> Void
-    ) -> Bool {
-        guard reads.gate.tryEnter() else { return false }  // a close waits for the gate: the socket is closing
-        defer { reads.gate.leave() }
-        guard let fd = try? usableDescriptor() else { return false }
-        var taken = 0
-        var reads = 0
-        reading: while taken < 32 && reads < 8 {
-            reads += 1
-            do throws(ConnectionError) {
-                switch try batch.receive(fd, dontWait: true) {
-                case .processed(let count):
-                    taken += count
-                    deliver(batch)
-                    if count < batch.capacity { break reading }
-                case .wouldBlock:
-                    break reading
-                }
-            } catch {
-                if error.kind == .closed || error.kind == .cancelled { return taken > 0 }
-                // A stale ICMP error for an earlier sendto: the socket lives on.
-            }
-            if taken >= 32 || reads >= 8 {
-                reactor.loop.perform { [self] in
-                    readDatagrams(into: batch, policy: policy, afterWait: true, deliver: deliver)
-                }
-                return true
-            }
-        }
-        let again = policy.withValue { policy in
-            if taken > 0 {
-                policy.found(afterWait: afterWait)
-            } else if !afterWait {
-                policy.missed()
-            }
-            return taken > 0 && policy.readsFirst
-        }
-        if again {
-            reactor.loop.beforeNextWait(for: self) { [self] in
-                readDatagrams(into: batch, policy: policy, afterWait: false, deliver: deliver)
-            }
-        }
-        return taken > 0
-    }
-
-    /// sendto on an unconnected UDP socket.
-    func send(_ bytes: [UInt8], to address: SocketAddress) async throws(ConnectionError) {
-        if !writeGate.tryEnter() { await writeGate.enter() }
-        defer { writeGate.leave() }
-        let fd = try usableDescriptor()
-        while true {
-            let result = try bytes.withBytes { (buffer) throws(ConnectionError) in
-                try Syscall.sendTo(fd, buffer, to: address, dontWait: true)
-            }
-            if case .processed = result { return }
-            try await waitForRoom(fd)
-        }
     }
 
     // MARK: Closing

@@ -1,3 +1,6 @@
+// One piece, over 450 lines: connecting, receiving, the three ways a send goes (gathered in the send queue, from the
+// caller's bytes, zero-copy) and closing all submit for one descriptor under one submission guard and lifecycle, and
+// a close must wait for each of them; the send queue, the datagram send failures and the listener are files apart.
 internal import CURing
 public import ConnectionCore
 internal import Glibc
