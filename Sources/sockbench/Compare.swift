@@ -205,7 +205,13 @@ struct Compare: AsyncParsableCommand {
                     let probe = try await measureWatched(
                         scenario, target, server: server, also: also, plan: plan, tls: clientTLS,
                         roundTrips: plan.pingpongCount)
-                    let perRoundTrip = Double(max(1, probe.elapsedNanoseconds)) / Double(plan.pingpongCount)
+                    // The probe's median round trip, not its mean: a warm-up against a fresh server, or one that
+                    // other processes stalled for a few milliseconds, has a mean far above its median, and slices
+                    // counted from that mean ran short of the time asked (a bsd row's 0.2 s slices, calibrated
+                    // while another test process loaded both CPUs, held fewer than the ten 5 ms stretches a quiet
+                    // p50 needs, in CI on 2026-12-02).
+                    let mean = Double(max(1, probe.elapsedNanoseconds)) / Double(plan.pingpongCount)
+                    let perRoundTrip = probe.latency.map { Double(max(1, $0.p50)) } ?? mean
                     roundTrips[Report.key(scenario, target.backend, target.transport)] = min(
                         2_000_000, max(plan.pingpongCount / 4, Int(slice * 1e9 / perRoundTrip)))
                 }
