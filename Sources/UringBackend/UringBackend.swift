@@ -44,71 +44,27 @@ public struct UringBackend: ConnectionBackend {
         if endpoint.transport == .udp {
             return try await UringUDPListener.start(on: endpoint, options: options, loop: loop)
         }
-        return UringTCPListener(listener: try await UringListener.listen(on: endpoint, options: options, loop: loop))
+        let listener = try await UringListener.listen(on: endpoint, options: options, loop: loop)
+        return SocketBackedListener(listener, accepting: UringConnection.self)
     }
 
 }
 
-/// ``UringSocket`` as a ``Connection``: a thin wrapper.
-final class UringConnection: Connection, Sendable {
+/// ``UringSocket`` as a ``Connection``: every call goes straight to the socket (`SocketBackedConnection`).
+final class UringConnection: SocketBackedConnection, Sendable {
     let socket: UringSocket
 
     init(socket: UringSocket) { self.socket = socket }
 
-    var transport: Transport { socket.transport }
     var localEndpoint: Endpoint { socket.localEndpoint }
     var remoteEndpoint: Endpoint { socket.remoteEndpoint }
-    var options: ConnectionOptions { socket.options }
-    var preferredExecutor: (any TaskExecutor)? { socket.loop }
-    var sendsFromAnyThread: Bool { socket.sendsFromAnyThread }
-
-    func send(_ message: Message) async throws(ConnectionError) {
-        try await socket.send(message.bytes)
-    }
-
-    func send(contentsOf bytes: UnsafeRawBufferPointer) async throws(ConnectionError) {
-        try await socket.send(contentsOf: bytes)
-    }
-
-    func send(batch: [UnsafeRawBufferPointer]) async throws(ConnectionError) {
-        try await socket.send(batch: batch)
-    }
-
-    func receive(maximumLength: Int) async throws(ConnectionError) -> Message? {
-        try await socket.receive(maximumLength: maximumLength).map(Message.init)
-    }
-
-    func receive(into buffer: UnsafeMutableRawBufferPointer) async throws(ConnectionError) -> Received? {
-        try await socket.receive(into: buffer).map { Received(count: $0) }
-    }
-
-    func closeOutput() async throws(ConnectionError) {
-        try await socket.closeOutput()
-    }
-
-    func close() async { await socket.close() }
-
-    func abort() async { await socket.abort() }
-}
-
-final class UringTCPListener: Listener, Sendable {
-    let transport = Transport.tcp
-    let listener: UringListener
-
-    init(listener: UringListener) { self.listener = listener }
-
-    var localEndpoint: Endpoint { listener.localEndpoint }
-
-    func accept() async throws(ConnectionError) -> any Connection {
-        UringConnection(socket: try await listener.accept())
-    }
-
-    func close() async { await listener.close() }
 }
 
 extension UringSocket: StyleSocket {
     package var resumingExecutor: any TaskExecutor { loop }
 }
+
+extension UringListener: StyleListener {}
 
 extension Backend {
     /// Completion-based I/O with io_uring (`UringBackend`).

@@ -1,3 +1,6 @@
+// One piece, over 450 lines: connecting, receiving, the three ways a send goes (gathered in the send queue, from the
+// caller's bytes, zero-copy) and closing all submit for one descriptor under one submission guard and lifecycle, and
+// a close must wait for each of them; the send queue, the datagram send failures and the listener are files apart.
 internal import CURing
 public import ConnectionCore
 internal import Glibc
@@ -35,20 +38,18 @@ public final class UringSocket: Sendable {
     /// The peer's address.
     public let remoteEndpoint: Endpoint
 
+    /// Closes itself once its last owner is gone: this socket, or its send queue while a batch is still on its
+    /// way (so no number reused meanwhile gets that batch).
     private let descriptor: SocketDescriptor
     private let submissions = UringDescriptorGuard()
     private let lifecycle = SharedLifecycle()
-    private let readGate = AsyncGate()
+    private let reads: ReceiveGate
     private let writeGate = AsyncGate()
     /// UDP: what became of the datagrams sent without waiting.
     private let datagramFailures = UringSendFailures()
     /// TCP: where sends of up to ``sendQueueLimit`` bytes gather for the ring (nil on UDP: a datagram is sent
     /// on its own).
     private let sendQueue: UringSendQueue?
-    // The buffer `receive(maximumLength:)` hands the kernel. Unchecked because a pointer is not Sendable; safe
-    // because only code inside the read gate touches it (one receive at a time), and a lock could not be held across
-    // the await of the ring's completion. Allocated once per socket, not per receive: it is on every message's path.
-    nonisolated(unsafe) private let scratch: UnsafeMutableRawBufferPointer
 
     /// Resolves `endpoint` and connects to its addresses in order (IORING_OP_CONNECT, bounded by
     /// `options.connectTimeout` with a linked timeout).
@@ -113,14 +114,7 @@ public final class UringSocket: Sendable {
         self.options = options
         self.loop = loop
         sendQueue = transport == .tcp ? UringSendQueue(loop: loop, descriptor: descriptor) : nil
-        scratch = .allocate(
-            byteCount: transport == .udp ? options.maxDatagramSize : options.readChunkSize, alignment: 16)
-    }
-
-    deinit {
-        // The descriptor closes itself once its last owner is gone: this socket, or its send queue while a batch
-        // is still on its way (so no number reused meanwhile gets that batch).
-        scratch.deallocate()
+        reads = ReceiveGate(transport: transport, options: options)
     }
 
     /// TCP: the most bytes that gather in the send queue before a send waits; a larger send goes from the caller's
@@ -139,21 +133,13 @@ public final class UringSocket: Sendable {
     /// Receives what is available (TCP: at most `maximumLength` bytes; UDP: one datagram). `nil` once, when the
     /// peer finished sending (TCP).
     public func receive(maximumLength: Int = .max) async throws(ConnectionError) -> [UInt8]? {
-        if !readGate.tryEnter() { await readGate.enter() }
-        defer { readGate.leave() }
-        let limit = transport == .udp ? scratch.count : min(max(1, maximumLength), scratch.count)
-        let buffer = UnsafeMutableRawBufferPointer(rebasing: scratch[..<limit])
-        guard let count = try await read(into: buffer) else { return nil }
-        return [UInt8](UnsafeRawBufferPointer(rebasing: buffer[..<count]))
+        try await reads.receive(maximumLength: maximumLength, read: read(into:))
     }
 
     /// Receives into the caller's buffer, which the kernel writes directly (TCP: what is available, at most
     /// `buffer.count` bytes; UDP: one datagram, `.messageTooLarge` when it did not fit). `nil` once at the end.
     public func receive(into buffer: UnsafeMutableRawBufferPointer) async throws(ConnectionError) -> Int? {
-        try Received.requireRoom(buffer)
-        if !readGate.tryEnter() { await readGate.enter() }
-        defer { readGate.leave() }
-        return try await read(into: buffer)
+        try await reads.receive(into: buffer, read: read(into:))
     }
 
     /// Inside the read gate: one IORING_OP_RECV (with MSG_TRUNC on UDP, so a datagram's real length comes back).
@@ -459,11 +445,11 @@ public final class UringSocket: Sendable {
             if fd >= 0 { loop.cancelAll(on: fd) }
             // The queue's batch in flight, if any, has completed (cancelled) after this.
             try? await sendQueue?.drain()
-            await readGate.enter()
+            await reads.gate.enter()
             await writeGate.enter()
             descriptor.close()
             writeGate.leave()
-            readGate.leave()
+            reads.gate.leave()
         })
     }
 
