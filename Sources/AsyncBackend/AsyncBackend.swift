@@ -1,4 +1,4 @@
-public import ConnectionCore
+@_spi(Loop) public import ConnectionCore
 import POSIXSupport
 import Synchronization
 
@@ -61,13 +61,13 @@ final class AsyncConnection: SocketBackedConnection, Sendable {
     }
 }
 
-extension AsyncSocket: StyleSocket {
-    package var resumingExecutor: any TaskExecutor { reactor }
+@_spi(Loop) extension AsyncSocket: StyleSocket {
+    public var resumingExecutor: any TaskExecutor { reactor }
     /// A send tries the non-blocking send(2) on the calling thread first.
-    package var sendsFromAnyThread: Bool { true }
+    public var sendsFromAnyThread: Bool { true }
 }
 
-extension AsyncListener: StyleListener {}
+@_spi(Loop) extension AsyncListener: StyleListener {}
 
 /// The UDP server side: one bound socket, read on the reactor's thread, whose datagrams are sorted by sender into
 /// per-peer connections, as every backend does.

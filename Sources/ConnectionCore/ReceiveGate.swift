@@ -3,15 +3,17 @@
 /// own for the receives that return a new array (a whole datagram on UDP, the read chunk on TCP). The read itself
 /// is the style's (`read`: recv(2) after readiness, or an io_uring receive), called inside the gate.
 ///
-/// Inlinable, so that each socket's compiler folds it into its own `receive`: no async call is added per message.
-package final class ReceiveGate: Sendable {
+/// Public to the `Loop` SPI and inlinable, so that each socket's compiler inlines it into its own `receive` (a
+/// `package` inlinable body is not inlined across modules: docs/architecture.md, rule 7); the release objects of
+/// AsyncSocket and UringSocket call no `ReceiveGate` method on a message's path.
+@_spi(Loop) public final class ReceiveGate: Sendable {
     /// Held by a receive while it reads; a close takes it to wait for the receive in progress.
-    @usableFromInline package let gate = AsyncGate()
+    public let gate = AsyncGate()
     @usableFromInline let datagrams: Bool
     /// Used only inside the gate.
     @usableFromInline nonisolated(unsafe) let scratch: UnsafeMutableRawBufferPointer
 
-    package init(transport: Transport, options: ConnectionOptions) {
+    public init(transport: Transport, options: ConnectionOptions) {
         datagrams = transport == .udp
         scratch = .allocate(
             byteCount: transport == .udp ? options.maxDatagramSize : options.readChunkSize, alignment: 16)
@@ -21,7 +23,7 @@ package final class ReceiveGate: Sendable {
 
     /// Receives into the scratch buffer (TCP: at most `maximumLength` bytes; UDP: one whole datagram) and returns
     /// a copy; `nil` when `read` reports the end.
-    @inlinable package func receive(
+    @inlinable @inline(__always) public func receive(
         maximumLength: Int, read: (UnsafeMutableRawBufferPointer) async throws(ConnectionError) -> Int?
     ) async throws(ConnectionError) -> [UInt8]? {
         if !gate.tryEnter() { await gate.enter() }
@@ -33,7 +35,7 @@ package final class ReceiveGate: Sendable {
     }
 
     /// Receives into the caller's buffer, which must have room for a byte: no allocation.
-    @inlinable package func receive(
+    @inlinable @inline(__always) public func receive(
         into buffer: UnsafeMutableRawBufferPointer,
         read: (UnsafeMutableRawBufferPointer) async throws(ConnectionError) -> Int?
     ) async throws(ConnectionError) -> Int? {

@@ -3,15 +3,16 @@
 /// (`writeNow`), and only the rest is copied and handed to the loop (`queue`), which returns once it is written.
 /// An empty send goes to `queue`, where the loop says whether the stream is still open.
 ///
-/// Inlinable, so that each backend's compiler folds it into its own `send`: no async call is added per message.
-package final class WriteThrough: Sendable {
+/// Public to the `Loop` SPI and inlinable, so that each backend's compiler inlines it into its own `send` (see
+/// ``ReceiveGate``).
+@_spi(Loop) public final class WriteThrough: Sendable {
     /// Held by a send while it writes; a half-close takes it to come after the sends before it.
-    @usableFromInline package let gate = AsyncGate()
+    public let gate = AsyncGate()
 
-    package init() {}
+    public init() {}
 
     /// Sends `bytes`, copying only what the socket did not take at once.
-    @inlinable package func send(
+    @inlinable @inline(__always) public func send(
         _ bytes: [UInt8], writeNow: (UnsafeRawBufferPointer) throws(ConnectionError) -> Int,
         queue: ([UInt8]) async throws(ConnectionError) -> Void
     ) async throws(ConnectionError) {
@@ -25,7 +26,7 @@ package final class WriteThrough: Sendable {
 
     /// Sends bytes the caller keeps until this returns, from where they lie: only what the socket did not take at
     /// once is copied.
-    @inlinable package func send(
+    @inlinable @inline(__always) public func send(
         contentsOf bytes: UnsafeRawBufferPointer, writeNow: (UnsafeRawBufferPointer) throws(ConnectionError) -> Int,
         queue: ([UInt8]) async throws(ConnectionError) -> Void
     ) async throws(ConnectionError) {

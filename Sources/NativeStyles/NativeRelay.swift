@@ -1,4 +1,4 @@
-public import ConnectionCore
+@_spi(Loop) public import ConnectionCore
 import Synchronization
 
 /// A TCP relay (the seeds' proxy server) written in one backend's own style: no `Connection`, no `Listener`.

@@ -1,4 +1,4 @@
-public import ConnectionCore
+@_spi(Loop) public import ConnectionCore
 import POSIXSupport
 
 /// Backend `uring`: completion-based I/O with io_uring. Every operation (connect, accept, recv, send, recvmsg,
@@ -60,11 +60,11 @@ final class UringConnection: SocketBackedConnection, Sendable {
     var remoteEndpoint: Endpoint { socket.remoteEndpoint }
 }
 
-extension UringSocket: StyleSocket {
-    package var resumingExecutor: any TaskExecutor { loop }
+@_spi(Loop) extension UringSocket: StyleSocket {
+    public var resumingExecutor: any TaskExecutor { loop }
 }
 
-extension UringListener: StyleListener {}
+@_spi(Loop) extension UringListener: StyleListener {}
 
 extension Backend {
     /// Completion-based I/O with io_uring (`UringBackend`).

@@ -2,7 +2,7 @@
 // caller's bytes, zero-copy) and closing all submit for one descriptor under one submission guard and lifecycle, and
 // a close must wait for each of them; the send queue, the datagram send failures and the listener are files apart.
 internal import CURing
-public import ConnectionCore
+@_spi(Loop) public import ConnectionCore
 internal import Glibc
 import POSIXSupport
 import Synchronization
