@@ -2,8 +2,9 @@ public import ConnectionCore
 public import Histogram
 import POSIXSupport
 
-/// A churn of short connections against one echo server: `sequential` clients one after another, then `concurrent`
-/// of them at once (the burst a server meets when many clients arrive together). Each client connects (with a TLS
+/// A churn of short connections against one echo server: `sequential` clients one after another (or `lanes` at a
+/// time, each lane starting its next client when its last has ended), then `concurrent` of them at once (the burst a
+/// server meets when many clients arrive together). Each client connects (with a TLS
 /// and WebSocket handshake where the transport has them), makes one echo of `size` bytes, and ends: over a byte
 /// stream it half-closes its output and reads until the server's end (so the server has closed its side before
 /// the next client comes), over WebSocket it runs the close handshake, over UDP (a new peer, from a new port,
@@ -17,6 +18,9 @@ public struct ChurnRunner: Sendable {
     public var sequential: Int
     /// Clients at once, after the sequential ones.
     public var concurrent: Int
+    /// How many of the sequential clients are alive at a time (1: strictly one after another). More lanes keep a
+    /// server busy when each client's life is mostly waiting for the other process to be scheduled.
+    public var lanes: Int
     /// Bytes each client sends and expects back.
     public var size: Int
     /// How long one client's whole life may take.
@@ -25,11 +29,12 @@ public struct ChurnRunner: Sendable {
     public var deadline: Duration
 
     public init(
-        sequential: Int, concurrent: Int = 0, size: Int = 64, cycleLimit: Duration = .seconds(10),
+        sequential: Int, concurrent: Int = 0, lanes: Int = 1, size: Int = 64, cycleLimit: Duration = .seconds(10),
         deadline: Duration = .seconds(600)
     ) {
         self.sequential = sequential
         self.concurrent = concurrent
+        self.lanes = max(1, lanes)
         self.size = size
         self.cycleLimit = cycleLimit
         self.deadline = deadline
@@ -94,17 +99,36 @@ public struct ChurnRunner: Sendable {
         let end = start + deadline.wholeNanoseconds
         var outcome = Outcome()
         let payload = (0..<size).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ 7) }
-        for index in 0..<sequential {
-            if MonotonicClock.nanoseconds() >= end {
-                outcome.notStarted += sequential - index
-                break
+        let limit = cycleLimit
+        let lanes = lanes
+        // The lanes are child tasks; this task alone counts what they did and calls `progress`, one call at a time.
+        let stopped = await withTaskGroup(of: Outcome.self) { group -> Bool in
+            var started = 0
+            var done = 0
+            var stopped = false
+            func startNext() {
+                guard !stopped, started < sequential, MonotonicClock.nanoseconds() < end else { return }
+                started += 1
+                group.addTask {
+                    var one = Outcome()
+                    await Self.client(transport, payload, limit, connect, into: &one)
+                    return one
+                }
             }
-            await Self.client(transport, payload, cycleLimit, connect, into: &outcome)
-            if await progress?(index + 1) == false {
-                outcome.notStarted += sequential - index - 1 + concurrent
-                outcome.sequentialNanoseconds = MonotonicClock.nanoseconds() - start
-                return outcome
+            for _ in 0..<lanes { startNext() }
+            while let one = await group.next() {
+                outcome.add(one)
+                done += 1
+                if await progress?(done) == false { stopped = true }
+                startNext()
             }
+            outcome.notStarted += sequential - started
+            return stopped
+        }
+        if stopped {
+            outcome.notStarted += concurrent
+            outcome.sequentialNanoseconds = MonotonicClock.nanoseconds() - start
+            return outcome
         }
         let burstStart = MonotonicClock.nanoseconds()
         outcome.sequentialNanoseconds = burstStart - start
@@ -113,7 +137,6 @@ public struct ChurnRunner: Sendable {
             outcome.notStarted += concurrent
             return outcome
         }
-        let limit = cycleLimit
         let burst = await withTaskGroup(of: Outcome.self) { group in
             for _ in 0..<concurrent {
                 group.addTask {

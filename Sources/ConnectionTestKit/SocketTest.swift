@@ -9,7 +9,9 @@ import Synchronization
 /// Test runners run tests in parallel, which would make descriptor counts meaningless; every test that opens
 /// sockets goes through ``run(timeLimit:_:)``, which serialises them on one async lock (tests without sockets
 /// still run in parallel). `timeLimit` bounds a test's own time; a suite's `.timeLimit` also counts the wait for
-/// the lock, which grows with every socket test of the run (minutes), so suites give 20 minutes.
+/// the lock, which grows with every socket test of the run, so every suite of socket tests gives 20 minutes: the
+/// process of all targets but the lessons took 472 s here and 617 s on a slower CI machine (2026-12-03), where
+/// four suites that gave 10 minutes failed with 71 issues at 611-617 s, their tests still waiting for a turn.
 public enum SocketTest {
     /// A test exceeded its time limit, or left descriptors open.
     public struct Failure: Error, CustomStringConvertible {

@@ -9,7 +9,8 @@ struct ChurnCommand: AsyncParsableCommand {
         commandName: "churn",
         abstract: "Check that a server survives a churn of short connections: connect, one echo, end; many times.",
         discussion: """
-            Opens --connections clients one after another, then --at-once of them together. Each connects (with the \
+            Opens --connections clients one after another (--lanes of them at a time), then --at-once of them \
+            together. Each connects (with the \
             TLS and WebSocket handshakes its URL has), sends --size bytes, checks the echo, and ends: tcp and tls \
             half-close and read to the server's end, ws and wss run the close handshake, udp (a new peer each time, \
             from a new port) closes its socket, a lost datagram or echo sent again. A warm-up comes first (a tenth \
@@ -31,6 +32,12 @@ struct ChurnCommand: AsyncParsableCommand {
 
     @Option(help: "Clients at once, after those.")
     var atOnce: Int = 0
+
+    @Option(
+        help:
+            "How many of the clients one after another are alive at a time (each lane starts its next client when its last ends)."
+    )
+    var lanes: Int = 1
 
     @Option(
         help:
@@ -64,6 +71,7 @@ struct ChurnCommand: AsyncParsableCommand {
         guard connections >= 0, atOnce >= 0, connections + atOnce > 0 else {
             throw ValidationError("--connections and --at-once must be 0 or more, and not both 0")
         }
+        guard lanes >= 1 else { throw ValidationError("--lanes must be 1 or more") }
         guard size >= 1, size <= 65_507 else { throw ValidationError("--size must be 1 to 65507") }
         guard timeout > 0, time > 0 else { throw ValidationError("--timeout and --time must be above 0") }
         if maxGrowth != nil && serverPid == nil { throw ValidationError("--max-growth needs --server-pid") }
@@ -91,14 +99,16 @@ struct ChurnCommand: AsyncParsableCommand {
         // The warm-up: a tenth as many clients one after another, and the same burst, so that the server's
         // allocator has grown to what the burst needs before memory is counted.
         var warmUp = ChurnRunner(
-            sequential: warmUpConnections ?? connections / 10, concurrent: atOnce, size: size, cycleLimit: limit)
+            sequential: warmUpConnections ?? connections / 10, concurrent: atOnce, lanes: lanes, size: size,
+            cycleLimit: limit)
         warmUp.deadline = ContinuousClock.now.duration(to: deadline)
         let warm = await warmUp.run(transport: endpoint.transport, connect: connect)
         total.add(warm)
         if let first = watch.settled(0, descriptorsAtMost: nil), !json {
             Console.line("server after the warm-up (\(warm.completed) clients): \(first)")
         }
-        var runner = ChurnRunner(sequential: connections, concurrent: atOnce, size: size, cycleLimit: limit)
+        var runner = ChurnRunner(
+            sequential: connections, concurrent: atOnce, lanes: lanes, size: size, cycleLimit: limit)
         runner.deadline = ContinuousClock.now.duration(to: deadline)
         let outcome = await runner.run(
             transport: endpoint.transport,

@@ -6,7 +6,7 @@ import POSIXSupport
 import Synchronization
 import Testing
 
-@Suite("async backend", .timeLimit(.minutes(10)))
+@Suite("async backend", .timeLimit(.minutes(20)))
 struct AsyncBackendTests {
     @Test("States go setup -> preparing -> ready -> cancelled, as NWConnection reports them")
     func states() async throws {

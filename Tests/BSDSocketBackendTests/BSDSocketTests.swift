@@ -8,7 +8,7 @@ import Synchronization
 import Testing
 
 /// The native blocking style, used as its users would: from threads of their own.
-@Suite("BSDSocket (native blocking API)", .timeLimit(.minutes(10)))
+@Suite("BSDSocket (native blocking API)", .timeLimit(.minutes(20)))
 struct BSDSocketTests {
     /// Runs `body` on a new thread and returns its result without blocking the test's task.
     func onThread<R: Sendable>(_ body: @escaping @Sendable () throws -> R) async throws -> R {

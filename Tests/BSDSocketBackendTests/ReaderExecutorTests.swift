@@ -9,7 +9,7 @@ import Testing
 
 /// The reader thread as an executor: wake-ups are never lost, jobs run on the reader thread, and once the reader
 /// has ended, jobs still run (elsewhere).
-@Suite("bsd reader executor", .timeLimit(.minutes(10)))
+@Suite("bsd reader executor", .timeLimit(.minutes(20)))
 struct ReaderExecutorTests {
     final class Flag: Sendable {
         let value = Atomic<Bool>(false)

@@ -9,7 +9,7 @@ import Testing
 /// The name is pinned (`HostPins`) to 127.0.0.2, where nobody listens on the server's port (a SYN there is
 /// answered with RST: refused), then to 127.0.0.1, where the server is. UDP is not here: a UDP connect sends
 /// nothing and cannot fail on a missing listener, so the first address always "succeeds" on every backend.
-@Suite("Address order", .timeLimit(.minutes(10)))  // socket tests wait their turn (SocketTest)
+@Suite("Address order", .timeLimit(.minutes(20)))  // socket tests wait their turn (SocketTest)
 struct AddressOrderTests {
     static let cases = ConformanceCase.all.filter { $0.transport != .udp }
 

@@ -6,7 +6,7 @@ import Testing
 
 /// The benchmark driver's scenarios, run for real (small and short) against in-process servers: they must
 /// measure what they claim (every byte delivered, every message matched), whatever the figures are.
-@Suite("Benchmark driver scenarios", .timeLimit(.minutes(10)))
+@Suite("Benchmark driver scenarios", .timeLimit(.minutes(20)))
 struct BenchmarkDriverTests {
     @Test("soak: every byte comes back verified over every backend x transport", arguments: ConformanceCase.all)
     func soakClean(_ test: ConformanceCase) async throws {
@@ -208,6 +208,44 @@ struct BenchmarkDriverTests {
                 try await Backend.nio.connect(to: endpoint)
             }
             #expect(connect.latency?.count == 20)
+            await server.stop()
+        }
+    }
+
+    @Test("churn in lanes: that many clients at a time, never more; progress counts every client once, in order")
+    func churnLanes() async throws {
+        try await SocketTest.run {
+            let server = try await EchoServer.start(.async, on: try Endpoint(url: "tcp://127.0.0.1:0"))
+            let endpoint = server.endpoint
+            for lanes in [1, 4] {
+                // Connects in progress at once: the first `lanes` wait for each other (for at most 10 s), which
+                // can only end early when the lanes really run together; never more than `lanes` at a time.
+                let connecting = Atomic<Int>(0)
+                let most = Atomic<Int>(0)
+                let met = Atomic<Int>(0)
+                let counted = Mutex<[Int]>([])
+                let outcome = await ChurnRunner(sequential: 40, lanes: lanes, deadline: .seconds(60)).run(
+                    transport: .tcp,
+                    progress: { done in
+                        counted.withLock { $0.append(done) }
+                        return true
+                    },
+                    connect: { () throws(ConnectionError) in
+                        let now = connecting.add(1, ordering: .relaxed).newValue
+                        _ = most.max(now, ordering: .relaxed)
+                        defer { connecting.subtract(1, ordering: .relaxed) }
+                        if met.add(1, ordering: .relaxed).newValue <= lanes {
+                            let until = ContinuousClock.now + .seconds(10)
+                            while most.load(ordering: .relaxed) < lanes && ContinuousClock.now < until {
+                                await Task.yield()
+                            }
+                        }
+                        return try await Backend.async.connect(to: endpoint)
+                    })
+                #expect(outcome.completed == 40 && outcome.allServed, "\(lanes) lane(s): \(outcome.failures)")
+                #expect(most.load(ordering: .relaxed) == lanes, "\(lanes) lane(s)")
+                #expect(counted.withLock { $0 } == Array(1...40))
+            }
             await server.stop()
         }
     }

@@ -9,7 +9,7 @@ import Testing
 /// Broadcast to many clients (``Broadcast``), run for real on every backend: every message the asker asks for
 /// reaches every other client exactly once and in order, and the asker gets its answer; and the merging of client
 /// processes' reports counts what it should.
-@Suite("Broadcast: every message to every client, once, in order", .timeLimit(.minutes(10)))
+@Suite("Broadcast: every message to every client, once, in order", .timeLimit(.minutes(20)))
 struct BroadcastTests {
     @Test(
         "Every broadcast message reaches every client exactly once and in order, and every request is answered",

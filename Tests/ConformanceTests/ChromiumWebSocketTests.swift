@@ -10,7 +10,7 @@ import Testing
 /// Chromium always offers permessage-deflate, and our server accepts it here, so this is also the deflate interop
 /// check with a browser. Chromium runs with the flags that keep it from making requests of its own and is pointed
 /// only at a file and at 127.0.0.1.
-@Suite("Chromium as a WebSocket client", .timeLimit(.minutes(10)))
+@Suite("Chromium as a WebSocket client", .timeLimit(.minutes(20)))
 struct ChromiumWebSocketTests {
 
     /// The page: 20 order books, an empty text, 200 KB of multi-byte text and 100 KB of binary, each echoed and

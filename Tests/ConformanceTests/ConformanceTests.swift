@@ -8,7 +8,7 @@ import Testing
 /// The conformance suite: each scenario written once, run for every backend x transport.
 /// Every scenario runs through `SocketTest.run`, which bounds it in time and fails it if a descriptor is left
 /// open.
-@Suite("Conformance", .timeLimit(.minutes(10)))
+@Suite("Conformance", .timeLimit(.minutes(20)))
 struct ConformanceTests {
     // MARK: Echo
 
@@ -881,7 +881,7 @@ struct ConformanceTests {
     }
 }
 
-@Suite("Reconnection", .timeLimit(.minutes(10)))
+@Suite("Reconnection", .timeLimit(.minutes(20)))
 struct ReconnectionTests {
     static let cases = ConformanceCase.all.filter { $0.transport != .udp }
 

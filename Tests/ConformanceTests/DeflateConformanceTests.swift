@@ -4,7 +4,7 @@ import SocketStyles
 import Testing
 
 /// permessage-deflate (RFC 7692) over every backend's ws and wss, both roles.
-@Suite("WebSocket permessage-deflate", .timeLimit(.minutes(10)))
+@Suite("WebSocket permessage-deflate", .timeLimit(.minutes(20)))
 struct DeflateConformanceTests {
     static let deflate = WebSocketOptions.with { $0.deflate = WebSocketDeflateOptions() }
 

@@ -19,7 +19,7 @@ struct InteropCase: Sendable, CustomTestStringConvertible {
     }
 }
 
-@Suite("Interop between backends", .timeLimit(.minutes(10)))
+@Suite("Interop between backends", .timeLimit(.minutes(20)))
 struct InteropTests {
     @Test("Echo across backends", arguments: InteropCase.all)
     func echo(_ test: InteropCase) async throws {

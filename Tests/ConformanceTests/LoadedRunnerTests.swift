@@ -5,7 +5,7 @@ import Testing
 
 /// Latency under load, run for real (small and short): the probe's round trips are all answered while bulk
 /// connections to the same server carry as much as they can.
-@Suite("Latency under load: a probe beside bulk connections", .timeLimit(.minutes(10)))
+@Suite("Latency under load: a probe beside bulk connections", .timeLimit(.minutes(20)))
 struct LoadedRunnerTests {
     @Test(
         "Every probe round trip is answered while the bulk flows run, and the bulk flows move bytes",

@@ -7,7 +7,7 @@ import Testing
 /// come back exact in both directions at once (more than the relay's window, so reading pauses and resumes), a FIN
 /// is carried while the other direction goes on, an unreachable upstream ends the client, and many clients relay
 /// at once.
-@Suite("Native relays", .timeLimit(.minutes(10)))
+@Suite("Native relays", .timeLimit(.minutes(20)))
 struct NativeRelayTests {
     private let tcp = ConformanceCase(backend: .async, transport: .tcp)
 

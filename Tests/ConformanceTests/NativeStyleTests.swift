@@ -7,7 +7,7 @@ import Testing
 /// The native-style ping-pong and echo server of each backend (sockbench compare's `native-SIZE`): they must
 /// move and check every byte, with both small probes and probes bigger than a socket buffer (partial reads and
 /// writes), against their own server and against another style's.
-@Suite("Native styles", .timeLimit(.minutes(10)))
+@Suite("Native styles", .timeLimit(.minutes(20)))
 struct NativeStyleTests {
     @Test("Every round trip is echoed, checked and sampled", arguments: Backend.allCases, [64, 300_000])
     func pingpong(_ backend: Backend, size: Int) async throws {
@@ -76,7 +76,7 @@ struct NativeStyleTests {
 
 /// SwiftNIO's async/await bridge (`NIOAsyncChannel`), compare's `asyncchannel-SIZE`: its client and server move
 /// and check every byte, interoperate with the other styles' servers and clients, and fail cleanly.
-@Suite("Native style: NIOAsyncChannel", .timeLimit(.minutes(10)))
+@Suite("Native style: NIOAsyncChannel", .timeLimit(.minutes(20)))
 struct NIOAsyncChannelNativeTests {
     @Test("Client and server: every round trip echoed, small and large", arguments: [64, 300_000])
     func ownServer(size: Int) async throws {
@@ -127,7 +127,7 @@ struct NIOAsyncChannelNativeTests {
 
 /// SwiftNIO's own WebSocket (NIOWebSocket), the nio backend's native style over ws: it must interoperate with
 /// our WebSocket stack both ways, and its server must turn away plain HTTP and keep serving.
-@Suite("Native style: NIOWebSocket", .timeLimit(.minutes(10)))
+@Suite("Native style: NIOWebSocket", .timeLimit(.minutes(20)))
 struct NIOWebSocketNativeTests {
     @Test("NIOWebSocket client and server: every round trip echoed, small and large", arguments: [64, 300_000])
     func ownServer(size: Int) async throws {
@@ -189,7 +189,7 @@ struct NIOWebSocketNativeTests {
 
 /// swift-nio-ssl, the nio backend's native style over tls and wss: its client and server must interoperate with
 /// our OpenSSL layer both ways, verify the server's certificate, and fail clearly without a trusted one.
-@Suite("Native style: swift-nio-ssl", .timeLimit(.minutes(10)))
+@Suite("Native style: swift-nio-ssl", .timeLimit(.minutes(20)))
 struct NIOSSLNativeTests {
     @Test("swift-nio-ssl client and server: every round trip echoed, small and large", arguments: ["tls", "wss"])
     func ownServer(scheme: String) async throws {

@@ -6,7 +6,7 @@ import Testing
 /// The relay's fault injection with no socket: the relay, its upstream and its clients all on ``MemoryBackend``
 /// (tcp, and ws through `TransportStack`), each test checking that the process's open sockets did not change.
 /// What a fault does is the relay's own code, not the kernel's: these tests pin it down without loopback's timing.
-@Suite("Relay faults without sockets", .timeLimit(.minutes(10)))  // its tests wait their turn (SocketTest)
+@Suite("Relay faults without sockets", .timeLimit(.minutes(20)))  // its tests wait their turn (SocketTest)
 struct RelayMemoryTests {
     /// An endpoint of the memory backend (its ports are its own; the host is not looked at).
     static func memory(_ transport: Transport, port: UInt16 = 0) -> Endpoint {

@@ -5,7 +5,7 @@ import Testing
 
 /// The relay (`sockbench proxy`) on every backend x transport: what goes in comes out, ends are carried, an
 /// unreachable upstream ends the client cleanly, and injected faults are there in the numbers.
-@Suite("Relay", .timeLimit(.minutes(10)))
+@Suite("Relay", .timeLimit(.minutes(20)))
 struct RelayTests {
     private func relay(
         _ test: ConformanceCase, to upstream: Endpoint, toUpstream: FaultPlan = FaultPlan(),

@@ -9,7 +9,7 @@ import Testing
 /// stream.hasBytesAvailable { read }`, then wait for `.endEncountered`), run against every backend's server with
 /// the peer's FIN right behind its reply. A `.hasBytesAvailable` the property does not back would leave that loop
 /// reading nothing, and the end would never come.
-@Suite("Stream delegates: the Darwin read loop", .timeLimit(.minutes(10)))
+@Suite("Stream delegates: the Darwin read loop", .timeLimit(.minutes(20)))
 struct StreamReadLoopTests {
     /// A request/response client in the Darwin style: writes its request when there is space, closes its output
     /// at once (the request is whole), reads while bytes are available, and is done at `.endEncountered`.

@@ -16,7 +16,7 @@ func onThread<R: Sendable>(_ body: @escaping @Sendable () throws -> R) async thr
 }
 
 /// TLS failure cases: each gives its documented error, and the server keeps serving.
-@Suite("TLS", .timeLimit(.minutes(10)))
+@Suite("TLS", .timeLimit(.minutes(20)))
 struct TLSTests {
     static let certificates = ConformanceCase.certificates
 
@@ -264,7 +264,7 @@ struct TLSTests {
 }
 
 /// Interop with OpenSSL's own command-line peers: `openssl s_server` and `openssl s_client`.
-@Suite("TLS interop with openssl s_server / s_client", .timeLimit(.minutes(10)))
+@Suite("TLS interop with openssl s_server / s_client", .timeLimit(.minutes(20)))
 struct TLSOpenSSLInteropTests {
     static let openssl = "/usr/bin/openssl"
 

@@ -5,7 +5,7 @@ import Testing
 
 /// A backend written outside the package's own five (``MemoryBackend``: tcp only, no kernel) gets tls, ws and
 /// wss, relaying and reconnection from ``TransportStack``, as the package's own backends do.
-@Suite("Transport stack over a user's backend", .timeLimit(.minutes(10)))
+@Suite("Transport stack over a user's backend", .timeLimit(.minutes(20)))
 struct TransportStackTests {
     static let secure = ConformanceCase(backend: .bsd, transport: .tls)
 

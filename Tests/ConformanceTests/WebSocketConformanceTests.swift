@@ -5,7 +5,7 @@ import Synchronization
 import Testing
 
 /// WebSocket over every backend's TCP: the scenarios RFC 6455 users rely on.
-@Suite("WebSocket conformance", .timeLimit(.minutes(10)))
+@Suite("WebSocket conformance", .timeLimit(.minutes(20)))
 struct WebSocketConformanceTests {
     @Test(
         "Text and binary echo at 0, 125, 126, 65535, 65536 bytes and 16 MiB keep their kind and bytes",
@@ -641,7 +641,7 @@ struct RawWebSocketClient {
     func close() async { await tcp.close() }
 }
 
-@Suite("WebSocket keep-alive and events", .timeLimit(.minutes(10)))
+@Suite("WebSocket keep-alive and events", .timeLimit(.minutes(20)))
 struct WebSocketKeepAliveTests {
     @Test("Keep-alive pings are answered: the connection stays up; events report open then close")
     func keepAliveAnswered() async throws {
@@ -692,7 +692,7 @@ struct WebSocketKeepAliveTests {
     }
 }
 
-@Suite("WebSocket requests, routing and typed entry points", .timeLimit(.minutes(10)))
+@Suite("WebSocket requests, routing and typed entry points", .timeLimit(.minutes(20)))
 struct WebSocketRequestTests {
     @Test(
         "The server sees the request (path, query, headers, subprotocols, origin) and picks the subprotocol",
@@ -801,7 +801,7 @@ struct WebSocketRequestTests {
     }
 }
 
-@Suite("WebSocket pings and peers without a receive running", .timeLimit(.minutes(10)))
+@Suite("WebSocket pings and peers without a receive running", .timeLimit(.minutes(20)))
 struct WebSocketPingTests {
     /// A server that completes the opening handshake over `test`'s stream (TCP or TLS), then calls `then`.
     private func rawServer(

@@ -6,7 +6,7 @@ import SocketStyles
 import Testing
 
 /// Interop with an independent WebSocket implementation: Python `websockets` (set up by scripts/peers/setup).
-@Suite("WebSocket interop with Python websockets", .timeLimit(.minutes(10)))
+@Suite("WebSocket interop with Python websockets", .timeLimit(.minutes(20)))
 struct WebSocketInteropTests {
     static let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
         .deletingLastPathComponent()

@@ -7,7 +7,7 @@ import Testing
 
 /// A user's own load (`compare --workload`): how it is written, run for real on every backend's executor, and
 /// judged.
-@Suite("Workloads: the user's load, run and judged", .timeLimit(.minutes(10)))
+@Suite("Workloads: the user's load, run and judged", .timeLimit(.minutes(20)))
 struct WorkloadTests {
     @Test("A workload is written as the user says it; rate is per connection, total over all")
     func specification() throws {

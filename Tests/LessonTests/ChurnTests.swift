@@ -7,9 +7,9 @@ import SocketStyles
 import Testing
 
 /// A server must never fall over: a churn of short connections (connect, one echo, end: `ChurnRunner`) against one
-/// `sockbench serve` process of every backend x transport, thousands one after another and then 300 at once. Every
-/// client must be served and the server must give back every descriptor and keep no memory per connection. The
-/// runloop server once died at its 6,461st connection (its accept handler grew by a thunk pair per connection until
+/// `sockbench serve` process of every backend x transport, thousands one after another (in four lanes) and then 300 at
+/// once. Every client must be served and the server must give back every descriptor and keep no memory per connection.
+/// The runloop server once died at its 6,461st connection (its accept handler grew by a thunk pair per connection until
 /// the stack ran out), which the 500 connections an earlier test made never reached.
 ///
 /// Memory is read from the server itself (`memory` on its standard input), after a warm-up (a tenth as many clients
@@ -33,6 +33,10 @@ import Testing
 struct ChurnTests {
     static let transports: [Transport] = [.tcp, .udp, .ws, .tls, .wss]
     static let burst = 300
+    /// Clients alive at a time in the sequential part. One at a time, a client's life is mostly waiting for the
+    /// other process to be scheduled: on a host whose hypervisor took 30% of the CPUs (`vmstat`'s `st`, 2026-12-03)
+    /// the churn of every backend took 18 minutes with the CPUs half idle, where it had taken 8.
+    static let lanes = 4
 
     /// Clients one after another for `transport`.
     static func sequential(_ transport: Transport) -> Int {
@@ -101,11 +105,12 @@ struct ChurnTests {
             let sequential = Self.sequential(transport)
             let context = "\(backend) x \(transport)"
 
-            let warmUp = await ChurnRunner(sequential: sequential / 10, concurrent: Self.burst, deadline: .seconds(60))
-                .run(transport: transport, connect: connect)
+            let warmUp = await ChurnRunner(
+                sequential: sequential / 10, concurrent: Self.burst, lanes: Self.lanes, deadline: .seconds(60)
+            ).run(transport: transport, connect: connect)
             try #require(warmUp.allServed, "\(context): the warm-up: \(warmUp.failures)")
             let warm = try await server.settled(descriptorsAtMost: nil)
-            let churned = await ChurnRunner(sequential: sequential, deadline: .seconds(200)).run(
+            let churned = await ChurnRunner(sequential: sequential, lanes: Self.lanes, deadline: .seconds(200)).run(
                 transport: transport, connect: connect)
             let afterSequential = try await server.settled(descriptorsAtMost: warm.descriptors)
             let burst = await ChurnRunner(sequential: 0, concurrent: Self.burst, deadline: .seconds(60)).run(

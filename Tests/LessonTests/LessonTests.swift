@@ -7,7 +7,7 @@ import Synchronization
 import Testing
 
 /// Each lesson's claims, checked on real sockets (never its timings).
-@Suite("Lessons", .serialized, .timeLimit(.minutes(10)))
+@Suite("Lessons", .serialized, .timeLimit(.minutes(20)))
 struct LessonTests {
     init() {
         // The namespace lessons' SIGINT/SIGTERM clean-up (Dispatch signal sources) lives as long as the process.
@@ -380,7 +380,7 @@ enum LessonPages {
 
 /// `sockbench compare --server HOST:PORT` against `sockbench serve --agent` on another host: two network
 /// namespaces joined by a veth pair play the hosts (root only; removed afterwards, also on failure).
-@Suite("Across hosts", .serialized, .timeLimit(.minutes(10)))
+@Suite("Across hosts", .serialized, .timeLimit(.minutes(20)))
 struct AcrossHostsTests {
     init() {
         SocketTest.addWarmUp { NetworkLab.installSignalCleanup() }

@@ -6,7 +6,7 @@ import POSIXSupport
 import Synchronization
 import Testing
 
-@Suite("libuv backend", .timeLimit(.minutes(10)))
+@Suite("libuv backend", .timeLimit(.minutes(20)))
 struct LibUVBackendTests {
 
     @Test("A loop with everything closed shuts down: uv_loop_close succeeds")

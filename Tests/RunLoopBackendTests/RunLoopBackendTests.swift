@@ -20,7 +20,7 @@ final class Recorder: SocketStreamDelegate, @unchecked Sendable {
     var recorded: [String] { events.withLock { $0 } }
 }
 
-@Suite("run-loop backend", .timeLimit(.minutes(10)))
+@Suite("run-loop backend", .timeLimit(.minutes(20)))
 struct RunLoopBackendTests {
     let runLoop: SocketRunLoop
 

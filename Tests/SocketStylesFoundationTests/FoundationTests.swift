@@ -4,7 +4,7 @@ import SocketStyles
 import SocketStylesFoundation
 import Testing
 
-@Suite("Foundation conveniences", .timeLimit(.minutes(10)))
+@Suite("Foundation conveniences", .timeLimit(.minutes(20)))
 struct FoundationTests {
     @Test("Data and URL in, Data out: a binary echo over ws on every backend", arguments: Backend.allCases)
     func dataEcho(_ backend: Backend) async throws {

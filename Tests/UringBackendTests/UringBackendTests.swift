@@ -8,7 +8,7 @@ import UringBackend
 
 /// The uring style's own API, and the ring's threading under the sanitizers (CI runs this target under ASan and TSan
 /// with one backend of each other style). The Connection contract is the conformance suite's job.
-@Suite("uring backend", .timeLimit(.minutes(10)), .enabled(if: UringBackend.unavailableReason == nil))
+@Suite("uring backend", .timeLimit(.minutes(20)), .enabled(if: UringBackend.unavailableReason == nil))
 struct UringBackendTests {
     private static func pair() async throws -> (UringListener, UringSocket, UringSocket) {
         let listener = try await UringListener.listen(on: try Endpoint(url: "tcp://127.0.0.1:0"))
