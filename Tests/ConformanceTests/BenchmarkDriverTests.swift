@@ -131,8 +131,13 @@ struct BenchmarkDriverTests {
         arguments: ConformanceCase.all.filter { [.tcp, .udp, .ws].contains($0.transport) })
     func rate(_ test: ConformanceCase) async throws {
         try await SocketTest.run {
-            let server = try await test.echoServer()
-            let connection = try await test.connect(to: server.endpoint)
+            // Socket buffers that hold every datagram of the run (net.core.rmem_max is 4 MB here and in CI): a debug
+            // build's loop that a busy host keeps off the CPU for 100 ms lost 317 of 700 to a full 208 KiB buffer of
+            // nio's server (2026-12-03, CI beside the lessons' compare), which is the host, not the runner.
+            let buffers = ConnectionOptions.with { $0.receiveBufferSize = 4 << 20 }
+            let server = try await EchoServer.start(
+                test.backend, on: test.anyPort, options: buffers, tls: test.serverTLS)
+            let connection = try await test.connect(to: server.endpoint, options: buffers)
             let runner = RateRunner(perSecond: 2000, duration: .milliseconds(300), warmup: .milliseconds(50))
             let result = try await runner.run(on: connection)
             // Loopback keeps every datagram at this rate; a busy CI machine may drop one now and then.
