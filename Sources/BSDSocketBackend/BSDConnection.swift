@@ -52,7 +52,7 @@ final class BSDConnection: Connection, Sendable {
                 socket.transport == .udp
                 ? .datagrams(capacity: options.receiveQueueLimit, onSpaceAvailable: onSpace)
                 : .byteStream(capacity: options.receiveQueueLimit, onSpaceAvailable: onSpace)
-            self.writer = BSDWriter(socket: socket, lease: lease, name: "bsd-write-\(socket.descriptor)")
+            self.writer = BSDWriter(socket: socket, lease: lease, name: "bsd-write-\(socket.label)")
             self.chunkSize = socket.transport == .udp ? options.maxDatagramSize : options.readChunkSize
             self.scratch = LoopConfined(
                 .allocate(byteCount: chunkSize, alignment: 16), on: executor.thread, release: { $0.deallocate() })
@@ -86,9 +86,9 @@ final class BSDConnection: Connection, Sendable {
                 return
             }
             let executor = executor
-            let fd = socket.descriptor
+            let socket = socket
             let revents = await withTaskCancellationHandler {
-                (try? executor.wait(socket: fd, events: Syscall.pollIn)) ?? 0
+                socket.withDescriptor { (try? executor.wait(socket: $0, events: Syscall.pollIn)) ?? 0 } ?? 0
             } onCancel: {
                 executor.wake()
             }
@@ -117,7 +117,12 @@ final class BSDConnection: Connection, Sendable {
                 let reading = inbox.hasSpace
                 let count: Int
                 do {
-                    let ready = try executor.wait(socket: reading ? socket.descriptor : -1, events: Syscall.pollIn)
+                    let ready =
+                        reading
+                        ? try socket.use { (fd) throws(ConnectionError) in
+                            try executor.wait(socket: fd, events: Syscall.pollIn)
+                        }
+                        : try executor.wait(socket: -1, events: Syscall.pollIn)
                     if !life.isOpen { return }
                     guard reading, ready != 0, case .processed(let received) = try socket.tryReceive(into: buffer)
                     else { continue }
@@ -179,7 +184,7 @@ final class BSDConnection: Connection, Sendable {
         _ = core.lease.retain()
         if !onCurrentThread {
             let core = core
-            PosixThread.spawn(name: "bsd-read-\(core.socket.descriptor)") { core.readLoop() }
+            PosixThread.spawn(name: "bsd-read-\(core.socket.label)") { core.readLoop() }
         }
     }
 
@@ -250,7 +255,7 @@ final class BSDConnection: Connection, Sendable {
     func abort() async {
         // The lease keeps the descriptor number ours while the reset is sent.
         if transport == .tcp, core.life.isOpen, core.lease.retain() {
-            Syscall.resetConnection(core.socket.descriptor)
+            _ = core.socket.withDescriptor { Syscall.resetConnection($0) }
             core.lease.release()
         }
         await close()

@@ -16,7 +16,7 @@ public protocol EpollHandler: AnyObject, Sendable {
 /// as its reactor.
 public final class EpollLoop: TaskExecutor, Sendable {
     private let epoll: Int32
-    private let wakeFD: Int32
+    private let wakeUp: WakeSignal
     private static let wakeToken: UInt64 = .max
     private let work: LoopWorkQueue
     private let stopRequested = Atomic<Bool>(false)
@@ -45,20 +45,23 @@ public final class EpollLoop: TaskExecutor, Sendable {
     public init(name: String) throws(ConnectionError) {
         self.name = name
         epoll = try Syscall.epollCreate()
-        let wakeFD: Int32
+        let wakeUp: WakeSignal
         do {
-            wakeFD = try Syscall.eventFD()
+            wakeUp = try WakeSignal()
         } catch {
             Syscall.close(epoll)
             throw error
         }
-        self.wakeFD = wakeFD
-        work = LoopWorkQueue(signal: { Syscall.eventFDSignal(wakeFD) })
-        try Syscall.epollControl(epoll, Syscall.epollAdd, wakeFD, events: Syscall.epollIn, data: Self.wakeToken)
+        self.wakeUp = wakeUp
+        work = LoopWorkQueue(signal: { wakeUp.signal() })
+        let epoll = epoll
+        try wakeUp.withDescriptor { (fd) throws(ConnectionError) in
+            try Syscall.epollControl(epoll, Syscall.epollAdd, fd, events: Syscall.epollIn, data: Self.wakeToken)
+        }
     }
 
     deinit {
-        Syscall.close(wakeFD)
+        wakeUp.close()
         Syscall.close(epoll)
     }
 
@@ -250,7 +253,7 @@ public final class EpollLoop: TaskExecutor, Sendable {
             for index in 0..<count {
                 let token = data[index]
                 if token == Self.wakeToken {
-                    Syscall.eventFDDrain(wakeFD)
+                    wakeUp.drain()
                     continue
                 }
                 let fd = Int32(bitPattern: UInt32(truncatingIfNeeded: token))
@@ -265,7 +268,7 @@ public final class EpollLoop: TaskExecutor, Sendable {
     /// Makes ``run(until:)`` return after its current turn. Safe from any thread.
     public func stop() {
         stopRequested.store(true, ordering: .relaxed)
-        Syscall.eventFDSignal(wakeFD)
+        wakeUp.signal()
     }
 
     /// Runs each timer that is due (outside the confined access: a timer may schedule or cancel others).

@@ -80,15 +80,16 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
 
     /// The socket's local and remote addresses, while it is connected.
     var addresses: (local: SocketAddress, remote: SocketAddress)? {
-        guard state.isOpen, let socket = state.socket, let local = try? Syscall.localAddress(socket.raw),
-            let remote = try? Syscall.peerAddress(socket.raw)
+        guard state.isOpen, let socket = state.socket,
+            let found = socket.withDescriptor({ (try? Syscall.localAddress($0), try? Syscall.peerAddress($0)) }),
+            let local = found.0, let remote = found.1
         else { return nil }
         return (local, remote)
     }
 
     var bytesAvailable: Int {
         guard let socket = state.socket else { return 0 }
-        return unreadBytes(socket.raw)
+        return socket.withDescriptor { unreadBytes($0) } ?? 0
     }
 
     /// Bytes a read would return now: the read-ahead's, else FIONREAD's. (Reads no state: called while the state
@@ -99,7 +100,8 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
 
     var spaceAvailable: Bool {
         guard let socket = state.socket else { return false }
-        let ready = (try? Syscall.poll(socket.raw, events: Syscall.pollOut, timeoutMilliseconds: 0)) ?? 0
+        let ready =
+            socket.withDescriptor { (try? Syscall.poll($0, events: Syscall.pollOut, timeoutMilliseconds: 0)) ?? 0 } ?? 0
         return ready & Syscall.pollOut != 0
     }
 
@@ -121,7 +123,7 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
                     return stream.deliver(.errorOccurred)
                 }
                 stream.streamStatus = .open
-                if !stream.isInput, let socket = state.socket { direct.open(socket.raw) }
+                if !stream.isInput, let socket = state.socket { _ = socket.withDescriptor { direct.open($0) } }
                 stream.deliver(.openCompleted)
                 updateInterest()
             }
@@ -186,7 +188,7 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
         for stream in [input as SocketStream?, output as SocketStream?].compactMap({ $0 })
         where stream.streamStatus == .opening {
             stream.streamStatus = .open
-            if !stream.isInput { direct.open(socket.raw) }
+            if !stream.isInput { _ = socket.withDescriptor { direct.open($0) } }
             stream.deliver(.openCompleted)
         }
         updateInterest()
@@ -203,13 +205,15 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
         if newlyDue { scheduleDueDeliveries() }
         guard let change else { return true }
         do throws(ConnectionError) {
-            switch change {
-            case .register(let interest):
-                try runLoop.loop.register(socket.raw, events: Self.epollEvents(interest), handler: self)
-            case .modify(let interest):
-                try runLoop.loop.modify(socket.raw, events: Self.epollEvents(interest))
-            case .unregister:
-                runLoop.loop.unregister(socket.raw)
+            try socket.withOpenDescriptor { (fd) throws(ConnectionError) in
+                switch change {
+                case .register(let interest):
+                    try runLoop.loop.register(fd, events: Self.epollEvents(interest), handler: self)
+                case .modify(let interest):
+                    try runLoop.loop.modify(fd, events: Self.epollEvents(interest))
+                case .unregister:
+                    runLoop.loop.unregister(fd)
+                }
             }
             return true
         } catch {
@@ -236,8 +240,11 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
     }
 
     func epollReady(_ epollEvents: UInt32) {
-        guard let socket = state.socket else { return }
-        let fd = socket.raw
+        _ = state.socket?.withDescriptor { ready(epollEvents, on: $0) }
+    }
+
+    /// ``epollReady(_:)`` with the socket's number, for this call.
+    private func ready(_ epollEvents: UInt32, on fd: Int32) {
         let events = Self.socketEvents(epollEvents)
         if !state.isOpen { return connectReady(events, fd) }
         if state.mustBreakAway(events, inputOpen: inputOpen, unreadBytes: { unreadBytes(fd) > 0 }) {
@@ -277,7 +284,7 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
     /// The socket goes broken: out of epoll, its streams served from the run loop.
     private func breakAway() {
         if let change = state.breakAway(), change == .unregister, let socket = state.socket {
-            runLoop?.loop.unregister(socket.raw)
+            _ = socket.withDescriptor { runLoop?.loop.unregister($0) }
         }
         updateInterest()
     }
@@ -315,7 +322,9 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
                     return made
                 }()
             do throws(ConnectionError) {
-                switch try Syscall.recv(socket.raw, buffer, dontWait: true) {
+                switch try socket.withOpenDescriptor({ (fd) throws(ConnectionError) in
+                    try Syscall.recv(fd, buffer, dontWait: true)
+                }) {
                 case .processed(0):
                     deliverEnd(input)
                     return true
@@ -338,7 +347,11 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
     private func deliverEndIfThere(_ input: SocketInputStream) {
         guard let socket = state.socket else { return }
         do throws(ConnectionError) {
-            if case .processed(0) = try Syscall.peekByte(socket.raw) { deliverEnd(input) }
+            if case .processed(0) = try socket.withOpenDescriptor({ (fd) throws(ConnectionError) in
+                try Syscall.peekByte(fd)
+            }) {
+                deliverEnd(input)
+            }
         } catch {
             fail(error)
         }
@@ -368,7 +381,11 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
             if readAhead.count == 0, readAhead.end == ahead.count, count < buffer.count {
                 do throws(ConnectionError) {
                     let rest = UnsafeMutableRawBufferPointer(rebasing: buffer[count...])
-                    if case .processed(let more) = try Syscall.recv(socket.raw, rest, dontWait: true) { total += more }
+                    if case .processed(let more) = try socket.withOpenDescriptor({ (fd) throws(ConnectionError) in
+                        try Syscall.recv(fd, rest, dontWait: true)
+                    }) {
+                        total += more
+                    }
                 } catch {
                     state.deferReadError(error)
                 }
@@ -377,7 +394,9 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
             return updateInterest() ? total : -1
         }
         do throws(ConnectionError) {
-            switch try Syscall.recv(socket.raw, buffer, dontWait: true) {
+            switch try socket.withOpenDescriptor({ (fd) throws(ConnectionError) in
+                try Syscall.recv(fd, buffer, dontWait: true)
+            }) {
             case .processed(0):
                 deliverEnd(input)
                 return 0
@@ -408,7 +427,11 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
         guard let socket = state.socket else { return -1 }
         do throws(ConnectionError) {
             var count = 0
-            if case .processed(let written) = try Syscall.send(socket.raw, bytes, dontWait: true) { count = written }
+            if case .processed(let written) = try socket.withOpenDescriptor({ (fd) throws(ConnectionError) in
+                try Syscall.send(fd, bytes, dontWait: true)
+            }) {
+                count = written
+            }
             if state.delegateWrote(all: count == bytes.count), !updateInterest() { return -1 }
             return count
         } catch {
@@ -445,7 +468,7 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
     /// Resets the connection (see `Syscall.resetConnection`), for an abort: closing the streams afterwards sends
     /// nothing more.
     func resetConnection() {
-        if state.isOpen, let socket = state.socket { Syscall.resetConnection(socket.raw) }
+        if state.isOpen, let socket = state.socket { _ = socket.withDescriptor { Syscall.resetConnection($0) } }
     }
 
     func closed(_ stream: SocketStream) {
@@ -454,7 +477,9 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
         } else {
             keepOutput = nil
             direct.close()
-            if state.isOpen, let socket = state.socket { try? Syscall.shutdown(socket.raw, .write) }
+            if state.isOpen, let socket = state.socket {
+                _ = socket.withDescriptor { try? Syscall.shutdown($0, .write) }
+            }
         }
         let inputDone = input.map { $0.streamStatus == .closed || $0.streamStatus == .notOpen } ?? true
         let outputDone = output.map { $0.streamStatus == .closed || $0.streamStatus == .notOpen } ?? true
