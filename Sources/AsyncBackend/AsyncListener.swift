@@ -31,10 +31,7 @@ public final class AsyncListener: AsyncSequence, Sendable {
     {
         guard endpoint.transport == .tcp else { throw ConnectionError(.unsupported, "AsyncListener listens on tcp") }
         let (socket, local) = try Socket.listen(on: endpoint, options: options)
-        let readiness = readiness
-        try socket.withOpenDescriptor { (fd) throws(ConnectionError) in
-            try reactor.loop.register(fd, events: Syscall.epollIn | Syscall.epollEdgeTriggered, handler: readiness)
-        }
+        try reactor.loop.register(socket.raw, events: Syscall.epollIn | Syscall.epollEdgeTriggered, handler: readiness)
         localEndpoint = local.endpoint(.tcp)
         self.options = options
         self.reactor = reactor
@@ -50,14 +47,11 @@ public final class AsyncListener: AsyncSequence, Sendable {
         await gate.enter()
         defer { gate.leave() }
         while true {
+            let fd = descriptor.raw
+            guard fd >= 0 else { throw .closed("the listener is closed") }
             let next: (fd: Int32, peer: SocketAddress)?
             do throws(ConnectionError) {
-                guard
-                    let accepted = try descriptor.withDescriptor({ (fd) throws(ConnectionError) in
-                        try Syscall.accept(fd, nonBlocking: true)
-                    })
-                else { throw .closed("the listener is closed") }
-                next = accepted
+                next = try Syscall.accept(fd, nonBlocking: true)
             } catch {
                 guard error.kind == .resourceExhausted else { throw error }
                 BoundsLog.note(.descriptorLimit, "accepting paused for \(options.acceptBackoff): \(error)")

@@ -31,17 +31,7 @@ extension AsyncSocket {
     ) -> Bool {
         guard reads.gate.tryEnter() else { return false }  // a close waits for the gate: the socket is closing
         defer { reads.gate.leave() }
-        let found = try? withUsableDescriptorNow { (fd) throws(ConnectionError) in
-            readDatagrams(fd, into: batch, policy: policy, afterWait: afterWait, deliver: deliver)
-        }
-        return found ?? false
-    }
-
-    /// ``readDatagrams(into:policy:afterWait:deliver:)`` with the socket's number, inside the read gate.
-    private func readDatagrams(
-        _ fd: Int32, into batch: DatagramBatch, policy: LoopConfined<ReadBeforeWait>, afterWait: Bool,
-        deliver: @escaping @Sendable (DatagramBatch) -> Void
-    ) -> Bool {
+        guard let fd = try? usableDescriptor() else { return false }
         var taken = 0
         var reads = 0
         reading: while taken < 32 && reads < 8 {
@@ -86,15 +76,13 @@ extension AsyncSocket {
     func send(_ bytes: [UInt8], to address: SocketAddress) async throws(ConnectionError) {
         if !writeGate.tryEnter() { await writeGate.enter() }
         defer { writeGate.leave() }
-        try await withUsableDescriptor { (fd) async throws(ConnectionError) in
-            while true {
-                let result = try bytes.withBytes { (buffer) throws(ConnectionError) in
-                    try Syscall.sendTo(fd, buffer, to: address, dontWait: true)
-                }
-                if case .processed = result { return }
-                try await waitForRoom(fd)
-                try checkUsable()
+        let fd = try usableDescriptor()
+        while true {
+            let result = try bytes.withBytes { (buffer) throws(ConnectionError) in
+                try Syscall.sendTo(fd, buffer, to: address, dontWait: true)
             }
+            if case .processed = result { return }
+            try await waitForRoom(fd)
         }
     }
 }

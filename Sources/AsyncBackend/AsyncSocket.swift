@@ -109,10 +109,7 @@ public final class AsyncSocket: Sendable {
         reads = ReceiveGate(transport: transport, options: options)
         descriptor = socket
         stateContinuation.yield(.ready)
-        let (loop, readiness) = (reactor.loop, readiness)
-        try socket.withOpenDescriptor { (fd) throws(ConnectionError) in
-            try loop.register(fd, events: Self.watchedEvents(transport), handler: readiness)
-        }
+        try reactor.loop.register(socket.raw, events: Self.watchedEvents(transport), handler: readiness)
     }
 
     deinit {
@@ -152,11 +149,8 @@ public final class AsyncSocket: Sendable {
     /// The peer's address once ready.
     public var remoteEndpoint: Endpoint? { life.withLock { $0.remote } }
 
-    /// Runs `body` with the descriptor number, for socket options or `poll` of your own; `nil` without running
-    /// it before ``start()`` and once ``close()`` has begun. The number is for the call only: keep no copy.
-    public func withDescriptor<R, E: Error>(_ body: (Int32) throws(E) -> R) throws(E) -> R? {
-        try descriptor.withDescriptor(body)
-    }
+    /// The descriptor (-1 before ``start()`` and after ``close()``).
+    public var fileDescriptor: Int32 { descriptor.raw }
 
     private func set(_ state: State) {
         life.withLock { $0.state = state }
@@ -193,27 +187,12 @@ public final class AsyncSocket: Sendable {
 
     private func connect(to address: SocketAddress, deadline: UInt64) async throws(ConnectionError) {
         let socket = try Socket.connectingSocket(for: address, transport: transport, options: options)
-        do throws(ConnectionError) {
-            try await socket.withDescriptorWhileAwaiting { (fd) async throws(ConnectionError) in
-                try await connect(socket, fd, to: address, deadline: deadline)
-            }
-        } catch {
-            socket.close(beforeClosing: reactor.loop.unregister)
-            throw error
-        }
-        guard let owned = socket.release() else { return }
-        descriptor.adopt(owned)
-    }
-
-    /// One connect attempt on `socket` (number `fd`, this socket's until it is adopted).
-    private func connect(
-        _ socket: SocketDescriptor, _ fd: Int32, to address: SocketAddress, deadline: UInt64
-    ) async throws(ConnectionError) {
+        let fd = socket.raw
         // Registered before connect(2), as before the socket layer: registering after it made a loopback
         // connect's p50 2.7x slower (`sockbench compare --full --scenarios connect`, 55 -> 150 us; see
         // docs/benchmarks.md, session 26).
         try reactor.loop.register(fd, events: Self.watchedEvents(transport), handler: readiness)
-        do {
+        do throws(ConnectionError) {
             if try !Socket.startConnect(socket, to: address) {
                 try await withDeadline(
                     Socket.timeLeft(until: deadline, atLeast: .zero), what: "connect to \(endpoint) (\(address))"
@@ -234,7 +213,12 @@ public final class AsyncSocket: Sendable {
                 $0.local = local
                 $0.remote = remote
             }
+        } catch {
+            socket.close(beforeClosing: reactor.loop.unregister)
+            throw error
         }
+        guard let owned = socket.release() else { return }
+        descriptor.adopt(owned)
     }
 
     /// Runs `body`, failing it with `.timedOut` after `timeout` (a reactor timer wakes the waiting task).
@@ -278,10 +262,7 @@ public final class AsyncSocket: Sendable {
 
     /// The read itself, inside the read gate: non-blocking recv(2), and on EAGAIN a wait for readability.
     private func read(into buffer: UnsafeMutableRawBufferPointer) async throws(ConnectionError) -> Int? {
-        try await withUsableDescriptor { (fd) async throws(ConnectionError) in try await read(fd, into: buffer) }
-    }
-
-    private func read(_ fd: Int32, into buffer: UnsafeMutableRawBufferPointer) async throws(ConnectionError) -> Int? {
+        let fd = try usableDescriptor()
         if life.withLock({ $0.lifecycle.inputEnded }) { throw .closed("the end of the stream was already reported") }
         if readsWithoutWait.add(1, ordering: .relaxed).newValue > Self.readsPerTurn {
             readsWithoutWait.store(0, ordering: .relaxed)
@@ -305,7 +286,7 @@ public final class AsyncSocket: Sendable {
             case .wouldBlock:
                 readsWithoutWait.store(0, ordering: .relaxed)
                 try await readiness.waitReadable()
-                try checkUsable()
+                _ = try usableDescriptor()
             }
         }
     }
@@ -347,14 +328,7 @@ public final class AsyncSocket: Sendable {
     ) async throws(ConnectionError) {
         if !writeGate.tryEnter() { await writeGate.enter() }
         defer { writeGate.leave() }
-        try await withUsableDescriptor { (fd) async throws(ConnectionError) in
-            try await send(fd, count: count, countsDatagrams: countsDatagrams, write)
-        }
-    }
-
-    private func send(
-        _ fd: Int32, count: Int, countsDatagrams: Bool, _ write: (Int32, Int) throws(ConnectionError) -> IOResult<Int>
-    ) async throws(ConnectionError) {
+        let fd = try usableDescriptor()
         if case .refuse(let error) = life.withLock({ $0.lifecycle.handle(.send) }) { throw error }
         var offset = 0
         repeat {
@@ -365,7 +339,7 @@ public final class AsyncSocket: Sendable {
             case .wouldBlock:
                 do throws(ConnectionError) {
                     try await waitForRoom(fd)
-                    try checkUsable()
+                    _ = try usableDescriptor()
                 } catch {
                     if error.kind == .cancelled && offset > 0 {
                         // Part of the message is on the wire: nothing can follow it sensibly.
@@ -384,43 +358,21 @@ public final class AsyncSocket: Sendable {
         guard transport == .tcp else { throw ConnectionError(.unsupported, "half-close needs a TCP connection") }
         if !writeGate.tryEnter() { await writeGate.enter() }
         defer { writeGate.leave() }
-        try withUsableDescriptorNow { (fd) throws(ConnectionError) in
-            switch life.withLock({ $0.lifecycle.handle(.closeOutput) }) {
-            case .shutdownOutput: try Syscall.shutdown(fd, .write)
-            case .refuse(let error): throw error
-            default: return
-            }
+        let fd = try usableDescriptor()
+        switch life.withLock({ $0.lifecycle.handle(.closeOutput) }) {
+        case .shutdownOutput: try Syscall.shutdown(fd, .write)
+        case .refuse(let error): throw error
+        default: return
         }
     }
 
-    /// Runs `body` with the socket's number, inside an operation's gate (which a close waits for): `.closed` once
-    /// closing, `.unsupported` before ``start()``.
-    @inline(__always)
-    func withUsableDescriptor<R>(
-        _ body: (Int32) async throws(ConnectionError) -> R
-    ) async throws(ConnectionError) -> R {
-        try checkUsable()
-        guard let result = try await descriptor.withDescriptorWhileAwaiting(body) else { throw unusable() }
-        return result
-    }
-
-    /// ``withUsableDescriptor(_:)`` for a body that does not wait.
-    @inline(__always)
-    func withUsableDescriptorNow<R>(_ body: (Int32) throws(ConnectionError) -> R) throws(ConnectionError) -> R {
-        try checkUsable()
-        guard let result = try descriptor.withDescriptor(body) else { throw unusable() }
-        return result
-    }
-
-    /// Throws `.closed` once a close has begun (after a wait: the close woke it).
-    @inline(__always)
-    func checkUsable() throws(ConnectionError) {
-        if !life.withLock({ $0.lifecycle.isOpen }) { throw .closed() }
-    }
-
-    /// Why there is no number to use: not started yet, or closed.
-    private func unusable() -> ConnectionError {
-        life.withLock { $0.lifecycle.isOpen } ? ConnectionError(.unsupported, "the socket is not started") : .closed()
+    func usableDescriptor() throws(ConnectionError) -> Int32 {
+        let fd = descriptor.raw
+        let open = life.withLock { $0.lifecycle.isOpen }
+        if fd < 0 || !open {
+            throw fd < 0 && open ? ConnectionError(.unsupported, "the socket is not started") : .closed()
+        }
+        return fd
     }
 
     // MARK: Closing
@@ -429,8 +381,9 @@ public final class AsyncSocket: Sendable {
     /// unsent is discarded. Otherwise as ``close()``.
     public func abort() async {
         life.withLock { life in
-            guard life.lifecycle.isOpen, transport == .tcp else { return }
-            _ = descriptor.withDescriptor { Syscall.resetConnection($0) }
+            // Under the lock, no close has started, so the descriptor is still ours.
+            let fd = descriptor.raw
+            if life.lifecycle.isOpen, transport == .tcp, fd >= 0 { Syscall.resetConnection(fd) }
         }
         await close()
     }

@@ -52,7 +52,7 @@ final class BSDConnection: Connection, Sendable {
                 socket.transport == .udp
                 ? .datagrams(capacity: options.receiveQueueLimit, onSpaceAvailable: onSpace)
                 : .byteStream(capacity: options.receiveQueueLimit, onSpaceAvailable: onSpace)
-            self.writer = BSDWriter(socket: socket, lease: lease, name: "bsd-write-\(socket.label)")
+            self.writer = BSDWriter(socket: socket, lease: lease, name: "bsd-write-\(socket.descriptor)")
             self.chunkSize = socket.transport == .udp ? options.maxDatagramSize : options.readChunkSize
             self.scratch = LoopConfined(
                 .allocate(byteCount: chunkSize, alignment: 16), on: executor.thread, release: { $0.deallocate() })
@@ -86,9 +86,9 @@ final class BSDConnection: Connection, Sendable {
                 return
             }
             let executor = executor
-            let socket = socket
+            let fd = socket.descriptor
             let revents = await withTaskCancellationHandler {
-                socket.withDescriptor { (try? executor.wait(socket: $0, events: Syscall.pollIn)) ?? 0 } ?? 0
+                (try? executor.wait(socket: fd, events: Syscall.pollIn)) ?? 0
             } onCancel: {
                 executor.wake()
             }
@@ -117,12 +117,7 @@ final class BSDConnection: Connection, Sendable {
                 let reading = inbox.hasSpace
                 let count: Int
                 do {
-                    let ready =
-                        reading
-                        ? try socket.use { (fd) throws(ConnectionError) in
-                            try executor.wait(socket: fd, events: Syscall.pollIn)
-                        }
-                        : try executor.wait(socket: -1, events: Syscall.pollIn)
+                    let ready = try executor.wait(socket: reading ? socket.descriptor : -1, events: Syscall.pollIn)
                     if !life.isOpen { return }
                     guard reading, ready != 0, case .processed(let received) = try socket.tryReceive(into: buffer)
                     else { continue }
@@ -184,7 +179,7 @@ final class BSDConnection: Connection, Sendable {
         _ = core.lease.retain()
         if !onCurrentThread {
             let core = core
-            PosixThread.spawn(name: "bsd-read-\(core.socket.label)") { core.readLoop() }
+            PosixThread.spawn(name: "bsd-read-\(core.socket.descriptor)") { core.readLoop() }
         }
     }
 
@@ -255,7 +250,7 @@ final class BSDConnection: Connection, Sendable {
     func abort() async {
         // The lease keeps the descriptor number ours while the reset is sent.
         if transport == .tcp, core.life.isOpen, core.lease.retain() {
-            _ = core.socket.withDescriptor { Syscall.resetConnection($0) }
+            Syscall.resetConnection(core.socket.descriptor)
             core.lease.release()
         }
         await close()

@@ -15,10 +15,12 @@ import Synchronization
 /// Rules, as for any descriptor:
 /// 1. One thread may receive while another sends; two threads must not both send (or both receive) at once.
 /// 2. To wake a thread blocked in ``receive(into:)`` or `accept()`, call ``shutdown(_:)`` from another
-///    thread. A ``close()`` while a thread is inside a call ends every later call (`.closed`) at once, and the
-///    descriptor itself is closed when the last call inside returns: its number cannot be reused under a call.
+///    thread; call ``close()`` only once no thread is inside a call, so the descriptor number cannot be reused
+///    under it.
 /// 3. Sends never raise SIGPIPE (MSG_NOSIGNAL): a vanished peer is a `.reset` error.
 public final class BSDSocket: Sendable {
+    /// The descriptor, for `poll` or socket options of your own (the number stays after ``close()``).
+    public let descriptor: Int32
     /// `.tcp` or `.udp`.
     public let transport: Transport
     /// IPv4 or IPv6.
@@ -27,6 +29,7 @@ public final class BSDSocket: Sendable {
 
     init(_ owner: SocketDescriptor, transport: Transport, family: SocketAddress.Family) {
         self.owner = owner
+        self.descriptor = owner.raw
         self.transport = transport
         self.family = family
     }
@@ -57,15 +60,14 @@ public final class BSDSocket: Sendable {
             let (owner, connected) = try Socket.startConnect(
                 to: address, transport: endpoint.transport, options: options)
             if !connected {
-                try attempt.begin(owner)
+                try attempt.begin(owner.raw)
                 defer { attempt.end() }
                 try Socket.waitConnected(
                     owner, to: address, endpoint: endpoint, deadline: deadline, isCancelled: { attempt.isCancelled })
             }
             // Non-blocking while connecting so that the wait can be bounded; blocking from here, in this style.
-            let socket = BSDSocket(owner, transport: endpoint.transport, family: address.family)
-            try socket.use { (fd) throws(ConnectionError) in try Syscall.setNonBlocking(fd, false) }
-            return socket
+            try Syscall.setNonBlocking(owner.raw, false)
+            return BSDSocket(owner, transport: endpoint.transport, family: address.family)
         }
     }
 
@@ -84,41 +86,15 @@ public final class BSDSocket: Sendable {
         return BSDSocket(owner, transport: endpoint.transport, family: local.family)
     }
 
-    /// Runs `body` with the descriptor number, for `poll` or socket options of your own; `nil` without running it
-    /// once ``close()`` has run. The number is for the call only: a ``close()`` from another thread meanwhile
-    /// waits for `body` to return before the number is given back to the system.
-    public func withDescriptor<R, E: Error>(_ body: (Int32) throws(E) -> R) throws(E) -> R? {
-        try owner.withDescriptor(body)
-    }
-
-    /// ``withDescriptor(_:)`` for a body that awaits (a thread of your own that uses the number, awaited): a
-    /// ``close()`` meanwhile closes the descriptor only once `body` has returned.
-    public func withDescriptorWhileAwaiting<R, E: Error>(
-        _ body: (Int32) async throws(E) -> R
-    ) async throws(E) -> R? {
-        try await owner.withDescriptorWhileAwaiting(body)
-    }
-
-    /// ``withDescriptor(_:)`` for this type's own calls: `.closed` once closed.
-    @inline(__always)
-    func use<R>(_ body: (Int32) throws(ConnectionError) -> R) throws(ConnectionError) -> R {
-        try owner.withOpenDescriptor(body)
-    }
-
-    /// The descriptor number for a thread's name or a log line (`closed` once closed).
-    var label: String { owner.withDescriptor { String($0) } ?? "closed" }
-
     private func apply(_ options: ConnectionOptions) throws(ConnectionError) {
-        try use { (fd) throws(ConnectionError) in
-            if transport == .tcp { try Syscall.setNoDelay(fd, options.tcpNoDelay) }
-            try Syscall.setBufferSizes(fd, receive: options.receiveBufferSize, send: options.sendBufferSize)
-        }
+        if transport == .tcp { try Syscall.setNoDelay(descriptor, options.tcpNoDelay) }
+        try Syscall.setBufferSizes(descriptor, receive: options.receiveBufferSize, send: options.sendBufferSize)
     }
 
     /// Blocks until a client connects (TCP listening sockets), and returns its socket with `options` applied.
     /// Throws once the socket is shut down from another thread.
     public func accept(options: ConnectionOptions = ConnectionOptions()) throws(ConnectionError) -> BSDSocket {
-        guard let (fd, peer) = try use({ (fd) throws(ConnectionError) in try Syscall.accept(fd) }) else {
+        guard let (fd, peer) = try Syscall.accept(descriptor) else {
             throw ConnectionError(.system, "accept on a blocking socket returned EAGAIN")
         }
         let socket = BSDSocket(SocketDescriptor(adopting: fd), transport: .tcp, family: peer.family)
@@ -131,7 +107,7 @@ public final class BSDSocket: Sendable {
     /// One send(2): blocks until at least one byte is taken; returns how many were (a partial write is
     /// possible). UDP: the whole datagram or an error (`.messageTooLarge` above 65,507 bytes on IPv4).
     public func send(_ bytes: UnsafeRawBufferPointer) throws(ConnectionError) -> Int {
-        switch try use({ (fd) throws(ConnectionError) in try Syscall.send(fd, bytes) }) {
+        switch try Syscall.send(descriptor, bytes) {
         case .processed(let count): return count
         case .wouldBlock: throw ConnectionError(.timedOut, "send timed out (SO_SNDTIMEO)")
         }
@@ -149,7 +125,7 @@ public final class BSDSocket: Sendable {
 
     /// One non-blocking send(2) (MSG_DONTWAIT): `.wouldBlock` instead of waiting when the send buffer is full.
     public func trySend(_ bytes: UnsafeRawBufferPointer) throws(ConnectionError) -> IOResult<Int> {
-        try use { (fd) throws(ConnectionError) in try Syscall.send(fd, bytes, dontWait: true) }
+        try Syscall.send(descriptor, bytes, dontWait: true)
     }
 
     /// One recv(2): blocks until data arrives. Returns the count; 0 is the end of the stream on TCP (and an
@@ -169,12 +145,10 @@ public final class BSDSocket: Sendable {
     private func receive(
         into buffer: UnsafeMutableRawBufferPointer, dontWait: Bool
     ) throws(ConnectionError) -> IOResult<Int> {
-        let datagram = transport == .udp
-        let result = try use { (fd) throws(ConnectionError) in
-            datagram
-                ? try Syscall.recvDatagram(fd, buffer, dontWait: dontWait)
-                : try Syscall.recv(fd, buffer, dontWait: dontWait)
-        }
+        let result =
+            transport == .udp
+            ? try Syscall.recvDatagram(descriptor, buffer, dontWait: dontWait)
+            : try Syscall.recv(descriptor, buffer, dontWait: dontWait)
         if case .processed(let count) = result, transport == .udp, count > buffer.count {
             throw ConnectionError(.messageTooLarge, "a \(count)-byte datagram did not fit in \(buffer.count) bytes")
         }
@@ -191,7 +165,7 @@ public final class BSDSocket: Sendable {
     /// sendto(2) of one datagram (UDP).
     public func send(_ bytes: [UInt8], to address: SocketAddress) throws(ConnectionError) {
         _ = try bytes.withBytes { (buffer) throws(ConnectionError) in
-            try use { (fd) throws(ConnectionError) in try Syscall.sendTo(fd, buffer, to: address) }
+            try Syscall.sendTo(descriptor, buffer, to: address)
         }
     }
 
@@ -202,9 +176,7 @@ public final class BSDSocket: Sendable {
         var sender: SocketAddress?
         let bytes = try [UInt8](unsafeUninitializedCapacity: maximumLength) {
             (buffer, count) throws(ConnectionError) in
-            switch try use({ (fd) throws(ConnectionError) in
-                try Syscall.recvFrom(fd, UnsafeMutableRawBufferPointer(buffer))
-            }) {
+            switch try Syscall.recvFrom(descriptor, UnsafeMutableRawBufferPointer(buffer)) {
             case .processed(let result):
                 guard result.count <= buffer.count else {
                     throw ConnectionError(
@@ -223,7 +195,7 @@ public final class BSDSocket: Sendable {
 
     /// shutdown(2): `.write` sends FIN (half-close); `.both` also wakes threads blocked on this socket.
     public func shutdown(_ how: ShutdownHow) throws(ConnectionError) {
-        try use { (fd) throws(ConnectionError) in try Syscall.shutdown(fd, how) }
+        try Syscall.shutdown(descriptor, how)
     }
 
     /// Closes the descriptor. A second call does nothing.
@@ -234,16 +206,16 @@ public final class BSDSocket: Sendable {
     /// `true` once ``close()`` was called.
     public var isClosed: Bool { owner.isClosed }
 
-    /// The bound address (with the real port). Throws as getsockname(2) does: `.closed` after ``close()``,
-    /// `.system` otherwise; a bound or connected open socket always has one.
+    /// The bound address (with the real port). Throws as getsockname(2) does: `.closed` after ``close()`` (a
+    /// closed descriptor, EBADF), `.system` otherwise; a bound or connected open socket always has one.
     public var localAddress: SocketAddress {
-        get throws(ConnectionError) { try use { (fd) throws(ConnectionError) in try Syscall.localAddress(fd) } }
+        get throws(ConnectionError) { try Syscall.localAddress(descriptor) }
     }
 
     /// The connected peer's address. Throws as getpeername(2) does: `.reset` when the socket is not connected
     /// (ENOTCONN: never connected, or a UDP socket without a default peer), `.closed` after ``close()``.
     public var remoteAddress: SocketAddress {
-        get throws(ConnectionError) { try use { (fd) throws(ConnectionError) in try Syscall.peerAddress(fd) } }
+        get throws(ConnectionError) { try Syscall.peerAddress(descriptor) }
     }
 }
 
@@ -251,27 +223,27 @@ public final class BSDSocket: Sendable {
 /// which wakes the `poll` the connecting thread sleeps in.
 final class ConnectAttempt: Sendable {
     private struct State {
-        var socket: SocketDescriptor?
+        var fd: Int32 = -1
         var cancelled = false
     }
     private let state = Guarded(State())
 
     var isCancelled: Bool { state.withLock { $0.cancelled } }
 
-    func begin(_ socket: SocketDescriptor) throws(ConnectionError) {
+    func begin(_ fd: Int32) throws(ConnectionError) {
         let cancelled = state.withLock { state in
-            state.socket = socket
+            state.fd = fd
             return state.cancelled
         }
         if cancelled { throw .cancelled("connect was cancelled") }
     }
 
-    func end() { state.withLock { $0.socket = nil } }
+    func end() { state.withLock { $0.fd = -1 } }
 
     func cancel() {
         state.withLock { state in
             state.cancelled = true
-            _ = state.socket?.withDescriptor { try? Syscall.shutdown($0, .both) }
+            if state.fd >= 0 { try? Syscall.shutdown(state.fd, .both) }
         }
     }
 }

@@ -58,9 +58,7 @@ final class BSDWriter: Sendable {
         let sent = try lock.withLock { (state: inout State) throws(ConnectionError) -> Int in
             if state.stopped { throw .closed() }
             guard state.isIdle else { return 0 }
-            switch try socket.use({ (fd) throws(ConnectionError) in
-                try Syscall.sendDatagrams(fd, datagrams, dontWait: true)
-            }) {
+            switch try Syscall.sendDatagrams(socket.descriptor, datagrams, dontWait: true) {
             case .processed(let count): return count
             case .wouldBlock: return 0
             }
@@ -76,13 +74,12 @@ final class BSDWriter: Sendable {
             if state.stopped { throw .closed() }
             if state.outputClosed { throw .closed("the output was closed (half-close)") }
             guard state.isIdle else { return 0 }
-            let result = try socket.use { (fd) throws(ConnectionError) in
+            let result =
                 if let address {
-                    try Syscall.sendTo(fd, bytes, to: address, dontWait: true)
+                    try Syscall.sendTo(socket.descriptor, bytes, to: address, dontWait: true)
                 } else {
-                    try Syscall.send(fd, bytes, dontWait: true)
+                    try Syscall.send(socket.descriptor, bytes, dontWait: true)
                 }
-            }
             switch result {
             case .processed(let count) where count == bytes.count || datagram: return nil
             case .processed(let count): return count
@@ -166,13 +163,12 @@ final class BSDWriter: Sendable {
                 try job.bytes.withBytes { (buffer) throws(ConnectionError) in
                     repeat {
                         let rest = UnsafeRawBufferPointer(rebasing: buffer[job.offset...])
-                        let result = try socket.use { (fd) throws(ConnectionError) in
+                        let result =
                             if let address = job.address {
-                                try Syscall.sendTo(fd, rest, to: address)
+                                try Syscall.sendTo(socket.descriptor, rest, to: address)
                             } else {
-                                try Syscall.send(fd, rest)
+                                try Syscall.send(socket.descriptor, rest)
                             }
-                        }
                         guard case .processed(let count) = result else { continue }
                         if socket.transport == .udp { job.offset = buffer.count + 1; break }
                         job.offset += count

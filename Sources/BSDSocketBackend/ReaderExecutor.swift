@@ -11,19 +11,19 @@ import Synchronization
 /// signals the eventfd, one enqueued on the reader thread just queues. Once the reader thread ends (end of stream,
 /// error, close), jobs, queued and new, go to Swift's global executor, and the eventfd is closed.
 final class ReaderExecutor: TaskExecutor, Sendable {
-    private let wakeUp: WakeSignal
+    private let wakeFD: Int32
     private let work: LoopWorkQueue
 
     init() throws(ConnectionError) {
-        let wakeUp = try WakeSignal()
-        self.wakeUp = wakeUp
-        work = LoopWorkQueue(signal: { wakeUp.signal() })
+        let wakeFD = try Syscall.eventFD()
+        self.wakeFD = wakeFD
+        work = LoopWorkQueue(signal: { Syscall.eventFDSignal(wakeFD) })
     }
 
     /// The eventfd is closed once the queue no longer signals it: by ``stop()``, or here for an executor whose
     /// reader never started (made ahead for a connection that did not come).
     deinit {
-        if work.close() != nil { wakeUp.close() }
+        if work.close() != nil { Syscall.close(wakeFD) }
     }
 
     func enqueue(_ job: consuming ExecutorJob) { work.enqueue(UnownedJob(job)) }
@@ -51,19 +51,15 @@ final class ReaderExecutor: TaskExecutor, Sendable {
     /// a receive waiting in place must not block the send beside it that its reply depends on).
     func wait(socket: Int32, events: Int16) throws(ConnectionError) -> Int16 {
         guard work.prepareToSleep() else { return 0 }
-        let polled = Result { () throws(ConnectionError) in
-            try wakeUp.withDescriptor { (wake) throws(ConnectionError) in
-                try Syscall.poll(socket, events, wake, Syscall.pollIn)
-            }
-        }
+        let polled = Result { () throws(ConnectionError) in try Syscall.poll(socket, events, wakeFD, Syscall.pollIn) }
         work.awoke()
-        guard let (revents, woken) = try polled.get() else { return 0 }
-        if woken != 0 { wakeUp.drain() }
+        let (revents, woken) = try polled.get()
+        if woken != 0 { Syscall.eventFDDrain(wakeFD) }
         return revents
     }
 
     /// The reader thread ends: queued and later jobs go to Swift's global executor.
     func stop() {
-        if work.end() { wakeUp.close() }
+        if work.end() { Syscall.close(wakeFD) }
     }
 }

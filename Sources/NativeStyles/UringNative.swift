@@ -15,14 +15,11 @@ enum UringNative {
         to endpoint: Endpoint, tally: PingPongTally
     ) async throws(ConnectionError) -> PingRunner.Result {
         let socket = try await UringSocket.connect(to: endpoint)
-        let result = await socket.withDescriptorWhileAwaiting { fd in
-            let client = UringPingClient(fd: fd, tally: tally, thread: socket.loop.thread)
-            return await withUnsafeContinuation { continuation in
-                socket.loop.execute { ring in client.start(ring, continuation) }
-            }
+        let client = UringPingClient(fd: socket.fileDescriptor, tally: tally, thread: socket.loop.thread)
+        let result = await withUnsafeContinuation { continuation in
+            socket.loop.execute { ring in client.start(ring, continuation) }
         }
         await socket.close()
-        guard let result else { throw .closed() }
         return try result.get()
     }
 }
@@ -47,11 +44,9 @@ final class UringNativeEchoServer: NativeEchoServer, Sendable {
     }
 
     private func echo(_ client: UringSocket) async {
-        _ = await client.withDescriptorWhileAwaiting { fd in
-            let echo = UringEcho(fd: fd, thread: client.loop.thread)
-            await withUnsafeContinuation { continuation in
-                client.loop.execute { ring in echo.start(ring, continuation) }
-            }
+        let echo = UringEcho(fd: client.fileDescriptor, thread: client.loop.thread)
+        await withUnsafeContinuation { continuation in
+            client.loop.execute { ring in echo.start(ring, continuation) }
         }
         clients.closed(client)
         await client.close()
@@ -60,7 +55,7 @@ final class UringNativeEchoServer: NativeEchoServer, Sendable {
     func stop() async {
         await listener.close()
         // Ends each client's receive in flight (it completes with 0), which ends its echo; then it is closed.
-        await clients.stop { client in _ = client.withDescriptor { try? Syscall.shutdown($0, .both) } }
+        await clients.stop { try? Syscall.shutdown($0.fileDescriptor, .both) }
     }
 }
 

@@ -16,7 +16,7 @@ public protocol EpollHandler: AnyObject, Sendable {
 /// as its reactor.
 public final class EpollLoop: TaskExecutor, Sendable {
     private let epoll: Int32
-    private let wakeUp: WakeSignal
+    private let wakeFD: Int32
     private static let wakeToken: UInt64 = .max
     private let work: LoopWorkQueue
     private let stopRequested = Atomic<Bool>(false)
@@ -45,23 +45,20 @@ public final class EpollLoop: TaskExecutor, Sendable {
     public init(name: String) throws(ConnectionError) {
         self.name = name
         epoll = try Syscall.epollCreate()
-        let wakeUp: WakeSignal
+        let wakeFD: Int32
         do {
-            wakeUp = try WakeSignal()
+            wakeFD = try Syscall.eventFD()
         } catch {
             Syscall.close(epoll)
             throw error
         }
-        self.wakeUp = wakeUp
-        work = LoopWorkQueue(signal: { wakeUp.signal() })
-        let epoll = epoll
-        try wakeUp.withDescriptor { (fd) throws(ConnectionError) in
-            try Syscall.epollControl(epoll, Syscall.epollAdd, fd, events: Syscall.epollIn, data: Self.wakeToken)
-        }
+        self.wakeFD = wakeFD
+        work = LoopWorkQueue(signal: { Syscall.eventFDSignal(wakeFD) })
+        try Syscall.epollControl(epoll, Syscall.epollAdd, wakeFD, events: Syscall.epollIn, data: Self.wakeToken)
     }
 
     deinit {
-        wakeUp.close()
+        Syscall.close(wakeFD)
         Syscall.close(epoll)
     }
 
@@ -253,7 +250,7 @@ public final class EpollLoop: TaskExecutor, Sendable {
             for index in 0..<count {
                 let token = data[index]
                 if token == Self.wakeToken {
-                    wakeUp.drain()
+                    Syscall.eventFDDrain(wakeFD)
                     continue
                 }
                 let fd = Int32(bitPattern: UInt32(truncatingIfNeeded: token))
@@ -268,7 +265,7 @@ public final class EpollLoop: TaskExecutor, Sendable {
     /// Makes ``run(until:)`` return after its current turn. Safe from any thread.
     public func stop() {
         stopRequested.store(true, ordering: .relaxed)
-        wakeUp.signal()
+        Syscall.eventFDSignal(wakeFD)
     }
 
     /// Runs each timer that is due (outside the confined access: a timer may schedule or cancel others).

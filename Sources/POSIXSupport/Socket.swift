@@ -23,9 +23,9 @@ public enum Socket {
         nonBlocking: Bool = true, describing endpoint: Endpoint
     ) throws(ConnectionError) -> (descriptor: SocketDescriptor, local: SocketAddress) {
         let datagram = transport == .udp
-        // Not yet shared: a failure below leaves it to `socket`'s deinit, which closes it.
-        let fd = try Syscall.socket(family: address.family, datagram: datagram, nonBlocking: nonBlocking)
-        let socket = SocketDescriptor(adopting: fd)
+        let socket = SocketDescriptor(
+            adopting: try Syscall.socket(family: address.family, datagram: datagram, nonBlocking: nonBlocking))
+        let fd = socket.raw
         if address.family == .ipv6 { try Syscall.setIPv6Only(fd, true) }
         if !datagram { try Syscall.setReuseAddress(fd, options.reuseAddress) }
         try Syscall.setBufferSizes(fd, receive: options.receiveBufferSize, send: options.sendBufferSize)
@@ -68,9 +68,9 @@ public enum Socket {
         for address: SocketAddress, transport: Transport, options: ConnectionOptions
     ) throws(ConnectionError) -> SocketDescriptor {
         let datagram = transport == .udp
-        // Not yet shared: a failure below leaves it to `socket`'s deinit, which closes it.
-        let fd = try Syscall.socket(family: address.family, datagram: datagram, nonBlocking: true)
-        let socket = SocketDescriptor(adopting: fd)
+        let socket = SocketDescriptor(
+            adopting: try Syscall.socket(family: address.family, datagram: datagram, nonBlocking: true))
+        let fd = socket.raw
         if !datagram { try Syscall.setNoDelay(fd, options.tcpNoDelay) }
         try Syscall.setBufferSizes(fd, receive: options.receiveBufferSize, send: options.sendBufferSize)
         return socket
@@ -83,20 +83,14 @@ public enum Socket {
     ) throws(ConnectionError)
         -> Bool
     {
-        guard
-            let connected = try socket.withDescriptor({ (fd) throws(ConnectionError) in
-                try Syscall.connect(fd, to: address)
-            })
-        else { throw .closed("connect to \(address): the socket is closed") }
-        return connected
+        try Syscall.connect(socket.raw, to: address)
     }
 
     /// After a started connect became writable: its result (SO_ERROR), thrown when the connect failed.
     public static func finishConnect(
         _ socket: SocketDescriptor, to address: SocketAddress, endpoint: Endpoint
     ) throws(ConnectionError) {
-        guard let code = try socket.withDescriptor({ (fd) throws(ConnectionError) in try Syscall.pendingError(fd) })
-        else { throw .closed("connect to \(endpoint): the socket is closed") }
+        let code = try Syscall.pendingError(socket.raw)
         if code != 0 { throw .errno(code, "connect to \(endpoint) (\(address))") }
     }
 
@@ -113,11 +107,8 @@ public enum Socket {
                 throw ConnectionError(.timedOut, "connect to \(endpoint) (\(address)) took longer than the timeout")
             }
             let waitMilliseconds = Int32(clamping: (deadline - now + 999_999) / 1_000_000)
-            let events = try socket.withDescriptor { (fd) throws(ConnectionError) in
-                try Syscall.poll(fd, events: Syscall.pollOut, timeoutMilliseconds: waitMilliseconds)
-            }
+            let events = try Syscall.poll(socket.raw, events: Syscall.pollOut, timeoutMilliseconds: waitMilliseconds)
             if isCancelled() { throw .cancelled("connect to \(endpoint) was cancelled") }
-            guard let events else { throw .closed("connect to \(endpoint): the socket is closed") }
             if events != 0 { break }
         }
         try finishConnect(socket, to: address, endpoint: endpoint)

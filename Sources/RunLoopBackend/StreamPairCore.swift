@@ -80,16 +80,15 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
 
     /// The socket's local and remote addresses, while it is connected.
     var addresses: (local: SocketAddress, remote: SocketAddress)? {
-        guard state.isOpen, let socket = state.socket,
-            let found = socket.withDescriptor({ (try? Syscall.localAddress($0), try? Syscall.peerAddress($0)) }),
-            let local = found.0, let remote = found.1
+        guard state.isOpen, let socket = state.socket, let local = try? Syscall.localAddress(socket.raw),
+            let remote = try? Syscall.peerAddress(socket.raw)
         else { return nil }
         return (local, remote)
     }
 
     var bytesAvailable: Int {
         guard let socket = state.socket else { return 0 }
-        return socket.withDescriptor { unreadBytes($0) } ?? 0
+        return unreadBytes(socket.raw)
     }
 
     /// Bytes a read would return now: the read-ahead's, else FIONREAD's. (Reads no state: called while the state
@@ -100,8 +99,7 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
 
     var spaceAvailable: Bool {
         guard let socket = state.socket else { return false }
-        let ready =
-            socket.withDescriptor { (try? Syscall.poll($0, events: Syscall.pollOut, timeoutMilliseconds: 0)) ?? 0 } ?? 0
+        let ready = (try? Syscall.poll(socket.raw, events: Syscall.pollOut, timeoutMilliseconds: 0)) ?? 0
         return ready & Syscall.pollOut != 0
     }
 
@@ -123,7 +121,7 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
                     return stream.deliver(.errorOccurred)
                 }
                 stream.streamStatus = .open
-                if !stream.isInput, let socket = state.socket { _ = socket.withDescriptor { direct.open($0) } }
+                if !stream.isInput, let socket = state.socket { direct.open(socket.raw) }
                 stream.deliver(.openCompleted)
                 updateInterest()
             }
@@ -188,7 +186,7 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
         for stream in [input as SocketStream?, output as SocketStream?].compactMap({ $0 })
         where stream.streamStatus == .opening {
             stream.streamStatus = .open
-            if !stream.isInput { _ = socket.withDescriptor { direct.open($0) } }
+            if !stream.isInput { direct.open(socket.raw) }
             stream.deliver(.openCompleted)
         }
         updateInterest()
@@ -205,15 +203,13 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
         if newlyDue { scheduleDueDeliveries() }
         guard let change else { return true }
         do throws(ConnectionError) {
-            try socket.withOpenDescriptor { (fd) throws(ConnectionError) in
-                switch change {
-                case .register(let interest):
-                    try runLoop.loop.register(fd, events: Self.epollEvents(interest), handler: self)
-                case .modify(let interest):
-                    try runLoop.loop.modify(fd, events: Self.epollEvents(interest))
-                case .unregister:
-                    runLoop.loop.unregister(fd)
-                }
+            switch change {
+            case .register(let interest):
+                try runLoop.loop.register(socket.raw, events: Self.epollEvents(interest), handler: self)
+            case .modify(let interest):
+                try runLoop.loop.modify(socket.raw, events: Self.epollEvents(interest))
+            case .unregister:
+                runLoop.loop.unregister(socket.raw)
             }
             return true
         } catch {
@@ -240,11 +236,8 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
     }
 
     func epollReady(_ epollEvents: UInt32) {
-        _ = state.socket?.withDescriptor { ready(epollEvents, on: $0) }
-    }
-
-    /// ``epollReady(_:)`` with the socket's number, for this call.
-    private func ready(_ epollEvents: UInt32, on fd: Int32) {
+        guard let socket = state.socket else { return }
+        let fd = socket.raw
         let events = Self.socketEvents(epollEvents)
         if !state.isOpen { return connectReady(events, fd) }
         if state.mustBreakAway(events, inputOpen: inputOpen, unreadBytes: { unreadBytes(fd) > 0 }) {
@@ -284,7 +277,7 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
     /// The socket goes broken: out of epoll, its streams served from the run loop.
     private func breakAway() {
         if let change = state.breakAway(), change == .unregister, let socket = state.socket {
-            _ = socket.withDescriptor { runLoop?.loop.unregister($0) }
+            runLoop?.loop.unregister(socket.raw)
         }
         updateInterest()
     }
@@ -322,9 +315,7 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
                     return made
                 }()
             do throws(ConnectionError) {
-                switch try socket.withOpenDescriptor({ (fd) throws(ConnectionError) in
-                    try Syscall.recv(fd, buffer, dontWait: true)
-                }) {
+                switch try Syscall.recv(socket.raw, buffer, dontWait: true) {
                 case .processed(0):
                     deliverEnd(input)
                     return true
@@ -347,11 +338,7 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
     private func deliverEndIfThere(_ input: SocketInputStream) {
         guard let socket = state.socket else { return }
         do throws(ConnectionError) {
-            if case .processed(0) = try socket.withOpenDescriptor({ (fd) throws(ConnectionError) in
-                try Syscall.peekByte(fd)
-            }) {
-                deliverEnd(input)
-            }
+            if case .processed(0) = try Syscall.peekByte(socket.raw) { deliverEnd(input) }
         } catch {
             fail(error)
         }
@@ -381,11 +368,7 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
             if readAhead.count == 0, readAhead.end == ahead.count, count < buffer.count {
                 do throws(ConnectionError) {
                     let rest = UnsafeMutableRawBufferPointer(rebasing: buffer[count...])
-                    if case .processed(let more) = try socket.withOpenDescriptor({ (fd) throws(ConnectionError) in
-                        try Syscall.recv(fd, rest, dontWait: true)
-                    }) {
-                        total += more
-                    }
+                    if case .processed(let more) = try Syscall.recv(socket.raw, rest, dontWait: true) { total += more }
                 } catch {
                     state.deferReadError(error)
                 }
@@ -394,9 +377,7 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
             return updateInterest() ? total : -1
         }
         do throws(ConnectionError) {
-            switch try socket.withOpenDescriptor({ (fd) throws(ConnectionError) in
-                try Syscall.recv(fd, buffer, dontWait: true)
-            }) {
+            switch try Syscall.recv(socket.raw, buffer, dontWait: true) {
             case .processed(0):
                 deliverEnd(input)
                 return 0
@@ -427,11 +408,7 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
         guard let socket = state.socket else { return -1 }
         do throws(ConnectionError) {
             var count = 0
-            if case .processed(let written) = try socket.withOpenDescriptor({ (fd) throws(ConnectionError) in
-                try Syscall.send(fd, bytes, dontWait: true)
-            }) {
-                count = written
-            }
+            if case .processed(let written) = try Syscall.send(socket.raw, bytes, dontWait: true) { count = written }
             if state.delegateWrote(all: count == bytes.count), !updateInterest() { return -1 }
             return count
         } catch {
@@ -468,7 +445,7 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
     /// Resets the connection (see `Syscall.resetConnection`), for an abort: closing the streams afterwards sends
     /// nothing more.
     func resetConnection() {
-        if state.isOpen, let socket = state.socket { _ = socket.withDescriptor { Syscall.resetConnection($0) } }
+        if state.isOpen, let socket = state.socket { Syscall.resetConnection(socket.raw) }
     }
 
     func closed(_ stream: SocketStream) {
@@ -477,9 +454,7 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
         } else {
             keepOutput = nil
             direct.close()
-            if state.isOpen, let socket = state.socket {
-                _ = socket.withDescriptor { try? Syscall.shutdown($0, .write) }
-            }
+            if state.isOpen, let socket = state.socket { try? Syscall.shutdown(socket.raw, .write) }
         }
         let inputDone = input.map { $0.streamStatus == .closed || $0.streamStatus == .notOpen } ?? true
         let outputDone = output.map { $0.streamStatus == .closed || $0.streamStatus == .notOpen } ?? true

@@ -54,13 +54,13 @@ final class UringAcceptor: Sendable {
     }
 
     private let loop: UringLoop
-    private let socket: SocketDescriptor
+    private let fd: Int32
     private let submissions: UringDescriptorGuard
     private let state: LoopConfined<State>
 
-    init(loop: UringLoop, socket: SocketDescriptor, submissions: UringDescriptorGuard) {
+    init(loop: UringLoop, fd: Int32, submissions: UringDescriptorGuard) {
         self.loop = loop
-        self.socket = socket
+        self.fd = fd
         self.submissions = submissions
         state = LoopConfined(State(), on: loop.thread)
     }
@@ -153,12 +153,10 @@ final class UringAcceptor: Sendable {
     }
 
     private func arm() {
-        let id = socket.withDescriptor { fd in
-            loop.acceptClients(on: fd, guardedBy: submissions) { [self] result, flags in
-                completed(result, more: csur_more(flags) != 0)
-            }
+        let id = loop.acceptClients(on: fd, guardedBy: submissions) { [self] result, flags in
+            completed(result, more: csur_more(flags) != 0)
         }
-        guard let id = id ?? nil else {
+        guard let id else {
             // The listener closed, or the ring had no room: the waiter hears it now rather than never.
             let waiting = state.withValue { state -> UnsafeContinuation<Int32, Never>? in
                 defer { state.waiter = nil }

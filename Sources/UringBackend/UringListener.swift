@@ -53,7 +53,7 @@ public final class UringListener: Sendable {
         self.loop = loop
         acceptor =
             multishot && UringFeatures.current.multishotAccept == .on
-            ? UringAcceptor(loop: loop, socket: descriptor, submissions: submissions) : nil
+            ? UringAcceptor(loop: loop, fd: descriptor.raw, submissions: submissions) : nil
     }
 
     /// Whether clients come from a multishot accept (`false`: one IORING_OP_ACCEPT per ``accept()``).
@@ -80,7 +80,7 @@ public final class UringListener: Sendable {
     /// Clients from the multishot accept; `nil` when the kernel refused it (the caller accepts one at a time).
     private func acceptMultishot(_ acceptor: UringAcceptor) async throws(ConnectionError) -> UringSocket? {
         while true {
-            guard !descriptor.isClosed, !submissions.isClosed else { throw .closed("the listener is closed") }
+            guard descriptor.raw >= 0, !submissions.isClosed else { throw .closed("the listener is closed") }
             let result = await acceptor.next()
             if submissions.isClosed {
                 if result >= 0 { Syscall.close(result) }
@@ -122,12 +122,10 @@ public final class UringListener: Sendable {
 
     /// The connection for an accepted descriptor, with the options applied.
     private func adopt(_ socket: SocketDescriptor, peer address: SocketAddress) throws(ConnectionError) -> UringSocket {
-        let options = options
-        let local = try socket.withOpenDescriptor { (fd) throws(ConnectionError) in
-            try Syscall.setNoDelay(fd, options.tcpNoDelay)
-            try Syscall.setBufferSizes(fd, receive: options.receiveBufferSize, send: options.sendBufferSize)
-            return try Syscall.localAddress(fd).endpoint(.tcp)
-        }
+        let fd = socket.raw
+        try Syscall.setNoDelay(fd, options.tcpNoDelay)
+        try Syscall.setBufferSizes(fd, receive: options.receiveBufferSize, send: options.sendBufferSize)
+        let local = try Syscall.localAddress(fd).endpoint(.tcp)
         return UringSocket(
             adopting: socket, transport: .tcp, local: local, remote: address.endpoint(.tcp), options: options,
             loop: loop)
@@ -143,16 +141,12 @@ public final class UringListener: Sendable {
             peerLength.deallocate()
         }
         while true {
-            guard !submissions.isClosed else { throw .closed("the listener is closed") }
+            let fd = descriptor.raw
+            guard fd >= 0, !submissions.isClosed else { throw .closed("the listener is closed") }
             peerLength.pointee = socklen_t(MemoryLayout<sockaddr_storage>.size)
-            let (loop, submissions) = (loop, submissions)
-            guard
-                let result = await descriptor.withDescriptorWhileAwaiting({ fd in
-                    await loop.run(
-                        .accept(fd: fd, address: UInt(bitPattern: peer), length: UInt(bitPattern: peerLength)),
-                        guardedBy: submissions)
-                })
-            else { throw .closed("the listener is closed") }
+            let result = await loop.run(
+                .accept(fd: fd, address: UInt(bitPattern: peer), length: UInt(bitPattern: peerLength)),
+                guardedBy: submissions)
             if submissions.isClosed {
                 if result >= 0 { Syscall.close(result) }
                 throw .closed("the listener is closed")
@@ -179,7 +173,8 @@ public final class UringListener: Sendable {
     public func close() async {
         submissions.close()
         await acceptor?.close()
-        _ = descriptor.withDescriptor { loop.cancelAll(on: $0) }
+        let fd = descriptor.raw
+        if fd >= 0 { loop.cancelAll(on: fd) }
         await gate.enter()
         descriptor.close()
         gate.leave()
@@ -219,6 +214,7 @@ final class UringUDPListener: Listener, Sendable {
         self.localEndpoint = local
         self.options = options
         self.loop = loop
+        let fd = descriptor.raw
         let submissions = submissions
         let failures = failures
         peers = DatagramDemultiplexer(
@@ -226,24 +222,18 @@ final class UringUDPListener: Listener, Sendable {
             endpoint: { $0.endpoint(.udp) },
             sendNow: { [failures] bytes, address throws(ConnectionError) in
                 if let failure = failures.take(for: address) { throw failure }
-                guard bytes.count <= 65_507 else { return false }
-                return try descriptor.withOpenDescriptor { fd in
-                    loop.sendDatagram(bytes, to: address, fd: fd, failures: failures, gate: submissions)
-                }
+                return bytes.count <= 65_507
+                    && loop.sendDatagram(bytes, to: address, fd: fd, failures: failures, gate: submissions)
             },
             send: { [failures] bytes, address throws(ConnectionError) in
                 if let failure = failures.take(for: address) { throw failure }
                 // Within IPv4's largest datagram: a larger one goes the waiting way, which reports EMSGSIZE at once.
-                let sent: Void? = try await descriptor.withDescriptorWhileAwaiting {
-                    (fd) async throws(ConnectionError) in
-                    if bytes.count <= 65_507,
-                        loop.sendDatagram(bytes, to: address, fd: fd, failures: failures, gate: submissions)
-                    {
-                        return
-                    }
-                    try await Self.send(bytes, to: address, fd: fd, loop: loop, submissions: submissions)
+                if bytes.count <= 65_507,
+                    loop.sendDatagram(bytes, to: address, fd: fd, failures: failures, gate: submissions)
+                {
+                    return
                 }
-                if sent == nil { throw .closed() }
+                try await Self.send(bytes, to: address, fd: fd, loop: loop, submissions: submissions)
             })
     }
 
@@ -268,30 +258,28 @@ final class UringUDPListener: Listener, Sendable {
         guard UringFeatures.current.multishotReceive == .on, loop.inLoop,
             let buffers = loop.makeBuffers(count: 64, size: options.maxDatagramSize + 16 + 128)
         else { return false }
+        let fd = descriptor.raw
         let supported = await withUnsafeContinuation { (done: UnsafeContinuation<Bool, Never>) in
             let receiving = MultishotReceiver(done: done)
             receiving.arm = { [self] in
-                let armed =
-                    descriptor.withDescriptor { fd in
-                        loop.receiveMessages(on: fd, buffers: buffers, guardedBy: submissions) {
-                            [self] result, flags in
-                            let id = csur_buffer_id(flags)
-                            if id >= 0 {
-                                if result >= 0 { deliver(from: buffers, id: UInt32(id), result: result) }
-                                csur_buffers_recycle(buffers, UInt32(id))
-                                receiving.received = true
-                            }
-                            guard csur_more(flags) == 0 else { return }
-                            // The multishot ended: closed, out of buffers, or never supported (EINVAL before anything came).
-                            if submissions.isClosed || result == -ECANCELED {
-                                receiving.finish(true)
-                            } else if result == -EINVAL && !receiving.received {
-                                receiving.finish(false)
-                            } else {
-                                receiving.arm()
-                            }
-                        }
-                    } ?? false
+                let armed = loop.receiveMessages(on: fd, buffers: buffers, guardedBy: submissions) {
+                    [self] result, flags in
+                    let id = csur_buffer_id(flags)
+                    if id >= 0 {
+                        if result >= 0 { deliver(from: buffers, id: UInt32(id), result: result) }
+                        csur_buffers_recycle(buffers, UInt32(id))
+                        receiving.received = true
+                    }
+                    guard csur_more(flags) == 0 else { return }
+                    // The multishot ended: closed, out of buffers, or never supported (EINVAL before anything came).
+                    if submissions.isClosed || result == -ECANCELED {
+                        receiving.finish(true)
+                    } else if result == -EINVAL && !receiving.received {
+                        receiving.finish(false)
+                    } else {
+                        receiving.arm()
+                    }
+                }
                 if !armed { receiving.finish(true) }
             }
             receiving.arm()
@@ -327,15 +315,11 @@ final class UringUDPListener: Listener, Sendable {
             csur_message_destroy(message)
             buffer.deallocate()
         }
-        let (loop, submissions) = (loop, submissions)
+        let fd = descriptor.raw
         while !submissions.isClosed {
             csur_message_prepare(message, buffer.baseAddress, buffer.count, nil, 0)
-            guard
-                let result = await descriptor.withDescriptorWhileAwaiting({ fd in
-                    await loop.run(
-                        .receiveMessage(fd: fd, message: UInt(bitPattern: message), flags: 0), guardedBy: submissions)
-                })
-            else { return }
+            let result = await loop.run(
+                .receiveMessage(fd: fd, message: UInt(bitPattern: message), flags: 0), guardedBy: submissions)
             if submissions.isClosed || result == -ECANCELED { return }
             if result < 0 { continue }  // a stale ICMP error: the socket lives on
             var addressLength: socklen_t = 0
@@ -371,7 +355,8 @@ final class UringUDPListener: Listener, Sendable {
     func close() async {
         peers.close()
         submissions.close()
-        _ = descriptor.withDescriptor { loop.cancelAll(on: $0) }
+        let fd = descriptor.raw
+        if fd >= 0 { loop.cancelAll(on: fd) }
         await pump.withLock { $0 }?.value
         await gate.enter()
         descriptor.close()

@@ -31,7 +31,7 @@ public final class UringLoop: TaskExecutor, Sendable {
     /// The set-up flags the kernel accepted (`IORING_SETUP_*`), for the report.
     public var setupFlags: UInt32 { flags.load(ordering: .relaxed) }
     private let flags = Atomic<UInt32>(0)
-    let wakeUp: WakeSignal
+    let wakeFD: Int32
     let work: LoopWorkQueue
     let confined: LoopConfined<Confined>
 
@@ -74,9 +74,9 @@ public final class UringLoop: TaskExecutor, Sendable {
     /// unavailable: an old kernel, `kernel.io_uring_disabled`, or a seccomp filter that forbids it.
     public init(name: String, entries: UInt32 = 1024) throws(ConnectionError) {
         self.name = name
-        let wakeUp = try WakeSignal()
-        self.wakeUp = wakeUp
-        work = LoopWorkQueue(signal: { wakeUp.signal() })
+        let wakeFD = try Syscall.eventFD()
+        self.wakeFD = wakeFD
+        work = LoopWorkQueue(signal: { Syscall.eventFDSignal(wakeFD) })
         confined = LoopConfined(
             Confined(ring: nil, wakeBuffer: .allocate(capacity: 1)), on: work.thread,
             release: { $0.wakeBuffer.deallocate() })
@@ -104,7 +104,7 @@ public final class UringLoop: TaskExecutor, Sendable {
         }
         let code = failure.load(ordering: .relaxed)
         if code != 0 {
-            wakeUp.close()
+            Syscall.close(wakeFD)
             let error = ConnectionError.errno(code, "io_uring_setup")
             let hint =
                 switch code {
@@ -319,9 +319,7 @@ public final class UringLoop: TaskExecutor, Sendable {
     // MARK: The loop
 
     func armWake(_ confined: inout Confined) {
-        // The read stays armed in the ring past this call: the ring, not this call, ends it (with the loop).
-        let (ring, buffer) = (confined.ring!, confined.wakeBuffer)
-        _ = wakeUp.withDescriptor { csur_prep_read(ring, Self.wakeToken, $0, buffer, 8) }
+        _ = csur_prep_read(confined.ring!, Self.wakeToken, wakeFD, confined.wakeBuffer, 8)
     }
 
     private func runLoop() {

@@ -106,12 +106,11 @@ final class UringSendQueue: Sendable {
         return state.withLock { state -> Int in
             guard state.failure == nil, state.flying == nil, !state.scheduled, (state.gathering?.count ?? 0) == 0
             else { return 0 }
+            let fd = descriptor.raw
+            guard fd >= 0 else { return 0 }
             do throws(ConnectionError) {
                 let raw = UnsafeRawBufferPointer(start: UnsafeRawPointer(bitPattern: address), count: count)
-                let result = try descriptor.withDescriptor { (fd) throws(ConnectionError) in
-                    try Syscall.send(fd, raw, dontWait: true)
-                }
-                guard case .processed(let sent) = result else { return 0 }
+                guard case .processed(let sent) = try Syscall.send(fd, raw, dontWait: true) else { return 0 }
                 return sent
             } catch {
                 state.failure = error
@@ -225,18 +224,13 @@ final class UringSendQueue: Sendable {
 
     /// Ring's thread: the send of `batch` from byte `offset` on.
     private func submit(_ batch: Buffer, from offset: Int) {
-        // The number goes into the submission queue entry: the socket's close() waits for this send to complete.
-        let submitted = descriptor.withDescriptor { fd in
-            let operation = UringOperation.send(
-                fd: fd, buffer: UInt(bitPattern: batch.base + offset), length: batch.count - offset,
-                flags: Int32(MSG_NOSIGNAL | MSG_WAITALL))
-            return loop.submit(operation, linked: false) { [self] result in sent(result) }
-        }
-        switch submitted {
-        case nil: sent(-ECANCELED)
-        case false?: sent(-EBUSY)
-        case true?: break
-        }
+        let fd = descriptor.raw
+        guard fd >= 0 else { return sent(-ECANCELED) }
+        let operation = UringOperation.send(
+            fd: fd, buffer: UInt(bitPattern: batch.base + offset), length: batch.count - offset,
+            flags: Int32(MSG_NOSIGNAL | MSG_WAITALL))
+        let submitted = loop.submit(operation, linked: false) { [self] result in sent(result) }
+        if !submitted { sent(-EBUSY) }
     }
 
     /// Ring's thread: a send completed. The rest of a short send goes again; a complete one makes way for what

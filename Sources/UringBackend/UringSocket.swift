@@ -68,12 +68,31 @@ public final class UringSocket: Sendable {
             (address, deadline) async throws(ConnectionError) -> UringSocket in
             let socket = try Socket.connectingSocket(for: address, transport: transport, options: options)
             do throws(ConnectionError) {
-                guard
-                    let (local, remote) = try await socket.withDescriptorWhileAwaiting({
-                        (fd) async throws(ConnectionError) in
-                        try await connect(fd, to: address, endpoint: endpoint, deadline: deadline, loop: loop)
-                    })
-                else { throw .closed() }
+                // Blocking, as the ring expects: it waits in the kernel, never returns EAGAIN.
+                try Syscall.setNonBlocking(socket.raw, false)
+                if transport == .udp {
+                    _ = try Syscall.connect(socket.raw, to: address)
+                } else {
+                    let storage = UnsafeMutableRawPointer.allocate(
+                        byteCount: MemoryLayout<sockaddr_storage>.size, alignment: 8)
+                    defer { storage.deallocate() }
+                    let length = address.withSockAddr { pointer, length in
+                        storage.copyMemory(from: pointer, byteCount: Int(length))
+                        return UInt32(length)
+                    }
+                    let result = await loop.run(
+                        .connect(fd: socket.raw, address: UInt(bitPattern: storage), length: length),
+                        timeout: Socket.timeLeft(until: deadline))
+                    if result == -ECANCELED {
+                        throw Task.isCancelled
+                            ? .cancelled("connect to \(endpoint) was cancelled")
+                            : ConnectionError(
+                                .timedOut, "connect to \(endpoint) (\(address)) took longer than the timeout")
+                    }
+                    if result < 0 { throw .errno(-result, "connect to \(endpoint) (\(address))") }
+                }
+                let local = try Syscall.localAddress(socket.raw).endpoint(transport)
+                let remote = try Syscall.peerAddress(socket.raw).endpoint(transport)
                 return UringSocket(
                     adopting: socket, transport: transport, local: local, remote: remote, options: options, loop: loop)
             } catch {
@@ -81,37 +100,6 @@ public final class UringSocket: Sendable {
                 throw error
             }
         }
-    }
-
-    /// One connect attempt on the socket numbered `fd`; its local and remote ends.
-    private static func connect(
-        _ fd: Int32, to address: SocketAddress, endpoint: Endpoint, deadline: UInt64, loop: UringLoop
-    ) async throws(ConnectionError) -> (Endpoint, Endpoint) {
-        let transport = endpoint.transport
-        // Blocking, as the ring expects: it waits in the kernel, never returns EAGAIN.
-        try Syscall.setNonBlocking(fd, false)
-        if transport == .udp {
-            _ = try Syscall.connect(fd, to: address)
-        } else {
-            let storage = UnsafeMutableRawPointer.allocate(
-                byteCount: MemoryLayout<sockaddr_storage>.size, alignment: 8)
-            defer { storage.deallocate() }
-            let length = address.withSockAddr { pointer, length in
-                storage.copyMemory(from: pointer, byteCount: Int(length))
-                return UInt32(length)
-            }
-            let result = await loop.run(
-                .connect(fd: fd, address: UInt(bitPattern: storage), length: length),
-                timeout: Socket.timeLeft(until: deadline))
-            if result == -ECANCELED {
-                throw Task.isCancelled
-                    ? .cancelled("connect to \(endpoint) was cancelled")
-                    : ConnectionError(
-                        .timedOut, "connect to \(endpoint) (\(address)) took longer than the timeout")
-            }
-            if result < 0 { throw .errno(-result, "connect to \(endpoint) (\(address))") }
-        }
-        return (try Syscall.localAddress(fd).endpoint(transport), try Syscall.peerAddress(fd).endpoint(transport))
     }
 
     /// A socket around a connected, blocking descriptor (accepted connections). It owns `descriptor` from here.
@@ -137,19 +125,8 @@ public final class UringSocket: Sendable {
     /// `bufferedAmount`); 0 once they all went, on UDP, and after the queue failed.
     public var bufferedAmount: Int { sendQueue?.buffered ?? 0 }
 
-    /// Runs `body` with the descriptor number, for socket options, `poll` or ring operations of your own; `nil`
-    /// without running it once ``close()`` has closed it. The number is for the call only: keep no copy.
-    public func withDescriptor<R, E: Error>(_ body: (Int32) throws(E) -> R) throws(E) -> R? {
-        try descriptor.withDescriptor(body)
-    }
-
-    /// ``withDescriptor(_:)`` for a body that awaits (ring operations of your own on this socket, in its native
-    /// style): a ``close()`` meanwhile closes the descriptor only once `body` has returned.
-    public func withDescriptorWhileAwaiting<R, E: Error>(
-        _ body: (Int32) async throws(E) -> R
-    ) async throws(E) -> R? {
-        try await descriptor.withDescriptorWhileAwaiting(body)
-    }
+    /// The descriptor (-1 after ``close()``).
+    public var fileDescriptor: Int32 { descriptor.raw }
 
     // MARK: Receiving
 
@@ -167,10 +144,7 @@ public final class UringSocket: Sendable {
 
     /// Inside the read gate: one IORING_OP_RECV (with MSG_TRUNC on UDP, so a datagram's real length comes back).
     private func read(into buffer: UnsafeMutableRawBufferPointer) async throws(ConnectionError) -> Int? {
-        try await withUsableDescriptor { (fd) async throws(ConnectionError) in try await read(fd, into: buffer) }
-    }
-
-    private func read(_ fd: Int32, into buffer: UnsafeMutableRawBufferPointer) async throws(ConnectionError) -> Int? {
+        let fd = try usableDescriptor()
         if lifecycle.current.inputEnded { throw .closed("the end of the stream was already reported") }
         // A datagram sent without waiting failed (ECONNREFUSED, say, which the kernel reports once): what a
         // receive would have found.
@@ -204,19 +178,18 @@ public final class UringSocket: Sendable {
             // From the ring's thread, with no send ahead of it: sent at once, waiting for no completion
             // (`UringLoop.sendDatagram`); an earlier one's failure is thrown here or by the next receive.
             defer { writeGate.leave() }
-            return try await withReadyDescriptor { (fd) async throws(ConnectionError) in
-                if let failure = datagramFailures.take(for: nil) { throw failure }
-                if loop.sendDatagram(bytes, to: nil, fd: fd, failures: datagramFailures, gate: submissions) { return }
-                if try bytes.withBytes({ (raw) throws(ConnectionError) in try sendFromAnyThread(fd, raw) }) { return }
-                try await Self.withStableCopy(of: bytes) { copy throws(ConnectionError) in
-                    try await sendDirect(fd, copy, zeroCopy: false)
-                }
+            let fd = try ready()
+            if let failure = datagramFailures.take(for: nil) { throw failure }
+            if loop.sendDatagram(bytes, to: nil, fd: fd, failures: datagramFailures, gate: submissions) { return }
+            if try bytes.withBytes({ (raw) throws(ConnectionError) in try sendFromAnyThread(fd, raw) }) { return }
+            return try await Self.withStableCopy(of: bytes) { copy throws(ConnectionError) in
+                try await sendDirect(fd, copy, zeroCopy: false)
             }
         }
         if let queue = sendQueue, bytes.count <= UringSendQueue.limit {
             if !writeGate.tryEnter() { await writeGate.enter() }
             defer { writeGate.leave() }
-            try checkReady()
+            try ready()
             let sent = loop.inLoop ? 0 : bytes.withUnsafeBytes { queue.sendNow($0) }
             if sent == bytes.count { return }
             return try await enqueue(bytes.count - sent, into: queue) {
@@ -243,20 +216,19 @@ public final class UringSocket: Sendable {
     public func send(contentsOf bytes: UnsafeRawBufferPointer) async throws(ConnectionError) {
         if !writeGate.tryEnter() { await writeGate.enter() }
         defer { writeGate.leave() }
-        try await withReadyDescriptor { (fd) async throws(ConnectionError) in
-            if transport == .udp, try sendFromAnyThread(fd, bytes) { return }
-            if let queue = sendQueue {
-                if bytes.count <= UringSendQueue.limit {
-                    let sent = loop.inLoop ? 0 : queue.sendNow(bytes)
-                    if sent == bytes.count { return }
-                    let rest = UnsafeRawBufferPointer(rebasing: bytes[sent...])
-                    return try await enqueue(rest.count, into: queue) { queue.tryAppend(rest) }
-                }
-                // Large: after what is queued, straight from the caller's bytes.
-                try await queue.drain()
+        let fd = try ready()
+        if transport == .udp, try sendFromAnyThread(fd, bytes) { return }
+        if let queue = sendQueue {
+            if bytes.count <= UringSendQueue.limit {
+                let sent = loop.inLoop ? 0 : queue.sendNow(bytes)
+                if sent == bytes.count { return }
+                let rest = UnsafeRawBufferPointer(rebasing: bytes[sent...])
+                return try await enqueue(rest.count, into: queue) { queue.tryAppend(rest) }
             }
-            try await sendDirect(fd, bytes, zeroCopy: transport == .tcp && bytes.count >= Self.zeroCopySendsFrom)
+            // Large: after what is queued, straight from the caller's bytes.
+            try await queue.drain()
         }
+        try await sendDirect(fd, bytes, zeroCopy: transport == .tcp && bytes.count >= Self.zeroCopySendsFrom)
     }
 
     /// TCP: sends all of `bytes` with zero copy (IORING_OP_SEND_ZC, Linux 6.0), after what the send queue holds:
@@ -270,10 +242,9 @@ public final class UringSocket: Sendable {
         }
         if !writeGate.tryEnter() { await writeGate.enter() }
         defer { writeGate.leave() }
-        try await withReadyDescriptor { (fd) async throws(ConnectionError) in
-            try await sendQueue?.drain()
-            try await sendDirect(fd, bytes, zeroCopy: true)
-        }
+        let fd = try ready()
+        try await sendQueue?.drain()
+        try await sendDirect(fd, bytes, zeroCopy: true)
     }
 
     /// Whether a send from off the ring's thread makes its system call on the calling thread: a datagram
@@ -333,20 +304,12 @@ public final class UringSocket: Sendable {
         }
     }
 
-    /// Inside the write gate: `body` with the descriptor, once the socket may still send.
-    @inline(__always)
-    private func withReadyDescriptor<R>(
-        _ body: (Int32) async throws(ConnectionError) -> R
-    ) async throws(ConnectionError) -> R {
-        try checkReady()
-        return try await withUsableDescriptor(body)
-    }
-
-    /// Inside the write gate: throws unless the socket may still send.
-    @inline(__always)
-    private func checkReady() throws(ConnectionError) {
-        guard lifecycle.isOpen, !descriptor.isClosed else { throw .closed() }
+    /// Inside the write gate: the descriptor, once the socket may still send.
+    @discardableResult
+    private func ready() throws(ConnectionError) -> Int32 {
+        let fd = try usableDescriptor()
         if case .refuse(let error) = lifecycle.handle(.send) { throw error }
+        return fd
     }
 
     /// Sends datagrams (UDP) or chunks (TCP) in order: every send of the batch is submitted in the same turn of the
@@ -358,11 +321,8 @@ public final class UringSocket: Sendable {
         }
         if !writeGate.tryEnter() { await writeGate.enter() }
         defer { writeGate.leave() }
-        try await withReadyDescriptor { (fd) async throws(ConnectionError) in try await send(fd, batch: batch) }
-    }
-
-    /// ``send(batch:)`` (UDP) with the socket's number, inside the write gate.
-    private func send(_ fd: Int32, batch: [UnsafeRawBufferPointer]) async throws(ConnectionError) {
+        let fd = try usableDescriptor()
+        if case .refuse(let error) = lifecycle.handle(.send) { throw error }
         // Runs of equal-sized datagrams (the last may be shorter) go as one segmented sendmsg (UDP GSO), as the
         // other backends' sendmmsg path sends them; the rest one send each. All in one turn of the ring.
         var operations: [UringOperation] = []
@@ -429,31 +389,24 @@ public final class UringSocket: Sendable {
         guard transport == .tcp else { throw ConnectionError(.unsupported, "half-close needs a TCP connection") }
         if !writeGate.tryEnter() { await writeGate.enter() }
         defer { writeGate.leave() }
-        try await withUsableDescriptor { (fd) async throws(ConnectionError) in
-            // The FIN goes after every byte sent so far: the queue first (and a batch that failed, already or now,
-            // says why here).
-            if let queue = sendQueue {
-                try await queue.drain()
-                guard lifecycle.isOpen else { throw .closed() }
-            }
-            switch lifecycle.handle(.closeOutput) {
-            case .shutdownOutput: try Syscall.shutdown(fd, .write)
-            case .refuse(let error): throw error
-            default: return
-            }
+        var fd = try usableDescriptor()
+        // The FIN goes after every byte sent so far: the queue first (and a batch that failed, already or now, says
+        // why here).
+        if let queue = sendQueue {
+            try await queue.drain()
+            fd = try usableDescriptor()
+        }
+        switch lifecycle.handle(.closeOutput) {
+        case .shutdownOutput: try Syscall.shutdown(fd, .write)
+        case .refuse(let error): throw error
+        default: return
         }
     }
 
-    /// Runs `body` with the socket's number, inside an operation's gate (which ``close()`` waits for before it
-    /// closes the descriptor): `.closed` once closing.
-    @inline(__always)
-    private func withUsableDescriptor<R>(
-        _ body: (Int32) async throws(ConnectionError) -> R
-    ) async throws(ConnectionError) -> R {
-        guard lifecycle.isOpen, let result = try await descriptor.withDescriptorWhileAwaiting(body) else {
-            throw .closed()
-        }
-        return result
+    private func usableDescriptor() throws(ConnectionError) -> Int32 {
+        let fd = descriptor.raw
+        guard fd >= 0, lifecycle.isOpen else { throw .closed() }
+        return fd
     }
 
     /// The error for a failed operation: a cancelled one is `.closed` when the socket was closed under it.
@@ -467,11 +420,10 @@ public final class UringSocket: Sendable {
 
     /// Closes with a reset: a TCP peer gets `.reset`, unsent data is discarded. Otherwise as ``close()``.
     public func abort() async {
-        if lifecycle.isOpen, transport == .tcp {
-            _ = descriptor.withDescriptor { fd in
-                sendQueue?.fail(.closed("the connection was reset before its queued bytes were sent"))
-                Syscall.resetConnection(fd)
-            }
+        let fd = descriptor.raw
+        if lifecycle.isOpen, transport == .tcp, fd >= 0 {
+            sendQueue?.fail(.closed("the connection was reset before its queued bytes were sent"))
+            Syscall.resetConnection(fd)
         }
         await close()
     }
@@ -489,7 +441,8 @@ public final class UringSocket: Sendable {
                 queue.fail(.closed())
             }
             submissions.close()
-            _ = descriptor.withDescriptor { loop.cancelAll(on: $0) }
+            let fd = descriptor.raw
+            if fd >= 0 { loop.cancelAll(on: fd) }
             // The queue's batch in flight, if any, has completed (cancelled) after this.
             try? await sendQueue?.drain()
             await reads.gate.enter()
@@ -513,7 +466,8 @@ public final class UringSocket: Sendable {
             }
             if await group.next() == false {
                 queue.fail(.closed("close() dropped bytes the peer did not take within \(Self.closeLinger)"))
-                _ = descriptor.withDescriptor { loop.cancelAll(on: $0) }
+                let fd = descriptor.raw
+                if fd >= 0 { loop.cancelAll(on: fd) }
             }
             group.cancelAll()
         }

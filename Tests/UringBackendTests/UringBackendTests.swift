@@ -179,20 +179,19 @@ struct UringBackendTests {
                 let request = UnsafeMutableRawBufferPointer.allocate(byteCount: probe.count, alignment: 16)
                 defer { request.deallocate() }
                 request.copyBytes(from: probe)
+                let fd = client.fileDescriptor
                 let address = UInt(bitPattern: buffer.baseAddress)
                 let outgoing = UInt(bitPattern: request.baseAddress)
-                let results = await client.withDescriptorWhileAwaiting { fd in
-                    await withCheckedContinuation { (done: CheckedContinuation<[Int32], Never>) in
-                        client.loop.execute { ring in
-                            let sent = UnsafeRawBufferPointer(
-                                start: UnsafeRawPointer(bitPattern: outgoing), count: probe.count)
-                            let into = UnsafeMutableRawBufferPointer(
-                                start: UnsafeMutableRawPointer(bitPattern: address), count: 64)
-                            let order = Mutex<[Int32]>([])
-                            ring.send(fd, sent, linked: true) { result in order.withLock { $0.append(result) } }
-                            ring.receive(fd, into: into) { result in
-                                done.resume(returning: order.withLock { $0 + [result] })
-                            }
+                let results = await withCheckedContinuation { (done: CheckedContinuation<[Int32], Never>) in
+                    client.loop.execute { ring in
+                        let sent = UnsafeRawBufferPointer(
+                            start: UnsafeRawPointer(bitPattern: outgoing), count: probe.count)
+                        let into = UnsafeMutableRawBufferPointer(
+                            start: UnsafeMutableRawPointer(bitPattern: address), count: 64)
+                        let order = Mutex<[Int32]>([])
+                        ring.send(fd, sent, linked: true) { result in order.withLock { $0.append(result) } }
+                        ring.receive(fd, into: into) { result in
+                            done.resume(returning: order.withLock { $0 + [result] })
                         }
                     }
                 }
@@ -212,51 +211,47 @@ struct UringBackendTests {
                 defer { buffer.deallocate() }
                 let probe = Array("ping".utf8)
                 buffer.copyBytes(from: probe)
-                // The number for the test's own ring operations and system calls: the client is closed after.
-                _ = try await client.withDescriptorWhileAwaiting { fd async throws in
-                    let address = UInt(bitPattern: buffer.baseAddress)
-                    /// The pair on the ring; every handler call, in order, until the first.
-                    func exchange(_ count: Int) async -> [Int32] {
-                        await withCheckedContinuation { (done: CheckedContinuation<[Int32], Never>) in
-                            client.loop.execute { ring in
-                                let memory = UnsafeMutableRawBufferPointer(
-                                    start: UnsafeMutableRawPointer(bitPattern: address), count: 64)
-                                ring.sendThenReceive(
-                                    fd, UnsafeRawBufferPointer(rebasing: memory[..<count]), into: memory
-                                ) {
-                                    done.resume(returning: [$0])
-                                }
+                let fd = client.fileDescriptor
+                let address = UInt(bitPattern: buffer.baseAddress)
+                /// The pair on the ring; every handler call, in order, until the first.
+                func exchange(_ count: Int) async -> [Int32] {
+                    await withCheckedContinuation { (done: CheckedContinuation<[Int32], Never>) in
+                        client.loop.execute { ring in
+                            let memory = UnsafeMutableRawBufferPointer(
+                                start: UnsafeMutableRawPointer(bitPattern: address), count: 64)
+                            ring.sendThenReceive(fd, UnsafeRawBufferPointer(rebasing: memory[..<count]), into: memory) {
+                                done.resume(returning: [$0])
                             }
                         }
                     }
-                    #expect(await exchange(probe.count) == [Int32(probe.count)])
-                    #expect(Array(buffer[..<probe.count]) == probe)
-                    // A reply already waiting when the pair is submitted (the receive arms its poll first where the
-                    // kernel has IORING_RECVSEND_POLL_FIRST): the receive takes it at once, not after the next reply.
-                    let early = Array("early".utf8)
-                    _ = try early.withUnsafeBytes { bytes throws(ConnectionError) in try Syscall.send(fd, bytes) }
-                    #expect(try Syscall.poll(fd, events: Syscall.pollIn, timeoutMilliseconds: 10_000) != 0)
-                    let first = await exchange(probe.count)
-                    let taken = Int(first.first ?? 0)
-                    try #require(taken >= early.count && taken <= early.count + probe.count, "\(first)")
-                    // The rest (the second reply, unless it came in the same read) is read here, so that the next
-                    // exchange starts from an empty socket: every byte, in order.
-                    var replies = Array(buffer[..<taken])
-                    var rest = [UInt8](repeating: 0, count: early.count + probe.count - taken)
-                    var got = 0
-                    while got < rest.count {
-                        let result = try rest.withUnsafeMutableBytes { bytes throws(ConnectionError) in
-                            try Syscall.recv(fd, UnsafeMutableRawBufferPointer(rebasing: bytes[got...]))
-                        }
-                        guard case .processed(let count) = result, count > 0 else { break }
-                        got += count
-                    }
-                    replies += rest
-                    #expect(replies == early + probe)
-                    // The client's sending side shut: the send fails (EPIPE), the receive never runs, one completion.
-                    try Syscall.shutdown(fd, .write)
-                    #expect(await exchange(probe.count) == [-EPIPE])
                 }
+                #expect(await exchange(probe.count) == [Int32(probe.count)])
+                #expect(Array(buffer[..<probe.count]) == probe)
+                // A reply already waiting when the pair is submitted (the receive arms its poll first where the
+                // kernel has IORING_RECVSEND_POLL_FIRST): the receive takes it at once, not after the next reply.
+                let early = Array("early".utf8)
+                _ = try early.withUnsafeBytes { bytes throws(ConnectionError) in try Syscall.send(fd, bytes) }
+                #expect(try Syscall.poll(fd, events: Syscall.pollIn, timeoutMilliseconds: 10_000) != 0)
+                let first = await exchange(probe.count)
+                let taken = Int(first.first ?? 0)
+                try #require(taken >= early.count && taken <= early.count + probe.count, "\(first)")
+                // The rest (the second reply, unless it came in the same read) is read here, so that the next
+                // exchange starts from an empty socket: every byte, in order.
+                var replies = Array(buffer[..<taken])
+                var rest = [UInt8](repeating: 0, count: early.count + probe.count - taken)
+                var got = 0
+                while got < rest.count {
+                    let result = try rest.withUnsafeMutableBytes { bytes throws(ConnectionError) in
+                        try Syscall.recv(fd, UnsafeMutableRawBufferPointer(rebasing: bytes[got...]))
+                    }
+                    guard case .processed(let count) = result, count > 0 else { break }
+                    got += count
+                }
+                replies += rest
+                #expect(replies == early + probe)
+                // The client's sending side shut: the send fails (EPIPE), the receive never runs, one completion.
+                try Syscall.shutdown(fd, .write)
+                #expect(await exchange(probe.count) == [-EPIPE])
             }
         }
     }
@@ -401,12 +396,9 @@ struct UringBackendTests {
             await client.abort()
             // Until the reset has reached the server's socket (poll reports it without taking it; under load the
             // loopback may deliver it after abort() returned).
-            let (polled, revents) = try #require(
-                server.withDescriptor { fd in
-                    var poller = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
-                    return (poll(&poller, 1, 10_000), poller.revents)
-                })
-            try #require(polled == 1 && revents & Int16(POLLERR) != 0, "poll: \(polled), \(revents)")
+            var poller = pollfd(fd: server.fileDescriptor, events: Int16(POLLIN), revents: 0)
+            let polled = poll(&poller, 1, 10_000)
+            try #require(polled == 1 && poller.revents & Int16(POLLERR) != 0, "poll: \(polled), \(poller.revents)")
             // The kernel reports the reset once: to this send's batch, sent after the reset came.
             try await server.send([1])
             await #expect(throws: ConnectionError.self) { try await server.closeOutput() }
