@@ -4,8 +4,8 @@ import POSIXSupport
 
 /// A churn of short connections against one echo server: `sequential` clients one after another (or `lanes` at a
 /// time, each lane starting its next client when its last has ended), then `concurrent` of them at once (the burst a
-/// server meets when many clients arrive together). Each client connects (with a TLS
-/// and WebSocket handshake where the transport has them), makes one echo of `size` bytes, and ends: over a byte
+/// server meets when many clients arrive together). Each client connects (with a TLS and WebSocket handshake where
+/// the transport has them), makes one echo of `size` bytes, and ends: over a byte
 /// stream it half-closes its output and reads until the server's end (so the server has closed its side before
 /// the next client comes), over WebSocket it runs the close handshake, over UDP (a new peer, from a new port,
 /// each time) it closes its socket; a UDP datagram or its echo that is lost is sent again, up to 10 times. This is
@@ -109,11 +109,7 @@ public struct ChurnRunner: Sendable {
             func startNext() {
                 guard !stopped, started < sequential, MonotonicClock.nanoseconds() < end else { return }
                 started += 1
-                group.addTask {
-                    var one = Outcome()
-                    await Self.client(transport, payload, limit, connect, into: &one)
-                    return one
-                }
+                group.addTask { await Self.client(transport, payload, limit, connect) }
             }
             for _ in 0..<lanes { startNext() }
             while let one = await group.next() {
@@ -139,11 +135,7 @@ public struct ChurnRunner: Sendable {
         }
         let burst = await withTaskGroup(of: Outcome.self) { group in
             for _ in 0..<concurrent {
-                group.addTask {
-                    var one = Outcome()
-                    await Self.client(transport, payload, limit, connect, into: &one)
-                    return one
-                }
+                group.addTask { await Self.client(transport, payload, limit, connect) }
             }
             var total = Outcome()
             for await one in group { total.add(one) }
@@ -153,6 +145,16 @@ public struct ChurnRunner: Sendable {
         outcome.concurrentNanoseconds = MonotonicClock.nanoseconds() - burstStart
         _ = await progress?(sequential + concurrent)
         return outcome
+    }
+
+    /// One client's life, as an outcome of its own (for a child task).
+    private static func client(
+        _ transport: Transport, _ payload: [UInt8], _ limit: Duration,
+        _ connect: @escaping @Sendable () async throws(ConnectionError) -> any Connection
+    ) async -> Outcome {
+        var one = Outcome()
+        await client(transport, payload, limit, connect, into: &one)
+        return one
     }
 
     /// One client's life, its result added to `outcome`.

@@ -10,8 +10,7 @@ struct ChurnCommand: AsyncParsableCommand {
         abstract: "Check that a server survives a churn of short connections: connect, one echo, end; many times.",
         discussion: """
             Opens --connections clients one after another (--lanes of them at a time), then --at-once of them \
-            together. Each connects (with the \
-            TLS and WebSocket handshakes its URL has), sends --size bytes, checks the echo, and ends: tcp and tls \
+            together. Each connects (with the TLS and WebSocket handshakes its URL has), sends --size bytes, checks the echo, and ends: tcp and tls \
             half-close and read to the server's end, ws and wss run the close handshake, udp (a new peer each time, \
             from a new port) closes its socket, a lost datagram or echo sent again. A warm-up comes first (a tenth \
             as many clients, and the burst). With --server-pid (a server on this machine) it prints the server's \
@@ -152,6 +151,7 @@ struct ChurnCommand: AsyncParsableCommand {
             "\(output.backend) client, \(output.url): \(output.completed) served after \(output.warmUpCompleted) to warm up, "
             + "\(output.failed) failed, \(output.notStarted) not started; "
             + "\(Int(output.sequentialPerSecond)) clients/s one after another"
+            + (lanes > 1 ? " (\(lanes) lanes)" : "")
         if output.burstSeconds > 0 { line += String(format: ", %d at once in %.2f s", atOnce, output.burstSeconds) }
         if output.resentDatagrams > 0 { line += ", \(output.resentDatagrams) datagrams sent again" }
         Console.line(line)
