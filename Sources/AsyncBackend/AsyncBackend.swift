@@ -123,7 +123,8 @@ extension Backend {
         summary: "async/await on non-blocking sockets; one epoll reactor thread resumes waiting tasks",
         style: "async/await and AsyncSequences on one reactor thread: Swift's own cancellation",
         tooling: Backend.Tooling(
-            module: "AsyncBackend", colour: "#59a14f", autobahn: .wss, autobahnDeflate: true, allocationsPerRoundTrip: 9
+            module: "AsyncBackend", colour: "#59a14f", autobahn: .wss, autobahnDeflate: [.client],
+            allocationsPerRoundTrip: 9
         ),
         make: { AsyncBackend() })
 }

@@ -77,7 +77,7 @@ extension Backend {
         summary: "blocking BSD sockets; a reader thread (and a writer thread when needed) per connection",
         style: "blocking calls on a thread per connection: the simplest code, and a thread per client",
         tooling: Backend.Tooling(
-            module: "BSDSocketBackend", colour: "#f28e2b", autobahn: .ws, autobahnDeflate: true,
+            module: "BSDSocketBackend", colour: "#f28e2b", autobahn: .ws, autobahnDeflate: [.server],
             allocationsPerRoundTrip: 8),
         make: { BSDBackend() })
 }

@@ -37,14 +37,21 @@ public struct Backend: Sendable, Hashable, CustomStringConvertible {
         /// The WebSocket scheme (`ws` or `wss`) CI runs Autobahn's cases 1-10 on against it, its server under
         /// wstest's client and its client against wstest's server; `nil`: not in CI (each run costs minutes).
         public var autobahn: Transport?
-        /// Whether CI also runs the permessage-deflate cases (12-13) against it, both ways.
-        public var autobahnDeflate: Bool
+        /// The sides of it CI runs Autobahn's permessage-deflate cases (12-13) against: its server under wstest's
+        /// client, its client against wstest's server. A run costs about 13 minutes of CPU, mostly wstest's, and the
+        /// deflate codec and the WebSocket layer over it are every backend's, so CI runs each side once: bsd's server
+        /// and async's client.
+        public var autobahnDeflate: [AutobahnSide]
+        /// A side of a backend that Autobahn's cases run against.
+        public enum AutobahnSide: String, Sendable, Hashable {
+            case server, client
+        }
         /// Allocations per 64-byte tcp echo round trip, both ends, p90: the micro-benchmarks' threshold for it
         /// (`Benchmarks/`, with their tolerance of 2 either way).
         public var allocationsPerRoundTrip: Int
 
         public init(
-            module: String, colour: String, autobahn: Transport? = nil, autobahnDeflate: Bool = false,
+            module: String, colour: String, autobahn: Transport? = nil, autobahnDeflate: [AutobahnSide] = [],
             allocationsPerRoundTrip: Int
         ) {
             self.module = module

@@ -107,8 +107,14 @@ struct Backends: ParsableCommand {
         var module: String?
         var colour: String?
         var autobahn: String?
-        var autobahnDeflate: Bool?
+        var autobahnDeflate: String?
         var allocationsPerRoundTrip: Int?
+    }
+
+    /// The sides CI runs the permessage-deflate cases against, comma-separated (`server`, `client`), or `nil`.
+    private func deflateSides(_ tooling: Backend.Tooling?) -> String? {
+        guard let sides = tooling?.autobahnDeflate, !sides.isEmpty else { return nil }
+        return sides.map(\.rawValue).joined(separator: ",")
     }
 
     func run() throws {
@@ -122,7 +128,7 @@ struct Backends: ParsableCommand {
                     unavailableReason: backend.unavailableReason,
                     transports: backend.transports.map(\.rawValue).sorted(), summary: backend.summary,
                     module: tooling?.module, colour: tooling?.colour, autobahn: tooling?.autobahn?.rawValue,
-                    autobahnDeflate: tooling?.autobahnDeflate, allocationsPerRoundTrip: tooling?.allocationsPerRoundTrip
+                    autobahnDeflate: deflateSides(tooling), allocationsPerRoundTrip: tooling?.allocationsPerRoundTrip
                 )
                 Console.line(String(decoding: try encoder.encode(entry), as: UTF8.self))
             }
