@@ -98,6 +98,8 @@ struct Compare: AsyncParsableCommand {
 
     @OptionGroup(title: "Your own load") var load: LoadOptions
 
+    @OptionGroup(title: "Output") var output: ReportOutputOptions
+
     @Flag(
         help:
             "Go deep: more sizes, rates, fan-in up to 1,000 connections, a 1,000-connection workload, tls and wss, 5 repetitions."
@@ -321,12 +323,13 @@ struct Compare: AsyncParsableCommand {
         }
         let report = Report(
             plan: plan, runs: runs, skipped: skipped, machine: MachineInfo.read(), external: external)
-        Console.line(report.terminalTables())
+        Console.line(report.terminalTables(wide: output.wide))
         if let out {
             try report.write(to: out)
             Console.error("wrote \(out)/results.json, results.csv, report.md, report.html")
         }
         // The agent stops its servers when the control connection ends.
         await agent?.close()
+        try output.checkTargets(of: report)
     }
 }

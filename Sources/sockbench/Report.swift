@@ -199,12 +199,13 @@ struct Report: Codable {
 
     // MARK: Summary
 
-    /// What the numbers mean for someone choosing: measured facts first, then what each style asks of you.
+    /// What the numbers mean for someone choosing: measured facts first, then what each style asks of you. The
+    /// project's own performance targets (``targets()``) are not among them: they say how SocketStyles is doing,
+    /// not which backend suits a user's load; `--check-targets` prints them.
     func summary() -> [String] {
         var lines = ["== What this run says"]
         for kind in Scenario.registered { lines += summaryLines(of: kind) }
         lines += disturbanceLines()
-        lines += targets()
         let measured = Set(rows.map(\.backend))
         lines.append("- Threads and style, as each backend registers itself:")
         lines += Backend.allCases.filter { measured.contains($0.name) }.map { "  \($0.name): \($0.summary)." }

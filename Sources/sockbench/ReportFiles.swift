@@ -78,6 +78,11 @@ extension Report {
         }
         text += summary().dropFirst().joined(separator: "\n") + "\n\n"
         text += notes.map { "- " + $0 }.joined(separator: "\n") + "\n"
+        let targets = targets()
+        if !targets.isEmpty {
+            text += "\n## The project's own targets\n\n" + Self.targetsPreamble + "\n\n"
+            text += targets.joined(separator: "\n") + "\n"
+        }
         return text
     }
 }
@@ -93,6 +98,8 @@ struct RenderReport: ParsableCommand {
     @Argument(help: "A directory written by `sockbench compare --out DIR`.")
     var directory: String
 
+    @OptionGroup var output: ReportOutputOptions
+
     func run() throws {
         let data: Data
         do {
@@ -106,7 +113,36 @@ struct RenderReport: ParsableCommand {
         } catch {
             throw fail("\(directory)/results.json is not a compare report: \(error)")
         }
-        Console.line(report.terminalTables())
+        Console.line(report.terminalTables(wide: output.wide))
         try report.write(to: directory)
+        try output.checkTargets(of: report)
+    }
+}
+
+/// How `compare` and `report` print a run: the terminal's width, and the project's own targets.
+struct ReportOutputOptions: ParsableArguments {
+    @Flag(help: "Print every table's every column (report.md's); by default no line is wider than 120 columns.")
+    var wide = false
+
+    @Flag(
+        help:
+            "Also print the project's own performance targets against this run, and exit 1 if any is missed (for CI and regression checks)."
+    )
+    var checkTargets = false
+
+    /// With `--check-targets`: prints the targets and fails when one is missed.
+    func checkTargets(of report: Report) throws {
+        guard checkTargets else { return }
+        let lines = report.targets()
+        Console.line(
+            (["== The project's own targets"]
+                + lines.flatMap { wide ? [$0] : Report.wrap($0, width: Report.terminalWidth) })
+                .joined(separator: "\n"))
+        let missed = lines.filter { $0.contains(": MISSED by ") }.count
+        if missed > 0 {
+            Console.error("sockbench: \(missed) of \(lines.count) target(s) missed")
+            throw ExitCode.failure
+        }
+        if lines.isEmpty { Console.line("(this run measured none of them)") }
     }
 }

@@ -48,12 +48,12 @@ struct ReportHTML {
         }
         let lines = report.summary().dropFirst().map { $0.trimmingCharacters(in: CharacterSet(charactersIn: "- ")) }
         body += "<h2>What this run says</h2>\n<ul>"
-        for line in lines where !line.hasPrefix("Target,") { body += "<li>\(escape(line))</li>" }
+        for line in lines { body += "<li>\(escape(line))</li>" }
         body += "</ul>\n<ul class=notes>" + report.notes.map { "<li>\(escape($0))</li>" }.joined() + "</ul>\n"
-        let targets = lines.filter { $0.hasPrefix("Target,") }
+        let targets = report.targets().map { $0.trimmingCharacters(in: CharacterSet(charactersIn: "- ")) }
         if !targets.isEmpty {
             body +=
-                "<h2 id=targets>The project's own targets</h2>\n<p class=meta>Goals SocketStyles set for its own backends (in its issues), checked against this run's ratios: they say how the library is doing, not which backend suits you.</p>\n<ul>"
+                "<h2 id=targets>The project's own targets</h2>\n<p class=meta>\(escape(Report.targetsPreamble))</p>\n<ul>"
             for line in targets { body += "<li>\(escape(String(line.dropFirst("Target, ".count))))</li>" }
             body += "</ul>\n"
         }

@@ -127,13 +127,81 @@ extension Report {
         }.joined(separator: "\n")
     }
 
-    func terminalTables() -> String {
+    /// The widest line `compare` and `report` print by default (`--wide` prints report.md's tables whole).
+    static let terminalWidth = 120
+
+    /// Columns the terminal leaves to report.md, report.html and `--wide`: the spread of figures the narrow table
+    /// already gives (p90 beside p50 and p99, the tail past p99), and the split of CPU and context switches.
+    static let detailColumns: Set<String> = [
+        "p50 spread", "p90 us", "p99.9 us", "max us", "client", "server", "ctx sw/rt", "threads", "x native",
+        "spread MB/s", "sent", "received", "client cpu ms", "server cpu ms", "reordered", "kernel drops",
+    ]
+
+    /// A table narrowed to `width` columns of text: backend and transport, then the columns that are not details,
+    /// left to right, as many as fit. Returns how many columns it left out.
+    static func narrow(
+        _ header: [String], _ cells: [[String]], width: Int
+    ) -> (
+        header: [String], cells: [[String]], leftOut: Int
+    ) {
+        let all = [header] + cells
+        let widths = header.indices.map { column in all.map { $0[column].count }.max()! }
+        var kept: [Int] = []
+        var used = 0
+        for column in header.indices where column < 2 || !detailColumns.contains(header[column]) {
+            let added = widths[column] + (kept.isEmpty ? 0 : 2)
+            guard column < 2 || used + added <= width else { continue }
+            kept.append(column)
+            used += added
+        }
+        return (kept.map { header[$0] }, cells.map { row in kept.map { row[$0] } }, header.count - kept.count)
+    }
+
+    /// `line` broken at spaces into lines of at most `width` characters (a word longer than that stays whole);
+    /// lines after the first are indented to the text after a leading "- " (or by two spaces).
+    static func wrap(_ line: String, width: Int) -> [String] {
+        guard line.count > width else { return [line] }
+        let leading = line.prefix { $0 == " " }.count
+        let indent = String(repeating: " ", count: leading + 2)
+        var lines: [String] = []
+        var current = ""
+        for word in line.split(separator: " ", omittingEmptySubsequences: true) {
+            let prefix = current.isEmpty ? (lines.isEmpty ? String(repeating: " ", count: leading) : indent) : ""
+            let candidate = current.isEmpty ? prefix + word : current + " " + word
+            if candidate.count > width, !current.isEmpty {
+                lines.append(current)
+                current = indent + word
+            } else {
+                current = candidate
+            }
+        }
+        if !current.isEmpty { lines.append(current) }
+        return lines
+    }
+
+    /// What `compare` prints when it ends: a table per scenario, then what the run says. By default every line
+    /// fits ``terminalWidth`` (tables keep their main columns, the summary is wrapped); `wide`: report.md's tables.
+    func terminalTables(wide: Bool = false) -> String {
         var text = ""
+        var leftOut = 0
         for scenario in plan.scenarios where rows.contains(where: { $0.scenario == scenario }) {
-            let (header, cells) = table(for: scenario)
+            var (header, cells) = table(for: scenario)
+            if !wide {
+                let narrowed = Self.narrow(header, cells, width: Self.terminalWidth)
+                (header, cells) = (narrowed.header, narrowed.cells)
+                leftOut = max(leftOut, narrowed.leftOut)
+            }
             text += "\n== \(scenario)\n" + Self.render(header, cells) + "\n"
         }
-        text += "\n" + summary().joined(separator: "\n") + "\n"
+        if leftOut > 0 {
+            text +=
+                "\n(Each table's other columns, up to \(leftOut): --wide, report.md or report.html with --out DIR.)\n"
+        }
+        let summary = summary()
+        text +=
+            "\n"
+            + (wide ? summary : summary.flatMap { Self.wrap($0, width: Self.terminalWidth) })
+            .joined(separator: "\n") + "\n"
         return text
     }
 }

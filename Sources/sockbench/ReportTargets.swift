@@ -121,6 +121,10 @@ extension Report {
         return targets
     }
 
+    /// What the targets are, above them in report.md and report.html.
+    static let targetsPreamble =
+        "Goals SocketStyles set for its own backends, checked against this run's ratios: they say how the library is doing, not which backend suits you. `--check-targets` prints them and exits 1 when one is missed."
+
     /// The targets checked against this run's ratios: each says met or missed (by the median over the
     /// repetitions), with every backend's ratio and range; a range that crosses the limit is said to.
     func targets() -> [String] {

@@ -13,12 +13,14 @@ struct JSONSchemaTests {
     static let schemas = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
         .deletingLastPathComponent().appendingPathComponent("docs/schemas")
 
-    private func run(_ arguments: [String]) async throws -> String {
+    /// What `sockbench ARGUMENTS` printed on stdout; unless `raw`, with the lines the terminal wraps at 120 columns
+    /// joined again (a line continued is indented by two more spaces), so that a sentence is searched whole.
+    private func run(_ arguments: [String], raw: Bool = false) async throws -> String {
         let child = try ChildProcess([NetworkLab.selfPath()] + arguments, mergeErrors: false)
         let output = try await blocking { child.readToEnd() }
         let status = try await blocking { try child.wait() }
         try #require(status == 0, "sockbench \(arguments.joined(separator: " ")) exited \(status): \(output)")
-        return output
+        return raw ? output : output.replacingOccurrences(of: "\n  ", with: " ")
     }
 
     private func check(_ json: String, against name: String) throws {
@@ -57,14 +59,17 @@ struct JSONSchemaTests {
             // One second a repetition, slices of 0.2 s: round trips per slice are calibrated once, and a slice
             // calibrated while the other test process loaded the CPUs must still hold the ten 5 ms stretches a
             // quiet p50 needs (with 0.5 s, under that load, the c-floor and bsd pingpong rows once had none).
-            _ = try await run([
-                "compare", "--scenarios", "pingpong-64,pump-64k,connect,json-deflate,rate-2000", "--transports",
-                "tcp,udp,ws",
-                "--backends",
-                "bsd",
-                "--repetitions", "2", "--seconds", "1", "--pump-seconds", "0.2", "--no-baselines", "--out",
-                directory.path,
-            ])
+            let printed = try await run(
+                [
+                    "compare", "--scenarios", "pingpong-64,pump-64k,connect,json-deflate,rate-2000", "--transports",
+                    "tcp,udp,ws",
+                    "--backends",
+                    "bsd",
+                    "--repetitions", "2", "--seconds", "1", "--pump-seconds", "0.2", "--no-baselines", "--out",
+                    directory.path,
+                ], raw: true)
+            // What the terminal shows fits it, and speaks of the user's choice, not of the project's own targets.
+            try checkTerminal(printed)
             let results = try String(contentsOf: directory.appendingPathComponent("results.json"), encoding: .utf8)
             try check(results, against: "compare.schema.json")
             // Two repetitions, each against server processes of its own; the closed-loop rows carry a quiet p50.
@@ -118,7 +123,52 @@ struct JSONSchemaTests {
             #expect(!lines.contains { $0.hasPrefix("- Target, rate-2000 ws") })
             try await checkReportPage(directory.appendingPathComponent("report.html"))
             try await checkDisturbanceLines(results: object, in: directory)
+            try await checkTargetsFlag(results: object, in: directory)
         }
+    }
+
+    /// What compare printed on the terminal: no line over 120 columns, no word of the project's own targets.
+    private func checkTerminal(_ printed: String) throws {
+        let wide: [Substring] = printed.split(separator: "\n").filter { $0.count > 120 }
+        let first: String = wide.first.map { String($0) } ?? ""
+        #expect(wide.isEmpty, "\(wide.count) line(s) over 120 columns, the first: \(first)")
+        #expect(!printed.contains("Target"), "\(printed.suffix(3000))")
+        #expect(printed.contains("== What this run says"))
+    }
+
+    /// `--check-targets`: the project's targets are printed and a missed one fails the command. The run's ws
+    /// round trips are made ten times its tcp ones, which misses "WebSocket echo <= 1.25x the same backend's tcp
+    /// round trip" for bsd whatever the machine measured.
+    private func checkTargetsFlag(results object: [String: Any], in directory: URL) async throws {
+        var object = object
+        var rows = try #require(object["rows"] as? [[String: Any]])
+        func slowed(_ result: [String: Any]) -> [String: Any] {
+            var result = result
+            if let quiet = result["quietP50"] as? Int { result["quietP50"] = quiet * 10 }
+            if var latency = result["latency"] as? [String: Any], let p50 = latency["p50"] as? Int {
+                latency["p50"] = p50 * 10
+                result["latency"] = latency
+            }
+            return result
+        }
+        for index in rows.indices
+        where rows[index]["scenario"] as? String == "pingpong-64" && rows[index]["transport"] as? String == "ws" {
+            rows[index]["repetitions"] = try #require(rows[index]["repetitions"] as? [[String: Any]]).map(slowed)
+            rows[index]["median"] = slowed(try #require(rows[index]["median"] as? [String: Any]))
+        }
+        object["rows"] = rows
+        let missed = directory.appendingPathComponent("missed")
+        try FileManager.default.createDirectory(at: missed, withIntermediateDirectories: true)
+        try JSONSerialization.data(withJSONObject: object).write(to: missed.appendingPathComponent("results.json"))
+        let child = try ChildProcess(
+            [NetworkLab.selfPath(), "report", missed.path, "--check-targets"], mergeErrors: false)
+        let output = try await blocking { child.readToEnd() }
+        let status = try await blocking { try child.wait() }
+        #expect(status == 1, "report --check-targets exited \(status)")
+        let unwrapped = output.replacingOccurrences(of: "\n  ", with: " ")  // the terminal's wrapped lines
+        let echo = unwrapped.split(separator: "\n").first { $0.hasPrefix("- Target, WebSocket echo <= 1.25x") }
+        #expect(echo?.contains("MISSED by bsd") == true, "\(output.suffix(3000))")
+        #expect(output.contains("== The project's own targets"))
     }
 
     /// The summary's word on foreign load, from this run's results.json made to say it (`sockbench report` renders
