@@ -36,16 +36,11 @@ final class BSDConnection: Connection, Sendable {
         /// The reader thread's read buffer; also used by a receive running on that thread (``readNow(_:)``).
         let scratch: LoopConfined<UnsafeMutableRawBufferPointer>
 
-        init(socket: BSDSocket, options: ConnectionOptions, executor premade: ReaderExecutor?) throws(ConnectionError) {
+        init(socket: BSDSocket, options: ConnectionOptions) {
             self.socket = socket
             let lease = DescriptorLease(socket: socket)
             self.lease = lease
-            let executor: ReaderExecutor
-            if let given = premade {
-                executor = given
-            } else {
-                executor = try ReaderExecutor()
-            }
+            let executor = ReaderExecutor()
             self.executor = executor
             let onSpace: @Sendable () -> Void = { executor.wake() }
             self.inbox =
@@ -154,14 +149,13 @@ final class BSDConnection: Connection, Sendable {
         }
     }
 
-    /// Wraps a connected socket and starts its reader thread, on `executor` when one was made ahead (a listener
-    /// makes it before accepting, so that a client it accepts never lacks the descriptor its reader needs).
-    init(socket: BSDSocket, options: ConnectionOptions, executor: ReaderExecutor? = nil) throws(ConnectionError) {
+    /// Wraps a connected socket and starts its reader thread.
+    init(socket: BSDSocket, options: ConnectionOptions) throws(ConnectionError) {
         self.transport = socket.transport
         self.options = options
         self.localEndpoint = try socket.localAddress.endpoint(socket.transport)
         self.remoteEndpoint = try socket.remoteAddress.endpoint(socket.transport)
-        self.core = try Core(socket: socket, options: options, executor: executor)
+        self.core = Core(socket: socket, options: options)
         startReader(onCurrentThread: false)
     }
 
@@ -171,7 +165,7 @@ final class BSDConnection: Connection, Sendable {
         self.options = options
         self.localEndpoint = try socket.localAddress.endpoint(socket.transport)
         self.remoteEndpoint = try socket.remoteAddress.endpoint(socket.transport)
-        self.core = try Core(socket: socket, options: options, executor: nil)
+        self.core = Core(socket: socket, options: options)
         startReader(onCurrentThread: true)
     }
 

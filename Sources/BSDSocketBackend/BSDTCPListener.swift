@@ -28,15 +28,11 @@ final class BSDTCPListener: Listener, Sendable {
 
     private func acceptLoop() {
         defer { lease.release() }
-        var executor: ReaderExecutor?
         while true {
             gate.withLock { gate.wait(until: { accepted.hasSpace || !life.isOpen }) }
             if !life.isOpen { return }
             let client: BSDSocket
             do throws(ConnectionError) {
-                // The next connection's reader executor (an eventfd) first: a client accepted when no
-                // descriptor is left for its reader would have to be dropped.
-                if executor == nil { executor = try ReaderExecutor() }
                 client = try socket.accept(options: options)
             } catch {
                 if !life.isOpen { return }
@@ -54,8 +50,7 @@ final class BSDTCPListener: Listener, Sendable {
             }
             let connection: BSDConnection
             do {
-                connection = try BSDConnection(socket: client, options: options, executor: executor)
-                executor = nil
+                connection = try BSDConnection(socket: client, options: options)
             } catch {
                 continue  // the client left before getpeername: not served
             }

@@ -36,7 +36,7 @@ final class BSDUDPListener: Listener, Sendable {
         self.writer = writer
         let local = try socket.localAddress.endpoint(.udp)
         self.localEndpoint = local
-        let executor = try ReaderExecutor()
+        let executor = ReaderExecutor()
         self.executor = executor
         self.peers = DatagramDemultiplexer(
             localEndpoint: local, options: options, executor: executor, endpoint: { $0.endpoint(.udp) },

@@ -7,23 +7,23 @@ import Synchronization
 /// thread of Swift's pool for every message (the hop that made a `bsd` round trip through `Connection` cost two
 /// extra context switches on each end).
 ///
-/// The reader waits in poll(2) on its socket and this executor's eventfd; a job enqueued from another thread
-/// signals the eventfd, one enqueued on the reader thread just queues. Once the reader thread ends (end of stream,
-/// error, close), jobs, queued and new, go to Swift's global executor, and the eventfd is closed.
+/// The reader waits in poll(2) on its socket alone; a job enqueued from another thread wakes it with a signal sent
+/// to that thread (``ThreadWake``: no descriptor, so a connection costs one, its socket), a job enqueued on the
+/// reader thread just queues. Once the reader thread ends (end of stream, error, close), jobs, queued and new, go
+/// to Swift's global executor.
 final class ReaderExecutor: TaskExecutor, Sendable {
-    private let wakeFD: Int32
+    private let waker: ThreadWake
     private let work: LoopWorkQueue
 
-    init() throws(ConnectionError) {
-        let wakeFD = try Syscall.eventFD()
-        self.wakeFD = wakeFD
-        work = LoopWorkQueue(signal: { Syscall.eventFDSignal(wakeFD) })
+    init() {
+        let waker = ThreadWake()
+        self.waker = waker
+        work = LoopWorkQueue(signal: { waker.signal() })
     }
 
-    /// The eventfd is closed once the queue no longer signals it: by ``stop()``, or here for an executor whose
-    /// reader never started (made ahead for a connection that did not come).
+    /// An executor whose reader never started (made for a connection that did not come) closes its queue here.
     deinit {
-        if work.close() != nil { Syscall.close(wakeFD) }
+        _ = work.close()
     }
 
     func enqueue(_ job: consuming ExecutorJob) { work.enqueue(UnownedJob(job)) }
@@ -41,7 +41,10 @@ final class ReaderExecutor: TaskExecutor, Sendable {
     // MARK: On the reader thread
 
     /// Records the calling thread as the reader (at the start of its loop).
-    func bindReaderThread() { work.bindToCurrentThread() }
+    func bindReaderThread() {
+        waker.bindToCurrentThread()
+        work.bindToCurrentThread()
+    }
 
     /// Runs every queued job, including those the jobs enqueue.
     func runJobs() { work.runAll(jobsAs: asUnownedTaskExecutor()) }
@@ -50,16 +53,17 @@ final class ReaderExecutor: TaskExecutor, Sendable {
     /// socket's revents (0 when woken for something else, or at once while jobs the reader took are still to run:
     /// a receive waiting in place must not block the send beside it that its reply depends on).
     func wait(socket: Int32, events: Int16) throws(ConnectionError) -> Int16 {
+        waker.bindToCurrentThread()
         guard work.prepareToSleep() else { return 0 }
-        let polled = Result { () throws(ConnectionError) in try Syscall.poll(socket, events, wakeFD, Syscall.pollIn) }
+        let polled = Result { () throws(ConnectionError) in try waker.poll(socket, events: events) }
         work.awoke()
-        let (revents, woken) = try polled.get()
-        if woken != 0 { Syscall.eventFDDrain(wakeFD) }
-        return revents
+        return try polled.get()
     }
 
-    /// The reader thread ends: queued and later jobs go to Swift's global executor.
+    /// The reader thread ends: queued and later jobs go to Swift's global executor. No wake-up is in flight once
+    /// the queue has ended, so none reaches the thread after it has gone.
     func stop() {
-        if work.end() { Syscall.close(wakeFD) }
+        work.end()
+        waker.unbind()
     }
 }

@@ -64,6 +64,50 @@ int csock_wait_readable_ns(int fd, long long seconds, long nanoseconds) {
     return n > 0 && watched.revents != 0 ? 1 : 0;
 }
 
+static void csock_wake_handler(int signal) { (void)signal; }
+static pthread_once_t csock_wake_once = PTHREAD_ONCE_INIT;
+static int csock_wake_signal;
+/* The calling thread's signal mask with the wake signal taken out: what ppoll(2) waits with. */
+static __thread sigset_t csock_wake_wait_mask;
+static __thread int csock_wake_prepared;
+
+static void csock_wake_install(void) {
+    csock_wake_signal = SIGRTMIN + 3;
+    struct sigaction action;
+    memset(&action, 0, sizeof action);
+    action.sa_handler = csock_wake_handler;
+    sigemptyset(&action.sa_mask);
+    sigaction(csock_wake_signal, &action, NULL);
+}
+
+void csock_wake_prepare_thread(void) {
+    if (csock_wake_prepared) return;
+    pthread_once(&csock_wake_once, csock_wake_install);
+    sigset_t blocked;
+    sigemptyset(&blocked);
+    sigaddset(&blocked, csock_wake_signal);
+    sigset_t before;
+    pthread_sigmask(SIG_BLOCK, &blocked, &before);
+    sigdelset(&before, csock_wake_signal);
+    csock_wake_wait_mask = before;
+    csock_wake_prepared = 1;
+}
+
+unsigned long csock_thread_self(void) { return (unsigned long)pthread_self(); }
+
+int csock_wake_thread(unsigned long thread) {
+    pthread_once(&csock_wake_once, csock_wake_install);
+    return pthread_kill((pthread_t)thread, csock_wake_signal);
+}
+
+int csock_wake_poll(int fd, short events) {
+    csock_wake_prepare_thread();
+    struct pollfd watched = {.fd = fd, .events = events, .revents = 0};
+    int n = ppoll(&watched, 1, NULL, &csock_wake_wait_mask);
+    if (n < 0) return errno == EINTR ? 0 : -1;
+    return n == 0 ? 0 : watched.revents;
+}
+
 const int csock_EPOLL_CTL_ADD = EPOLL_CTL_ADD;
 const int csock_EPOLL_CTL_MOD = EPOLL_CTL_MOD;
 const int csock_EPOLL_CTL_DEL = EPOLL_CTL_DEL;

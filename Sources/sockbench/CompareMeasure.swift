@@ -112,12 +112,12 @@ extension Compare {
     /// Why a scenario does not apply to a target, or `nil`.
     func skipReason(_ scenario: Scenario, _ target: Target) -> String? {
         var limit = rlimit()
-        if let connections = scenario.connections, let backend = target.backend,
+        if let connections = scenario.connections, target.backend != nil,
             getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0,
-            limit.rlim_cur < Self.descriptors(for: connections, backend: backend)
+            limit.rlim_cur < Self.descriptors(for: connections)
         {
             return
-                "\(scenario) on \(backend) needs \(Self.descriptors(for: connections, backend: backend)) descriptors per process (\(Backend.bsd.name): a socket and an eventfd per connection); the limit is \(limit.rlim_cur)"
+                "\(scenario) needs \(Self.descriptors(for: connections)) descriptors per process; the limit is \(limit.rlim_cur)"
         }
         return scenario.kind.skipReason(target, remote: server != nil)
     }

@@ -174,42 +174,30 @@ extension Compare {
     }
 
     /// Raises this process's descriptor limit (RLIMIT_NOFILE, which the server processes inherit) so that each
-    /// can hold `connections` connections and a thousand descriptors more, when it is lower; returns what it did,
-    /// or `nil` when nothing was needed. bsd uses two per connection (the socket and its reader thread's
-    /// eventfd), the others one. Past the hard limit only a process with CAP_SYS_RESOURCE may go: otherwise the
-    /// limit goes as far as the hard limit, rows that need more are skipped with the reason, and when even one
-    /// per connection does not fit, the error says how to raise it.
+    /// can hold `connections` connections (a descriptor each, on every backend) and a thousand descriptors more,
+    /// when it is lower; returns what it did, or `nil` when nothing was needed. Past the hard limit only a process
+    /// with CAP_SYS_RESOURCE may go; otherwise the error says how to raise it.
     static func raiseDescriptorLimit(toHold connections: Int) throws -> String? {
         var limit = rlimit()
         guard getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0 else { return nil }
-        let wanted = rlim_t(descriptors(for: connections, backend: .bsd))
+        let wanted = rlim_t(descriptors(for: connections))
         guard limit.rlim_cur < wanted else { return nil }
         let before = limit.rlim_cur
         var raised = limit
         raised.rlim_cur = wanted
         raised.rlim_max = max(limit.rlim_max, wanted)
-        if setrlimit(Int32(RLIMIT_NOFILE.rawValue), &raised) != 0 {
-            raised = limit
-            raised.rlim_cur = limit.rlim_max
-            let needed = rlim_t(descriptors(for: connections, backend: .uv))
-            guard limit.rlim_max >= needed, setrlimit(Int32(RLIMIT_NOFILE.rawValue), &raised) == 0 else {
-                throw fail(
-                    "\(connections) connections need \(needed) descriptors in each process (\(Backend.bsd.name) \(wanted)), and the limit is \(before) (hard \(limit.rlim_max)); raise it (`ulimit -n \(wanted)`, as root for more than the hard limit) or run fewer connections"
-                )
-            }
-        }
-        guard raised.rlim_cur > before else {
-            return
-                "descriptor limit \(before) is the hard limit; \(connections) connections on \(Backend.bsd.name) would need \(wanted) (rows that need more are skipped)"
+        guard setrlimit(Int32(RLIMIT_NOFILE.rawValue), &raised) == 0 else {
+            throw fail(
+                "\(connections) connections need \(wanted) descriptors in each process, and the limit is \(before) (hard \(limit.rlim_max)); raise it (`ulimit -n \(wanted)`, as root for more than the hard limit) or run fewer connections"
+            )
         }
         return
-            "descriptor limit raised from \(before) to \(raised.rlim_cur) for \(connections) connections (RLIMIT_NOFILE, inherited by the servers)"
+            "descriptor limit raised from \(before) to \(wanted) for \(connections) connections (RLIMIT_NOFILE, inherited by the servers)"
     }
 
-    /// Descriptors a client or server process needs for `connections` of `backend`, with room for the rest.
-    static func descriptors(for connections: Int, backend: Backend) -> Int {
-        connections * (backend == .bsd ? 2 : 1) + 1024
-    }
+    /// Descriptors a client or server process needs for `connections` (one each, on every backend), with room for
+    /// the rest.
+    static func descriptors(for connections: Int) -> Int { connections + 1024 }
 
     /// The servers of one backend x transport: its echo server, and one of each other kind the planned
     /// scenarios run against (``ServerRole``: a sink, the backend's own-style server, a relay, ...).

@@ -38,7 +38,7 @@ struct ReaderExecutorTests {
     @Test("A wake-up that comes before the reader waits is kept: the wait returns at once")
     func wakeBeforeWait() async throws {
         try await SocketTest.run(timeLimit: .seconds(20)) {
-            let executor = try ReaderExecutor()
+            let executor = ReaderExecutor()
             executor.wake()
             let revents = try await withCheckedThrowingContinuation { continuation in
                 PosixThread.spawn(name: "reader-test") {
@@ -57,7 +57,7 @@ struct ReaderExecutorTests {
         "A job from another thread wakes the waiting reader and runs on the reader thread; after stop, jobs still run")
     func jobsRunOnTheReader() async throws {
         try await SocketTest.run(timeLimit: .seconds(20)) {
-            let executor = try ReaderExecutor()
+            let executor = ReaderExecutor()
             let done = Flag()
             let (reader, stopped) = await Self.startReader(executor, until: done)
             for _ in 0..<100 {
@@ -67,9 +67,40 @@ struct ReaderExecutorTests {
             done.value.store(true, ordering: .releasing)
             executor.wake()
             for await _ in stopped {}
-            // The reader has stopped (and closed its eventfd): the job goes to the global executor and still runs.
+            // The reader has stopped: the job goes to the global executor and still runs.
             let ranAfterStop = await withTaskExecutorPreference(executor) { true }
             #expect(ranAfterStop)
+        }
+    }
+
+    @Test("A bsd connection holds one descriptor, its socket: no eventfd for its reader, at either end")
+    func oneDescriptorPerConnection() async throws {
+        try await SocketTest.run(timeLimit: .seconds(60)) {
+            let backend = BSDBackend()
+            let listener = try await backend.listen(
+                on: try Endpoint(url: "tcp://127.0.0.1:0"), options: ConnectionOptions())
+            let before = Syscall.openDescriptors()
+            var connections: [any Connection] = []
+            for _ in 0..<20 {
+                connections.append(try await backend.connect(to: listener.localEndpoint, options: ConnectionOptions()))
+                connections.append(try await listener.accept())
+            }
+            // Each reader has started and sleeps in its poll: a job wakes it and runs there.
+            for connection in connections {
+                try await connection.send([1])
+            }
+            for connection in connections {
+                let echoed = try await withTaskExecutorPreference(connection.preferredExecutor) {
+                    try await connection.receive(exactly: 1)
+                }
+                #expect(echoed == [1])
+            }
+            // Less Dispatch's timerfd, which comes and goes with sleeping tasks (SocketTest.ownedDescriptors).
+            let added = Set(Syscall.openDescriptors()).subtracting(before).filter { !$0.hasSuffix("[timerfd]") }
+            #expect(added.count == 40, "\(added.sorted())")
+            #expect(added.allSatisfy { $0.contains("socket:") }, "\(added.sorted())")
+            for connection in connections { await connection.close() }
+            await listener.close()
         }
     }
 }

@@ -23,6 +23,19 @@ int csock_eventfd_drain(int fd);
 /* ppoll(2) for POLLIN on one descriptor with a nanosecond time-out: 1 when readable, 0 on time-out or a signal. */
 int csock_wait_readable_ns(int fd, long long seconds, long nanoseconds);
 
+/* Waking one thread out of poll without a descriptor: a thread-directed real-time signal (SIGRTMIN + 3, with an
+   empty handler installed once per process) that a waiting thread keeps blocked except inside
+   csock_wake_poll's ppoll(2), so a wake-up sent while it runs stays pending and ends its next wait at once. */
+/* On the thread that will wait: blocks the signal there (once per thread). Installs the handler (once). */
+void csock_wake_prepare_thread(void);
+/* The calling thread's id, for csock_wake_thread. */
+unsigned long csock_thread_self(void);
+/* Wakes `thread` (a thread that called csock_wake_prepare_thread and has not exited). 0, or an errno value. */
+int csock_wake_thread(unsigned long thread);
+/* ppoll(2) on `fd` (< 0: none, only a wake-up ends it) with the wake signal unblocked for the call: the revents
+   (> 0) when `fd` is ready, 0 when woken, -1 with errno set on failure. */
+int csock_wake_poll(int fd, short events);
+
 extern const int csock_EPOLL_CTL_ADD;
 extern const int csock_EPOLL_CTL_MOD;
 extern const int csock_EPOLL_CTL_DEL;
