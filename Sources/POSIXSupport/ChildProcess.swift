@@ -18,8 +18,14 @@ public final class ChildProcess: Sendable {
     /// The exit status once ``wait()`` returned (0 before).
     public var status: Int32 { exitStatus.withLock { $0 ?? 0 } }
 
-    /// Starts `arguments[0]` (a path) with `arguments`; stderr goes with stdout when `mergeErrors`.
-    public init(_ arguments: [String], mergeErrors: Bool = true) throws(ConnectionError) {
+    /// Starts `arguments[0]` (a path) with `arguments`; stderr goes with stdout when `mergeErrors`. With
+    /// `outputReaderGone`, the child's stdout is a pipe whose reading end is closed before it starts (a reader
+    /// that went away: its writes fail with EPIPE), and what we read is its stderr.
+    public init(
+        _ arguments: [String], mergeErrors: Bool = true, outputReaderGone: Bool = false
+    )
+        throws(ConnectionError)
+    {
         var input: [Int32] = [0, 0]
         var output: [Int32] = [0, 0]
         guard csock_pipe_cloexec(&input) == 0 else { throw .errno(errno, "pipe2") }
@@ -33,8 +39,20 @@ public final class ChildProcess: Sendable {
         posix_spawn_file_actions_init(&actions)
         defer { posix_spawn_file_actions_destroy(&actions) }
         posix_spawn_file_actions_adddup2(&actions, input[0], 0)
-        posix_spawn_file_actions_adddup2(&actions, output[1], 1)
-        if mergeErrors { posix_spawn_file_actions_adddup2(&actions, output[1], 2) }
+        var gone: [Int32] = [-1, -1]
+        if outputReaderGone {
+            guard csock_pipe_cloexec(&gone) == 0 else {
+                let code = errno
+                for fd in input + output { close(fd) }
+                throw .errno(code, "pipe2")
+            }
+            close(gone[0])
+            posix_spawn_file_actions_adddup2(&actions, gone[1], 1)
+            posix_spawn_file_actions_adddup2(&actions, output[1], 2)
+        } else {
+            posix_spawn_file_actions_adddup2(&actions, output[1], 1)
+            if mergeErrors { posix_spawn_file_actions_adddup2(&actions, output[1], 2) }
+        }
         // The child starts with no signal blocked and default handlers: posix_spawn would otherwise pass on
         // this process's mask (threads here block signals to route them), and a tool timed by SIGALRM, such
         // as sockperf, would never see its timer.
@@ -55,6 +73,7 @@ public final class ChildProcess: Sendable {
         let result = posix_spawn(&child, arguments[0], &actions, &attributes, &cArguments, environ)
         close(input[0])
         close(output[1])
+        if gone[1] >= 0 { close(gone[1]) }
         guard result == 0 else {
             close(input[1])
             close(output[0])
