@@ -156,7 +156,7 @@ final class BSDConnection: Connection, Sendable {
         self.localEndpoint = try socket.localAddress.endpoint(socket.transport)
         self.remoteEndpoint = try socket.remoteAddress.endpoint(socket.transport)
         self.core = Core(socket: socket, options: options)
-        startReader(onCurrentThread: false)
+        try startReader(onCurrentThread: false)
     }
 
     /// Wraps a connected socket; the caller's thread will run the read loop (see ``runReaderHere()``).
@@ -166,14 +166,22 @@ final class BSDConnection: Connection, Sendable {
         self.localEndpoint = try socket.localAddress.endpoint(socket.transport)
         self.remoteEndpoint = try socket.remoteAddress.endpoint(socket.transport)
         self.core = Core(socket: socket, options: options)
-        startReader(onCurrentThread: true)
+        try startReader(onCurrentThread: true)
     }
 
-    private func startReader(onCurrentThread: Bool) {
+    /// Gives the reader its use of the descriptor and, unless the calling thread will read, a thread. When the
+    /// system has no thread left (a thread per connection meets the process's or the system's limit), the
+    /// connection is closed and the error thrown: the caller (a listener, a connect) fails that one connection.
+    private func startReader(onCurrentThread: Bool) throws(ConnectionError) {
         _ = core.lease.retain()
         if !onCurrentThread {
             let core = core
-            PosixThread.spawn(name: "bsd-read-\(core.socket.descriptor)") { core.readLoop() }
+            if let error = PosixThread.trySpawn(name: "bsd-read-\(core.socket.descriptor)", { core.readLoop() }) {
+                core.executor.stop()
+                core.lease.release()  // the reader's use
+                _ = core.beginClose()  // the owner's: the descriptor is closed
+                throw error
+            }
         }
     }
 

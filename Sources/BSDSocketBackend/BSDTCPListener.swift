@@ -49,10 +49,18 @@ final class BSDTCPListener: Listener, Sendable {
                 return
             }
             let connection: BSDConnection
-            do {
+            do throws(ConnectionError) {
                 connection = try BSDConnection(socket: client, options: options)
             } catch {
-                continue  // the client left before getpeername: not served
+                if error.kind == .resourceExhausted {
+                    // No thread for its reader: that client is closed; the others wait in the backlog while
+                    // accepting pauses, as when out of descriptors.
+                    BoundsLog.note(.threadLimit, "accepting paused for \(options.acceptBackoff): \(error)")
+                    gate.withLock {
+                        _ = gate.wait(until: { !life.isOpen }, timeout: options.acceptBackoff)
+                    }
+                }
+                continue  // or the client left before getpeername: not served
             }
             if !accepted.offer(connection) { return }
         }

@@ -110,22 +110,31 @@ final class BSDWriter: Sendable {
         async throws(ConnectionError)
     {
         let result = await withCheckedContinuation { continuation in
-            let rejected: Bool = lock.withLock { state in
-                if state.stopped { return true }
+            let rejected: ConnectionError? = lock.withLock { state in
+                if state.stopped { return .closed() }
                 state.jobs.append(makeJob(continuation))
                 if !state.threadStarted {
-                    state.threadStarted = true
                     guard lease.retain() else {
                         state.jobs.removeLast()
-                        return true
+                        return .closed()
                     }
-                    PosixThread.spawn(name: name) { self.run() }
+                    // No thread left (a thread per connection at the system's limit): this send fails with that
+                    // error, and since part of it may be on the wire already, the socket is shut down both ways, so
+                    // neither end reads a stream with a hole in it (the reader sees the end; the peer too).
+                    if let error = PosixThread.trySpawn(name: name, { self.run() }) {
+                        state.jobs.removeLast()
+                        state.stopped = true
+                        try? socket.shutdown(.both)
+                        lease.release()
+                        return error
+                    }
+                    state.threadStarted = true
                 } else {
                     lock.signal()
                 }
-                return false
+                return nil
             }
-            if rejected { continuation.resume(returning: .failure(.closed())) }
+            if let rejected { continuation.resume(returning: .failure(rejected)) }
         }
         try result.get()
     }

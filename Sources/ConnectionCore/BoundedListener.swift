@@ -10,6 +10,9 @@ public enum BoundsLog {
         case connectionLimit = "connection limit"
         case idleTimeout = "idle timeout"
         case descriptorLimit = "descriptor limit"
+        /// A server with a thread per connection (bsd) could not start one: that connection is closed, and
+        /// accepting pauses as for ``descriptorLimit``.
+        case threadLimit = "thread limit"
         case udpPeerLimit = "udp peer limit"
     }
 

@@ -1,5 +1,5 @@
 internal import CSocketShims
-import ConnectionCore
+public import ConnectionCore
 internal import Glibc
 import Synchronization
 
@@ -16,17 +16,31 @@ public enum PosixThread {
     }
 
     /// Starts a detached thread running `body`. The name (at most 15 bytes are kept) shows in `top -H` and gdb.
-    /// Terminates the process if the system cannot create a thread, since every caller depends on it.
+    /// Terminates the process if the system cannot create a thread: for a loop a backend cannot run without. A
+    /// thread per connection uses ``trySpawn(name:stackSize:_:)`` and fails that connection instead.
     public static func spawn(name: String, stackSize: Int = 512 * 1024, _ body: @escaping @Sendable () -> Void) {
-        let start = Unmanaged.passRetained(Start(name: name, body: body)).toOpaque()
+        let result = trySpawn(name: name, stackSize: stackSize, body)
+        precondition(result == nil, "pthread_create failed: \(result.map(String.init(describing:)) ?? "")")
+    }
+
+    /// Starts a detached thread running `body`; when the system cannot create one (EAGAIN: the process's or the
+    /// system's thread or memory limits), returns that as a `.resourceExhausted` error and `body` never runs.
+    public static func trySpawn(
+        name: String, stackSize: Int = 512 * 1024, _ body: @escaping @Sendable () -> Void
+    ) -> ConnectionError? {
+        let start = Unmanaged.passRetained(Start(name: name, body: body))
         var attributes = pthread_attr_t()
         pthread_attr_init(&attributes)
         pthread_attr_setdetachstate(&attributes, Int32(PTHREAD_CREATE_DETACHED))
         pthread_attr_setstacksize(&attributes, stackSize)
         var thread = pthread_t()
-        let result = pthread_create(&thread, &attributes, threadEntry, start)
+        let result = pthread_create(&thread, &attributes, threadEntry, start.toOpaque())
         pthread_attr_destroy(&attributes)
-        precondition(result == 0, "pthread_create failed: \(result)")
+        guard result != 0 else { return nil }
+        start.release()
+        return ConnectionError(
+            .resourceExhausted, "no thread for \(name): pthread_create: \(String(cString: strerror(result)))",
+            systemCode: .init(domain: "errno", code: result, name: result == EAGAIN ? "EAGAIN" : "errno \(result)"))
     }
 
     /// Starts a thread that runs `started`, then `body`, and returns (blocking the caller) once `started` has run:
@@ -44,15 +58,19 @@ public enum PosixThread {
     }
 
     /// Starts a thread running `body` and waits, without blocking, until `body` calls `deliver` (once) with the
-    /// result; the thread may go on working after it (a blocking connect's thread becomes the reader).
+    /// result; the thread may go on working after it (a blocking connect's thread becomes the reader). When no
+    /// thread can be created, the result is that error (``trySpawn(name:stackSize:_:)``) and `body` never runs.
     ///
     /// The value passes through a lock besides the continuation: when the thread resumes before the task has
     /// suspended, the concurrency runtime orders the two with atomics ThreadSanitizer cannot see (its runtime
     /// is not instrumented), so without the lock every object the thread built would be reported as a race.
-    public static func spawnAndAwait<Value: Sendable>(
-        name: String, _ body: @escaping @Sendable (_ deliver: @Sendable (Value) -> Void) -> Void
-    ) async -> Value {
-        await awaitHandOff { deliver in spawn(name: name) { body(deliver) } }
+    public static func spawnAndAwait<Success: Sendable>(
+        name: String,
+        _ body: @escaping @Sendable (_ deliver: @Sendable (Result<Success, ConnectionError>) -> Void) -> Void
+    ) async -> Result<Success, ConnectionError> {
+        await awaitHandOff { deliver in
+            if let error = trySpawn(name: name, { body(deliver) }) { deliver(.failure(error)) }
+        }
     }
 
     fileprivate static func run(_ raw: UnsafeMutableRawPointer) {
