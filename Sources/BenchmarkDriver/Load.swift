@@ -233,6 +233,7 @@ public struct FaninRunner: Sendable {
         measurement.bytesPerSecond = perConnectionTotal * Double(size) / (Double(elapsed) / 1e9)
         measurement.serverKiBPerConnection = opened.serverKiBPerConnection
         measurement.clientKiBPerConnection = opened.clientKiBPerConnection
+        measurement.serverThreadsOpen = opened.serverThreadsOpen
         measurement.fairness = Fairness(throughputs: throughputs, latencies: latencies)
         return measurement
     }
@@ -243,6 +244,8 @@ public struct FaninRunner: Sendable {
         /// Growth of the server's and this process's resident memory per connection, KiB (`nil`: not read).
         var serverKiBPerConnection: Double?
         var clientKiBPerConnection: Double?
+        /// The server's threads with every connection open.
+        var serverThreadsOpen: Int?
     }
 
     /// Opens `connections` with `connect` (in batches of 64, so a listen backlog is not overrun) and makes one
@@ -266,7 +269,10 @@ public struct FaninRunner: Sendable {
             throw error
         }
         var result = Opened(clients: clients)
-        if let before = serverBefore, let after = await serverUsage?()?.residentKiB {
+        var serverAfter: ResourceUsage?
+        if let serverUsage { serverAfter = await serverUsage() }
+        result.serverThreadsOpen = serverAfter.map { Int($0.threads) }
+        if let before = serverBefore, let after = serverAfter?.residentKiB {
             result.serverKiBPerConnection = (Double(after) - Double(before)) / Double(connections)
         }
         if let before = clientBefore, let after = ResourceUsage.read()?.residentKiB {

@@ -37,6 +37,9 @@ public struct ScenarioResult: Sendable, Codable {
     public var serverKiBPerConnection: Double?
     /// fanin: the same for the client (the load generator).
     public var clientKiBPerConnection: Double?
+    /// fanin: the server process's threads at that moment, every connection open (a thread per connection shows
+    /// here; the usage read after the run, once the connections are closed, does not).
+    public var serverThreadsOpen: Int?
     /// fanin, workload, loaded (its bulk connections) and broadcast: whether every connection got its share
     /// (``Fairness``).
     public var fairness: Fairness?

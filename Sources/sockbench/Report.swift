@@ -178,6 +178,7 @@ struct Report: Codable {
         result.bulkBytesPerSecond = mid(runs.compactMap(\.bulkBytesPerSecond))
         result.serverKiBPerConnection = mid(runs.compactMap(\.serverKiBPerConnection))
         result.clientKiBPerConnection = mid(runs.compactMap(\.clientKiBPerConnection))
+        result.serverThreadsOpen = runs.compactMap(\.serverThreadsOpen).max()
         result.client = usage(runs.compactMap(\.client))
         result.server = usage(runs.compactMap(\.server))
         // A broadcast's figures: those of its median repetition by the last receipt's p95 (the percentiles of one

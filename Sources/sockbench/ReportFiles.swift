@@ -19,7 +19,7 @@ extension Report {
 
     func csv() -> String {
         var lines = [
-            "scenario,backend,transport,repetitions,p50_ns,p90_ns,p99_ns,p999_ns,max_ns,uncorrected_p50_ns,uncorrected_p99_ns,messages_per_s,bytes_per_s,messages,lost,received,reordered,kernel_drops,cpu_ns_per_message,client_user_ns,client_sys_ns,server_user_ns,server_sys_ns,client_ctx,server_ctx,server_peak_rss_kib,server_threads,server_kib_per_connection,client_kib_per_connection,quiet_p50_ns"
+            "scenario,backend,transport,repetitions,p50_ns,p90_ns,p99_ns,p999_ns,max_ns,uncorrected_p50_ns,uncorrected_p99_ns,messages_per_s,bytes_per_s,messages,lost,received,reordered,kernel_drops,cpu_ns_per_message,client_user_ns,client_sys_ns,server_user_ns,server_sys_ns,client_ctx,server_ctx,server_peak_rss_kib,server_threads,server_kib_per_connection,client_kib_per_connection,quiet_p50_ns,server_threads_open"
         ]
         for row in rows {
             let m = row.median
@@ -40,6 +40,7 @@ extension Report {
                 m.server.map { "\($0.peakResidentKiB)" } ?? "", m.server.map { "\($0.threads)" } ?? "",
                 m.serverKiBPerConnection.map { fixed($0, 2) } ?? "",
                 m.clientKiBPerConnection.map { fixed($0, 2) } ?? "", m.quietP50.map { "\($0)" } ?? "",
+                m.serverThreadsOpen.map(String.init) ?? "",
             ]
             lines.append(fields.joined(separator: ","))
         }

@@ -30,12 +30,17 @@ struct FaninScenario: ScenarioKind {
     func table(_ report: Report, rows: [ReportRow]) -> (header: [String], cells: [[String]]) {
         let (header, cells) = report.roundTripTable(rows)
         return (
-            header + ["server KiB/conn", "client KiB/conn", "N x one rt", "p50 / (N x rt)", "p99.9"]
-                + Report.fairnessHeader,
+            header + [
+                "server KiB/conn", "server threads open", "client KiB/conn", "N x one rt", "p50 / (N x rt)", "p99.9",
+            ] + Report.fairnessHeader,
             zip(rows, cells).map { row, cells in
                 let m = row.median
                 return cells
-                    + [m.serverKiBPerConnection, m.clientKiBPerConnection].map { $0.map { fixed($0, 1) } ?? "-" }
+                    + [
+                        m.serverKiBPerConnection.map { fixed($0, 1) } ?? "-",
+                        m.serverThreadsOpen.map(String.init) ?? "-",
+                        m.clientKiBPerConnection.map { fixed($0, 1) } ?? "-",
+                    ]
                     + report.faninExpectation(row) + Report.fairnessCells(m.fairness)
             }
         )
