@@ -1,5 +1,5 @@
-package import ConnectionCore
 internal import CSocketShims
+package import ConnectionCore
 internal import Glibc
 import Synchronization
 

@@ -140,35 +140,18 @@ extension Report {
 
     // MARK: Ranking
 
-    /// Rows ordered by their median figure, best first; rows whose ranges over the repetitions overlap are joined
-    /// with "~" (not distinguishable in this run) instead of being ranked.
+    /// Rows ordered by their median figure, best first, each step judged by ``PairedRanking``: the rows' passes
+    /// are measured in the same interleaved slices, so slice i of one row is set against slice i of the other.
     func ranking(
         _ candidates: [ReportRow], lowerIsBetter: Bool, figure: (ScenarioResult) -> Double?,
         show: (Double) -> String
     ) -> String {
-        struct Entry {
-            var name: String
-            var median: Double
-            var low: Double
-            var high: Double
-        }
-        let entries = candidates.compactMap { row -> Entry? in
-            let values = row.repetitions.compactMap(figure)
-            guard let median = figure(row.median), let low = values.min(), let high = values.max() else {
-                return nil
+        let entries = candidates.compactMap { row -> PairedRanking.Entry? in
+            figure(row.median).map {
+                PairedRanking.Entry(name: row.backend, center: $0, slices: row.repetitions.map(figure))
             }
-            return Entry(name: row.backend, median: median, low: low, high: high)
-        }.sorted { lowerIsBetter ? $0.median < $1.median : $0.median > $1.median }
-        var text = ""
-        for (index, entry) in entries.enumerated() {
-            if index > 0 {
-                let previous = entries[index - 1]
-                let overlap = entry.low <= previous.high && previous.low <= entry.high
-                text += overlap ? " ~ " : ", "
-            }
-            text += "\(entry.name) \(show(entry.median))"
         }
-        return text
+        return PairedRanking.text(entries, lowerIsBetter: lowerIsBetter, show: show)
     }
 
     // MARK: Disturbance
@@ -244,5 +227,61 @@ extension Report {
             microseconds(UInt64(expected)), fixed(Double(measured.p50) / max(1, expected)),
             explained ? tail : "\(tail) unexplained",
         ]
+    }
+}
+
+/// An order of rows by one figure that says how sure each step is. A machine that switches between speeds moves
+/// every row measured at the same moment alike, so two rows' ranges over their passes overlap even when one is
+/// behind the other in every pass; set side by side, slice for slice (the interleaved passes of one repetition),
+/// the speed cancels. Each step after the first says how far behind the row before it this one was (the
+/// interquartile mean of the paired ratios) and in how many of the paired slices it was behind at all; a step
+/// behind in fewer than 80% of them, or in fewer than 5 pairs where their ranges overlap, is "~": not
+/// distinguishable in this run.
+enum PairedRanking {
+    struct Entry {
+        var name: String
+        /// The row's figure (its median over the passes): what orders the rows.
+        var center: Double
+        /// The figure of each pass, in the order passes were measured (`nil`: none in that pass).
+        var slices: [Double?]
+    }
+
+    /// The share of paired slices a step must hold to count as an order.
+    static let sureShare = 0.8
+    /// The fewest paired slices that can decide a step; with fewer, the ranges over the passes decide.
+    static let fewestPairs = 5
+
+    static func text(_ entries: [Entry], lowerIsBetter: Bool, show: (Double) -> String) -> String {
+        let sorted = entries.sorted { lowerIsBetter ? $0.center < $1.center : $0.center > $1.center }
+        var text = ""
+        for (index, entry) in sorted.enumerated() {
+            guard index > 0 else {
+                text = "\(entry.name) \(show(entry.center))"
+                continue
+            }
+            let step = self.step(from: sorted[index - 1], to: entry, lowerIsBetter: lowerIsBetter)
+            text += (step.sure ? ", " : " ~ ") + "\(entry.name) \(show(entry.center))" + step.note
+        }
+        return text
+    }
+
+    /// Whether `next` is behind `previous` (worse by the figure), and the note that says by how much and how often.
+    static func step(from previous: Entry, to next: Entry, lowerIsBetter: Bool) -> (sure: Bool, note: String) {
+        let ratios = zip(previous.slices, next.slices).compactMap { before, after -> Double? in
+            guard let before, let after, before > 0 else { return nil }
+            return after / before
+        }
+        guard ratios.count >= fewestPairs, let ratio = Ratio(ratios) else {
+            let values = (previous.slices.compactMap { $0 }, next.slices.compactMap { $0 })
+            guard let low = values.1.min(), let high = values.1.max(), let lowBefore = values.0.min(),
+                let highBefore = values.0.max()
+            else { return (false, "") }
+            return (!(low <= highBefore && lowBefore <= high), "")
+        }
+        let behind = ratios.filter { lowerIsBetter ? $0 > 1 : $0 < 1 }.count
+        let percent = Int(((ratio.center - 1) * 100).rounded())
+        let sign = percent >= 0 ? "+" : ""
+        let sure = Double(behind) >= sureShare * Double(ratios.count)
+        return (sure, " (\(sign)\(percent)%, \(behind)/\(ratios.count))")
     }
 }

@@ -48,7 +48,7 @@ struct PingPongScenario: ScenarioKind {
             let ordered = report.ranking(
                 candidates, lowerIsBetter: true, figure: figure, show: { microseconds(UInt64($0)) })
             lines.append(
-                "- \(ping) \(transport) \(quiet ? "quiet p50" : "p50") us, lowest first (~: the ranges over the repetitions overlap, not distinguishable in this run): \(ordered)."
+                "- \(ping) \(transport) \(quiet ? "quiet p50" : "p50") us, lowest first; in brackets, how much higher than the one before, slice for slice, and in how many of the paired slices it was higher (~: in under 80% of them, not distinguishable in this run): \(ordered)."
             )
         }
         return lines
