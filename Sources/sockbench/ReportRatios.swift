@@ -112,14 +112,41 @@ extension Report {
             ?? self.row(Self.floorName, transport, .pingpong(size: size))
     }
 
-    /// The price of the unified API: a tcp pingpong-SIZE row's p50 over the same backend's native-SIZE p50.
+    /// The price of the unified API: a tcp pingpong-SIZE row's p50 over the same backend's native-SIZE p50, each
+    /// over the C floor's p50 in its own pass when the run has the floor's rows of both scenarios.
     func unifiedPrice(for row: ReportRow) -> Ratio? {
         guard let size = row.scenario.as(PingPongScenario.self)?.size, row.transport == "tcp",
             row.backend != Self.floorName
         else {
             return nil
         }
-        return p50Ratio(row, over: self.row(row.backend, "tcp", .native(size: size)))
+        let native = self.row(row.backend, "tcp", .native(size: size))
+        guard let native, let floor = self.row(Self.floorName, "tcp", row.scenario),
+            let nativeFloor = self.row(Self.floorName, "tcp", native.scenario),
+            Set([row, native, floor, nativeFloor].map(\.repetitions.count)).count == 1
+        else { return p50Ratio(row, over: native) }
+        // Slice by slice, each row over the C floor measured in the same pass: the machine's slow stretches move
+        // every row of a pass alike, and the pingpong and native passes of a slice, though adjacent, are not the
+        // same pass.
+        let figure = Self.comparedP50([row, native, floor, nativeFloor])
+        return Self.overFloors(
+            row.repetitions.map(figure), native.repetitions.map(figure), floor.repetitions.map(figure),
+            nativeFloor.repetitions.map(figure))
+    }
+
+    /// Slice by slice, (`row` over `floor`) over (`other` over `otherFloor`): two rows of different passes set
+    /// against each other with the machine's speed in each pass taken out (every row of a pass is measured within
+    /// about a second of the others, the floor among them).
+    static func overFloors(_ row: [Double?], _ other: [Double?], _ floor: [Double?], _ otherFloor: [Double?]) -> Ratio?
+    {
+        Ratio(
+            row.indices.compactMap { index -> Double? in
+                guard index < other.count, index < floor.count, index < otherFloor.count,
+                    let mine = row[index], let theirs = other[index], let floorHere = floor[index],
+                    let floorThere = otherFloor[index], theirs > 0, floorHere > 0
+                else { return nil }
+                return (mine / floorHere) / (theirs / floorThere)
+            })
     }
 
     /// A pump row against the C floor's pump of the same size: MB/s delivered for tcp, datagrams received per

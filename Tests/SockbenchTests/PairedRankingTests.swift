@@ -36,3 +36,33 @@ struct PairedRankingTests {
         #expect(PairedRanking.text([c, b, a], lowerIsBetter: true, show: show) == "a 10.0 ~ b 10.5, c 20.0")
     }
 }
+
+/// The price of the unified API sets a pingpong row against a native row of another pass; the C floor measured in
+/// each pass takes the machine's speed of that pass out.
+@Suite("The price of the unified API, pass by pass", .timeLimit(.minutes(1)))
+struct UnifiedPriceTests {
+    /// The machine runs 1.5x slower in some passes: a backend 1.4x dearer through Connection in every pair of
+    /// passes is 1.4x, though its pingpong pass and its native pass fell in different speeds.
+    @Test("The floor in each pass takes the machine's speed out of the price")
+    func speedTakenOut() throws {
+        let pingpongSpeed = [1.0, 1.5, 1.5, 1.0, 1.0]
+        let nativeSpeed = [1.5, 1.0, 1.5, 1.0, 1.5]
+        let floor = pingpongSpeed.map { Optional(7.0 * $0) }
+        let nativeFloor = nativeSpeed.map { Optional(7.0 * $0) }
+        let row = pingpongSpeed.map { Optional(14.0 * $0) }
+        let native = nativeSpeed.map { Optional(10.0 * $0) }
+        let price = try #require(Report.overFloors(row, native, floor, nativeFloor))
+        #expect(abs(price.center - 1.4) < 1e-9 && abs(price.low - 1.4) < 1e-9 && abs(price.high - 1.4) < 1e-9)
+        // Without the floors the same passes say anything from 0.93x to 2.1x.
+        let plain = try #require(Report.overFloors(row, native, floor.map { _ in 1 }, nativeFloor.map { _ in 1 }))
+        #expect(plain.low < 1 && plain.high > 2)
+    }
+
+    /// A pass without a figure (a row that failed in it) is left out, not counted as zero.
+    @Test("A pass missing a figure is left out")
+    func missingPass() throws {
+        let price = try #require(
+            Report.overFloors([20, nil, 20], [10, 10, 10], [10, 10, 10], [10, 10, 10]))
+        #expect(price.center == 2 && price.low == 2 && price.high == 2)
+    }
+}
