@@ -100,6 +100,16 @@ struct Compare: AsyncParsableCommand {
 
     @OptionGroup(title: "Output") var output: ReportOutputOptions
 
+    @Option(
+        help:
+            "An earlier run (results.json or a --out directory) to set this one against at the end, as `sockbench diff` does."
+    )
+    var baseline: String?
+
+    @Option(
+        help: "With --baseline: exit 1 when any figure is slower than the baseline's by more than this many percent.")
+    var failSlower: Double?
+
     @Flag(
         help:
             "Go deep: more sizes, rates, fan-in up to 1,000 connections, a 1,000-connection workload, tls and wss, 5 repetitions."
@@ -108,6 +118,9 @@ struct Compare: AsyncParsableCommand {
 
     func run() async throws {
         var plan = try makePlan()
+        if failSlower != nil, baseline == nil { throw fail("--fail-slower needs a --baseline to compare with") }
+        // Read before the run, so that a wrong path fails in a second, not after it.
+        let before = try baseline.map(ReportDiff.load)
         let mostConnections = plan.scenarios.compactMap(\.connections).max() ?? 0
         if let note = try Self.raiseDescriptorLimit(toHold: mostConnections) {
             Console.error("sockbench compare: \(note)")
@@ -335,6 +348,13 @@ struct Compare: AsyncParsableCommand {
         }
         // The agent stops its servers when the control connection ends.
         await agent?.close()
+        // Both checks print before either sets the exit status.
+        let againstBaseline = Result<Void, any Error> {
+            guard let before else { return }
+            Console.line("\n== Against the baseline \(baseline ?? "")")
+            try ReportDiff(old: before, new: report).report(wide: output.wide, failSlower: failSlower)
+        }
         try output.checkTargets(of: report)
+        try againstBaseline.get()
     }
 }

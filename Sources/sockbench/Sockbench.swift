@@ -17,7 +17,7 @@ struct Sockbench: AsyncParsableCommand {
         version: SocketStylesVersion.current,
         subcommands: [
             Compare.self, Serve.self, Ping.self, PumpCommand.self, Soak.self, ChurnCommand.self, Proxy.self,
-            LessonCommand.self,
+            LessonCommand.self, DiffCommand.self,
             Backends.self,
             Microbench.self,
             FloorServe.self,

@@ -124,6 +124,7 @@ struct JSONSchemaTests {
             try await checkReportPage(directory.appendingPathComponent("report.html"))
             try await checkDisturbanceLines(results: object, in: directory)
             try await checkTargetsFlag(results: object, in: directory)
+            try await checkDiff(results: object, in: directory)
         }
     }
 
@@ -169,6 +170,47 @@ struct JSONSchemaTests {
         let echo = unwrapped.split(separator: "\n").first { $0.hasPrefix("- Target, WebSocket echo <= 1.25x") }
         #expect(echo?.contains("MISSED by bsd") == true, "\(output.suffix(3000))")
         #expect(output.contains("== The project's own targets"))
+    }
+
+    /// `sockbench diff`: the run set against itself has nothing slower and passes `--fail-slower 10`; against a
+    /// copy in which bsd's tcp round trips take three times as long (more than any spread of its passes), that row is slower, named on stderr, and the
+    /// command exits 1.
+    private func checkDiff(results object: [String: Any], in directory: URL) async throws {
+        let same = try ChildProcess(
+            [NetworkLab.selfPath(), "diff", directory.path, directory.path, "--fail-slower", "10"], mergeErrors: false)
+        let sameOutput = try await blocking { same.readToEnd() }
+        let sameStatus = try await blocking { try same.wait() }
+        #expect(sameStatus == 0, "diff of a run with itself exited \(sameStatus)")
+        #expect(sameOutput.contains("by their main figure: 0 slower, 0 faster"), "\(sameOutput.suffix(2000))")
+        var object = object
+        var rows = try #require(object["rows"] as? [[String: Any]])
+        func slowed(_ result: [String: Any]) -> [String: Any] {
+            var result = result
+            if let quiet = result["quietP50"] as? Int { result["quietP50"] = quiet * 3 }
+            return result
+        }
+        for index in rows.indices
+        where rows[index]["scenario"] as? String == "pingpong-64" && rows[index]["transport"] as? String == "tcp"
+            && rows[index]["backend"] as? String == "bsd"
+        {
+            rows[index]["repetitions"] = try #require(rows[index]["repetitions"] as? [[String: Any]]).map(slowed)
+            rows[index]["median"] = slowed(try #require(rows[index]["median"] as? [String: Any]))
+        }
+        object["rows"] = rows
+        let slower = directory.appendingPathComponent("slower")
+        try FileManager.default.createDirectory(at: slower, withIntermediateDirectories: true)
+        let file = slower.appendingPathComponent("results.json")
+        try JSONSerialization.data(withJSONObject: object).write(to: file)
+        let child = try ChildProcess(
+            [NetworkLab.selfPath(), "diff", directory.path, file.path, "--fail-slower", "10"], mergeErrors: false)
+        let output = try await blocking { child.readToEnd() }
+        let status = try await blocking { try child.wait() }
+        #expect(status == 1, "diff against a slowed copy exited \(status)")
+        let line = output.split(separator: "\n").first {
+            $0.hasPrefix("pingpong-64") && $0.contains(" bsd ") && $0.contains(" tcp ") && $0.contains("quiet p50")
+        }
+        #expect(line?.hasSuffix("slower") == true, "\(output.suffix(2000))")
+        #expect(output.contains("by their main figure: 1 slower, 0 faster"), "\(output.suffix(2000))")
     }
 
     /// The summary's word on foreign load, from this run's results.json made to say it (`sockbench report` renders

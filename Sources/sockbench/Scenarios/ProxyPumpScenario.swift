@@ -35,6 +35,8 @@ struct ProxyPumpScenario: ScenarioKind {
     }
 
     func mainFigure(_ measurement: ScenarioResult) -> Double { measurement.bytesPerSecond ?? 0 }
+    var mainFigureName: String { "MB/s" }
+    var higherIsBetter: Bool { true }
     func brief(_ m: ScenarioResult) -> String { PumpScenario.brief(m) }
 
     func table(_ report: Report, rows: [ReportRow]) -> (header: [String], cells: [[String]]) {

@@ -42,6 +42,8 @@ struct PumpScenario: ScenarioKind {
     }
 
     func mainFigure(_ measurement: ScenarioResult) -> Double { measurement.bytesPerSecond ?? 0 }
+    var mainFigureName: String { "MB/s" }
+    var higherIsBetter: Bool { true }
     func brief(_ m: ScenarioResult) -> String { Self.brief(m) }
 
     static func brief(_ m: ScenarioResult) -> String {

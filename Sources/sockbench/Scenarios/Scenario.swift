@@ -36,6 +36,10 @@ protocol ScenarioKind: Sendable, Hashable {
     func measure(_ context: MeasureContext) async throws(ConnectionError) -> ScenarioResult
     /// The figure it is judged by (its spread across repetitions is the row's `spread`).
     func mainFigure(_ measurement: ScenarioResult) -> Double
+    /// The main figure's name as `sockbench diff` prints it (`p50 us`, `MB/s`, ...).
+    var mainFigureName: String { get }
+    /// Whether more of the main figure is better (bytes a second) rather than less (a latency).
+    var higherIsBetter: Bool { get }
     /// Its line in the live progress.
     func brief(_ measurement: ScenarioResult) -> String
     /// Its table: the header and a row of cells per report row (`rows` are this scenario's).
@@ -56,6 +60,8 @@ extension ScenarioKind {
     }
 
     func mainFigure(_ measurement: ScenarioResult) -> Double { Double(measurement.latency?.p50 ?? 0) }
+    var mainFigureName: String { "p50 us" }
+    var higherIsBetter: Bool { false }
 
     func brief(_ m: ScenarioResult) -> String {
         "p50 \(microseconds(m.latency?.p50 ?? 0)) us, p99 \(microseconds(m.latency?.p99 ?? 0)) us, \(Int(m.messagesPerSecond ?? 0)) rt/s"
