@@ -45,19 +45,61 @@ struct ReportDiff {
         var show: (Double) -> String
         var higherIsBetter: Bool
         var main: Bool
+
+        /// The same figure over the C floor's in each pass: `1.42x`.
+        var overFloor: Figure {
+            Figure(
+                name: name.replacingOccurrences(of: " us", with: "") + " x floor",
+                values: values, show: { "\(fixed($0))x" }, higherIsBetter: higherIsBetter, main: main)
+        }
     }
 
     let old: Report
     let new: Report
+    /// Compare the figures themselves, not each over the C floor of its pass.
+    var raw = false
 
-    /// Rows of both runs, in the new run's order; rows only one run has are counted, not compared.
+    /// Rows of both runs, in the new run's order (the C floor's left out: see ``floorLines``); rows only one run
+    /// has are counted, not compared. Each figure is taken over the C floor's in the same pass when both runs have
+    /// that floor row (the machine's speed on the day then cancels: two runs of one build on this VM differed by
+    /// 28% in the C floor's own pump), else as it is.
     var lines: [Line] {
-        new.rows.flatMap { row -> [Line] in
+        new.rows.filter { $0.backend != Report.floorName }.flatMap { row -> [Line] in
             guard let before = old.row(row.backend, row.transport, row.scenario) else { return [] }
+            let floors =
+                raw
+                ? nil : Self.floor(for: before, in: old).flatMap { o in Self.floor(for: row, in: new).map { (o, $0) } }
             return Self.figures(row.scenario, [before, row]).compactMap { figure in
-                Self.line(row: row, before: before, figure: figure)
+                guard let floors else {
+                    return Self.line(
+                        row: row, olds: before.repetitions.map(figure.values), news: row.repetitions.map(figure.values),
+                        figure: figure)
+                }
+                return Self.line(
+                    row: row, olds: Self.over(before, floors.0, figure), news: Self.over(row, floors.1, figure),
+                    figure: figure.overFloor)
             }
         }
+    }
+
+    /// The C floor's own rows, old against new: how much faster or slower the machine was.
+    var floorLines: [Line] {
+        new.rows.filter { $0.backend == Report.floorName }.flatMap { row -> [Line] in
+            guard let before = old.row(row.backend, row.transport, row.scenario) else { return [] }
+            return Self.figures(row.scenario, [before, row]).filter(\.main).compactMap {
+                Self.line(
+                    row: row, olds: before.repetitions.map($0.values), news: row.repetitions.map($0.values), figure: $0)
+            }
+        }
+    }
+
+    /// The C floor's row measured in the same passes as `row`, when it has one per pass of `row`.
+    static func floor(for row: ReportRow, in report: Report) -> ReportRow? {
+        let floor =
+            report.floorRow(for: row)
+            ?? report.row(Report.floorName, row.transport == "udp" ? "udp" : "tcp", row.scenario)
+        guard let floor, floor.repetitions.count == row.repetitions.count else { return nil }
+        return floor
     }
 
     /// Rows in one run only: (in the old only, in the new only).
@@ -104,9 +146,17 @@ struct ReportDiff {
         return figures
     }
 
-    static func line(row: ReportRow, before: ReportRow, figure: Figure) -> Line? {
-        let olds = before.repetitions.compactMap(figure.values).filter { $0 > 0 && $0.isFinite }
-        let news = row.repetitions.compactMap(figure.values).filter { $0 > 0 && $0.isFinite }
+    /// `figure` of each pass of `row` over the floor's in the same pass.
+    static func over(_ row: ReportRow, _ floor: ReportRow, _ figure: Figure) -> [Double?] {
+        zip(row.repetitions, floor.repetitions).map { mine, floor in
+            figure.values(mine).flatMap { value in figure.values(floor).flatMap { $0 > 0 ? value / $0 : nil } }
+        }
+    }
+
+    /// One figure of a row, from its values in each pass of the old and the new run.
+    static func line(row: ReportRow, olds: [Double?], news: [Double?], figure: Figure) -> Line? {
+        let olds = olds.compactMap { $0 }.filter { $0 > 0 && $0.isFinite }
+        let news = news.compactMap { $0 }.filter { $0 > 0 && $0.isFinite }
         guard let oldCenter = Ratio(olds)?.center, let newCenter = Ratio(news)?.center else { return nil }
         let ratios = news.flatMap { value in olds.map { value / $0 } }
         let change = Ratio(ratios)
@@ -146,6 +196,13 @@ struct ReportDiff {
             "\(mains.count) rows in both runs, by their main figure: \(mainCounts[.slower] ?? 0) slower, \(mainCounts[.faster] ?? 0) faster, \(mainCounts[.same] ?? 0) not distinguishable.",
             "Every figure (\(all.count), p99 and CPU per message included): \(counts[.slower] ?? 0) slower, \(counts[.faster] ?? 0) faster, \(counts[.same] ?? 0) not distinguishable.",
         ]
+        let floors = floorLines
+        if !floors.isEmpty {
+            summary.append(
+                "The C floor's own rows, new over old (the machine's speed, not a backend's; \(raw ? "figures compared as they are" : "the rows above are each over the C floor of its pass where both runs have it")): "
+                    + floors.map { "\($0.scenario) \($0.transport) \($0.change?.text ?? "-")" }.joined(separator: ", ")
+                    + ".")
+        }
         if oldOnly + newOnly > 0 {
             summary.append("Not compared: \(oldOnly) row(s) only in the old run, \(newOnly) only in the new.")
         }
@@ -192,8 +249,9 @@ struct DiffCommand: ParsableCommand {
         discussion: """
             OLD and NEW are results.json files or directories written by `sockbench compare --out DIR`. Each row both \
             runs measured is compared by its main figure (the quiet p50 for round trips, MB/s for pumps, the p99 \
-            for loads), its p99 and its CPU per message; each pass of the new row against each pass of the old. \
-            With --fail-slower PCT the exit status is 1 when any figure is slower by more than PCT percent.
+            for loads), its p99 and its CPU per message, each over the C floor measured in the same pass where \
+            both runs have it (the machine's speed on the day cancels; --raw compares the figures as they are); \
+            each pass of the new row against each pass of the old. With --fail-slower PCT the exit status is 1 when any figure is slower by more than PCT percent.
             """)
 
     @Argument(help: "The earlier run: a results.json or a `compare --out` directory.")
@@ -208,8 +266,11 @@ struct DiffCommand: ParsableCommand {
     @Flag(help: "Do not wrap the summary at 120 columns.")
     var wide = false
 
+    @Flag(help: "Compare the figures as they are, not each over the C floor measured in the same pass.")
+    var raw = false
+
     func run() throws {
-        let diff = ReportDiff(old: try ReportDiff.load(old), new: try ReportDiff.load(new))
+        let diff = ReportDiff(old: try ReportDiff.load(old), new: try ReportDiff.load(new), raw: raw)
         try diff.report(wide: wide, failSlower: failSlower)
     }
 }

@@ -211,6 +211,35 @@ struct JSONSchemaTests {
         }
         #expect(line?.hasSuffix("slower") == true, "\(output.suffix(2000))")
         #expect(output.contains("by their main figure: 1 slower, 0 faster"), "\(output.suffix(2000))")
+        // A machine twice as slow on the day, C floor included: over the floor nothing is slower; as they are
+        // (--raw), the round trips are.
+        var slowMachine = try #require(
+            try JSONSerialization.jsonObject(with: Data(contentsOf: directory.appendingPathComponent("results.json")))
+                as? [String: Any])
+        var everyRow = try #require(slowMachine["rows"] as? [[String: Any]])
+        for index in everyRow.indices where everyRow[index]["scenario"] as? String == "pingpong-64" {
+            func doubled(_ result: [String: Any]) -> [String: Any] {
+                var result = result
+                if let quiet = result["quietP50"] as? Int { result["quietP50"] = quiet * 2 }
+                return result
+            }
+            everyRow[index]["repetitions"] = try #require(everyRow[index]["repetitions"] as? [[String: Any]]).map(
+                doubled)
+        }
+        slowMachine["rows"] = everyRow
+        let slowFile = slower.appendingPathComponent("slow-machine.json")
+        try JSONSerialization.data(withJSONObject: slowMachine).write(to: slowFile)
+        for (arguments, slowerRows) in [([String](), 0), (["--raw"], 1)] {
+            let run = try ChildProcess(
+                [NetworkLab.selfPath(), "diff", directory.path, slowFile.path] + arguments, mergeErrors: false)
+            let printed = try await blocking { run.readToEnd() }
+            _ = try await blocking { try run.wait() }
+            let pingpong = printed.split(separator: "\n").filter {
+                $0.hasPrefix("pingpong-64") && $0.hasSuffix("slower")
+            }
+            #expect(pingpong.count >= slowerRows, "\(arguments): \(printed.suffix(2000))")
+            if slowerRows == 0 { #expect(pingpong.isEmpty, "\(printed.suffix(2000))") }
+        }
     }
 
     /// The summary's word on foreign load, from this run's results.json made to say it (`sockbench report` renders
