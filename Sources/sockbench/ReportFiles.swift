@@ -65,6 +65,14 @@ extension Report {
         text +=
             "rate windows \(plan.rateSeconds) s, senders pacing by \((plan.pacing ?? .sleep).rawValue); pump \(plan.pumpSeconds.map { "passes of \($0) s after a \(plan.pumpBytes >> 23) MiB warm-up" } ?? "\(plan.pumpBytes >> 20) MiB"); connect \(plan.connectCount); fan-in \(plan.faninCount) round trips per connection (beyond 1,000 connections \(plan.faninCount) x 1,000 in all).\n\n"
         text += "Options: \(plan.options).\n\n"
+        let decision = decision()
+        if !decision.isEmpty {
+            // First, as on the terminal last: what the run means for a choice.
+            text +=
+                "## The decision\n\n```\n"
+                + decision.dropFirst().flatMap { $0.contains("\n") ? [$0] : Self.wrap($0, width: Self.terminalWidth) }
+                .joined(separator: "\n") + "\n```\n\n"
+        }
         for scenario in plan.scenarios where rows.contains(where: { $0.scenario == scenario }) {
             let (header, cells) = table(for: scenario)
             text +=

@@ -116,7 +116,7 @@ extension ReportHTML {
     /// order it comes in.
     static func color(of name: String) -> String {
         if let colour = Backend.everyCase.first(where: { $0.name == name })?.tooling?.colour { return colour }
-        let references = [Report.floorName: palette[0], "sockperf": palette[7], "iperf3": palette[0]]
+        let references = [Report.floorName: palette[0], "sockperf": palette[7], "iperf3": "#7f7f7f"]
         if let colour = references[name] { return colour }
         let others = Backend.everyCase.filter { $0.tooling == nil }.map(\.name)
         return others.firstIndex(of: name).map { palette[($0 + 1) % palette.count] } ?? palette[palette.count - 1]
@@ -154,7 +154,7 @@ extension ReportHTML {
                 let y = top + Double(index) * barHeight
                 let length = max(1, plot * value / maximum)
                 svg +=
-                    "<rect x=\"\(left)\" y=\"\(y)\" width=\"\(fixed(length, 1))\" height=\"\(barHeight - 1)\" fill=\"\(Self.palette[index % Self.palette.count])\"/>"
+                    "<rect x=\"\(left)\" y=\"\(y)\" width=\"\(fixed(length, 1))\" height=\"\(barHeight - 1)\" fill=\"\(series.count == 1 ? Self.color(of: label.split(separator: " ").first.map(String.init) ?? label) : Self.palette[index % Self.palette.count])\"/>"
                 svg +=
                     "<text x=\"\(fixed(left + length + 4, 1))\" y=\"\(y + barHeight - 1.5)\" font-size=\"9\">\(fixed(value, 1))</text>"
             }
@@ -295,7 +295,7 @@ extension ReportHTML {
                 "<text x=\"\(left - 6)\" y=\"\(fixed(y(maxY * fraction) + 4, 1))\" font-size=\"10\" text-anchor=\"end\">\(fixed(maxY * fraction, 0)) us</text>"
         }
         for (index, (name, points)) in lines.sorted(by: { $0.key < $1.key }).enumerated() {
-            let color = Self.palette[index % Self.palette.count]
+            let color = Self.color(of: String(name.split(separator: " ").first ?? Substring(name)))
             let sorted = points.sorted { $0.0 < $1.0 }
             let p50 = sorted.map { "\(fixed(x($0.0), 1)),\(fixed(y($0.1), 1))" }.joined(separator: " ")
             let p99 = sorted.map { "\(fixed(x($0.0), 1)),\(fixed(y($0.2), 1))" }.joined(separator: " ")

@@ -19,7 +19,19 @@ struct ReportHTML {
         body += "<h2 id=verdict>Verdict: which backend for what, from this run</h2>\n<ul class=verdict>"
         for line in verdict() { body += "<li>\(line)</li>" }
         body +=
-            "</ul>\n<p class=meta>Why, and what else to weigh (threads, memory per connection, ergonomics): docs/choosing-a-backend.md in the SocketStyles repository. One run on one machine: run it again on yours.</p>\n"
+            "</ul>\n"
+        let decision = report.decision()
+        if !decision.isEmpty {
+            body +=
+                "<pre class=decision>"
+                + escape(
+                    decision.dropFirst().flatMap {
+                        $0.contains("\n") ? [$0] : Report.wrap($0, width: Report.terminalWidth)
+                    }
+                    .joined(separator: "\n")) + "</pre>\n"
+        }
+        body +=
+            "<p class=meta>Why, and what else to weigh (threads, memory per connection, ergonomics): docs/choosing-a-backend.md in the SocketStyles repository. One run on one machine: run it again on yours.</p>\n"
         for transport in report.plan.transports {
             let chart = sweepChart(transport)
             guard !chart.isEmpty else { continue }
@@ -67,6 +79,7 @@ struct ReportHTML {
             table{border-collapse:collapse;margin:12px 0;font-size:12px;font-variant-numeric:tabular-nums}
             th,td{border:1px solid #ddd;padding:3px 7px;text-align:right}th{background:#f4f4f4}
             td:nth-child(-n+2),th:nth-child(-n+2){text-align:left}
+            pre.decision{font-size:12px;background:#f8f8f8;padding:8px;overflow-x:auto}
             svg{display:block;margin:8px 0}.notes{color:#555}.verdict li{margin:3px 0}
             h3{font-size:14px;margin:14px 0 2px}
             </style></head><body>

@@ -197,11 +197,13 @@ extension Report {
             text +=
                 "\n(Each table's other columns, up to \(leftOut): --wide, report.md or report.html with --out DIR.)\n"
         }
-        let summary = summary()
-        text +=
-            "\n"
-            + (wide ? summary : summary.flatMap { Self.wrap($0, width: Self.terminalWidth) })
-            .joined(separator: "\n") + "\n"
+        // What the run says, then last, where the eye lands when the run ends, what it means for a choice.
+        for part in [summary(), decision()] where !part.isEmpty {
+            text +=
+                "\n"
+                + (wide ? part : part.flatMap { $0.contains("\n") ? [$0] : Self.wrap($0, width: Self.terminalWidth) })
+                .joined(separator: "\n") + "\n"
+        }
         return text
     }
 }

@@ -135,6 +135,15 @@ struct JSONSchemaTests {
         #expect(wide.isEmpty, "\(wide.count) line(s) over 120 columns, the first: \(first)")
         #expect(!printed.contains("Target"), "\(printed.suffix(3000))")
         #expect(printed.contains("== What this run says"))
+        // It ends with the decision: a ranked table per transport of the first round trips, then each load in
+        // words.
+        let sections = printed.split(separator: "\n").filter { $0.hasPrefix("== ") }
+        #expect(sections.last == "== The decision", "\(sections)")
+        let decision = printed.components(separatedBy: "== The decision").last ?? ""
+        #expect(decision.contains("pingpong-64 tcp, best first"), "\(decision)")
+        #expect(decision.contains("rank  backend  quiet p50 us  p99 us"), "\(decision)")
+        #expect(decision.contains("One connection at a time (round trips), pingpong-64: tcp: "), "\(decision)")
+        #expect(decision.contains("Bulk transfer (one flow, MB/s), pump-65536: tcp: "), "\(decision)")
     }
 
     /// `--check-targets`: the project's targets are printed and a missed one fails the command. The run's ws

@@ -27,6 +27,8 @@ struct BroadcastScenario: ScenarioKind {
         load = try BroadcastLoad(name: argument)
     }
 
+    var loadName: String? { "One message to many clients (the last receipt, p95)" }
+
     var name: String { load.description }
     /// The clients and the asker.
     var connections: Int? { clients + 1 }

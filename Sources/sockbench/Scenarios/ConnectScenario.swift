@@ -16,6 +16,8 @@ struct ConnectScenario: ScenarioKind {
         guard argument == nil else { throw ScenarioError(message: "'\(name)': connect takes no parameter") }
     }
 
+    var loadName: String? { "Setting up connections" }
+
     var name: String { "connect" }
 
     func measure(_ context: MeasureContext) async throws(ConnectionError) -> ScenarioResult {

@@ -15,6 +15,8 @@ struct FaninScenario: ScenarioKind {
         count = try Scenario.number(argument, nil, kilo: 1000, name: name)
     }
 
+    var loadName: String? { "Many connections at once (round trips on each)" }
+
     var name: String { "fanin-\(count)" }
     var connections: Int? { count }
 

@@ -27,6 +27,8 @@ struct LoadedScenario: ScenarioKind {
         self.bulk = bulk
     }
 
+    var loadName: String? { "An interactive connection beside bulk flows (its p99)" }
+
     var name: String { "loaded-\(bulk)" }
     var connections: Int? { bulk + 1 }
 

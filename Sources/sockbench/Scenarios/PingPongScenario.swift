@@ -16,6 +16,8 @@ struct PingPongScenario: ScenarioKind {
         size = try Scenario.number(argument, "64", kilo: 1024, name: name)
     }
 
+    var loadName: String? { "One connection at a time (round trips)" }
+
     var name: String { "pingpong-\(size)" }
     var countsRoundTrips: Bool { true }
 

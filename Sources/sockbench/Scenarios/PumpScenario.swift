@@ -17,6 +17,8 @@ struct PumpScenario: ScenarioKind {
         size = try Scenario.number(argument, "64k", kilo: 1024, name: name)
     }
 
+    var loadName: String? { "Bulk transfer (one flow, MB/s)" }
+
     var name: String { "pump-\(size)" }
 
     static var server: ServerRole { .sink }

@@ -17,6 +17,8 @@ struct RateScenario: ScenarioKind {
         perSecond = try Scenario.number(argument, nil, kilo: 1000, name: name)
     }
 
+    var loadName: String? { "A steady rate of messages (open loop)" }
+
     var name: String { "rate-\(perSecond)" }
 
     func skipReason(_ target: Compare.Target, remote: Bool) -> String? { nil }

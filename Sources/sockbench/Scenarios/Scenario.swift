@@ -40,6 +40,9 @@ protocol ScenarioKind: Sendable, Hashable {
     var mainFigureName: String { get }
     /// Whether more of the main figure is better (bytes a second) rather than less (a latency).
     var higherIsBetter: Bool { get }
+    /// The kind of load it stands for in the decision that ends `compare`'s output, in plain words (`nil`: not
+    /// one a choice rests on, as the native styles and the proxy).
+    var loadName: String? { get }
     /// Its line in the live progress.
     func brief(_ measurement: ScenarioResult) -> String
     /// Its table: the header and a row of cells per report row (`rows` are this scenario's).
@@ -62,6 +65,7 @@ extension ScenarioKind {
     func mainFigure(_ measurement: ScenarioResult) -> Double { Double(measurement.latency?.p50 ?? 0) }
     var mainFigureName: String { "p50 us" }
     var higherIsBetter: Bool { false }
+    var loadName: String? { nil }
 
     func brief(_ m: ScenarioResult) -> String {
         "p50 \(microseconds(m.latency?.p50 ?? 0)) us, p99 \(microseconds(m.latency?.p99 ?? 0)) us, \(Int(m.messagesPerSecond ?? 0)) rt/s"
