@@ -136,18 +136,20 @@ struct ReportHTML {
         }
         for scenario in report.plan.scenarios where scenario.is(PingPongScenario.self) {
             for transport in ["tcp", "ws"] {
-                let candidates = rows(PingPongScenario.self, transport).filter { $0.scenario == scenario }
-                if let line = pick(
-                    "Lowest latency, \(transport) \(scenario)", candidates,
-                    by: { $0.median.latency.map { Double($0.p50) } }, lowest: true,
-                    { row, p50 in
-                        "p50 \(fixed(p50 / 1000, 1)) us"
-                            + (report.p50Ratio(row, over: report.floorRow(for: row)).map { ", \($0.text) the C floor" }
-                                ?? "")
-                    })
-                {
-                    lines.append(line)
-                }
+                // The decision's first rank: the backends this run cannot tell apart at the top (see the table).
+                let groups = report.decisionGroups(scenario, transport)
+                guard let first = groups.first, let lead = first.rows.first else { continue }
+                let names = first.rows.map { escape($0.row.backend) }
+                let next = groups.dropFirst().first?.rows.first
+                lines.append(
+                    "<b>Lowest latency, \(transport) \(scenario): \(names.joined(separator: " and "))</b>"
+                        + (names.count > 1 ? " (within 5% or not distinguishable in this run)" : "")
+                        + ", quiet p50 \(fixed(lead.figure / 1000, 1)) us"
+                        + (report.p50Ratio(lead.row, over: report.floorRow(for: lead.row)).map {
+                            ", \($0.text) the C floor"
+                        } ?? "")
+                        + (next.map { " (next: \(escape($0.row.backend)), \(fixed($0.figure / 1000, 1)) us)" } ?? "")
+                        + ". In code: " + escape(Self.codeCost(lead.row.backend) ?? "") + ".")
             }
             if let line = pick(
                 "Least CPU per message, tcp \(scenario)",

@@ -510,6 +510,10 @@ struct JSONSchemaTests {
         #expect(headings.first?.contains("Verdict") == true, "\(headings)")
         #expect(headings.last?.contains("The project's own targets") == true, "\(headings)")
         #expect(html.contains("<b>Lowest latency, tcp pingpong-64: bsd</b>"))
+        // The decision's tables come right after the verdict, before any scenario's table.
+        let decision = html.range(of: "<pre class=decision>")
+        let firstTable = html.range(of: "<table>")
+        #expect(decision != nil && firstTable != nil && decision!.lowerBound < firstTable!.lowerBound)
         #expect(html.contains("<b>Bulk, tcp pump-65536: bsd</b>"))
         #expect(html.contains("latency by percentile"))
         #expect(html.components(separatedBy: "<line class=axis").count > 4)
