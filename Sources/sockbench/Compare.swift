@@ -106,6 +106,12 @@ struct Compare: AsyncParsableCommand {
     )
     var baseline: String?
 
+    @Flag(
+        help:
+            "Print one JSON object per line on stdout as the run goes (start, each pass's measurement, end with the whole report); the tables go to stderr."
+    )
+    var jsonStream = false
+
     @Option(
         help: "With --baseline: exit 1 when any figure is slower than the baseline's by more than this many percent.")
     var failSlower: Double?
@@ -119,6 +125,11 @@ struct Compare: AsyncParsableCommand {
     func run() async throws {
         var plan = try makePlan()
         if failSlower != nil, baseline == nil { throw fail("--fail-slower needs a --baseline to compare with") }
+        if jsonStream, baseline != nil || output.checkTargets {
+            throw fail(
+                "--json-stream keeps stdout for JSON lines: run `sockbench diff` or `report --check-targets` on --out DIR"
+            )
+        }
         // Read before the run, so that a wrong path fails in a second, not after it.
         let before = try baseline.map(ReportDiff.load)
         let mostConnections = plan.scenarios.compactMap(\.connections).max() ?? 0
@@ -238,6 +249,7 @@ struct Compare: AsyncParsableCommand {
         // A sweep's rates, per target: the lowest at which it saturated in this repetition (higher ones skipped).
         var saturated: [String: Int] = [:]
         let started = Date()
+        if jsonStream { CompareStreamEvent.start(plan).write() }
         /// One pass: every target measured once in `scenario`, one after another in `order`. Returns the
         /// measurements by row key.
         func pass(_ scenario: Scenario, order: [Target], label: String) async throws -> [RowKey: ScenarioResult] {
@@ -253,6 +265,11 @@ struct Compare: AsyncParsableCommand {
                     scenario, target, server: server, also: also, plan: plan, tls: clientTLS,
                     roundTrips: roundTrips[key] ?? plan.pingpongCount)
                 results[key] = measurement
+                if jsonStream {
+                    CompareStreamEvent.pass(
+                        label: label, elapsed: Date().timeIntervalSince(started), key: key, result: measurement
+                    ).write()
+                }
                 if plan.sweep != nil, let rate = scenario.as(RateScenario.self)?.perSecond,
                     Report.saturated(measurement, perSecond: rate, bound: plan.p99Bound ?? Plan.defaultP99Bound)
                 {
@@ -341,7 +358,12 @@ struct Compare: AsyncParsableCommand {
         }
         let report = Report(
             plan: plan, runs: runs, skipped: skipped, machine: MachineInfo.read(), external: external)
-        Console.line(report.terminalTables(wide: output.wide))
+        if jsonStream {
+            Console.error(report.terminalTables(wide: output.wide))
+            CompareStreamEvent.end(report).write()
+        } else {
+            Console.line(report.terminalTables(wide: output.wide))
+        }
         if let out {
             try report.write(to: out)
             Console.error("wrote \(out)/results.json, results.csv, report.md, report.html")

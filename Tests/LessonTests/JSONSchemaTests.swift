@@ -30,6 +30,35 @@ struct JSONSchemaTests {
         #expect(problems.isEmpty, "\(name): \(problems.joined(separator: "; "))\n\(json.prefix(2000))")
     }
 
+    /// `compare --json-stream`: stdout is JSON lines only, each valid against compare-stream.schema.json: a
+    /// start, a pass line per measurement (5 pingpong slices and one pump pass, for bsd and the C floor), an end
+    /// with the report.
+    @Test("compare --json-stream prints one valid object per line: start, each pass, end")
+    func jsonStream() async throws {
+        try await SocketTest.run(timeLimit: .seconds(120)) {
+            let printed = try await run(
+                [
+                    "compare", "--scenarios", "pingpong-64,pump-64k", "--transports", "tcp", "--backends", "bsd",
+                    "--repetitions", "1", "--seconds", "0.5", "--pump-seconds", "0.2", "--no-baselines",
+                    "--json-stream",
+                ], raw: true)
+            let lines = printed.split(separator: "\n").map(String.init)
+            for line in lines { try check(line, against: "compare-stream.schema.json") }
+            let events = try lines.map { line -> [String: Any] in
+                try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any])
+            }
+            #expect(events.first?["event"] as? String == "start")
+            #expect(events.last?["event"] as? String == "end")
+            let passes = events.filter { $0["event"] as? String == "pass" }
+            let firstTry = passes.filter { $0["label"] as? String != "again" }
+            #expect(
+                firstTry.count == 12,
+                "\(passes.map { "\($0["label"] ?? "") \($0["scenario"] ?? "") \($0["source"] ?? "")" })")
+            let report = events.last?["report"] as? [String: Any]
+            #expect((report?["rows"] as? [Any])?.count == 4)
+        }
+    }
+
     @Test("ping, pump, lesson and compare outputs are valid against their schemas")
     func outputsMatch() async throws {
         try await SocketTest.run(timeLimit: .seconds(240)) {
@@ -621,8 +650,18 @@ struct SchemaValidator {
                 else { throw SocketTest.Failure(description: "no definition \(reference)") }
                 try check(value, target, root: root, path: path, &problems)
             } else {
-                let other = try load(reference)
-                try check(value, other, root: other, path: path, &problems)
+                // Another file, whole or one of its definitions: `compare.schema.json#/$defs/result`.
+                let parts = reference.split(separator: "#", maxSplits: 1).map(String.init)
+                let other = try load(parts[0])
+                var target = other
+                if parts.count == 2 {
+                    let name = String(parts[1].dropFirst("/$defs/".count))
+                    guard parts[1].hasPrefix("/$defs/"), let definitions = other["$defs"] as? [String: Any],
+                        let part = definitions[name] as? [String: Any]
+                    else { throw SocketTest.Failure(description: "no definition \(reference)") }
+                    target = part
+                }
+                try check(value, target, root: other, path: path, &problems)
             }
         }
         if let type = schema["type"] as? String, !Self.matches(value, type) {
