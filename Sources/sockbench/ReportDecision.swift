@@ -79,7 +79,12 @@ extension Report {
             for transport in plan.transports {
                 let groups = decisionGroups(scenario, transport)
                 guard !groups.isEmpty else { continue }
-                perTransport.append("\(transport): " + groups.map { words($0, scenario) }.joined(separator: ", then "))
+                // One unit per transport: milliseconds once its slowest backend takes one (a broadcast's last
+                // receipt, 703.4 ms, not 703397.2 us).
+                let milliseconds = (groups.flatMap(\.rows).map(\.figure).max() ?? 0) >= 1_000_000
+                perTransport.append(
+                    "\(transport): "
+                        + groups.map { words($0, scenario, milliseconds: milliseconds) }.joined(separator: ", then "))
             }
             guard !perTransport.isEmpty, let name = kind.loadName else { continue }
             loadLines.append("  \(name), \(scenario): " + perTransport.joined(separator: "; ") + ".")
@@ -97,10 +102,13 @@ extension Report {
     }
 
     /// A group in words: `bsd (11.0)`, `async and uring (12.3-13.0)`.
-    private func words(_ group: DecisionGroup, _ scenario: Scenario) -> String {
+    private func words(_ group: DecisionGroup, _ scenario: Scenario, milliseconds: Bool) -> String {
         let higher = scenario.kind.higherIsBetter
-        let show: (Double) -> String = higher ? { fixed($0 / 1e6, 0) } : { fixed($0 / 1000, 1) }
-        let unit = higher ? " MB/s" : " us"
+        let show: (Double) -> String =
+            higher
+            ? { fixed($0 / 1e6, 0) }
+            : milliseconds ? { fixed($0 / 1e6, $0 < 10_000_000 ? 2 : 1) } : { fixed($0 / 1000, 1) }
+        let unit = higher ? " MB/s" : milliseconds ? " ms" : " us"
         let names = group.rows.map(\.row.backend)
         let listed =
             names.count == 1
