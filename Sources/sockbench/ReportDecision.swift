@@ -23,7 +23,7 @@ extension Report {
         }
         let kind = scenario.kind
         let figure: (ScenarioResult) -> Double? =
-            kind.mainFigureName == "p50 us" ? Self.comparedP50(candidates) : { kind.mainFigure($0) }
+            kind.judgedByP50 ? Self.comparedP50(candidates) : { kind.mainFigure($0) }
         let entries = candidates.compactMap { row -> (ReportRow, PairedRanking.Entry)? in
             guard let center = figure(row.median), center > 0 else { return nil }
             return (row, PairedRanking.Entry(name: row.backend, center: center, slices: row.repetitions.map(figure)))

@@ -57,13 +57,22 @@ struct ReportDiff {
     let old: Report
     let new: Report
     /// Compare the figures themselves, not each over the C floor of its pass.
-    var raw = false
+    let raw: Bool
+    /// Every compared figure (see ``compared(old:new:raw:)``), computed once.
+    let lines: [Line]
+
+    init(old: Report, new: Report, raw: Bool = false) {
+        self.old = old
+        self.new = new
+        self.raw = raw
+        lines = Self.compared(old: old, new: new, raw: raw)
+    }
 
     /// Rows of both runs, in the new run's order (the C floor's left out: see ``floorLines``); rows only one run
     /// has are counted, not compared. Each figure is taken over the C floor's in the same pass when both runs have
     /// that floor row (the machine's speed on the day then cancels: two runs of one build on this VM differed by
     /// 28% in the C floor's own pump), else as it is.
-    var lines: [Line] {
+    static func compared(old: Report, new: Report, raw: Bool) -> [Line] {
         new.rows.filter { $0.backend != Report.floorName }.flatMap { row -> [Line] in
             guard let before = old.row(row.backend, row.transport, row.scenario) else { return [] }
             let floors =
@@ -120,7 +129,7 @@ struct ReportDiff {
                 Figure(
                     name: kind.mainFigureName, values: { kind.mainFigure($0) }, show: { fixed($0 / 1e6, 1) },
                     higherIsBetter: true, main: true))
-        } else if kind.mainFigureName == "p50 us",
+        } else if kind.judgedByP50,
             rows.allSatisfy({ $0.repetitions.allSatisfy { $0.quietP50 != nil } })
         {
             figures.append(

@@ -174,6 +174,7 @@ struct BroadcastScenario: ScenarioKind {
 
     /// Judged by the 95th percentile of the last client's receipt.
     var mainFigureName: String { "last receipt p95 us" }
+    var judgedByP50: Bool { false }
 
     func mainFigure(_ measurement: ScenarioResult) -> Double {
         Double(measurement.broadcast?.lastReceipt?.p95 ?? 0)

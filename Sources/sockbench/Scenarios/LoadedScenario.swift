@@ -50,6 +50,7 @@ struct LoadedScenario: ScenarioKind {
     /// Judged by the probe's p99.
     func mainFigure(_ measurement: ScenarioResult) -> Double { Double(measurement.latency?.p99 ?? 0) }
     var mainFigureName: String { "p99 us" }
+    var judgedByP50: Bool { false }
 
     func brief(_ m: ScenarioResult) -> String {
         "probe p50 \(microseconds(m.latency?.p50 ?? 0)) us, p99 \(microseconds(m.latency?.p99 ?? 0)) us, \(m.messages) rt"

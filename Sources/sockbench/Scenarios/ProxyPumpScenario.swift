@@ -36,6 +36,7 @@ struct ProxyPumpScenario: ScenarioKind {
 
     func mainFigure(_ measurement: ScenarioResult) -> Double { measurement.bytesPerSecond ?? 0 }
     var mainFigureName: String { "MB/s" }
+    var judgedByP50: Bool { false }
     var higherIsBetter: Bool { true }
     func brief(_ m: ScenarioResult) -> String { PumpScenario.brief(m) }
 

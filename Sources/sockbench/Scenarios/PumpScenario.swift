@@ -45,6 +45,7 @@ struct PumpScenario: ScenarioKind {
 
     func mainFigure(_ measurement: ScenarioResult) -> Double { measurement.bytesPerSecond ?? 0 }
     var mainFigureName: String { "MB/s" }
+    var judgedByP50: Bool { false }
     var higherIsBetter: Bool { true }
     func brief(_ m: ScenarioResult) -> String { Self.brief(m) }
 

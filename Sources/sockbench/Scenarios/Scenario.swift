@@ -38,6 +38,9 @@ protocol ScenarioKind: Sendable, Hashable {
     func mainFigure(_ measurement: ScenarioResult) -> Double
     /// The main figure's name as `sockbench diff` prints it (`p50 us`, `MB/s`, ...).
     var mainFigureName: String { get }
+    /// Whether the main figure is a p50 latency (which rankings and diffs read as the quiet p50 where every pass
+    /// has one).
+    var judgedByP50: Bool { get }
     /// Whether more of the main figure is better (bytes a second) rather than less (a latency).
     var higherIsBetter: Bool { get }
     /// The kind of load it stands for in the decision that ends `compare`'s output, in plain words (`nil`: not
@@ -64,6 +67,7 @@ extension ScenarioKind {
 
     func mainFigure(_ measurement: ScenarioResult) -> Double { Double(measurement.latency?.p50 ?? 0) }
     var mainFigureName: String { "p50 us" }
+    var judgedByP50: Bool { true }
     var higherIsBetter: Bool { false }
     var loadName: String? { nil }
 

@@ -40,6 +40,7 @@ struct WorkloadScenario: ScenarioKind {
     /// Judged by its p99 from the intended send time.
     func mainFigure(_ measurement: ScenarioResult) -> Double { Double(measurement.latency?.p99 ?? 0) }
     var mainFigureName: String { "p99 us" }
+    var judgedByP50: Bool { false }
     func brief(_ m: ScenarioResult) -> String { RateScenario.openLoopBrief(m) }
 
     func table(_ report: Report, rows: [ReportRow]) -> (header: [String], cells: [[String]]) {
