@@ -126,5 +126,6 @@ extension Backend {
             module: "AsyncBackend", colour: "#59a14f", autobahn: .wss, autobahnDeflate: [.client],
             allocationsPerRoundTrip: 9
         ),
+        newLoop: { () throws(ConnectionError) in AsyncBackend(reactor: try AsyncReactor(name: "async-reactor")) },
         make: { AsyncBackend() })
 }

@@ -79,5 +79,7 @@ extension Backend {
         tooling: Backend.Tooling(
             module: "BSDSocketBackend", colour: "#f28e2b", autobahn: .ws, autobahnDeflate: [.server],
             allocationsPerRoundTrip: 8),
+        // A thread per connection already: a listener per server thread only adds an acceptor thread.
+        newLoop: { BSDBackend() },
         make: { BSDBackend() })
 }

@@ -24,6 +24,9 @@ public struct Backend: Sendable, Hashable, CustomStringConvertible {
     public let tooling: Tooling?
     private let make: @Sendable () -> any ConnectionBackend
     private let availability: @Sendable () -> String?
+    /// Makes the backend on a loop (and its thread) of its own, for a server on several threads; `nil` for a
+    /// backend with one loop per process.
+    public let newLoop: (@Sendable () throws(ConnectionError) -> any ConnectionBackend)?
 
     /// What the project's own tooling reads from a backend's registration, so that adding a backend is its module
     /// and its registration, with no list elsewhere to extend by hand: `sockbench backends --json` prints it for
@@ -63,12 +66,15 @@ public struct Backend: Sendable, Hashable, CustomStringConvertible {
     }
 
     /// `availability` says, in one line, why the backend cannot run on this machine (io_uring on a kernel or in a
-    /// sandbox that forbids it), or `nil` when it can.
+    /// sandbox that forbids it), or `nil` when it can. `newLoop` makes the backend on a loop of its own (`make`
+    /// gives the shared one): a server on N threads listens on N of them.
     public init(
         name: String, summary: String, style: String, isReference: Bool = false, tooling: Tooling? = nil,
         availability: @escaping @Sendable () -> String? = { nil },
+        newLoop: (@Sendable () throws(ConnectionError) -> any ConnectionBackend)? = nil,
         make: @escaping @Sendable () -> any ConnectionBackend
     ) {
+        self.newLoop = newLoop
         self.name = name
         self.summary = summary
         self.style = style

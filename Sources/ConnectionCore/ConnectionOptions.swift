@@ -24,6 +24,10 @@ public struct ConnectionOptions: Sendable, Hashable {
     /// SO_REUSEADDR on TCP listeners (lets a restarted server bind while old connections are in TIME_WAIT).
     /// Never set on UDP sockets, where Linux would let two sockets share a port.
     public var reuseAddress: Bool = true
+    /// SO_REUSEPORT on listeners (TCP and UDP): several sockets, one per loop, bind the same address and the
+    /// kernel spreads new connections (and UDP peers, by their address) over them. What a server on several
+    /// threads sets (`Backend.listen(on:options:webSocket:tls:threads:)` sets it for each of its loops).
+    public var reusePort: Bool = false
     /// How long a TCP listener that is out of descriptors (EMFILE, ENFILE) waits before it tries to accept
     /// again. Meanwhile new clients wait in the listen backlog and the connections already open go on being
     /// served; without the pause, a level-triggered listener would retry at once and burn a core.

@@ -1,5 +1,6 @@
 internal import CLibUV
 @_spi(Loop) import ConnectionCore
+internal import Glibc
 public import POSIXSupport
 
 /// What every libuv handle shares: its loop, its memory, and closing.
@@ -76,12 +77,14 @@ public final class UVTCP: UVHandle, @unchecked Sendable {
     /// Writes from other threads (``writeFromAnyThread(_:)``).
     private let direct = DirectSend()
 
-    /// `uv_tcp_init` on `loop` (call on the loop thread). `readBufferSize` is what the alloc callback hands out
-    /// for each read (one buffer per handle, reused: each read is consumed inside the read callback).
-    public init(loop: UVLoop, readBufferSize: Int = 64 * 1024) throws(UVError) {
+    /// `uv_tcp_init_ex` on `loop` (call on the loop thread). `readBufferSize` is what the alloc callback hands out
+    /// for each read (one buffer per handle, reused: each read is consumed inside the read callback). With a
+    /// `family`, the socket is made now (a listener sets options on it before binding); without, at bind or connect.
+    public init(loop: UVLoop, readBufferSize: Int = 64 * 1024, family: SocketAddress.Family? = nil) throws(UVError) {
         self.readBufferSize = readBufferSize
         super.init(loop: loop, size: MemoryLayout<uv_tcp_t>.size)
-        try UVError.check(uv_tcp_init(loop.raw, handle.assumingMemoryBound(to: uv_tcp_t.self)))
+        let domain = family.map { $0 == .ipv4 ? AF_INET : AF_INET6 } ?? AF_UNSPEC
+        try UVError.check(uv_tcp_init_ex(loop.raw, handle.assumingMemoryBound(to: uv_tcp_t.self), UInt32(domain)))
         attach()
     }
 
@@ -98,8 +101,11 @@ public final class UVTCP: UVHandle, @unchecked Sendable {
         readBuffer = nil
     }
 
-    /// `uv_tcp_bind`.
-    public func bind(_ address: SocketAddress) throws(UVError) {
+    /// `uv_tcp_bind`. With `reusePort`, SO_REUSEPORT first (on a handle made with ``init(loop:readBufferSize:family:)``
+    /// for the address's family, whose socket exists before the bind): listeners on several loops then share the
+    /// address, and the kernel spreads new connections over them.
+    public func bind(_ address: SocketAddress, reusePort: Bool = false) throws(UVError) {
+        if reusePort { try setReusePort(on: handle) }
         let status = address.withSockAddr { pointer, _ in uv_tcp_bind(tcp, pointer, 0) }
         try UVError.check(status)
     }
@@ -379,4 +385,14 @@ private let uvRead: @convention(c) (UnsafeMutablePointer<uv_stream_t>?, Int, Uns
     let tcp = Unmanaged<UVTCP>.fromOpaque(uv_handle_get_data(csuv_handle(stream))).takeUnretainedValue()
     tcp.didRead(count, buffer)
     tcp.loop.runCallbackWork()
+}
+
+/// SO_REUSEPORT on a handle whose socket exists (made with a family, before its bind).
+func setReusePort(on handle: UnsafeMutableRawPointer) throws(UVError) {
+    var fd: uv_os_fd_t = -1
+    try UVError.check(uv_fileno(csuv_handle(handle), &fd))
+    var one: Int32 = 1
+    if setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, socklen_t(MemoryLayout<Int32>.size)) != 0 {
+        throw UVError(-errno)
+    }
 }

@@ -16,12 +16,13 @@ final class UVTCPListener: Listener, Sendable {
     init(loop: UVLoop, address: SocketAddress, options: ConnectionOptions) throws(ConnectionError) {
         self.loop = loop
         do throws(UVError) {
-            tcp = try UVTCP(loop: loop, readBufferSize: options.readChunkSize)
+            tcp = try UVTCP(
+                loop: loop, readBufferSize: options.readChunkSize, family: options.reusePort ? address.family : nil)
         } catch {
             throw error.connectionError("uv_tcp_init")
         }
         do throws(UVError) {
-            try tcp.bind(address)
+            try tcp.bind(address, reusePort: options.reusePort)
             // libuv reports a bind conflict (EADDRINUSE) from uv_listen on Linux.
             try tcp.listen(backlog: options.backlog) { [accepted, tcp] error in
                 guard error == nil, !tcp.isClosing else { return }
@@ -94,13 +95,15 @@ final class UVUDPListener: Listener, Sendable {
         self.options = options
         let udp: UVUDP
         do throws(UVError) {
-            udp = try UVUDP(loop: loop, bufferSize: options.maxDatagramSize, batch: 16)
+            udp = try UVUDP(
+                loop: loop, bufferSize: options.maxDatagramSize, batch: 16,
+                family: options.reusePort ? address.family : nil)
         } catch {
             throw error.connectionError("uv_udp_init")
         }
         self.udp = udp
         do throws(UVError) {
-            try udp.bind(address)
+            try udp.bind(address, reusePort: options.reusePort)
             try udp.setBufferSizes(receive: options.receiveBufferSize, send: options.sendBufferSize)
             localEndpoint = try udp.localAddress.endpoint(.udp)
         } catch {

@@ -25,12 +25,16 @@ public final class UVUDP: UVHandle, @unchecked Sendable {
 
     /// `uv_udp_init_ex` (call on the loop thread). `bufferSize` bounds the datagrams received whole; `batch` > 1
     /// reads up to that many datagrams per system call (a server's socket, where floods arrive).
-    public init(loop: UVLoop, bufferSize: Int = 65_536, batch: Int = 1) throws(UVError) {
+    /// With a `family`, the socket is made now (a listener sets options on it before binding).
+    public init(
+        loop: UVLoop, bufferSize: Int = 65_536, batch: Int = 1, family: SocketAddress.Family? = nil
+    ) throws(UVError) {
         self.bufferSize = bufferSize
         self.batch = max(1, batch)
         super.init(loop: loop, size: MemoryLayout<uv_udp_t>.size)
         let flags = self.batch > 1 ? UInt32(UV_UDP_RECVMMSG.rawValue) : 0
-        try UVError.check(uv_udp_init_ex(loop.raw, udp, UInt32(AF_UNSPEC) | flags))
+        let domain = family.map { $0 == .ipv4 ? AF_INET : AF_INET6 } ?? AF_UNSPEC
+        try UVError.check(uv_udp_init_ex(loop.raw, udp, UInt32(domain) | flags))
         attach()
     }
 
@@ -47,8 +51,10 @@ public final class UVUDP: UVHandle, @unchecked Sendable {
         buffer = nil
     }
 
-    /// `uv_udp_bind` (IPv6 sockets are IPv6-only).
-    public func bind(_ address: SocketAddress) throws(UVError) {
+    /// `uv_udp_bind` (IPv6 sockets are IPv6-only). With `reusePort`, SO_REUSEPORT first (on a handle made for the
+    /// address's family): sockets on several loops share the address, the kernel spreads peers over them by address.
+    public func bind(_ address: SocketAddress, reusePort: Bool = false) throws(UVError) {
+        if reusePort { try setReusePort(on: handle) }
         let flags = address.family == .ipv6 ? UInt32(UV_UDP_IPV6ONLY.rawValue) : 0
         try UVError.check(address.withSockAddr { pointer, _ in uv_udp_bind(udp, pointer, flags) })
     }

@@ -135,5 +135,6 @@ extension Backend {
         style: "SwiftNIO channel handlers and futures (or the same Connection)",
         isReference: true,
         tooling: Backend.Tooling(module: "NIOBackend", colour: "#edc948", autobahn: .ws, allocationsPerRoundTrip: 18),
+        newLoop: { NIOBackend(group: MultiThreadedEventLoopGroup(numberOfThreads: 1)) },
         make: { NIOBackend() })
 }

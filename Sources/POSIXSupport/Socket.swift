@@ -15,9 +15,9 @@ public enum Socket {
     // MARK: Listening
 
     /// The listen recipe: a socket for `address` (non-blocking when asked), IPV6_V6ONLY on IPv6 (so that `[::]`
-    /// and `0.0.0.0` can be bound side by side, as on every backend), SO_REUSEADDR on TCP per `options`, the
-    /// buffer sizes of `options`, bind (its failure reads "listen on `endpoint`: ..."), and for TCP listen(2) with
-    /// `options.backlog`. Returns the descriptor and the bound address (the real port when 0 was asked).
+    /// and `0.0.0.0` can be bound side by side, as on every backend), SO_REUSEADDR on TCP and SO_REUSEPORT per
+    /// `options`, the buffer sizes of `options`, bind (its failure reads "listen on `endpoint`: ..."), and for TCP
+    /// listen(2) with `options.backlog`. Returns the descriptor and the bound address (the real port when 0 was asked).
     public static func listen(
         on address: SocketAddress, transport: Transport, options: ConnectionOptions = ConnectionOptions(),
         nonBlocking: Bool = true, describing endpoint: Endpoint
@@ -28,6 +28,7 @@ public enum Socket {
         let fd = socket.raw
         if address.family == .ipv6 { try Syscall.setIPv6Only(fd, true) }
         if !datagram { try Syscall.setReuseAddress(fd, options.reuseAddress) }
+        if options.reusePort { try Syscall.setReusePort(fd, true) }
         try Syscall.setBufferSizes(fd, receive: options.receiveBufferSize, send: options.sendBufferSize)
         do {
             try Syscall.bind(fd, to: address)

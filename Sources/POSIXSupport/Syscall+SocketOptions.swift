@@ -42,6 +42,11 @@ extension Syscall {
         try setOption(fd, level: SOL_SOCKET, name: SO_REUSEADDR, value: on ? 1 : 0)
     }
 
+    /// SO_REUSEPORT on or off.
+    package static func setReusePort(_ fd: Int32, _ on: Bool) throws(ConnectionError) {
+        try setOption(fd, level: SOL_SOCKET, name: SO_REUSEPORT, value: on ? 1 : 0)
+    }
+
     /// SO_RCVBUF / SO_SNDBUF when given.
     package static func setBufferSizes(_ fd: Int32, receive: Int?, send: Int?) throws(ConnectionError) {
         if let receive { try setOption(fd, level: SOL_SOCKET, name: SO_RCVBUF, value: Int32(clamping: receive)) }

@@ -13,10 +13,25 @@ public struct UringBackend: ConnectionBackend {
     public let name = "uring"
     public let transports: Set<Transport> = [.tcp, .udp]
 
+    /// The ring this backend's sockets use; `nil`: the shared one.
+    private let loop: UringLoop?
+
     /// Starts the shared ring (when io_uring is available here; otherwise connect and listen say why).
     public init() {
         Syscall.ignoreSIGPIPE()
         _ = try? UringLoop.shared()
+        loop = nil
+    }
+
+    /// A backend whose sockets use `loop` (a ring and its thread of their own).
+    public init(loop: UringLoop) {
+        Syscall.ignoreSIGPIPE()
+        self.loop = loop
+    }
+
+    private func ring() throws(ConnectionError) -> UringLoop {
+        if let loop { return loop }
+        return try UringLoop.shared()
     }
 
     /// `nil` when io_uring works here; otherwise why not, in one line.
@@ -33,14 +48,14 @@ public struct UringBackend: ConnectionBackend {
         to endpoint: Endpoint, options: ConnectionOptions
     ) async throws(ConnectionError) -> any Connection {
         try requireTransport(of: endpoint)
-        return UringConnection(socket: try await UringSocket.connect(to: endpoint, options: options))
+        return UringConnection(socket: try await UringSocket.connect(to: endpoint, options: options, loop: ring()))
     }
 
     public func listen(
         on endpoint: Endpoint, options: ConnectionOptions
     ) async throws(ConnectionError) -> any Listener {
         try requireTransport(of: endpoint)
-        let loop = try UringLoop.shared()
+        let loop = try ring()
         if endpoint.transport == .udp {
             return try await UringUDPListener.start(on: endpoint, options: options, loop: loop)
         }
@@ -74,5 +89,6 @@ extension Backend {
         style: "submit an operation, await its completion: the kernel does the I/O, no readiness, no retry",
         tooling: Backend.Tooling(module: "UringBackend", colour: "#b07aa1", autobahn: .ws, allocationsPerRoundTrip: 13),
         availability: { UringBackend.unavailableReason },
+        newLoop: { () throws(ConnectionError) in UringBackend(loop: try UringLoop(name: "uring-loop")) },
         make: { UringBackend() })
 }

@@ -24,6 +24,12 @@ struct Serve: AsyncParsableCommand {
     @Option(help: "Pin the server to this CPU.")
     var cpu: Int?
 
+    @Option(
+        help: ArgumentHelp(
+            "Serve on this many loops (threads), a listening socket each on the one address (SO_REUSEPORT).",
+            discussion: "bsd already runs a thread per connection: more only adds acceptor threads."))
+    var threads: Int = 1
+
     @OptionGroup var tls: TLSServerOptions
 
     @Flag(help: "Count and discard instead of echoing (the receiving end of `compare`'s pump scenarios).")
@@ -92,6 +98,14 @@ struct Serve: AsyncParsableCommand {
         guard maxUDPPeers >= 1 else { throw ValidationError("--max-udp-peers must be at least 1") }
         guard (0...9).contains(deflateLevel) else { throw ValidationError("--deflate-level must be 0-9") }
         guard !(sink && broadcast) else { throw ValidationError("--sink and --broadcast are two different servers") }
+        guard threads >= 1 else { throw ValidationError("--threads must be at least 1") }
+        if threads > 1 {
+            guard !native, !asyncChannel, !agent else {
+                throw ValidationError(
+                    "--threads serves through Connection: not with --native, --async-channel or --agent")
+            }
+            guard cpu == nil else { throw ValidationError("--cpu would put every one of the --threads on one CPU") }
+        }
     }
 
     func run() async throws {
@@ -123,7 +137,7 @@ struct Serve: AsyncParsableCommand {
                 webSocket: WebSocketOptions.with {
                     $0.deflate = deflate ? WebSocketDeflateOptions.with { $0.compressionLevel = deflateLevel } : nil
                 },
-                tls: tlsConfiguration)
+                tls: tlsConfiguration, threads: threads)
             let numbered = endpoint.transport.isByteStream ? nil : LessonTrace.leadingNumber
             server = EchoServer(
                 listener: recorder.map { $0.trace(listener, phase: 0, number: numbered) } ?? listener,
