@@ -10,8 +10,13 @@ import Testing
 struct ConformanceCase: Sendable, CustomTestStringConvertible {
     let backend: Backend
     let transport: Transport
+    /// The loops the server side listens on (`Backend.listen(on:options:webSocket:tls:threads:)`): every socket
+    /// backend runs the suite on 1 and on 2.
+    var serverThreads = 1
 
-    var testDescription: String { "\(backend) x \(transport)" }
+    var testDescription: String {
+        serverThreads == 1 ? "\(backend) x \(transport)" : "\(backend) x \(transport), \(serverThreads) server threads"
+    }
 
     /// The loopback address to listen on, port 0.
     var anyPort: Endpoint { try! Endpoint(url: "\(transport)://127.0.0.1:0") }
@@ -25,11 +30,21 @@ struct ConformanceCase: Sendable, CustomTestStringConvertible {
         return every.filter { chosen.contains($0.name) }
     }()
 
+    /// Every backend x transport, the server on one thread.
     static let all: [ConformanceCase] = backends.flatMap { backend in
         [Transport.tcp, .udp, .ws, .tls, .wss].filter(backend.transports.contains).map {
             ConformanceCase(backend: backend, transport: $0)
         }
     }
+    /// Every backend that can serve on more than one thread (every socket backend) x transport, the server on two:
+    /// the contract suite (`ConformanceTests`) runs these beside ``all``; the suites of what is layered per
+    /// connection (TLS, WebSocket, deflate, relays) do not, since a connection's code is the same on either loop.
+    /// The second loops are made here, as the suite is planned: they live as long as the process, as each
+    /// backend's shared loop does, so no test finds their descriptors open after it.
+    static let onTwoServerThreads: [ConformanceCase] = all.filter { (try? $0.backend.loops(2)) != nil }.map {
+        ConformanceCase(backend: $0.backend, transport: $0.transport, serverThreads: 2)
+    }
+
     /// Cases whose connections are the kernel's, which other processes (openssl, Python, Chromium) can reach:
     /// every backend but the in-memory one.
     static let withSockets = all.filter(\.usesSockets)
@@ -80,12 +95,14 @@ struct ConformanceCase: Sendable, CustomTestStringConvertible {
     func listen(
         options: ConnectionOptions = ConnectionOptions(), webSocket: WebSocketOptions = WebSocketOptions()
     ) async throws(ConnectionError) -> any Listener {
-        try await backend.listen(on: anyPort, options: options, webSocket: webSocket, tls: serverTLS)
+        try await backend.listen(
+            on: anyPort, options: options, webSocket: webSocket, tls: serverTLS, threads: serverThreads)
     }
 
     /// A listener for the stream under a WebSocket transport: TCP for ws, TLS for wss.
     func listenStream() async throws(ConnectionError) -> any Listener {
-        try await backend.listen(on: anyPort.with(transport: transport.isSecure ? .tls : .tcp), tls: serverTLS)
+        try await backend.listen(
+            on: anyPort.with(transport: transport.isSecure ? .tls : .tcp), tls: serverTLS, threads: serverThreads)
     }
 
     /// A TCP listener that never accepts, with this backlog: once its queue is full, a further connect cannot
@@ -112,7 +129,17 @@ struct ConformanceCase: Sendable, CustomTestStringConvertible {
     }
 
     func echoServer() async throws(ConnectionError) -> EchoServer {
-        try await EchoServer.start(backend, on: anyPort, tls: serverTLS)
+        try await echoServer(on: anyPort)
+    }
+
+    /// An echo server on `endpoint` (this case's server threads, its TLS).
+    func echoServer(
+        on endpoint: Endpoint, options: ConnectionOptions = ConnectionOptions()
+    ) async throws(ConnectionError) -> EchoServer {
+        let server = EchoServer(
+            listener: try await backend.listen(on: endpoint, options: options, tls: serverTLS, threads: serverThreads))
+        server.begin()
+        return server
     }
 
     /// A listener, a client connected to it, and the server's end, accepted after the client sent `first`: a

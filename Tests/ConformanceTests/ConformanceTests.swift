@@ -12,7 +12,7 @@ import Testing
 struct ConformanceTests {
     // MARK: Echo
 
-    @Test("TCP echo keeps every byte in order", arguments: ConformanceCase.streams, [1, 65_536, 8 * 1024 * 1024])
+    @Test("TCP echo keeps every byte in order", arguments: ContractCases.streams, [1, 65_536, 8 * 1024 * 1024])
     func tcpEcho(_ test: ConformanceCase, size: Int) async throws {
         try await SocketTest.run {
             let server = try await test.echoServer()
@@ -35,7 +35,7 @@ struct ConformanceTests {
         }
     }
 
-    @Test("UDP datagrams arrive whole", arguments: ConformanceCase.udp, [0, 1, 1400, 65_507])
+    @Test("UDP datagrams arrive whole", arguments: ContractCases.udp, [0, 1, 1400, 65_507])
     func udpDatagramsArriveWhole(_ test: ConformanceCase, size: Int) async throws {
         try await SocketTest.run {
             let server = try await test.echoServer()
@@ -49,7 +49,10 @@ struct ConformanceTests {
         }
     }
 
-    @Test("A UDP listener keeps at most maximumUDPPeers peers and forgets idle ones", arguments: ConformanceCase.udp)
+    // One server thread: the bound is each listening socket's, and two share the peers between them.
+    @Test(
+        "A UDP listener keeps at most maximumUDPPeers peers and forgets idle ones",
+        arguments: ConformanceCase.udp)
     func udpPeersBounded(_ test: ConformanceCase) async throws {
         try await SocketTest.run {
             let idle = Duration.milliseconds(300)
@@ -95,15 +98,14 @@ struct ConformanceTests {
         }
     }
 
-    static let streamListeners = ConformanceCase.all.filter { $0.transport != .udp }
+    static let streamListeners = ContractCases.all.filter { $0.transport != .udp }
 
     @Test(
         "A stream listener keeps at most maximumConnections; one more is closed at once and the others go on",
         arguments: streamListeners)
     func connectionLimit(_ test: ConformanceCase) async throws {
         try await SocketTest.run {
-            let server = try await EchoServer.start(
-                test.backend, on: test.anyPort, options: .with { $0.maximumConnections = 2 }, tls: test.serverTLS)
+            let server = try await test.echoServer(on: test.anyPort, options: .with { $0.maximumConnections = 2 })
             let first = try await test.connect(to: server.endpoint)
             let second = try await test.connect(to: server.endpoint)
             for client in [first, second] { try await expectEcho(client, "in") }
@@ -183,7 +185,7 @@ struct ConformanceTests {
 
     @Test(
         "Backend.connection gives NWConnection's states: setup, preparing, ready, the peer's close (with a WebSocket's code and reason), cancelled",
-        arguments: ConformanceCase.all)
+        arguments: ContractCases.all)
     func statesWithoutReconnection(_ test: ConformanceCase) async throws {
         try await SocketTest.run {
             let listener = try await test.listen()
@@ -234,7 +236,7 @@ struct ConformanceTests {
 
     @Test(
         "ReconnectPolicy.never: a refused connect is preparing, then failed(refused), and sends fail with it",
-        arguments: ConformanceCase.all.filter { $0.transport != .udp })
+        arguments: ContractCases.all.filter { $0.transport != .udp })
     func refusedWithoutReconnection(_ test: ConformanceCase) async throws {
         try await SocketTest.run {
             let listener = try await test.listen()
@@ -267,7 +269,7 @@ struct ConformanceTests {
         #expect(bytes == Array(text.utf8))
     }
 
-    @Test("A 65,508-byte UDP datagram is too large", arguments: ConformanceCase.udp)
+    @Test("A 65,508-byte UDP datagram is too large", arguments: ContractCases.udp)
     func udpTooLarge(_ test: ConformanceCase) async throws {
         try await SocketTest.run {
             let server = try await test.echoServer()
@@ -284,7 +286,7 @@ struct ConformanceTests {
 
     // MARK: Byte stream versus messages
 
-    @Test("TCP joins and splits sends; receive(exactly:) reassembles", arguments: ConformanceCase.streams)
+    @Test("TCP joins and splits sends; receive(exactly:) reassembles", arguments: ContractCases.streams)
     func tcpCoalescingAndSplitting(_ test: ConformanceCase) async throws {
         try await SocketTest.run {
             let listener = try await test.listen()
@@ -315,7 +317,7 @@ struct ConformanceTests {
         }
     }
 
-    @Test("UDP keeps each datagram separate", arguments: ConformanceCase.udp)
+    @Test("UDP keeps each datagram separate", arguments: ContractCases.udp)
     func udpBoundaries(_ test: ConformanceCase) async throws {
         try await SocketTest.run {
             let (listener, client, server) = try await test.connectedPair(sending: [1])
@@ -342,7 +344,7 @@ struct ConformanceTests {
 
     // MARK: Failures with clear errors
 
-    @Test("Connecting to a closed TCP port is refused", arguments: ConformanceCase.streams)
+    @Test("Connecting to a closed TCP port is refused", arguments: ContractCases.streams)
     func tcpRefused(_ test: ConformanceCase) async throws {
         try await SocketTest.run {
             // Bind a socket but do not listen: the port is ours, and a SYN to it is answered with RST.
@@ -357,7 +359,7 @@ struct ConformanceTests {
     }
 
     @Test(
-        "A refused connect names the URL asked for (ws://, not the tcp:// under it)", arguments: ConformanceCase.streams
+        "A refused connect names the URL asked for (ws://, not the tcp:// under it)", arguments: ContractCases.streams
     )
     func refusedNamesTheURL(_ test: ConformanceCase) async throws {
         try await SocketTest.run {
@@ -373,7 +375,7 @@ struct ConformanceTests {
         }
     }
 
-    @Test("A UDP datagram to a closed port comes back refused", arguments: ConformanceCase.udp)
+    @Test("A UDP datagram to a closed port comes back refused", arguments: ContractCases.udp)
     func udpRefused(_ test: ConformanceCase) async throws {
         try await SocketTest.run {
             let placeholder = try BSDSocket.listen(on: try Endpoint(url: "udp://127.0.0.1:0"))
@@ -386,7 +388,7 @@ struct ConformanceTests {
         }
     }
 
-    @Test("An unknown host is reported as such", arguments: ConformanceCase.all)
+    @Test("An unknown host is reported as such", arguments: ContractCases.all)
     func unknownHost(_ test: ConformanceCase) async throws {
         try await SocketTest.run {
             let endpoint = try Endpoint(url: "\(test.transport)://no-such-host.invalid:9")
@@ -396,7 +398,7 @@ struct ConformanceTests {
         }
     }
 
-    @Test("Listening on a taken address fails with addressInUse", arguments: ConformanceCase.all)
+    @Test("Listening on a taken address fails with addressInUse", arguments: ContractCases.all)
     func addressInUse(_ test: ConformanceCase) async throws {
         try await SocketTest.run {
             let first = try await test.listen()
@@ -407,7 +409,7 @@ struct ConformanceTests {
         }
     }
 
-    @Test("A connect that cannot complete times out", arguments: ConformanceCase.streams)
+    @Test("A connect that cannot complete times out", arguments: ContractCases.streams)
     func connectTimeout(_ test: ConformanceCase) async throws {
         try await SocketTest.run {
             // A listener with a backlog of 1 whose queue is full drops further SYNs, so the handshake never
@@ -433,7 +435,7 @@ struct ConformanceTests {
 
     // MARK: Ending
 
-    @Test("A peer's half-close is a clean end, reported exactly once", arguments: ConformanceCase.streams)
+    @Test("A peer's half-close is a clean end, reported exactly once", arguments: ContractCases.streams)
     func halfClose(_ test: ConformanceCase) async throws {
         try await SocketTest.run {
             let listener = try await test.listen()
@@ -458,7 +460,7 @@ struct ConformanceTests {
     /// close() from one task while others half-close and send: each call returns (done, or `.closed`), none is
     /// left waiting. A half-close queued on the loop just after close() took the streams away once waited forever
     /// (runloop), and hung a relay's stop under it. Repeated, because it depends on how the calls interleave.
-    @Test("close() racing closeOutput() and send(): every call returns", arguments: ConformanceCase.streams)
+    @Test("close() racing closeOutput() and send(): every call returns", arguments: ContractCases.streams)
     func closeRacesHalfCloseAndSend(_ test: ConformanceCase) async throws {
         try await SocketTest.run {
             let listener = try await test.listen()
@@ -484,7 +486,7 @@ struct ConformanceTests {
     /// because it depends on both arriving before the receiver's loop looks.
     @Test(
         "Data followed at once by the end (FIN or reset) is followed by the end, on and off the executor",
-        arguments: ConformanceCase.streams)
+        arguments: ContractCases.streams)
     func endRightBehindData(_ test: ConformanceCase) async throws {
         try await SocketTest.run(timeLimit: .seconds(120)) {
             let listener = try await test.listen()
@@ -529,7 +531,7 @@ struct ConformanceTests {
 
     @Test(
         "Bytes the kernel holds when a reset comes are all read before the reset, reading paused meanwhile",
-        arguments: ConformanceCase.all.filter { $0.transport == .tcp })
+        arguments: ContractCases.all.filter { $0.transport == .tcp })
     func resetBehindHeldBytes(_ test: ConformanceCase) async throws {
         try await SocketTest.run(timeLimit: .seconds(60)) {
             var options = ConnectionOptions()
@@ -559,7 +561,7 @@ struct ConformanceTests {
 
     @Test(
         "abort() resets: the peer reads what came before, then gets reset; the aborted side is closed",
-        arguments: ConformanceCase.all.filter { $0.transport != .udp })
+        arguments: ContractCases.all.filter { $0.transport != .udp })
     func abortResets(_ test: ConformanceCase) async throws {
         try await SocketTest.run {
             let listener = try await test.listen()
@@ -587,7 +589,7 @@ struct ConformanceTests {
 
     @Test(
         "A peer that never reads holds the sender back: a bounded amount goes in, then a send waits",
-        arguments: ConformanceCase.all.filter { $0.transport != .udp })
+        arguments: ContractCases.all.filter { $0.transport != .udp })
     func sendIsBounded(_ test: ConformanceCase) async throws {
         try await SocketTest.run(timeLimit: .seconds(120)) {
             let listener = try await test.listen()
@@ -605,7 +607,7 @@ struct ConformanceTests {
         }
     }
 
-    @Test("close() twice is a no-op; send and receive after close throw closed", arguments: ConformanceCase.all)
+    @Test("close() twice is a no-op; send and receive after close throw closed", arguments: ContractCases.all)
     func closeTwiceAndUseAfterClose(_ test: ConformanceCase) async throws {
         try await SocketTest.run {
             let server = try await test.echoServer()
@@ -623,7 +625,7 @@ struct ConformanceTests {
 
     @Test(
         "messages ends normally when this side closes, from either end of a WebSocket, and throws when reset",
-        arguments: ConformanceCase.all)
+        arguments: ContractCases.all)
     func messagesEndOnClose(_ test: ConformanceCase) async throws {
         try await SocketTest.run {
             let (listener, client, server) = try await test.connectedPair()
@@ -672,7 +674,7 @@ struct ConformanceTests {
         }
     }
 
-    @Test("close() wakes a receive that is waiting", arguments: ConformanceCase.all)
+    @Test("close() wakes a receive that is waiting", arguments: ContractCases.all)
     func closeWakesReceive(_ test: ConformanceCase) async throws {
         try await SocketTest.run {
             let server = try await test.echoServer()
@@ -686,7 +688,7 @@ struct ConformanceTests {
         }
     }
 
-    @Test("Cancelling a waiting receive returns promptly and loses nothing", arguments: ConformanceCase.all)
+    @Test("Cancelling a waiting receive returns promptly and loses nothing", arguments: ContractCases.all)
     func cancelPendingReceive(_ test: ConformanceCase) async throws {
         try await SocketTest.run {
             try await expectCancelledReceiveLosesNothing(test) { server in
@@ -702,7 +704,7 @@ struct ConformanceTests {
     /// the wait at once, losing nothing.
     @Test(
         "On the connection's executor, a waiting receive lets other tasks run and ends when cancelled or closed",
-        arguments: ConformanceCase.all)
+        arguments: ContractCases.all)
     func waitingReceiveOnItsExecutor(_ test: ConformanceCase) async throws {
         try await SocketTest.run {
             let (listener, client, server) = try await test.connectedPair()
@@ -760,7 +762,7 @@ struct ConformanceTests {
     /// reply while the send sat behind it in the same batch of jobs.
     @Test(
         "On the connection's executor, a receive started just before the send it waits for still gets its reply",
-        arguments: ConformanceCase.all)
+        arguments: ContractCases.all)
     func receiveStartedBeforeItsSend(_ test: ConformanceCase) async throws {
         try await SocketTest.run(timeLimit: .seconds(20)) {
             let (listener, client, server) = try await test.connectedPair()
@@ -798,7 +800,7 @@ struct ConformanceTests {
 
     // MARK: Servers
 
-    @Test("One server serves 100 concurrent clients", arguments: ConformanceCase.all)
+    @Test("One server serves 100 concurrent clients", arguments: ContractCases.all)
     func hundredConcurrentClients(_ test: ConformanceCase) async throws {
         try await SocketTest.run {
             let server = try await test.echoServer()
@@ -825,7 +827,7 @@ struct ConformanceTests {
         }
     }
 
-    @Test("A server keeps serving after a client vanishes", arguments: ConformanceCase.streams)
+    @Test("A server keeps serving after a client vanishes", arguments: ContractCases.streams)
     func serverSurvivesVanishingClient(_ test: ConformanceCase) async throws {
         try await SocketTest.run {
             let server = try await test.echoServer()
@@ -841,11 +843,10 @@ struct ConformanceTests {
         }
     }
 
-    @Test("IPv6 loopback works", arguments: ConformanceCase.all)
+    @Test("IPv6 loopback works", arguments: ContractCases.all)
     func ipv6(_ test: ConformanceCase) async throws {
         try await SocketTest.run {
-            let server = try await EchoServer.start(
-                test.backend, on: try Endpoint(url: "\(test.transport)://[::1]:0"), tls: test.serverTLS)
+            let server = try await test.echoServer(on: try Endpoint(url: "\(test.transport)://[::1]:0"))
             #expect(server.endpoint.host == .ipv6("::1"))
             let client = try await test.connect(to: server.endpoint)
             let payload = pattern(100, seed: 6)
@@ -862,7 +863,7 @@ struct ConformanceTests {
         }
     }
 
-    @Test("Host names resolve (localhost)", arguments: ConformanceCase.all)
+    @Test("Host names resolve (localhost)", arguments: ContractCases.all)
     func hostName(_ test: ConformanceCase) async throws {
         try await SocketTest.run {
             let server = try await test.echoServer()
@@ -883,7 +884,7 @@ struct ConformanceTests {
 
 @Suite("Reconnection", .timeLimit(.minutes(20)))
 struct ReconnectionTests {
-    static let cases = ConformanceCase.all.filter { $0.transport != .udp }
+    static let cases = ContractCases.all.filter { $0.transport != .udp }
 
     @Test(
         "ReconnectingConnection shows waiting while the server is down, queues sends, and carries on once it is back",
@@ -914,7 +915,7 @@ struct ReconnectionTests {
             #expect(lost)
             // Sent while down: queued, delivered after the reconnection; the send returns only then.
             let queued = Task { try await client.send(Array("three".utf8)) }
-            let second = try await EchoServer.start(test.backend, on: endpoint, tls: test.serverTLS)
+            let second = try await test.echoServer(on: endpoint)
             try await withTimeLimit(.seconds(20)) { try await queued.value }
             let echoed = try await withTimeLimit(.seconds(20)) { try await receiver.value }
             #expect(echoed.hasSuffix("three"))
@@ -1035,4 +1036,12 @@ struct ReconnectionTests {
         }
         return text
     }
+}
+
+/// What the contract suite runs: every backend x transport with the server on one thread, and every socket backend
+/// x transport with it on two (``ConformanceCase/onTwoServerThreads``).
+enum ContractCases {
+    static let all = ConformanceCase.all + ConformanceCase.onTwoServerThreads
+    static let streams = all.filter { $0.transport.isByteStream }
+    static let udp = all.filter { $0.transport == .udp }
 }
