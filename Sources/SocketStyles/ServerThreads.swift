@@ -19,8 +19,8 @@ extension Backend {
     /// backend's shared loop is): a connection may outlive the listener that accepted it.
     private static let extraLoops = Guarded<[String: [any ConnectionBackend]]>([:])
 
-    /// This backend on `count` loops: its shared one (``implementation``), then loops of its own made on first use
-    /// (``newLoop``). Fails for a backend with one loop per process.
+    /// This backend on `count` loops: its shared one (`implementation`), then loops of its own made on first use
+    /// (`newLoop`). Fails for a backend with one loop per process.
     public func loops(_ count: Int) throws(ConnectionError) -> [any ConnectionBackend] {
         guard count > 1 else { return [implementation] }
         guard let newLoop else {
