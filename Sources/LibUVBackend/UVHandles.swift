@@ -387,12 +387,14 @@ private let uvRead: @convention(c) (UnsafeMutablePointer<uv_stream_t>?, Int, Uns
     tcp.loop.runCallbackWork()
 }
 
-/// SO_REUSEPORT on a handle whose socket exists (made with a family, before its bind).
+/// SO_REUSEPORT on a handle whose socket exists (made with a family, before its bind), through `Syscall` as every
+/// socket option; its errno comes back as libuv's negative code.
 func setReusePort(on handle: UnsafeMutableRawPointer) throws(UVError) {
     var fd: uv_os_fd_t = -1
     try UVError.check(uv_fileno(csuv_handle(handle), &fd))
-    var one: Int32 = 1
-    if setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, socklen_t(MemoryLayout<Int32>.size)) != 0 {
-        throw UVError(-errno)
+    do throws(ConnectionError) {
+        try Syscall.setReusePort(fd, true)
+    } catch {
+        throw UVError(-(error.systemCode?.code ?? EINVAL))
     }
 }
