@@ -29,8 +29,8 @@ extension AsyncSocket {
         into batch: DatagramBatch, policy: LoopConfined<ReadBeforeWait>, afterWait: Bool,
         deliver: @escaping @Sendable (DatagramBatch) -> Void
     ) -> Bool {
-        guard reads.gate.tryEnter() else { return false }  // a close waits for the gate: the socket is closing
-        defer { reads.gate.leave() }
+        guard readGate.tryEnter() else { return false }  // a close waits for the gate: the socket is closing
+        defer { readGate.leave() }
         guard let fd = try? usableDescriptor() else { return false }
         var taken = 0
         var reads = 0

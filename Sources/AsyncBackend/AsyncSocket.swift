@@ -45,17 +45,28 @@ public final class AsyncSocket: Sendable {
     /// The reactor that drives this socket. It is a `TaskExecutor`: run your task on it
     /// (`withTaskExecutorPreference(socket.reactor)`) and a ready socket resumes it with no thread hop.
     public let reactor: AsyncReactor
-    /// State changes, in order, starting with the current state (one consumer).
-    public let stateUpdates: AsyncStream<State>
+    /// State changes, in order (one consumer). A socket made to connect reports every state from `.setup` on; an
+    /// accepted one from the state it is in when this is first read (no stream is kept for an accepted socket
+    /// nobody asks: 10,000 idle connections would keep 10,000 streams).
+    public var stateUpdates: AsyncStream<State> {
+        life.withLock { life in
+            if let updates = life.updates { return updates.stream }
+            let updates = AsyncStream.makeStream(of: State.self, bufferingPolicy: .bufferingNewest(16))
+            life.updates = updates
+            updates.continuation.yield(life.state)
+            if life.state == .cancelled { updates.continuation.finish() }
+            return updates.stream
+        }
+    }
 
     let readiness = SocketReadiness()
-    let reads: ReceiveGate
+    /// One receive at a time, in call order; a close takes it to wait for the receive in progress.
+    let readGate = AsyncGate()
     let writeGate = AsyncGate()
     /// Serialises `close()`: every caller returns after the one close has finished.
     private let closeGate = AsyncGate()
     private let descriptor: SocketDescriptor
     private let life: Guarded<Life>
-    private let stateContinuation: AsyncStream<State>.Continuation
     /// Reads in a row that found data without waiting (inside the read gate; atomic only to stay `Sendable`).
     private let readsWithoutWait = Atomic<Int>(0)
 
@@ -74,6 +85,8 @@ public final class AsyncSocket: Sendable {
         var lifecycle = ConnectionLifecycle()
         var local: Endpoint?
         var remote: Endpoint?
+        /// What ``stateUpdates`` hands out, once made.
+        var updates: (stream: AsyncStream<State>, continuation: AsyncStream<State>.Continuation)?
     }
 
     /// A socket that will connect to `endpoint` when started.
@@ -84,12 +97,10 @@ public final class AsyncSocket: Sendable {
         self.endpoint = endpoint
         self.options = options
         self.reactor = reactor
-        (stateUpdates, stateContinuation) = AsyncStream.makeStream(
-            of: State.self, bufferingPolicy: .bufferingNewest(16))
-        life = Guarded(Life(state: .setup))
+        let updates = AsyncStream.makeStream(of: State.self, bufferingPolicy: .bufferingNewest(16))
+        life = Guarded(Life(state: .setup, updates: updates))
         descriptor = SocketDescriptor()
-        reads = ReceiveGate(transport: endpoint.transport, options: options)
-        stateContinuation.yield(.setup)
+        updates.continuation.yield(.setup)
     }
 
     /// A socket around a descriptor that is already connected or bound (accepted connections, UDP servers). It
@@ -103,18 +114,14 @@ public final class AsyncSocket: Sendable {
         self.endpoint = remote ?? local
         self.options = options
         self.reactor = reactor
-        (stateUpdates, stateContinuation) = AsyncStream.makeStream(
-            of: State.self, bufferingPolicy: .bufferingNewest(16))
         life = Guarded(Life(state: .ready, local: local, remote: remote))
-        reads = ReceiveGate(transport: transport, options: options)
         descriptor = socket
-        stateContinuation.yield(.ready)
         try reactor.loop.register(socket.raw, events: Self.watchedEvents(transport), handler: readiness)
     }
 
     deinit {
         descriptor.close(beforeClosing: reactor.loop.unregister)
-        stateContinuation.finish()
+        life.withLock { $0.updates?.continuation }?.finish()
     }
 
     private static let readEvents = Syscall.epollIn | Syscall.epollReadHangUp | Syscall.epollEdgeTriggered
@@ -153,8 +160,10 @@ public final class AsyncSocket: Sendable {
     public var fileDescriptor: Int32 { descriptor.raw }
 
     private func set(_ state: State) {
-        life.withLock { $0.state = state }
-        stateContinuation.yield(state)
+        life.withLock { life in
+            life.state = state
+            life.updates?.continuation.yield(state)
+        }
     }
 
     // MARK: Connecting
@@ -250,45 +259,90 @@ public final class AsyncSocket: Sendable {
 
     /// Receives what is available (TCP: at most `maximumLength` bytes; UDP: one datagram), waiting for it
     /// without blocking a thread. Returns `nil` once when the peer finished sending (TCP).
+    ///
+    /// The bytes are read into the calling thread's buffer (`ThreadReadBuffer`) and copied out at the length that
+    /// arrived: an idle socket keeps no read buffer.
     public func receive(maximumLength: Int = .max) async throws(ConnectionError) -> [UInt8]? {
-        try await reads.receive(maximumLength: maximumLength, read: read(into:))
+        if !readGate.tryEnter() { await readGate.enter() }
+        defer { readGate.leave() }
+        let limit = transport == .udp ? options.maxDatagramSize : min(max(1, maximumLength), options.readChunkSize)
+        return try await read { (fd) throws(ConnectionError) in try self.recvCopy(fd, limit: limit) }
     }
 
     /// Receives into the caller's buffer (TCP: what is available, at most `buffer.count` bytes; UDP: one
     /// datagram, `.messageTooLarge` when it did not fit). No allocation. Returns `nil` once at the end (TCP).
     public func receive(into buffer: UnsafeMutableRawBufferPointer) async throws(ConnectionError) -> Int? {
-        try await reads.receive(into: buffer, read: read(into:))
+        try Received.requireRoom(buffer)
+        if !readGate.tryEnter() { await readGate.enter() }
+        defer { readGate.leave() }
+        return try await read { (fd) throws(ConnectionError) in try self.recvOnce(fd, buffer) }
     }
 
-    /// The read itself, inside the read gate: non-blocking recv(2), and on EAGAIN a wait for readability.
-    private func read(into buffer: UnsafeMutableRawBufferPointer) async throws(ConnectionError) -> Int? {
+    /// The read loop, inside the read gate: `attempt` (one non-blocking recv(2)), and on EAGAIN a wait for
+    /// readability. What does not wait is in functions that are not `async`, so that a task waiting here (an idle
+    /// connection's) keeps a small frame.
+    @inline(never) private func read<R: Sendable>(
+        _ attempt: (Int32) throws(ConnectionError) -> IOResult<R>
+    ) async throws(ConnectionError) -> R {
+        var fd = try beginRead()
+        if fd < 0 {
+            fd = -fd
+            await letOthersRun()
+        }
+        while true {
+            if case .processed(let result) = try attempt(fd) { return result }
+            readsWithoutWait.store(0, ordering: .relaxed)
+            try await readiness.waitReadable()
+            fd = try usableDescriptor()
+        }
+    }
+
+    /// Gives the reactor's thread to the other sockets (or the task's thread to other tasks) for a turn.
+    @inline(never)
+    private func letOthersRun() async {
+        if reactor.loop.inLoop { await reactor.loop.yieldUntilPolled() } else { await Task.yield() }
+    }
+
+    /// Before a read: the descriptor, negated when the reader has found data `readsPerTurn` times in a row and
+    /// should let others run first.
+    @inline(never)
+    private func beginRead() throws(ConnectionError) -> Int32 {
         let fd = try usableDescriptor()
         if life.withLock({ $0.lifecycle.inputEnded }) { throw .closed("the end of the stream was already reported") }
         if readsWithoutWait.add(1, ordering: .relaxed).newValue > Self.readsPerTurn {
             readsWithoutWait.store(0, ordering: .relaxed)
-            if reactor.loop.inLoop { await reactor.loop.yieldUntilPolled() } else { await Task.yield() }
+            return -fd
         }
-        while true {
-            let result =
-                transport == .udp
-                ? try Syscall.recvDatagram(fd, buffer, dontWait: true) : try Syscall.recv(fd, buffer, dontWait: true)
-            switch result {
-            case .processed(let count):
-                if count == 0 && transport != .udp {
-                    _ = life.withLock { $0.lifecycle.handle(.peerEnded) }
-                    return nil
-                }
-                if count > buffer.count {
-                    throw ConnectionError(
-                        .messageTooLarge, "a \(count)-byte datagram did not fit in \(buffer.count) bytes")
-                }
-                return count
-            case .wouldBlock:
-                readsWithoutWait.store(0, ordering: .relaxed)
-                try await readiness.waitReadable()
-                _ = try usableDescriptor()
-            }
+        return fd
+    }
+
+    /// One non-blocking recv(2) of at most `limit` bytes into the calling thread's buffer, copied out at the length
+    /// that arrived.
+    @inline(never)
+    private func recvCopy(_ fd: Int32, limit: Int) throws(ConnectionError) -> IOResult<[UInt8]?> {
+        let buffer = ThreadReadBuffer.take(limit)
+        guard case .processed(let count) = try recvOnce(fd, buffer) else { return .wouldBlock }
+        return .processed(count.map { [UInt8](UnsafeRawBufferPointer(rebasing: buffer[..<$0])) })
+    }
+
+    /// One non-blocking recv(2) into `buffer`: the count, `nil` at the end of a TCP stream (reported to the
+    /// lifecycle), `.wouldBlock` when nothing is there.
+    @inline(never)
+    private func recvOnce(
+        _ fd: Int32, _ buffer: UnsafeMutableRawBufferPointer
+    ) throws(ConnectionError) -> IOResult<Int?> {
+        let result =
+            transport == .udp
+            ? try Syscall.recvDatagram(fd, buffer, dontWait: true) : try Syscall.recv(fd, buffer, dontWait: true)
+        guard case .processed(let count) = result else { return .wouldBlock }
+        if count == 0 && transport != .udp {
+            _ = life.withLock { $0.lifecycle.handle(.peerEnded) }
+            return .processed(nil)
         }
+        if count > buffer.count {
+            throw ConnectionError(.messageTooLarge, "a \(count)-byte datagram did not fit in \(buffer.count) bytes")
+        }
+        return .processed(count)
     }
 
     /// Sends all of `bytes` (UDP: one datagram), waiting for room without blocking a thread.
@@ -322,35 +376,59 @@ public final class AsyncSocket: Sendable {
 
     /// The send loop, inside the write gate: non-blocking send(2) from `offset` (`write`), and on EAGAIN a wait
     /// for room. With `countsDatagrams`, `write` sends datagrams from the `offset`-th on and returns how many
-    /// went; otherwise a processed UDP send is one whole datagram.
+    /// went; otherwise a processed UDP send is one whole datagram. What does not wait is in functions that are not
+    /// `async`, so that the task's frames stay small (a task keeps its deepest stack's memory while it lives).
     private func send(
         count: Int, countsDatagrams: Bool = false, _ write: (Int32, Int) throws(ConnectionError) -> IOResult<Int>
     ) async throws(ConnectionError) {
         if !writeGate.tryEnter() { await writeGate.enter() }
         defer { writeGate.leave() }
+        var fd = try beginSend()
+        var offset = 0
+        while let sent = try writeSome(fd, from: offset, count: count, countsDatagrams: countsDatagrams, write) {
+            offset = sent
+            do throws(ConnectionError) {
+                try await waitForRoom(fd)
+                fd = try usableDescriptor()
+            } catch {
+                throw sendFailed(error, fd: fd, partly: offset > 0)
+            }
+        }
+    }
+
+    /// Before a send: the descriptor, once the lifecycle lets a send run.
+    @inline(never)
+    private func beginSend() throws(ConnectionError) -> Int32 {
         let fd = try usableDescriptor()
         if case .refuse(let error) = life.withLock({ $0.lifecycle.handle(.send) }) { throw error }
-        var offset = 0
+        return fd
+    }
+
+    /// Writes from `offset` until all `count` went (`nil`) or the socket has no room (how far it got).
+    @inline(never)
+    private func writeSome(
+        _ fd: Int32, from offset: Int, count: Int, countsDatagrams: Bool,
+        _ write: (Int32, Int) throws(ConnectionError) -> IOResult<Int>
+    ) throws(ConnectionError) -> Int? {
+        var offset = offset
         repeat {
-            switch try write(fd, offset) {
-            case .processed(let written):
-                if transport == .udp && !countsDatagrams { return }
-                offset += written
-            case .wouldBlock:
-                do throws(ConnectionError) {
-                    try await waitForRoom(fd)
-                    _ = try usableDescriptor()
-                } catch {
-                    if error.kind == .cancelled && offset > 0 {
-                        // Part of the message is on the wire: nothing can follow it sensibly.
-                        if case .shutdownOutput = life.withLock({ $0.lifecycle.handle(.closeOutput) }) {
-                            try? Syscall.shutdown(fd, .write)
-                        }
-                    }
-                    throw error
-                }
-            }
+            guard case .processed(let written) = try write(fd, offset) else { return offset }
+            if transport == .udp && !countsDatagrams { return nil }
+            offset += written
         } while offset < count
+        return nil
+    }
+
+    /// A wait for room that failed: a cancelled send that had written part of its message closes the output, as
+    /// nothing can follow a partial message sensibly.
+    @inline(never)
+    private func sendFailed(_ error: ConnectionError, fd: Int32, partly: Bool) -> ConnectionError {
+        if error.kind == .cancelled && partly {
+            if case .shutdownOutput = life.withLock({ $0.lifecycle.handle(.closeOutput) }) {
+                try? Syscall.shutdown(fd, .write)
+            }
+        }
+        return error
     }
 
     /// Half-close (TCP): FIN after everything sent so far.
@@ -398,14 +476,14 @@ public final class AsyncSocket: Sendable {
         guard case .beginClose = life.withLock({ $0.lifecycle.handle(.close) }) else { return }
         readiness.close()
         // Wait for operations inside a system call to leave, so the descriptor number is not reused under them.
-        await reads.gate.enter()
+        await readGate.enter()
         await writeGate.enter()
         descriptor.close(beforeClosing: reactor.loop.unregister)
         writeGate.leave()
-        reads.gate.leave()
+        readGate.leave()
         _ = life.withLock { $0.lifecycle.handle(.closeFinished) }
         set(.cancelled)
-        stateContinuation.finish()
+        life.withLock { $0.updates?.continuation }?.finish()
     }
 
     // MARK: Messages as an AsyncSequence

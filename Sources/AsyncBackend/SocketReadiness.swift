@@ -75,8 +75,23 @@ final class SocketReadiness: EpollHandler, Sendable {
     @inline(__always)
     func waitWritable() async throws(ConnectionError) { try await wait(reading: false) }
 
+    /// The wait. Its locking steps are functions that are not `async`, so that the frame a waiting task keeps
+    /// (an idle connection's, for as long as it is idle) holds only the id and the result.
     private func wait(reading: Bool) async throws(ConnectionError) {
-        let id: UInt64? = try state.withLock { (state) throws(ConnectionError) -> UInt64? in
+        guard let id = try ticket(reading: reading) else { return }
+        let result = await withTaskCancellationHandler {
+            await withUnsafeContinuation { (continuation: Waiter) in park(continuation, id: id, reading: reading) }
+        } onCancel: {
+            cancel(id, reading: reading)
+        }
+        finished(id)
+        try result.get()
+    }
+
+    /// `nil` when an edge already came (taken now); otherwise the id of the wait to park.
+    @inline(never)
+    private func ticket(reading: Bool) throws(ConnectionError) -> UInt64? {
+        try state.withLock { (state) throws(ConnectionError) -> UInt64? in
             if let closed = state.closed { throw closed }
             if reading, state.readReady {
                 state.readReady = false
@@ -89,48 +104,56 @@ final class SocketReadiness: EpollHandler, Sendable {
             state.nextID &+= 1
             return state.nextID
         }
-        guard let id else { return }
-        let result = await withTaskCancellationHandler {
-            await withUnsafeContinuation { (continuation: Waiter) in
-                let immediate: Result<Void, ConnectionError>? = state.withLock { state in
-                    if state.cancelled.remove(id) != nil { return .failure(.cancelled()) }
-                    if let closed = state.closed { return .failure(closed) }
-                    if reading {
-                        if state.readReady {
-                            state.readReady = false
-                            return .success(())
-                        }
-                        state.reader = (id, continuation)
-                    } else {
-                        if state.writeReady {
-                            state.writeReady = false
-                            return .success(())
-                        }
-                        state.writer = (id, continuation)
-                    }
-                    return nil
+    }
+
+    /// Parks `continuation` as the reader or writer, or resumes it at once when the wait is already over.
+    @inline(never)
+    private func park(_ continuation: Waiter, id: UInt64, reading: Bool) {
+        let immediate: Result<Void, ConnectionError>? = state.withLock { state in
+            if state.cancelled.remove(id) != nil { return .failure(.cancelled()) }
+            if let closed = state.closed { return .failure(closed) }
+            if reading {
+                if state.readReady {
+                    state.readReady = false
+                    return .success(())
                 }
-                if let immediate { continuation.resume(returning: immediate) }
+                state.reader = (id, continuation)
+            } else {
+                if state.writeReady {
+                    state.writeReady = false
+                    return .success(())
+                }
+                state.writer = (id, continuation)
             }
-        } onCancel: {
-            let waiter: Waiter? = state.withLock { state in
-                if reading, let waiting = state.reader, waiting.id == id {
-                    state.reader = nil
-                    return waiting.continuation
-                }
-                if !reading, let waiting = state.writer, waiting.id == id {
-                    state.writer = nil
-                    return waiting.continuation
-                }
-                state.cancelled.insert(id)
-                return nil
-            }
-            waiter?.resume(returning: .failure(.cancelled()))
+            return nil
         }
+        if let immediate { continuation.resume(returning: immediate) }
+    }
+
+    /// The waiting task was cancelled: resumes it with `.cancelled`, or marks the id for `park` to refuse.
+    @inline(never)
+    private func cancel(_ id: UInt64, reading: Bool) {
+        let waiter: Waiter? = state.withLock { state in
+            if reading, let waiting = state.reader, waiting.id == id {
+                state.reader = nil
+                return waiting.continuation
+            }
+            if !reading, let waiting = state.writer, waiting.id == id {
+                state.writer = nil
+                return waiting.continuation
+            }
+            state.cancelled.insert(id)
+            return nil
+        }
+        waiter?.resume(returning: .failure(.cancelled()))
+    }
+
+    /// A wait that ended: forgets the mark a cancellation that came too late to resume it left.
+    @inline(never)
+    private func finished(_ id: UInt64) {
         state.withLock { state in
             if !state.cancelled.isEmpty { state.cancelled.remove(id) }
         }
-        try result.get()
     }
 
     /// Fails the waiting tasks (and every later wait) with `error`.

@@ -64,17 +64,8 @@ public final class EchoServer: Sendable {
                     let id = ObjectIdentifier(connection)
                     connections.withLock { $0[id] = connection }
                     // Run each echo where the connection's I/O completes (an event loop), when it has such a place.
-                    group.addTask(executorPreference: connection.preferredExecutor) { [self, mode] in
-                        switch mode {
-                        case .echo: await Self.echo(connection)
-                        case .sink: await PumpSink.serve(connection)
-                        case .broadcast:
-                            await Broadcast.serve(connection) { [self] in
-                                connections.withLock { Array($0.values) }
-                            }
-                        }
-                        connections.withLock { $0[id] = nil }
-                        await connection.close()
+                    group.addTask(executorPreference: connection.preferredExecutor) { [self] in
+                        await serve(connection, id: id)
                     }
                 }
             }
@@ -82,8 +73,24 @@ public final class EchoServer: Sendable {
         acceptLoop.withLock { $0 = task }
     }
 
+    /// One connection's task, until it ends. Kept out of the task's closure, and `echo` out of it, so that the
+    /// frames an idle connection's task holds while it waits in `receive` are only the ones on that path: a task
+    /// keeps the memory of its deepest stack for as long as it lives (docs/benchmarks.md, memory per connection).
+    @inline(never) private func serve(_ connection: any Connection, id: ObjectIdentifier) async {
+        switch mode {
+        case .echo: await Self.echo(connection)
+        case .sink: await PumpSink.serve(connection)
+        case .broadcast:
+            await Broadcast.serve(connection) { [self] in
+                connections.withLock { Array($0.values) }
+            }
+        }
+        connections.withLock { $0[id] = nil }
+        await connection.close()
+    }
+
     /// Echoes until the peer finishes, an error occurs, or the connection is closed.
-    public static func echo(_ connection: any Connection) async {
+    @inline(never) public static func echo(_ connection: any Connection) async {
         do {
             while let message = try await connection.receive() {
                 try await connection.send(message)
