@@ -71,14 +71,16 @@ public enum UVReadResult {
 public final class UVTCP: UVHandle, @unchecked Sendable {
     private var onRead: ((UVReadResult) -> Void)?
     private var onConnection: ((UVError?) -> Void)?
-    private var readBuffer: UnsafeMutableRawBufferPointer?
-    /// The size of the read buffer libuv reads into: a read callback with fewer bytes emptied the socket.
+    /// Between ``readStart(_:)`` and the close.
+    private var reading = false
+    /// The size of the reads libuv makes: a read callback with fewer bytes emptied the socket.
     let readBufferSize: Int
     /// Writes from other threads (``writeFromAnyThread(_:)``).
     private let direct = DirectSend()
 
     /// `uv_tcp_init_ex` on `loop` (call on the loop thread). `readBufferSize` is what the alloc callback hands out
-    /// for each read (one buffer per handle, reused: each read is consumed inside the read callback). With a
+    /// for each read: the loop thread's buffer (`ThreadReadBuffer`), shared by every handle of the loop, since
+    /// each read is consumed inside its read callback; an idle connection keeps no read buffer. With a
     /// `family`, the socket is made now (a listener sets options on it before binding); without, at bind or connect.
     public init(loop: UVLoop, readBufferSize: Int = 64 * 1024, family: SocketAddress.Family? = nil) throws(UVError) {
         self.readBufferSize = readBufferSize
@@ -90,15 +92,10 @@ public final class UVTCP: UVHandle, @unchecked Sendable {
 
     var tcp: UnsafeMutablePointer<uv_tcp_t> { handle.assumingMemoryBound(to: uv_tcp_t.self) }
 
-    deinit {
-        readBuffer?.deallocate()
-    }
-
     override func releaseCallbacks() {
         onRead = nil
         onConnection = nil
-        readBuffer?.deallocate()
-        readBuffer = nil
+        reading = false
     }
 
     /// `uv_tcp_bind`. With `reusePort`, SO_REUSEPORT first (on a handle made with ``init(loop:readBufferSize:family:)``
@@ -144,9 +141,7 @@ public final class UVTCP: UVHandle, @unchecked Sendable {
     /// `uv_read_start`: `onRead` runs for each read (data, end of stream, or error).
     public func readStart(_ onRead: @escaping (UVReadResult) -> Void) throws(UVError) {
         self.onRead = onRead
-        if readBuffer == nil {
-            readBuffer = .allocate(byteCount: readBufferSize, alignment: 16)
-        }
+        reading = true
         try UVError.check(uv_read_start(csuv_stream(handle), uvAllocate, uvRead))
     }
 
@@ -157,7 +152,8 @@ public final class UVTCP: UVHandle, @unchecked Sendable {
     }
 
     fileprivate func allocate() -> uv_buf_t {
-        uv_buf_init(readBuffer!.baseAddress!.assumingMemoryBound(to: CChar.self), UInt32(readBufferSize))
+        let buffer = ThreadReadBuffer.take(readBufferSize)
+        return uv_buf_init(buffer.baseAddress!.assumingMemoryBound(to: CChar.self), UInt32(buffer.count))
     }
 
     fileprivate func didRead(_ count: Int, _ buffer: UnsafePointer<uv_buf_t>?) {
@@ -176,11 +172,13 @@ public final class UVTCP: UVHandle, @unchecked Sendable {
         // count == 0 is "nothing read this time" (EAGAIN), not the end of the stream.
     }
 
-    /// On the loop thread, while reading: one non-blocking recv(2) on the handle's socket into its read buffer,
-    /// for a receive that runs on the loop (libuv fills that buffer only inside its own read, which cannot be
-    /// running now). `.processed(nil)` is the end of the stream; `drained`: the read took less than the buffer.
+    /// On the loop thread, while reading: one non-blocking recv(2) on the handle's socket into the loop thread's
+    /// read buffer, for a receive that runs on the loop (libuv fills that buffer only inside its own read, which
+    /// cannot be running now), copied out at once. `.processed(nil)` is the end of the stream; `drained`: the read
+    /// took less than the buffer.
     func readNow() throws(ConnectionError) -> IOResult<(bytes: [UInt8], drained: Bool)?> {
-        guard let readBuffer else { return .wouldBlock }
+        guard reading else { return .wouldBlock }
+        let readBuffer = ThreadReadBuffer.take(readBufferSize)
         switch try readNow(into: readBuffer) {
         case .wouldBlock: return .wouldBlock
         case .processed(0): return .processed(nil)
@@ -193,7 +191,7 @@ public final class UVTCP: UVHandle, @unchecked Sendable {
     /// ``readNow()`` into a caller's buffer (`Connection.receive(into:)`); `.processed(0)` is the
     /// end of the stream.
     func readNow(into buffer: UnsafeMutableRawBufferPointer) throws(ConnectionError) -> IOResult<Int> {
-        guard !isClosing, readBuffer != nil else { return .wouldBlock }
+        guard !isClosing, reading else { return .wouldBlock }
         var fd: uv_os_fd_t = -1
         guard uv_fileno(csuv_handle(handle), &fd) == 0 else { return .wouldBlock }
         return try Syscall.recv(fd, buffer, dontWait: true)
