@@ -32,16 +32,11 @@ final class RunLoopTCPConnection: Connection, SocketStreamDelegate, Sendable {
     private let writes = WriteThrough()
     /// The output stream, for writes from other threads (it refuses them once closed).
     private let outputForAnyThread = Guarded<SocketOutputStream?>(nil)
-    /// The read buffer (run loop thread only).
-    private let readBuffer: LoopConfined<UnsafeMutableRawBufferPointer>
 
     init(runLoop: SocketRunLoop, options: ConnectionOptions) {
         self.runLoop = runLoop
         self.options = options
         state = LoopConfined(LoopState(), on: runLoop.loop.thread)
-        readBuffer = LoopConfined(
-            .allocate(byteCount: options.readChunkSize, alignment: 16), on: runLoop.loop.thread,
-            release: { $0.deallocate() })
         let weakSelf = WeakLate<RunLoopTCPConnection>()
         inbox = .byteStream(capacity: options.receiveQueueLimit) {
             runLoop.perform { weakSelf.object?.drainInput() }
@@ -159,10 +154,11 @@ final class RunLoopTCPConnection: Connection, SocketStreamDelegate, Sendable {
 
     /// Reads while the queue has room and the socket had more than a buffer's worth. A short read means the
     /// socket is drained for now (a read that finds nothing re-arms `hasBytesAvailable` too), so there is no
-    /// `hasBytesAvailable` query (FIONREAD) per read.
+    /// `hasBytesAvailable` query (FIONREAD) per read. Each read goes into the run loop thread's buffer
+    /// (`ThreadReadBuffer`) and is copied out at once: an idle connection keeps no read buffer.
     private func drainInput() {
         guard let input = state.withValue({ $0.input }) else { return }
-        let readBuffer = readBuffer.withValue { $0 }
+        let readBuffer = ThreadReadBuffer.take(options.readChunkSize)
         while inbox.hasSpace {
             let count = input.read(into: readBuffer)
             guard count > 0 else { break }
@@ -299,7 +295,7 @@ final class RunLoopTCPConnection: Connection, SocketStreamDelegate, Sendable {
         // delegate before this returns.
         return try await inbox.next(maximumLength: maximumLength) { [self] in
             guard let input = state.withValue({ $0.input }) else { return .nothing }
-            let readBuffer = readBuffer.withValue { $0 }
+            let readBuffer = ThreadReadBuffer.take(options.readChunkSize)
             let count = input.read(into: readBuffer)
             guard count > 0 else { return .nothing }
             return .element(
