@@ -364,6 +364,19 @@ void csur_buffers_recycle(struct csur_buffers *buffers, unsigned id) {
     io_uring_buf_ring_advance(buffers->ring, 1);
 }
 
+const void *csur_buffers_address(struct csur_buffers *buffers, unsigned id) {
+    return buffers->memory + (size_t)id * buffers->size;
+}
+
+int csur_prep_recv_select(struct csur_ring *ring, uint64_t data, int fd, size_t length, struct csur_buffers *buffers) {
+    struct io_uring_sqe *sqe = entry(ring, data);
+    if (!sqe) return -EBUSY;
+    io_uring_prep_recv(sqe, fd, NULL, length < buffers->size ? length : buffers->size, 0);
+    sqe->flags |= IOSQE_BUFFER_SELECT;
+    sqe->buf_group = buffers->group;
+    return 0;
+}
+
 int csur_buffer_id(uint32_t flags) {
     return (flags & IORING_CQE_F_BUFFER) ? (int)(flags >> IORING_CQE_BUFFER_SHIFT) : -1;
 }

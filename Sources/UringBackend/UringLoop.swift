@@ -31,6 +31,8 @@ public final class UringLoop: TaskExecutor, Sendable {
     /// The set-up flags the kernel accepted (`IORING_SETUP_*`), for the report.
     public var setupFlags: UInt32 { flags.load(ordering: .relaxed) }
     private let flags = Atomic<UInt32>(0)
+    /// Whether the ring has its stream receive buffers (``receiveSelected(fd:length:guardedBy:)``).
+    let selectsStreamBuffers = Atomic<Bool>(false)
     let wakeFD: Int32
     let work: LoopWorkQueue
     let confined: LoopConfined<Confined>
@@ -52,6 +54,9 @@ public final class UringLoop: TaskExecutor, Sendable {
         case multishot((_ result: Int32, _ flags: UInt32) -> Void)
         /// A zero-copy send whose count came and whose notification (the buffer is free again) has not.
         case zeroCopySent(UnsafeContinuation<Int32, Never>?, result: Int32)
+        /// A stream receive into a buffer the kernel picked (``receiveSelected(fd:length:guardedBy:)``): its bytes
+        /// are copied out and the buffer recycled when it completes, before the task resumes.
+        case selecting(UnsafeContinuation<SelectedReceive, Never>?)
     }
 
     /// What only the ring's thread touches.
@@ -68,6 +73,8 @@ public final class UringLoop: TaskExecutor, Sendable {
         var skipsSuccess = false
         /// Whether a receive linked behind a send waits for data before its first try (IORING_RECVSEND_POLL_FIRST).
         var pollsFirst = false
+        /// The buffers every stream receive of the ring picks from (nil on a kernel without buffer rings).
+        var streamBuffers: OpaquePointer?
     }
 
     /// Sets a ring up and starts its thread. Throws (one line, with the kernel's reason) when io_uring is
@@ -95,7 +102,14 @@ public final class UringLoop: TaskExecutor, Sendable {
                     $0.skipsSuccess =
                         features.skipSuccess == .on && ring.map { csur_supports($0, "cqe_skip") != 0 } ?? false
                     $0.pollsFirst = features.pollFirst == .on
+                    if let ring {
+                        $0.nextBufferGroup &+= 1
+                        $0.streamBuffers = csur_buffers_create(
+                            ring, $0.nextBufferGroup, Self.streamBufferCount, Self.streamBufferSize, &code)
+                        code = 0
+                    }
                 }
+                selectsStreamBuffers.store(confined.withValue { $0.streamBuffers != nil }, ordering: .relaxed)
                 flags.store(setup, ordering: .relaxed)
                 if ring == nil { failure.store(code, ordering: .relaxed) }
             }
@@ -310,7 +324,7 @@ public final class UringLoop: TaskExecutor, Sendable {
             guard index < confined.slots.count, confined.generations[index] == UInt32(truncatingIfNeeded: id >> 32)
             else { return }
             switch confined.slots[index] {
-            case .waiting, .multishot: _ = csur_prep_cancel(confined.ring!, Self.ignoredToken, id)
+            case .waiting, .multishot, .selecting: _ = csur_prep_cancel(confined.ring!, Self.ignoredToken, id)
             default: return
             }
         }
@@ -383,6 +397,8 @@ public final class UringLoop: TaskExecutor, Sendable {
         case .zeroCopySent(let continuation, let sent):
             // The notification (IORING_CQE_F_NOTIF): the kernel has let go of the buffer.
             continuation?.resume(returning: sent)
+        case .selecting(let continuation):
+            continuation?.resume(returning: selected(result, flags))
         case .free, nil:
             return
         }

@@ -132,8 +132,26 @@ public final class UringSocket: Sendable {
 
     /// Receives what is available (TCP: at most `maximumLength` bytes; UDP: one datagram). `nil` once, when the
     /// peer finished sending (TCP).
+    ///
+    /// TCP, where the kernel has buffer rings (5.19): into a buffer the kernel picks from the ring's own set once
+    /// data is there, copied out at the length that arrived (`UringLoop.receiveSelected`), so a socket waiting for
+    /// data holds no read buffer.
     public func receive(maximumLength: Int = .max) async throws(ConnectionError) -> [UInt8]? {
-        try await reads.receive(maximumLength: maximumLength, read: read(into:))
+        guard transport == .tcp, loop.selectsStreamBuffers.load(ordering: .relaxed) else {
+            return try await reads.receive(maximumLength: maximumLength, read: read(into:))
+        }
+        if !reads.gate.tryEnter() { await reads.gate.enter() }
+        defer { reads.gate.leave() }
+        let fd = try beginRead()
+        let length = min(max(1, maximumLength), options.readChunkSize)
+        switch await loop.receiveSelected(fd: fd, length: length, guardedBy: submissions) {
+        case .bytes(let bytes): return bytes
+        case .result(let result):
+            guard try endRead(result, capacity: length) == nil else {
+                throw ConnectionError(.system, "a receive completed with bytes but no buffer")
+            }
+            return nil
+        }
     }
 
     /// Receives into the caller's buffer, which the kernel writes directly (TCP: what is available, at most
@@ -144,16 +162,28 @@ public final class UringSocket: Sendable {
 
     /// Inside the read gate: one IORING_OP_RECV (with MSG_TRUNC on UDP, so a datagram's real length comes back).
     private func read(into buffer: UnsafeMutableRawBufferPointer) async throws(ConnectionError) -> Int? {
-        let fd = try usableDescriptor()
-        if lifecycle.current.inputEnded { throw .closed("the end of the stream was already reported") }
-        // A datagram sent without waiting failed (ECONNREFUSED, say, which the kernel reports once): what a
-        // receive would have found.
-        if transport == .udp, let failure = datagramFailures.take(for: nil) { throw failure }
+        let fd = try beginRead()
         let result = await loop.run(
             .receive(
                 fd: fd, buffer: UInt(bitPattern: buffer.baseAddress), length: buffer.count,
                 flags: transport == .udp ? Int32(MSG_TRUNC) : 0),
             guardedBy: submissions)
+        return try endRead(result, capacity: buffer.count)
+    }
+
+    /// Before a receive, inside the read gate: the descriptor, unless the socket closed or already reported its end.
+    private func beginRead() throws(ConnectionError) -> Int32 {
+        let fd = try usableDescriptor()
+        if lifecycle.current.inputEnded { throw .closed("the end of the stream was already reported") }
+        // A datagram sent without waiting failed (ECONNREFUSED, say, which the kernel reports once): what a
+        // receive would have found.
+        if transport == .udp, let failure = datagramFailures.take(for: nil) { throw failure }
+        return fd
+    }
+
+    /// A receive's result that is not bytes copied out: the count (at most `capacity`), `nil` at the end of the
+    /// stream, or the failure.
+    private func endRead(_ result: Int32, capacity: Int) throws(ConnectionError) -> Int? {
         if result < 0 { throw failure(result, "recv") }
         let count = Int(result)
         if count == 0 && transport == .tcp {
@@ -163,8 +193,8 @@ public final class UringSocket: Sendable {
             _ = lifecycle.handle(.peerEnded)
             return nil
         }
-        if count > buffer.count {
-            throw ConnectionError(.messageTooLarge, "a \(count)-byte datagram did not fit in \(buffer.count) bytes")
+        if count > capacity {
+            throw ConnectionError(.messageTooLarge, "a \(count)-byte datagram did not fit in \(capacity) bytes")
         }
         return count
     }

@@ -96,6 +96,12 @@ struct csur_buffers *csur_buffers_create(struct csur_ring *ring, unsigned short 
 void csur_buffers_destroy(struct csur_ring *ring, struct csur_buffers *buffers);
 /* Gives buffer `id` back to the kernel. */
 void csur_buffers_recycle(struct csur_buffers *buffers, unsigned id);
+/* Where buffer `id` of `buffers` starts. */
+const void *csur_buffers_address(struct csur_buffers *buffers, unsigned id);
+/* recv(2) of at most `length` bytes into a buffer the kernel picks from `buffers` once data is there
+ * (IOSQE_BUFFER_SELECT): no buffer is held while the socket has nothing to read. The completion's flags carry the
+ * buffer id (csur_buffer_id), which must be recycled. */
+int csur_prep_recv_select(struct csur_ring *ring, uint64_t data, int fd, size_t length, struct csur_buffers *buffers);
 /* The buffer id of a completion's flags (IORING_CQE_F_BUFFER), or -1. */
 int csur_buffer_id(uint32_t flags);
 /* Whether a completion's flags say more completions follow (IORING_CQE_F_MORE). */

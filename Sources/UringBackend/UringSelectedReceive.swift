@@ -1,0 +1,95 @@
+internal import CURing
+@_spi(Loop) import ConnectionCore
+internal import Glibc
+import Synchronization
+
+/// Stream receives into buffers the kernel picks from one set the ring owns (a provided buffer ring,
+/// IOSQE_BUFFER_SELECT): a receive waiting for data holds no buffer, and its bytes are copied out at the length
+/// that arrived when it completes, on the ring's thread, and the buffer goes back to the ring at once. An idle
+/// connection then keeps no read buffer of its own (a 64 KiB one each was 4 KiB of resident memory per idle
+/// connection: docs/benchmarks.md).
+extension UringLoop {
+    /// What a selected receive gives: the bytes, or the result that carried none (0 at the end of the stream,
+    /// `-errno` on failure).
+    enum SelectedReceive: Sendable {
+        case bytes([UInt8])
+        case result(Int32)
+    }
+
+    /// The ring's stream buffers: 32 of 64 KiB, 2 MiB of address space of which only the buffers used become
+    /// resident. A receive that finds every one taken completes with `-ENOBUFS` and is made again.
+    static let streamBufferCount: UInt32 = 32
+    static let streamBufferSize = 64 * 1024
+
+    /// Receives at most `length` bytes (at most a stream buffer's) from `fd`; cancellable as ``run(_:timeout:guardedBy:)``,
+    /// and like it, returns only once the operation has completed. Only when ``selectsStreamBuffers`` holds.
+    func receiveSelected(fd: Int32, length: Int, guardedBy gate: UringDescriptorGuard) async -> SelectedReceive {
+        while true {
+            let outcome = await receiveSelectedOnce(fd: fd, length: length, gate: gate)
+            if case .result(-ENOBUFS) = outcome {
+                await Task.yield()  // the ring's thread recycles buffers as completions come; let it
+                continue
+            }
+            return outcome
+        }
+    }
+
+    private func receiveSelectedOnce(fd: Int32, length: Int, gate: UringDescriptorGuard) async -> SelectedReceive {
+        if inLoop {
+            guard let id = submitSelected(fd: fd, length: length, gate: gate) else { return .result(-ECANCELED) }
+            return await withTaskCancellationHandler {
+                await withUnsafeContinuation { continuation in attachSelected(continuation, to: id) }
+            } onCancel: {
+                perform { [self] in cancel(id) }
+            }
+        }
+        let token = CancelToken()
+        return await withTaskCancellationHandler {
+            await withUnsafeContinuation { continuation in
+                perform { [self] in
+                    guard let id = submitSelected(fd: fd, length: length, gate: gate) else {
+                        continuation.resume(returning: .result(-ECANCELED))
+                        return
+                    }
+                    attachSelected(continuation, to: id)
+                    if !token.publish(id) { cancel(id) }
+                }
+            }
+        } onCancel: {
+            if let id = token.cancel() { perform { [self] in cancel(id) } }
+        }
+    }
+
+    /// Loop thread: the entry, or `nil` when the gate has closed or the ring refused it.
+    private func submitSelected(fd: Int32, length: Int, gate: UringDescriptorGuard) -> UInt64? {
+        if gate.isClosed { return nil }
+        return confined.withValue { confined -> UInt64? in
+            guard let buffers = confined.streamBuffers else { return nil }
+            let id = Self.allocate(&confined, owned: nil)
+            confined.slots[Int(truncatingIfNeeded: id & 0xffff_ffff)] = .selecting(nil)
+            if csur_prep_recv_select(confined.ring!, id, fd, max(1, length), buffers) != 0 {
+                Self.release(&confined, id)
+                return nil
+            }
+            return id
+        }
+    }
+
+    private func attachSelected(_ continuation: UnsafeContinuation<SelectedReceive, Never>, to id: UInt64) {
+        confined.withValue { confined in
+            let index = Int(truncatingIfNeeded: id & 0xffff_ffff)
+            guard case .selecting = confined.slots[index] else { preconditionFailure("no such operation") }
+            confined.slots[index] = .selecting(continuation)
+        }
+    }
+
+    /// Loop thread, as a selected receive completes: its bytes copied out, its buffer back to the ring.
+    func selected(_ result: Int32, _ flags: UInt32) -> SelectedReceive {
+        let id = csur_buffer_id(flags)
+        guard id >= 0, let buffers = confined.withValue({ $0.streamBuffers }) else { return .result(result) }
+        defer { csur_buffers_recycle(buffers, UInt32(id)) }
+        guard result > 0 else { return .result(result) }
+        let start = csur_buffers_address(buffers, UInt32(id))
+        return .bytes([UInt8](UnsafeRawBufferPointer(start: start, count: Int(result))))
+    }
+}
