@@ -33,6 +33,10 @@ public final class UringLoop: TaskExecutor, Sendable {
     private let flags = Atomic<UInt32>(0)
     /// Whether the ring has its stream receive buffers (``receiveSelected(fd:length:guardedBy:)``).
     let selectsStreamBuffers = Atomic<Bool>(false)
+    /// Stream receives the kernel found no free buffer for (`-ENOBUFS`), read at once another way: how often the
+    /// ring's 32 buffers were not enough.
+    let receivesTurnedAway = Atomic<Int>(0)
+    package var turnedAwayReceives: Int { receivesTurnedAway.load(ordering: .relaxed) }
     let wakeFD: Int32
     let work: LoopWorkQueue
     let confined: LoopConfined<Confined>

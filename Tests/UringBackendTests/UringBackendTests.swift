@@ -38,6 +38,55 @@ struct UringBackendTests {
         try outcome.get()
     }
 
+    /// TCP receives pick their buffers from the ring's 32 (IOSQE_BUFFER_SELECT). With more sockets readable at once
+    /// than that, the kernel turns the rest away with ENOBUFS, and those read what is there another way: every
+    /// receive still gets its own bytes, whole and in order.
+    @Test("More sockets readable at once than the ring has receive buffers: every receive gets its own bytes")
+    func moreReadersThanBuffers() async throws {
+        try await SocketTest.run {
+            let listener = try await UringListener.listen(on: try Endpoint(url: "tcp://127.0.0.1:0"))
+            var pairs: [(client: UringSocket, server: UringSocket)] = []
+            for _ in 0..<96 {
+                async let accepted = listener.accept()
+                let client = try await UringSocket.connect(to: listener.localEndpoint)
+                pairs.append((client, try await accepted))
+            }
+            // The bytes wait in the sockets before any receive is made: the receives, submitted in one turn of the
+            // ring, find data at once, and all but the ring's 32 find no buffer.
+            for (index, pair) in pairs.enumerated() {
+                try await pair.client.send([UInt8](repeating: UInt8(index), count: 3000))
+            }
+            let loop = pairs[0].server.loop
+            let turnedAwayBefore = loop.turnedAwayReceives
+            let servers = pairs.map(\.server)
+            let results = try await withThrowingTaskGroup(of: (Int, [UInt8]).self) { group in
+                for (index, server) in servers.enumerated() {
+                    group.addTask {
+                        try await withTaskExecutorPreference(server.loop) {
+                            var received: [UInt8] = []
+                            while received.count < 3000, let bytes = try await server.receive() {
+                                received += bytes
+                            }
+                            return (index, received)
+                        }
+                    }
+                }
+                var results: [Int: [UInt8]] = [:]
+                for try await (index, bytes) in group { results[index] = bytes }
+                return results
+            }
+            #expect(loop.turnedAwayReceives > turnedAwayBefore)
+            for index in 0..<pairs.count {
+                #expect(results[index] == [UInt8](repeating: UInt8(index), count: 3000), "socket \(index)")
+            }
+            for pair in pairs {
+                await pair.client.close()
+                await pair.server.close()
+            }
+            await listener.close()
+        }
+    }
+
     @Test("Bytes both ways, from a task on the ring and from one elsewhere; the end of the stream once")
     func echo() async throws {
         try await SocketTest.run {
