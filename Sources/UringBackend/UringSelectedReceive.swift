@@ -18,7 +18,7 @@ extension UringLoop {
 
     /// The ring's stream buffers: 32 of 64 KiB, 2 MiB of address space of which only the buffers used become
     /// resident.
-    static let streamBufferCount: UInt32 = 32
+    static let streamBufferCount: UInt32 = 8
     static let streamBufferSize = 64 * 1024
 
     /// Receives at most `length` bytes (at most a stream buffer's) from `fd`; cancellable as
@@ -83,6 +83,9 @@ extension UringLoop {
                 Self.release(&confined, id)
                 return nil
             }
+            // The caller found nothing waiting (or did not look): the kernel waits for data before its first try,
+            // instead of picking a buffer, finding nothing and giving the buffer back.
+            if confined.pollsFirst { csur_poll_first_last(confined.ring!) }
             return id
         }
     }

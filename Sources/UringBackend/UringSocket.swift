@@ -44,6 +44,8 @@ public final class UringSocket: Sendable {
     private let submissions = UringDescriptorGuard()
     private let lifecycle = SharedLifecycle()
     private let reads: ReceiveGate
+    /// TCP, inside the read gate: the last receive filled all it asked for, so more is likely waiting.
+    private nonisolated(unsafe) var lastReceiveFull = false
     private let writeGate = AsyncGate()
     /// UDP: what became of the datagrams sent without waiting.
     private let datagramFailures = UringSendFailures()
@@ -144,8 +146,11 @@ public final class UringSocket: Sendable {
         defer { reads.gate.leave() }
         let fd = try beginRead()
         let length = min(max(1, maximumLength), options.readChunkSize)
+        if lastReceiveFull, let bytes = try readWaiting(fd, length: length) { return bytes }
         switch await loop.receiveSelected(fd: fd, length: length, guardedBy: submissions) {
-        case .bytes(let bytes): return bytes
+        case .bytes(let bytes):
+            lastReceiveFull = bytes.count == length
+            return bytes
         case .result(let result):
             guard try endRead(result, capacity: length) == nil else {
                 throw ConnectionError(.system, "a receive completed with bytes but no buffer")
@@ -169,6 +174,23 @@ public final class UringSocket: Sendable {
                 flags: transport == .udp ? Int32(MSG_TRUNC) : 0),
             guardedBy: submissions)
         return try endRead(result, capacity: buffer.count)
+    }
+
+    /// Inside the read gate, after a receive that filled all it asked for (a bulk flow): what is already waiting,
+    /// read at once with a non-blocking recv(2) into the thread's buffer, with no operation on the ring (`nil`:
+    /// nothing was there). A tcp pump of 64 KiB writes into a uring sink went from 0.87x to 0.74x the C floor's
+    /// throughput when every receive went through the ring's buffer selection.
+    private func readWaiting(_ fd: Int32, length: Int) throws(ConnectionError) -> [UInt8]?? {
+        let buffer = ThreadReadBuffer.take(length)
+        switch try Syscall.recv(fd, buffer, dontWait: true) {
+        case .wouldBlock:
+            lastReceiveFull = false
+            return nil
+        case .processed(let count):
+            lastReceiveFull = count == length
+            if count == 0 { return .some(try endRead(0, capacity: length).map { _ in [] }) }
+            return .some([UInt8](UnsafeRawBufferPointer(rebasing: buffer[..<count])))
+        }
     }
 
     /// Before a receive, inside the read gate: the descriptor, unless the socket closed or already reported its end.
