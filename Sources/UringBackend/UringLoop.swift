@@ -34,7 +34,7 @@ public final class UringLoop: TaskExecutor, Sendable {
     /// Whether the ring has its stream receive buffers (``receiveSelected(fd:length:guardedBy:)``).
     let selectsStreamBuffers = Atomic<Bool>(false)
     /// Stream receives the kernel found no free buffer for (`-ENOBUFS`), read at once another way: how often the
-    /// ring's 32 buffers were not enough.
+    /// ring's buffers were not enough.
     let receivesTurnedAway = Atomic<Int>(0)
     package var turnedAwayReceives: Int { receivesTurnedAway.load(ordering: .relaxed) }
     let wakeFD: Int32

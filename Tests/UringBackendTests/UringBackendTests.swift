@@ -38,7 +38,7 @@ struct UringBackendTests {
         try outcome.get()
     }
 
-    /// TCP receives pick their buffers from the ring's 32 (IOSQE_BUFFER_SELECT). With more sockets readable at once
+    /// TCP receives pick their buffers from the ring's 8 (IOSQE_BUFFER_SELECT). With more sockets readable at once
     /// than that, the kernel turns the rest away with ENOBUFS, and those read what is there another way: every
     /// receive still gets its own bytes, whole and in order.
     @Test("More sockets readable at once than the ring has receive buffers: every receive gets its own bytes")
@@ -52,7 +52,7 @@ struct UringBackendTests {
                 pairs.append((client, try await accepted))
             }
             // The bytes wait in the sockets before any receive is made: the receives, submitted in one turn of the
-            // ring, find data at once, and all but the ring's 32 find no buffer.
+            // ring, find data at once, and all but the ring's 8 find no buffer.
             for (index, pair) in pairs.enumerated() {
                 try await pair.client.send([UInt8](repeating: UInt8(index), count: 3000))
             }
