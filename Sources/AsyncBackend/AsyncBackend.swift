@@ -124,7 +124,7 @@ extension Backend {
         style: "async/await and AsyncSequences on one reactor thread: Swift's own cancellation",
         tooling: Backend.Tooling(
             module: "AsyncBackend", colour: "#59a14f", autobahn: .wss, autobahnDeflate: [.client],
-            allocationsPerRoundTrip: 9
+            allocationsPerRoundTrip: 5
         ),
         newLoop: { () throws(ConnectionError) in AsyncBackend(reactor: try AsyncReactor(name: "async-reactor")) },
         make: { AsyncBackend() })

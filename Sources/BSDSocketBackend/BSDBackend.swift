@@ -78,7 +78,7 @@ extension Backend {
         style: "blocking calls on a thread per connection: the simplest code, and a thread per client",
         tooling: Backend.Tooling(
             module: "BSDSocketBackend", colour: "#f28e2b", autobahn: .ws, autobahnDeflate: [.server],
-            allocationsPerRoundTrip: 8),
+            allocationsPerRoundTrip: 5),
         // A thread per connection already: a listener per server thread only adds an acceptor thread.
         newLoop: { BSDBackend() },
         make: { BSDBackend() })

@@ -213,7 +213,7 @@ extension Backend {
         name: "uv",
         summary: "libuv 1.44 loop and callbacks; every connection on one loop thread, an eventfd to reach it",
         style: "libuv callbacks on one loop thread: every buffer's lifetime managed by hand",
-        tooling: Backend.Tooling(module: "LibUVBackend", colour: "#e15759", allocationsPerRoundTrip: 11),
+        tooling: Backend.Tooling(module: "LibUVBackend", colour: "#e15759", allocationsPerRoundTrip: 5),
         newLoop: { () throws(ConnectionError) in try LibUVBackend(loopName: "uv-loop") },
         make: { LibUVBackend.shared })
 }

@@ -89,7 +89,7 @@ extension Backend {
         name: "runloop",
         summary: "input/output streams with a delegate (openCompleted, hasBytesAvailable, ...) on one epoll run loop",
         style: "stream delegates on one run loop, as Stream/CFStream code is written",
-        tooling: Backend.Tooling(module: "RunLoopBackend", colour: "#76b7b2", allocationsPerRoundTrip: 10),
+        tooling: Backend.Tooling(module: "RunLoopBackend", colour: "#76b7b2", allocationsPerRoundTrip: 5),
         newLoop: { () throws(ConnectionError) in try RunLoopBackend(name: "runloop-backend") },
         make: { RunLoopBackend.shared })
 }

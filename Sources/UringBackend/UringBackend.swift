@@ -87,7 +87,7 @@ extension Backend {
         name: "uring",
         summary: "io_uring: operations submitted to a ring in batches, one completion-loop thread resumes tasks",
         style: "submit an operation, await its completion: the kernel does the I/O, no readiness, no retry",
-        tooling: Backend.Tooling(module: "UringBackend", colour: "#b07aa1", autobahn: .ws, allocationsPerRoundTrip: 13),
+        tooling: Backend.Tooling(module: "UringBackend", colour: "#b07aa1", autobahn: .ws, allocationsPerRoundTrip: 8),
         availability: { UringBackend.unavailableReason },
         newLoop: { () throws(ConnectionError) in UringBackend(loop: try UringLoop(name: "uring-loop")) },
         make: { UringBackend() })
