@@ -161,10 +161,23 @@ public final class UringLoop: TaskExecutor, Sendable {
     func run(
         _ operation: UringOperation, timeout: Duration? = nil, guardedBy gate: UringDescriptorGuard? = nil
     ) async -> Int32 {
+        await awaitCompletion(of: { [self] in submit(operation, timeout: timeout, gate: gate) }, else: -ECANCELED) {
+            [self] continuation, id in attach(continuation, to: id)
+        }
+    }
+
+    /// One operation's life as a task sees it: `submit` on the ring's thread (`nil`: not submitted, and the call
+    /// returns `refused`), `attach` of the task's continuation to its slot in the same turn, before any completion
+    /// is read, and cancellation of the task handed to the ring as a cancellation of the operation (which still
+    /// completes, so what it uses is never written after this returns).
+    func awaitCompletion<Value: Sendable>(
+        of submit: @escaping @Sendable () -> UInt64?, else refused: Value,
+        attach: @escaping @Sendable (UnsafeContinuation<Value, Never>, UInt64) -> Void
+    ) async -> Value {
         if inLoop {
-            guard let id = submit(operation, timeout: timeout, gate: gate) else { return -ECANCELED }
+            guard let id = submit() else { return refused }
             return await withTaskCancellationHandler {
-                await withUnsafeContinuation { continuation in attach(continuation, to: id) }
+                await withUnsafeContinuation { continuation in attach(continuation, id) }
             } onCancel: {
                 perform { [self] in cancel(id) }
             }
@@ -173,11 +186,11 @@ public final class UringLoop: TaskExecutor, Sendable {
         return await withTaskCancellationHandler {
             await withUnsafeContinuation { continuation in
                 perform { [self] in
-                    guard let id = submit(operation, timeout: timeout, gate: gate) else {
-                        continuation.resume(returning: -ECANCELED)
+                    guard let id = submit() else {
+                        continuation.resume(returning: refused)
                         return
                     }
-                    attach(continuation, to: id)
+                    attach(continuation, id)
                     if !token.publish(id) { cancel(id) }
                 }
             }

@@ -48,29 +48,9 @@ extension UringLoop {
     }
 
     private func receiveSelectedOnce(fd: Int32, length: Int, gate: UringDescriptorGuard) async -> SelectedReceive {
-        if inLoop {
-            guard let id = submitSelected(fd: fd, length: length, gate: gate) else { return .result(-ECANCELED) }
-            return await withTaskCancellationHandler {
-                await withUnsafeContinuation { continuation in attachSelected(continuation, to: id) }
-            } onCancel: {
-                perform { [self] in cancel(id) }
-            }
-        }
-        let token = CancelToken()
-        return await withTaskCancellationHandler {
-            await withUnsafeContinuation { continuation in
-                perform { [self] in
-                    guard let id = submitSelected(fd: fd, length: length, gate: gate) else {
-                        continuation.resume(returning: .result(-ECANCELED))
-                        return
-                    }
-                    attachSelected(continuation, to: id)
-                    if !token.publish(id) { cancel(id) }
-                }
-            }
-        } onCancel: {
-            if let id = token.cancel() { perform { [self] in cancel(id) } }
-        }
+        await awaitCompletion(
+            of: { [self] in submitSelected(fd: fd, length: length, gate: gate) }, else: .result(-ECANCELED)
+        ) { [self] continuation, id in attachSelected(continuation, to: id) }
     }
 
     /// Loop thread: the entry, or `nil` when the gate has closed or the ring refused it.

@@ -44,8 +44,9 @@ public final class UringSocket: Sendable {
     private let submissions = UringDescriptorGuard()
     private let lifecycle = SharedLifecycle()
     private let reads: ReceiveGate
-    /// TCP, inside the read gate: the last receive filled all it asked for, so more is likely waiting.
-    private nonisolated(unsafe) var lastReceiveFull = false
+    /// TCP: the last receive filled all it asked for, so more is likely waiting. Read and written inside the read
+    /// gate only; atomic (relaxed) so that the compiler checks it rather than a comment.
+    private let lastReceiveFull = Atomic<Bool>(false)
     private let writeGate = AsyncGate()
     /// UDP: what became of the datagrams sent without waiting.
     private let datagramFailures = UringSendFailures()
@@ -146,10 +147,10 @@ public final class UringSocket: Sendable {
         defer { reads.gate.leave() }
         let fd = try beginRead()
         let length = min(max(1, maximumLength), options.readChunkSize)
-        if lastReceiveFull, let bytes = try readWaiting(fd, length: length) { return bytes }
+        if lastReceiveFull.load(ordering: .relaxed), let bytes = try readWaiting(fd, length: length) { return bytes }
         switch await loop.receiveSelected(fd: fd, length: length, guardedBy: submissions) {
         case .bytes(let bytes):
-            lastReceiveFull = bytes.count == length
+            lastReceiveFull.store(bytes.count == length, ordering: .relaxed)
             return bytes
         case .result(let result):
             guard try endRead(result, capacity: length) == nil else {
@@ -184,10 +185,10 @@ public final class UringSocket: Sendable {
         let buffer = ThreadReadBuffer.take(length)
         switch try Syscall.recv(fd, buffer, dontWait: true) {
         case .wouldBlock:
-            lastReceiveFull = false
+            lastReceiveFull.store(false, ordering: .relaxed)
             return nil
         case .processed(let count):
-            lastReceiveFull = count == length
+            lastReceiveFull.store(count == length, ordering: .relaxed)
             if count == 0 { return .some(try endRead(0, capacity: length).map { _ in [] }) }
             return .some([UInt8](UnsafeRawBufferPointer(rebasing: buffer[..<count])))
         }
