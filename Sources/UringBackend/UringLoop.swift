@@ -161,23 +161,31 @@ public final class UringLoop: TaskExecutor, Sendable {
     func run(
         _ operation: UringOperation, timeout: Duration? = nil, guardedBy gate: UringDescriptorGuard? = nil
     ) async -> Int32 {
-        await awaitCompletion(of: { [self] in submit(operation, timeout: timeout, gate: gate) }, else: -ECANCELED) {
-            [self] continuation, id in attach(continuation, to: id)
+        await awaitCompletion(of: OperationRequest(operation: operation, timeout: timeout, gate: gate))
+    }
+
+    /// One operation as ``run(_:timeout:guardedBy:)`` submits it.
+    private struct OperationRequest: UringRequest {
+        let operation: UringOperation
+        let timeout: Duration?
+        let gate: UringDescriptorGuard?
+        var refused: Int32 { -ECANCELED }
+        func submit(on loop: UringLoop) -> UInt64? { loop.submit(operation, timeout: timeout, gate: gate) }
+        func attach(_ continuation: UnsafeContinuation<Int32, Never>, to id: UInt64, on loop: UringLoop) {
+            loop.attach(continuation, to: id)
         }
     }
 
-    /// One operation's life as a task sees it: `submit` on the ring's thread (`nil`: not submitted, and the call
-    /// returns `refused`), `attach` of the task's continuation to its slot in the same turn, before any completion
+    /// One operation's life as a task sees it: submitted on the ring's thread (not submitted: the call returns the
+    /// request's `refused`), the task's continuation attached to its slot in the same turn, before any completion
     /// is read, and cancellation of the task handed to the ring as a cancellation of the operation (which still
-    /// completes, so what it uses is never written after this returns).
-    func awaitCompletion<Value: Sendable>(
-        of submit: @escaping @Sendable () -> UInt64?, else refused: Value,
-        attach: @escaping @Sendable (UnsafeContinuation<Value, Never>, UInt64) -> Void
-    ) async -> Value {
+    /// completes, so what it uses is never written after this returns). The request is a value, not closures: the
+    /// hand-over to the ring's thread captures it in one context, as a round trip's allocation count expects.
+    func awaitCompletion<Request: UringRequest>(of request: Request) async -> Request.Value {
         if inLoop {
-            guard let id = submit() else { return refused }
+            guard let id = request.submit(on: self) else { return request.refused }
             return await withTaskCancellationHandler {
-                await withUnsafeContinuation { continuation in attach(continuation, id) }
+                await withUnsafeContinuation { continuation in request.attach(continuation, to: id, on: self) }
             } onCancel: {
                 perform { [self] in cancel(id) }
             }
@@ -186,11 +194,11 @@ public final class UringLoop: TaskExecutor, Sendable {
         return await withTaskCancellationHandler {
             await withUnsafeContinuation { continuation in
                 perform { [self] in
-                    guard let id = submit() else {
-                        continuation.resume(returning: refused)
+                    guard let id = request.submit(on: self) else {
+                        continuation.resume(returning: request.refused)
                         return
                     }
-                    attach(continuation, id)
+                    request.attach(continuation, to: id, on: self)
                     if !token.publish(id) { cancel(id) }
                 }
             }
@@ -420,4 +428,15 @@ public final class UringLoop: TaskExecutor, Sendable {
             return
         }
     }
+}
+
+/// One kind of ring operation as a task awaits it (``UringLoop/awaitCompletion(of:)``).
+protocol UringRequest: Sendable {
+    associatedtype Value: Sendable
+    /// What the task gets when the operation was not submitted.
+    var refused: Value { get }
+    /// Loop thread: the operation into the submission queue; its id, or `nil` when it was not submitted.
+    func submit(on loop: UringLoop) -> UInt64?
+    /// Loop thread, in the turn that submitted it: the task's continuation into the operation's slot.
+    func attach(_ continuation: UnsafeContinuation<Value, Never>, to id: UInt64, on loop: UringLoop)
 }

@@ -48,13 +48,22 @@ extension UringLoop {
     }
 
     private func receiveSelectedOnce(fd: Int32, length: Int, gate: UringDescriptorGuard) async -> SelectedReceive {
-        await awaitCompletion(
-            of: { [self] in submitSelected(fd: fd, length: length, gate: gate) }, else: .result(-ECANCELED)
-        ) { [self] continuation, id in attachSelected(continuation, to: id) }
+        await awaitCompletion(of: SelectedRequest(fd: fd, length: length, gate: gate))
+    }
+
+    private struct SelectedRequest: UringRequest {
+        let fd: Int32
+        let length: Int
+        let gate: UringDescriptorGuard
+        var refused: SelectedReceive { .result(-ECANCELED) }
+        func submit(on loop: UringLoop) -> UInt64? { loop.submitSelected(fd: fd, length: length, gate: gate) }
+        func attach(_ continuation: UnsafeContinuation<SelectedReceive, Never>, to id: UInt64, on loop: UringLoop) {
+            loop.attachSelected(continuation, to: id)
+        }
     }
 
     /// Loop thread: the entry, or `nil` when the gate has closed or the ring refused it.
-    private func submitSelected(fd: Int32, length: Int, gate: UringDescriptorGuard) -> UInt64? {
+    fileprivate func submitSelected(fd: Int32, length: Int, gate: UringDescriptorGuard) -> UInt64? {
         if gate.isClosed { return nil }
         return confined.withValue { confined -> UInt64? in
             guard let buffers = confined.streamBuffers else { return nil }
@@ -71,7 +80,7 @@ extension UringLoop {
         }
     }
 
-    private func attachSelected(_ continuation: UnsafeContinuation<SelectedReceive, Never>, to id: UInt64) {
+    fileprivate func attachSelected(_ continuation: UnsafeContinuation<SelectedReceive, Never>, to id: UInt64) {
         confined.withValue { confined in
             let index = Int(truncatingIfNeeded: id & 0xffff_ffff)
             guard case .selecting = confined.slots[index] else { preconditionFailure("no such operation") }
