@@ -194,8 +194,18 @@ final class BoundedConnection: Connection, Sendable {
         try await forwarded { () throws(ConnectionError) in try await inner.send(batch: batch) }
     }
 
+    // Written out rather than through `forwarded`: an idle connection's task waits here, and a closure's frame
+    // would stay on its task stack for as long as it waits.
+    @inline(__always)
     func receive(maximumLength: Int) async throws(ConnectionError) -> Message? {
-        try await forwarded { () throws(ConnectionError) in try await inner.receive(maximumLength: maximumLength) }
+        let message: Message?
+        do throws(ConnectionError) {
+            message = try await inner.receive(maximumLength: maximumLength)
+        } catch {
+            throw explained(error)
+        }
+        touch()
+        return message
     }
 
     func receive(into buffer: UnsafeMutableRawBufferPointer) async throws(ConnectionError) -> Received? {
