@@ -33,6 +33,8 @@ public struct WorkloadVerdict: Sendable, Codable, Hashable {
     }
 
     public var workload: Workload
+    /// The threads its servers ran on (`compare --server-threads`); `nil`: one, placed as the run's placement says.
+    public var serverThreads: Int?
     public var transport: String
     public var offeredPerSecond: Double
     /// The p99 a backend had to keep, nanoseconds.

@@ -96,6 +96,12 @@ struct Compare: AsyncParsableCommand {
     )
     var server: String?
 
+    @Option(
+        help: ArgumentHelp(
+            "Run every fan-in and workload scenario against servers on each of these thread counts (`serve --threads N`, a listening socket per loop), e.g. 1,2: the scenarios become fanin-64@1thread, fanin-64@2threads, ... Those servers are not pinned, so that their threads may span every CPU (1 thread too, to set the others against); the report adds a table of throughput, p99 and round trips per server CPU-second by threads.",
+            valueName: "counts"))
+    var serverThreads: String?
+
     @OptionGroup(title: "Your own load") var load: LoadOptions
 
     @OptionGroup(title: "Output") var output: ReportOutputOptions
@@ -201,10 +207,10 @@ struct Compare: AsyncParsableCommand {
             for role in roles {
                 let context = ServerStart(
                     backend: backend, transport: transport, plan: plan, upstream: upstreams[role.mode],
-                    serve: { mode, extra in
+                    serve: { mode, extra, pinned in
                         try await Self.startServer(
                             backend, transport, mode, extraArguments: extra, agent: agent, certificates: certificates,
-                            plan: plan)
+                            plan: plan, pinned: pinned)
                     })
                 servers[role.mode] = try await role.start(context)
             }
@@ -214,7 +220,7 @@ struct Compare: AsyncParsableCommand {
 
         /// The server a scenario runs against, and other local processes of the measurement.
         func serverOf(_ scenario: Scenario, _ target: Target) -> (any ServerHandle, [any ServerHandle]) {
-            (scenario.kind.server(of: target, upstreams: upstreams), Array(upstreams.values))
+            (scenario.server(of: target, upstreams: upstreams), Array(upstreams.values))
         }
         // Round trips per slice, by time: one calibration run per row (it is also the row's warm-up).
         var roundTrips: [RowKey: Int] = [:]

@@ -119,7 +119,7 @@ extension Compare {
             return
                 "\(scenario) needs \(Self.descriptors(for: connections)) descriptors per process; the limit is \(limit.rlim_cur)"
         }
-        return scenario.kind.skipReason(target, remote: server != nil)
+        return scenario.skipReason(target, remote: server != nil)
     }
 
     /// A pump scenario: a warm-up pass of an eighth of ``Plan/pumpBytes`` (its rate also sizes the next pass),

@@ -53,6 +53,9 @@ extension Compare {
         var p95Bound: UInt64?
         /// The rates of a sweep (`--sweep`), per second: its `rate-N` rows are one curve per backend x transport.
         var sweep: [Int]?
+        /// `--server-threads`: the thread counts its fan-in and workload scenarios ran their servers on (`nil`:
+        /// one, placed as ``placement`` says).
+        var serverThreads: [Int]?
         var placement: Placement
         var serverCPU: Int?
         var clientCPU: Int?
@@ -149,6 +152,28 @@ extension Compare {
         if let load = specification?.broadcast, !chosenScenarios.contains(.broadcast(load)) {
             chosenScenarios.append(.broadcast(load))
         }
+        var threadCounts: [Int]?
+        var serverThreadsNote = ""
+        if let serverThreads {
+            let counts = try serverThreads.split(separator: ",").map { text in
+                guard let count = Int(text), count >= 1 else {
+                    throw fail("--server-threads: '\(text)' is not a thread count (e.g. 1,2)")
+                }
+                return count
+            }
+            guard !counts.isEmpty else { throw fail("--server-threads: expected thread counts, e.g. 1,2") }
+            guard server == nil else { throw fail("--server-threads starts its servers here: not with --server") }
+            let threaded = chosenScenarios.filter { type(of: $0.kind).takesServerThreads && $0.serverThreads == nil }
+            guard !threaded.isEmpty else {
+                throw fail("--server-threads applies to fanin and workload scenarios: name one (e.g. fanin-64)")
+            }
+            threadCounts = Array(Set(counts)).sorted()
+            serverThreadsNote =
+                "; fan-in and workload servers on \(threadCounts!.map(String.init).joined(separator: ", ")) threads (--server-threads), not pinned"
+            chosenScenarios = chosenScenarios.flatMap { scenario in
+                threaded.contains(scenario) ? threadCounts!.map { scenario.onServerThreads($0) } : [scenario]
+            }
+        }
         let (serverCPU, clientCPU): (Int?, Int?) =
             switch placement {
             case .same: (Syscall.cpuCount - 1, Syscall.cpuCount - 1)
@@ -166,10 +191,10 @@ extension Compare {
             udpSinkBuffer: udpSinkBuffer > 0 ? udpSinkBuffer : nil,
             connectCount: full ? 200 : 30, faninCount: full ? 500 : 100,
             p99Bound: specification?.p99Bound ?? UInt64(bound * 1e9), broadcastWorkload: specification?.broadcast,
-            p95Bound: specification?.p95Bound, sweep: sweepRates, placement: placement,
+            p95Bound: specification?.p95Bound, sweep: sweepRates, serverThreads: threadCounts, placement: placement,
             serverCPU: serverCPU, clientCPU: clientCPU,
             options:
-                "TCP_NODELAY on; SO_RCVBUF/SO_SNDBUF system defaults\(udpSinkBuffer > 0 ? " (udp pump sinks: SO_RCVBUF \(udpSinkBuffer) B asked\(Syscall.receiveBufferLimit.map { ", net.core.rmem_max \($0) B here" } ?? ""))" : ""); read chunk \(defaults.readChunkSize) B; UDP buffer \(defaults.maxDatagramSize) B; receive queue \(defaults.receiveQueueLimit) B; TLS \(TLSLibrary.version), TLS 1.3, certificate verified against a throwaway CA"
+                "TCP_NODELAY on; SO_RCVBUF/SO_SNDBUF system defaults\(udpSinkBuffer > 0 ? " (udp pump sinks: SO_RCVBUF \(udpSinkBuffer) B asked\(Syscall.receiveBufferLimit.map { ", net.core.rmem_max \($0) B here" } ?? ""))" : ""); read chunk \(defaults.readChunkSize) B; UDP buffer \(defaults.maxDatagramSize) B; receive queue \(defaults.receiveQueueLimit) B; TLS \(TLSLibrary.version), TLS 1.3, certificate verified against a throwaway CA\(serverThreadsNote)"
         )
     }
 

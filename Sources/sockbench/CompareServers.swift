@@ -136,7 +136,7 @@ extension Compare {
     /// Starts one server: a child process here, or one the agent starts there.
     static func startServer(
         _ backend: Backend?, _ transport: Transport, _ mode: String, extraArguments: [String] = [],
-        agent: AgentClient?, certificates: TestCertificates?, plan: Plan
+        agent: AgentClient?, certificates: TestCertificates?, plan: Plan, pinned: Bool = true
     ) async throws -> any ServerHandle {
         // A udp sink's receive buffer (--udp-sink-buffer): the agent's mode `sink:BYTES`, a local server's flag.
         let sinkBuffer = mode == "sink" && transport == .udp ? plan.udpSinkBuffer : nil
@@ -149,7 +149,8 @@ extension Compare {
         // WebSocket echo servers accept permessage-deflate; only the json-deflate clients offer it.
         if mode == "echo", transport == .ws || transport == .wss, backend != nil { arguments.append("--deflate") }
         return try ChildServer.start(
-            backend: backend, url: "\(transport)://127.0.0.1:0", cpu: plan.serverCPU, extraArguments: arguments)
+            backend: backend, url: "\(transport)://127.0.0.1:0", cpu: pinned ? plan.serverCPU : nil,
+            extraArguments: arguments)
     }
 }
 

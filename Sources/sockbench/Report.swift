@@ -206,6 +206,7 @@ struct Report: Codable {
     func summary() -> [String] {
         var lines = ["== What this run says"]
         for kind in Scenario.registered { lines += summaryLines(of: kind) }
+        lines += serverThreadsLines()
         lines += disturbanceLines()
         let measured = Set(rows.map(\.backend))
         lines.append("- Threads and style, as each backend registers itself:")

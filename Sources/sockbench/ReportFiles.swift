@@ -81,6 +81,13 @@ extension Report {
             for row in cells { text += "| " + row.joined(separator: " | ") + " |\n" }
             text += "\n"
         }
+        if let (header, cells) = serverThreadsTable() {
+            text +=
+                "## Server threads\n\nThe same loads against servers on each thread count (`--server-threads`), not pinned.\n\n| "
+                + header.joined(separator: " | ") + " |\n|" + header.map { _ in "---" }.joined(separator: "|") + "|\n"
+            for row in cells { text += "| " + row.joined(separator: " | ") + " |\n" }
+            text += "\n"
+        }
         if !skipped.isEmpty {
             let reasons = Set(skipped.values).sorted()
             text += "Not run: " + reasons.joined(separator: "; ") + ".\n\n"

@@ -47,6 +47,14 @@ struct ReportHTML {
             for row in cells { body += "<tr>" + row.map { "<td>\(escape($0))</td>" }.joined() + "</tr>\n" }
             body += "</table>\n"
         }
+        if let (header, cells) = report.serverThreadsTable() {
+            body += "<h2 id=server-threads>Server threads</h2>\n"
+            body +=
+                "<p class=meta>The same loads against servers on each thread count (--server-threads), not pinned.</p>\n"
+            body += "<table><tr>" + header.map { "<th>\(escape($0))</th>" }.joined() + "</tr>\n"
+            for row in cells { body += "<tr>" + row.map { "<td>\(escape($0))</td>" }.joined() + "</tr>\n" }
+            body += "</table>\n"
+        }
         let pingpongs = report.plan.scenarios.filter { $0.is(PingPongScenario.self) }
         for scenario in pingpongs {
             let distribution = percentileChart(scenario)
@@ -54,7 +62,8 @@ struct ReportHTML {
                 body += "<h2>\(scenario): latency by percentile (log scales)</h2>\n" + distribution
             }
         }
-        let fanins = report.plan.scenarios.filter { $0.is(FaninScenario.self) }
+        // Fan-in against the run's own servers (a scenario on more server threads is in "Server threads").
+        let fanins = report.plan.scenarios.filter { $0.is(FaninScenario.self) && ($0.serverThreads ?? 1) == 1 }
         if fanins.count > 1 {
             body += "<h2>Latency against concurrency (fan-in, p50 and p99)</h2>\n" + concurrencyChart(fanins)
         }
@@ -170,7 +179,8 @@ struct ReportHTML {
                 lines.append(line)
             }
         }
-        if let scenario = report.plan.scenarios.filter({ $0.is(FaninScenario.self) }).last,
+        if let scenario = report.plan.scenarios.filter({ $0.is(FaninScenario.self) && ($0.serverThreads ?? 1) == 1 })
+            .last,
             let line = pick(
                 "Many connections at once, tcp \(scenario)",
                 rows(FaninScenario.self, "tcp").filter { $0.scenario == scenario },

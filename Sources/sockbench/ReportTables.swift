@@ -193,6 +193,14 @@ extension Report {
             }
             text += "\n== \(scenario)\n" + Self.render(header, cells) + "\n"
         }
+        if var (header, cells) = serverThreadsTable() {
+            if !wide {
+                let narrowed = Self.narrow(header, cells, width: Self.terminalWidth)
+                (header, cells) = (narrowed.header, narrowed.cells)
+                leftOut = max(leftOut, narrowed.leftOut)
+            }
+            text += "\n== Server threads\n" + Self.render(header, cells) + "\n"
+        }
         if leftOut > 0 {
             text +=
                 "\n(Each table's other columns, up to \(leftOut): --wide, report.md or report.html with --out DIR.)\n"

@@ -452,6 +452,55 @@ struct JSONSchemaTests {
         }
     }
 
+    /// `compare --server-threads 1,2`: each fan-in and workload against servers on one and on two threads. The
+    /// servers really ran that many loops (a loop backend's server process has one thread more on two), every
+    /// row's scenario carries its threads, the workload gets a verdict per thread count, and the "Server threads"
+    /// table sets the counts side by side in the terminal, report.md and report.html.
+    @Test("compare --server-threads runs fan-in and workloads on servers of 1 and 2 threads, side by side")
+    func serverThreads() async throws {
+        try await SocketTest.run(timeLimit: .seconds(300)) {
+            let directory = FileManager.default.temporaryDirectory.appendingPathComponent("threads-\(getpid())")
+            defer { try? FileManager.default.removeItem(at: directory) }
+            let output = try await run([
+                "compare", "--scenarios", "fanin-16", "--workload",
+                "connections=8,rate=50/s,size=64,transport=tcp,duration=0.3s,p99=50ms", "--server-threads", "1,2",
+                "--backends", "uv,async", "--repetitions", "1", "--no-baselines", "--no-floor", "--out",
+                directory.path,
+            ])
+            let results = try String(contentsOf: directory.appendingPathComponent("results.json"), encoding: .utf8)
+            try check(results, against: "compare.schema.json")
+            let object = try #require(try JSONSerialization.jsonObject(with: Data(results.utf8)) as? [String: Any])
+            let plan = try #require(object["plan"] as? [String: Any])
+            #expect(plan["serverThreads"] as? [Int] == [1, 2])
+            #expect(
+                plan["scenarios"] as? [String] == [
+                    "fanin-16@1thread", "fanin-16@2threads", "workload-8x50/s-64B-0.3s@1thread",
+                    "workload-8x50/s-64B-0.3s@2threads",
+                ])
+            let rows = try #require(object["rows"] as? [[String: Any]])
+            for backend in ["uv", "async"] {
+                var threads: [String: Int] = [:]
+                for row in rows where row["backend"] as? String == backend {
+                    let scenario = try #require(row["scenario"] as? String)
+                    let server = (row["median"] as? [String: Any])?["server"] as? [String: Any]
+                    threads[scenario] = server?["threads"] as? Int
+                }
+                let one = try #require(threads["fanin-16@1thread"], "\(backend): \(threads)")
+                let two = try #require(threads["fanin-16@2threads"], "\(backend): \(threads)")
+                #expect(two > one, "\(backend): a server on 2 loops has more threads than on 1 (\(two), \(one))")
+            }
+            let verdicts = try #require(object["verdicts"] as? [[String: Any]])
+            #expect(verdicts.compactMap { $0["serverThreads"] as? Int }.sorted() == [1, 2])
+            #expect(output.contains("== Server threads"), "\(output.suffix(3000))")
+            #expect(output.contains("- Server threads, fanin-16 tcp: throughput on 2 threads over 1: "))
+            let markdown = try String(contentsOf: directory.appendingPathComponent("report.md"), encoding: .utf8)
+            #expect(markdown.contains("## Server threads"))
+            #expect(markdown.contains("| fanin-16 | uv | tcp | 2 |"))
+            let html = try String(contentsOf: directory.appendingPathComponent("report.html"), encoding: .utf8)
+            #expect(html.contains("<h2 id=server-threads>Server threads</h2>"))
+        }
+    }
+
     /// `compare --sweep`: every backend and the C floor stepped through open-loop rates; results.json carries
     /// every step, the summary names each one's highest rate within the bound, and report.html, rendered by
     /// headless Chromium (flags that keep it from requests of its own), draws one latency curve per backend and

@@ -1,3 +1,4 @@
+import ArgumentParser
 import BenchmarkDriver
 import Foundation
 import Testing
@@ -68,6 +69,48 @@ struct ScenarioNameTests {
         #expect(try Scenario(name: scenario.description) == scenario, "\(scenario)")
         #expect(scenario.connections == workload.connections)
         #expect(scenario.is(WorkloadScenario.self))
+    }
+
+    @Test("@Nthreads puts a fan-in or a workload against a server on N threads; other kinds refuse it")
+    func serverThreads() throws {
+        let fanin = try Scenario(name: "fanin-1000@2threads")
+        #expect(fanin.serverThreads == 2)
+        #expect(fanin.baseName == "fanin-1000")
+        #expect(fanin.description == "fanin-1000@2threads")
+        #expect(fanin.connections == 1000)
+        #expect(fanin != (try Scenario(name: "fanin-1000")))
+        #expect(try Scenario(name: "fanin-64@1thread").description == "fanin-64@1thread")
+        #expect(try Scenario(name: "fanin-64@1threads") == (try Scenario(name: "fanin-64@1thread")))
+        #expect(try Scenario(name: fanin.description) == fanin)
+        let data = try JSONEncoder().encode([fanin])
+        #expect(try JSONDecoder().decode([Scenario].self, from: data) == [fanin])
+        // Its server: an echo server of its own on that many threads, not the target's.
+        #expect(fanin.server.mode == "echo@2threads")
+        #expect(try Scenario(name: "fanin-1000").server.mode == "echo")
+        let workload = try Scenario(name: "workload-16x100/s-64B-2s@2threads")
+        #expect(workload.serverThreads == 2)
+        #expect(workload.as(WorkloadScenario.self)?.workload.connections == 16)
+        for bad in ["pingpong-64@2threads", "fanin-64@0threads", "fanin-64@2", "fanin-64@twothreads", "fanin-64@"] {
+            #expect(throws: ScenarioError.self, "\(bad)") { try Scenario(name: bad) }
+        }
+    }
+
+    @Test("--server-threads runs each fan-in and workload on every count, and only those")
+    func serverThreadsPlan() throws {
+        let compare = try Compare.parse([
+            "--scenarios", "pingpong-64,fanin-64,fanin-1000", "--server-threads", "2,1", "--transports", "tcp",
+        ])
+        let plan = try compare.makePlan()
+        #expect(
+            plan.scenarios.map(\.description) == [
+                "pingpong-64", "fanin-64@1thread", "fanin-64@2threads", "fanin-1000@1thread", "fanin-1000@2threads",
+            ])
+        #expect(plan.serverThreads == [1, 2])
+        #expect(plan.options.contains("--server-threads"))
+        for bad in [["--scenarios", "pingpong-64"], ["--scenarios", "fanin-64", "--server-threads", "0"]] {
+            let arguments = bad + (bad.contains("--server-threads") ? [] : ["--server-threads", "1,2"])
+            #expect(throws: (any Error).self, "\(arguments)") { try Compare.parse(arguments).makePlan() }
+        }
     }
 
     @Test("Every kind has a prefix of its own")

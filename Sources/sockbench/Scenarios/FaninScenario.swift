@@ -5,8 +5,10 @@ import SocketStyles
 /// `fanin-N`: N connections at once against one server, each in closed-loop 64-byte round trips.
 struct FaninScenario: ScenarioKind {
     static let prefix = "fanin"
-    static let usage = "fanin-N"
-    static let about = "N connections at once against one server, each in closed-loop 64-byte round trips"
+    static let usage = "fanin-N[@Tthreads]"
+    static let about =
+        "N connections at once against one server, each in closed-loop 64-byte round trips; @Tthreads: against a server on T threads, unpinned"
+    static let takesServerThreads = true
     var count: Int
 
     init(connections: Int) { count = connections }

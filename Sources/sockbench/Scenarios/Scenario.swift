@@ -27,6 +27,9 @@ protocol ScenarioKind: Sendable, Hashable {
     var countsRoundTrips: Bool { get }
     /// The server it runs against (a kind of server every target starts when a planned scenario needs it).
     static var server: ServerRole { get }
+    /// Whether it may run against an echo server on more threads (`@Nthreads`: fan-in and workloads, the loads
+    /// that many connections make).
+    static var takesServerThreads: Bool { get }
     /// The server of `target` it runs against, given the run's upstreams by role (`ServerRole/upstream`).
     func server(of target: Compare.Target, upstreams: [String: ChildServer]) -> any ServerHandle
     /// Why it does not apply to a target (the C floor's when `target.backend` is `nil`), or `nil`. `remote`: the
@@ -60,6 +63,7 @@ extension ScenarioKind {
     var connections: Int? { nil }
     var countsRoundTrips: Bool { false }
     static var server: ServerRole { .echo }
+    static var takesServerThreads: Bool { false }
 
     func skipReason(_ target: Compare.Target, remote: Bool) -> String? {
         target.backend == nil ? Scenario.floorRuns : nil
@@ -113,12 +117,50 @@ struct Scenario: Sendable, Hashable, Codable, CustomStringConvertible {
 
     /// The kind with its parameters.
     let kind: any ScenarioKind
+    /// The threads its server runs on (`sockbench serve --threads N`, unpinned, so that they may span every CPU),
+    /// written `@Nthreads` after the name (`fanin-1000@2threads`); `nil`: the target's own server, one thread,
+    /// placed as the run's `--placement` says. Only the kinds that take it (``ScenarioKind/takesServerThreads``).
+    let serverThreads: Int?
 
-    init(_ kind: some ScenarioKind) { self.kind = kind }
+    init(_ kind: some ScenarioKind, serverThreads: Int? = nil) {
+        self.kind = kind
+        self.serverThreads = serverThreads
+    }
 
-    /// Parses `pingpong-64`, `rate-10000`, `pump-65536`, `connect`, `fanin-100`, ... (sizes may end in `k`, for
-    /// KiB, or `m`, for MiB; rates and counts in `k`, for thousands).
+    /// The same scenario with its server on `threads` threads.
+    func onServerThreads(_ threads: Int) -> Scenario { Scenario(kind: kind, serverThreads: threads) }
+
+    private init(kind: any ScenarioKind, serverThreads: Int?) {
+        self.kind = kind
+        self.serverThreads = serverThreads
+    }
+
+    /// Parses `pingpong-64`, `rate-10000`, `pump-65536`, `connect`, `fanin-100`, `fanin-1000@2threads`, ... (sizes
+    /// may end in `k`, for KiB, or `m`, for MiB; rates and counts in `k`, for thousands).
     init(name: String) throws(ScenarioError) {
+        var name = name
+        var threads: Int?
+        if let at = name.lastIndex(of: "@") {
+            let suffix = name[name.index(after: at)...].lowercased()
+            let digits = suffix.prefix(while: \.isNumber)
+            guard let count = Int(digits), count >= 1, ["thread", "threads"].contains(suffix.dropFirst(digits.count))
+            else {
+                throw ScenarioError(
+                    message: "'\(name)': after '@', the server's threads, e.g. fanin-1000@2threads")
+            }
+            threads = count
+            name = String(name[..<at])
+        }
+        let base = try Scenario(baseName: name)
+        guard threads == nil || type(of: base.kind).takesServerThreads else {
+            throw ScenarioError(
+                message:
+                    "'\(name)@...': only fanin and workload scenarios run against a server on more threads")
+        }
+        self.init(kind: base.kind, serverThreads: threads)
+    }
+
+    private init(baseName name: String) throws(ScenarioError) {
         let parts = name.lowercased().split(separator: "-", maxSplits: 1).map(String.init)
         guard let prefix = parts.first, let type = Self.registered.first(where: { $0.prefix == prefix }) else {
             // A closure, not the key path `\.usage`: a key path to a static member through an existential metatype
@@ -127,9 +169,13 @@ struct Scenario: Sendable, Hashable, Codable, CustomStringConvertible {
             throw ScenarioError(message: "unknown scenario '\(name)' (\(usages.joined(separator: ", ")))")
         }
         kind = try type.init(argument: parts.count > 1 ? parts[1] : nil, name: name)
+        serverThreads = nil
     }
 
-    var description: String { kind.name }
+    var description: String { kind.name + (serverThreads.map { "@\($0)thread\($0 == 1 ? "" : "s")" } ?? "") }
+
+    /// The name without its server's threads (`fanin-1000` for `fanin-1000@2threads`).
+    var baseName: String { kind.name }
 
     /// The kind's parameters when it is a `type`.
     func `as`<Kind: ScenarioKind>(_ type: Kind.Type) -> Kind? { kind as? Kind }
@@ -139,7 +185,19 @@ struct Scenario: Sendable, Hashable, Codable, CustomStringConvertible {
 
     var connections: Int? { kind.connections }
     var countsRoundTrips: Bool { kind.countsRoundTrips }
-    var server: ServerRole { Swift.type(of: kind).server }
+    var server: ServerRole { serverThreads.map(ServerRole.echo(threads:)) ?? Swift.type(of: kind).server }
+
+    /// The server of `target` it runs against.
+    func server(of target: Compare.Target, upstreams: [String: ChildServer]) -> any ServerHandle {
+        guard serverThreads != nil else { return kind.server(of: target, upstreams: upstreams) }
+        return target.servers[server.mode] ?? target.echo
+    }
+
+    /// Why it does not apply to a target, or `nil`.
+    func skipReason(_ target: Compare.Target, remote: Bool) -> String? {
+        if serverThreads != nil, remote { return "@Nthreads scenarios start their servers here, not on an agent" }
+        return kind.skipReason(target, remote: remote)
+    }
 
     static func == (lhs: Scenario, rhs: Scenario) -> Bool { lhs.description == rhs.description }
     func hash(into hasher: inout Hasher) { hasher.combine(description) }
@@ -204,6 +262,13 @@ struct ServerRole: Sendable {
 
     /// The echo server every target has (`sockbench serve URL`).
     static let echo = ServerRole(mode: "echo") { try await $0.serve("echo") }
+    /// An echo server on `threads` loops (`sockbench serve URL --threads N`), not pinned to a CPU, so that its
+    /// threads may span every CPU; with 1, the same unpinned server on one thread, to set the others against.
+    static func echo(threads: Int) -> ServerRole {
+        ServerRole(mode: "echo@\(threads)threads") { start in
+            try await start.serve("echo", ["--threads", "\(threads)"], pinned: false)
+        }
+    }
     /// A sink that counts what it receives (`sockbench serve URL --sink`).
     static let sink = ServerRole(mode: "sink") { try await $0.serve("sink") }
 }
@@ -217,10 +282,16 @@ struct ServerStart {
     let upstream: ChildServer?
     /// Starts `sockbench serve` in a mode, with more arguments (here: an agent starts the mode alone): a child
     /// process here, or one the agent starts there.
-    let serve: (String, [String]) async throws -> any ServerHandle
+    /// `pinned`: on the run's server CPU, when the placement names one.
+    let serve: (String, [String], Bool) async throws -> any ServerHandle
 
     /// `serve` with no more arguments.
-    func serve(_ mode: String) async throws -> any ServerHandle { try await serve(mode, []) }
+    func serve(_ mode: String) async throws -> any ServerHandle { try await serve(mode, [], true) }
+
+    /// `serve` with more arguments, pinned where the placement says.
+    func serve(_ mode: String, _ arguments: [String], pinned: Bool = true) async throws -> any ServerHandle {
+        try await serve(mode, arguments, pinned)
+    }
 }
 
 /// What a scenario's measurement is given: the target, the server it runs against, the plan, the client's TLS,

@@ -7,9 +7,10 @@ import SocketStyles
 /// CPU per message (``Workload``), and a verdict: which backends held it.
 struct WorkloadScenario: ScenarioKind {
     static let prefix = "workload"
-    static let usage = "workload-NxRATE/s-SIZEB-SECONDSs"
+    static let usage = "workload-NxRATE/s-SIZEB-SECONDSs[@Tthreads]"
     static let about =
         "a user's own load: N connections, each sending SIZE-byte messages RATE times a second on a schedule for SECONDS, every message echoed; latency as in `rate`, plus memory per connection and CPU per message"
+    static let takesServerThreads = true
     var workload: Workload
 
     init(_ workload: Workload) { self.workload = workload }
@@ -52,7 +53,10 @@ struct WorkloadScenario: ScenarioKind {
             ] + Report.fairnessHeader + (workload.bulk == nil ? [] : ["bulk MB/s"])
         let cells = rows.map { row -> [String] in
             let m = row.median
-            let verdict = report.verdicts?.first { $0.transport == row.transport && $0.workload == workload }
+            let verdict = report.verdicts?.first {
+                $0.transport == row.transport && $0.workload == workload
+                    && $0.serverThreads == row.scenario.serverThreads
+            }
             let entry = verdict?.entries.first { $0.backend == row.backend }
             return [
                 row.backend, row.transport,
@@ -76,7 +80,8 @@ struct WorkloadScenario: ScenarioKind {
         var lines: [String] = []
         for verdict in report.verdicts ?? [] {
             let text = verdict.lines
-            lines.append("- Your workload, " + text[0])
+            let threads = verdict.serverThreads.map { ", its server on \($0) thread\($0 == 1 ? "" : "s")" } ?? ""
+            lines.append("- Your workload\(threads), " + text[0])
             lines += text.dropFirst()
         }
         return lines
@@ -85,18 +90,20 @@ struct WorkloadScenario: ScenarioKind {
     /// Per planned workload and transport, the verdict over the backends' runs.
     static func verdicts(plan: Compare.Plan, runs: [RowKey: [ScenarioResult]]) -> [WorkloadVerdict] {
         var verdicts: [WorkloadVerdict] = []
-        for workload in plan.scenarios.compactMap({ $0.as(WorkloadScenario.self)?.workload }) {
+        for scenario in plan.scenarios {
+            guard let workload = scenario.as(WorkloadScenario.self)?.workload else { continue }
             for transport in plan.transports {
                 let runs = plan.backends.compactMap { backend in
-                    runs[RowKey(scenario: .workload(workload), source: backend, transport: transport)].map {
+                    runs[RowKey(scenario: scenario, source: backend, transport: transport)].map {
                         (backend: backend, results: $0)
                     }
                 }
                 guard !runs.isEmpty else { continue }
-                verdicts.append(
-                    WorkloadVerdict(
-                        workload: workload, transport: transport,
-                        p99Bound: plan.p99Bound ?? Compare.Plan.defaultP99Bound, runs: runs))
+                var verdict = WorkloadVerdict(
+                    workload: workload, transport: transport,
+                    p99Bound: plan.p99Bound ?? Compare.Plan.defaultP99Bound, runs: runs)
+                verdict.serverThreads = scenario.serverThreads
+                verdicts.append(verdict)
             }
         }
         return verdicts
