@@ -14,10 +14,21 @@
 #include <linux/inet_diag.h>
 #include <linux/tcp.h>
 
+int csock_tcp_diag_open(void) { return socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG); }
+
 int csock_tcp_view(int family, const void *local_address, uint16_t local_port, const void *remote_address,
                    uint16_t remote_port, struct csock_tcp_view *out) {
-    int fd = socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
+    int fd = csock_tcp_diag_open();
     if (fd < 0) return -1;
+    int result = csock_tcp_view_on(fd, family, local_address, local_port, remote_address, remote_port, out);
+    int saved = errno;
+    close(fd);
+    errno = saved;
+    return result;
+}
+
+int csock_tcp_view_on(int fd, int family, const void *local_address, uint16_t local_port,
+                      const void *remote_address, uint16_t remote_port, struct csock_tcp_view *out) {
     struct {
         struct nlmsghdr header;
         struct inet_diag_req_v2 request;
@@ -38,20 +49,10 @@ int csock_tcp_view(int family, const void *local_address, uint16_t local_port, c
     message.request.id.idiag_cookie[0] = INET_DIAG_NOCOOKIE;
     message.request.id.idiag_cookie[1] = INET_DIAG_NOCOOKIE;
     struct sockaddr_nl kernel = {.nl_family = AF_NETLINK};
-    if (sendto(fd, &message, sizeof message, 0, (struct sockaddr *)&kernel, sizeof kernel) < 0) {
-        int saved = errno;
-        close(fd);
-        errno = saved;
-        return -1;
-    }
+    if (sendto(fd, &message, sizeof message, 0, (struct sockaddr *)&kernel, sizeof kernel) < 0) return -1;
     char buffer[8192];
     ssize_t received = recv(fd, buffer, sizeof buffer, 0);
-    int saved = errno;
-    close(fd);
-    if (received < 0) {
-        errno = saved;
-        return -1;
-    }
+    if (received < 0) return -1;
     memset(out, 0, sizeof *out);
     for (struct nlmsghdr *header = (struct nlmsghdr *)buffer; NLMSG_OK(header, (unsigned)received);
          header = NLMSG_NEXT(header, received)) {
@@ -73,6 +74,7 @@ int csock_tcp_view(int family, const void *local_address, uint16_t local_port, c
             memset(&info, 0, sizeof info);
             size_t size = RTA_PAYLOAD(attribute) < sizeof info ? RTA_PAYLOAD(attribute) : sizeof info;
             memcpy(&info, RTA_DATA(attribute), size);
+            out->has_info = 1;
             out->retransmits = info.tcpi_retransmits;
             out->backoff = info.tcpi_backoff;
             out->ato_us = info.tcpi_ato;
@@ -83,6 +85,16 @@ int csock_tcp_view(int family, const void *local_address, uint16_t local_port, c
             out->snd_cwnd = info.tcpi_snd_cwnd;
             out->total_retrans = info.tcpi_total_retrans;
             out->notsent_bytes = info.tcpi_notsent_bytes;
+            out->snd_ssthresh = info.tcpi_snd_ssthresh;
+            out->ca_state = info.tcpi_ca_state;
+            out->snd_mss = info.tcpi_snd_mss;
+            out->rttvar_us = info.tcpi_rttvar;
+            out->min_rtt_us = info.tcpi_min_rtt;
+            out->pacing_rate = info.tcpi_pacing_rate;
+            out->delivery_rate = info.tcpi_delivery_rate;
+            out->bytes_sent = info.tcpi_bytes_sent;
+            out->bytes_acked = info.tcpi_bytes_acked;
+            out->bytes_retrans = info.tcpi_bytes_retrans;
             return 0;
         }
         return 0;

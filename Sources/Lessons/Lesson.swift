@@ -18,6 +18,8 @@ public struct LessonReport: Sendable {
     /// Lines (by index into ``lines``) that point at a diagram (by index into ``phases``): a "Here ..."
     /// sentence and the part of the picture that shows it.
     public var pointers: [Int: Int] = [:]
+    /// Each traced TCP connection's state over its diagram's time (cwnd, RTT, bytes sent and acknowledged).
+    public var tcp: [LessonTCPSeries] = []
 
     public init(lesson: String) { self.lesson = lesson }
 
@@ -90,6 +92,7 @@ final class LessonOutput: Sendable {
         var report = collected.withLock { $0 }
         report.events = trace.events
         report.phases = trace.phases
+        report.tcp = trace.tcpSeries
         return report
     }
 

@@ -42,8 +42,10 @@ public enum LessonPage {
         var heights: [Double] = []
         for (index, phase) in report.phases.enumerated() {
             let drawn = diagram(index, phase, report.events.filter { $0.phase == index })
-            diagrams += drawn.svg
-            heights.append(drawn.height)
+            // Under each diagram, what TCP did underneath at each end that sent (cwnd, RTT, bytes in flight).
+            let graphs = report.tcp.filter { $0.phase == index }.compactMap(tcpGraphs)
+            diagrams += "<div class=\"phase\">\n" + drawn.svg + graphs.map(\.svg).joined() + "</div>\n"
+            heights.append(drawn.height + graphs.map { $0.height + 30 }.reduce(0, +))
         }
         let columns = max(1, min(perRow, heights.count))
         let rows = stride(from: 0, to: heights.count, by: columns).map {
@@ -78,10 +80,15 @@ public enum LessonPage {
             svg .mark { fill: #8a4fbf; } svg .head { fill: #555; } svg .cross { stroke: #c62828; stroke-width: 2; }
             svg .note { fill: #8a4fbf; } svg .flagged { fill: #c62828; }
             svg rect.kernel { fill: #777; } svg text.kernel { fill: #666; font-size: 9px; font-style: italic; }
+            .phase { display: flex; flex-direction: column; gap: 8px; }
+            svg .tcp-frame { fill: #fafafa; stroke: #ccc; } svg polyline { fill: none; stroke-width: 1.3; }
+            svg .tcp-sent { stroke: #2763c4; } svg .tcp-acked { stroke: #1f8a4c; } svg .tcp-cwnd { stroke: #333; }
+            svg .tcp-ssthresh { stroke: #e08a00; stroke-dasharray: 4 3; } svg .tcp-rtt { stroke: #8a4fbf; }
+            svg .tcp-retransmit { stroke: #c62828; stroke-width: 2; }
             </style></head><body>
             <h1>sockbench lesson \(escape(report.lesson))</h1>
             <p class="sub">\(escape(summary)) &middot; backend \(escape(backend)) &middot; \(sends) arrows, one per send recorded</p>
-            <p class="legend">Time runs down, compressed (red figures: gaps of 5 ms or more). <span class="c">&#9472;</span> client to server, <span class="s">&#9472;</span> server to client, each arrow from a send to the receive that delivered its last byte; <span class="l">&#10005;</span> never received; a bar is a receive; a dot is an event; a grey square, the kernel's view of that end's TCP connection then (TCP_INFO).</p>
+            <p class="legend">Time runs down, compressed (red figures: gaps of 5 ms or more). <span class="c">&#9472;</span> client to server, <span class="s">&#9472;</span> server to client, each arrow from a send to the receive that delivered its last byte; <span class="l">&#10005;</span> never received; a bar is a receive; a dot is an event; a grey square, the kernel's view of that end's TCP connection then (TCP_INFO). Under a diagram, each end's TCP connection read every millisecond, on one time axis: bytes sent and acknowledged (red: sent again), the congestion window, the smoothed round trip.</p>
             <div class="layout">
             <div class="text">
             \(text)

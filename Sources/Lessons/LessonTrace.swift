@@ -28,6 +28,13 @@ public final class LessonTrace: Sendable {
         var notRecorded = 0
     }
 
+    /// The TCP samplers running (``startTCPSampling(_:phase:side:every:)``), and the series of those stopped.
+    private let samplers = Guarded<[ObjectIdentifier: TCPSampler]>([:])
+    private let stoppedSeries = Guarded<[LessonTCPSeries]>([])
+    /// The most TCP samplers a trace runs at once (each is a thread reading every millisecond): a lesson that
+    /// opens more connections draws the first ones' TCP state.
+    static let samplersAtOnce = 8
+
     /// Set in a process that only observes (a lesson's probe or server in another namespace): what it saw, with
     /// CLOCK_MONOTONIC times, for the lesson's own trace to ``replay(_:into:byteStream:)``.
     private let recording: Bool
@@ -108,6 +115,49 @@ public final class LessonTrace: Sendable {
                         LessonEvent(
                             phase: phase, at: time, side: observation.side, kind: .kernel, text: observation.text))
                 }
+            }
+        }
+    }
+
+    deinit {
+        for sampler in samplers.withLock({ Array($0.values) }) { _ = sampler.stop() }
+    }
+
+    /// Starts reading `connection`'s TCP state (cwnd, RTT, bytes sent and acknowledged, retransmissions) every
+    /// `interval`, as `side`'s in `phase`, until the connection is gone (or the lesson's report). `nil` for UDP,
+    /// in a recording trace, or when ``samplersAtOnce`` are running.
+    func startTCPSampling(
+        _ connection: any Connection, phase: Int, side: LessonEvent.Side, every interval: Duration = .milliseconds(1)
+    ) -> TCPSampler? {
+        guard !recording, connection.transport != .udp else { return nil }
+        let sampler = TCPSampler(
+            local: connection.localEndpoint, remote: connection.remoteEndpoint, phase: phase, side: side,
+            interval: interval, origin: origin)
+        let admitted = samplers.withLock { all in
+            guard all.values.filter(\.isRunning).count < Self.samplersAtOnce else { return false }
+            all[ObjectIdentifier(sampler)] = sampler
+            return true
+        }
+        guard admitted else { return nil }
+        sampler.start()
+        return sampler
+    }
+
+    /// The program closed `sampler`'s connection: it reads on while the kernel finishes with it (what was left in
+    /// the send buffer sent and acknowledged, then the close), and stops by itself; the lesson's report collects it.
+    func closedTCPSampling(_ sampler: TCPSampler) { sampler.closed() }
+
+    /// Every TCP series read so far, by phase and side (the samplers still running are stopped first).
+    public var tcpSeries: [LessonTCPSeries] {
+        let running = samplers.withLock { all in
+            defer { all.removeAll() }
+            return Array(all.values)
+        }
+        let stopped = running.map { $0.stop() }
+        return stoppedSeries.withLock { series in
+            series += stopped
+            return series.filter { !$0.samples.isEmpty }.sorted {
+                ($0.phase, $0.side.rawValue) < ($1.phase, $1.side.rawValue)
             }
         }
     }

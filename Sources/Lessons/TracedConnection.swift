@@ -13,6 +13,8 @@ final class TracedConnection: Connection {
     let every: Int
     let kernel: LessonTrace.KernelSampling
     private let retransmitted = Atomic<UInt32>(0)
+    /// Reads this end's TCP state for the picture's TCP graphs while the connection is open (TCP only).
+    private let sampler: TCPSampler?
 
     init(
         _ base: any Connection, trace: LessonTrace, side: LessonEvent.Side, phase: Int,
@@ -25,6 +27,11 @@ final class TracedConnection: Connection {
         self.number = number
         self.every = max(1, every)
         self.kernel = base.transport == .udp ? .never : kernel
+        sampler = trace.startTCPSampling(base, phase: phase, side: side)
+    }
+
+    deinit {
+        if let sampler { trace.closedTCPSampling(sampler) }
     }
 
     /// Records the kernel's view of this connection when ``kernel`` asks for it after a send (or a receive).
@@ -114,8 +121,16 @@ final class TracedConnection: Connection {
         try await base.closeOutput()
     }
 
-    func close() async { await base.close() }
-    func abort() async { await base.abort() }
+    func close() async {
+        sampler?.readNow()
+        await base.close()
+        if let sampler { trace.closedTCPSampling(sampler) }
+    }
+
+    func abort() async {
+        await base.abort()
+        if let sampler { trace.closedTCPSampling(sampler) }
+    }
 }
 
 /// A listener whose accepted connections a ``LessonTrace`` records as the server's.

@@ -190,6 +190,9 @@ public final class Latch: Sendable {
         }
     }
 
+    /// Whether it is open.
+    public var isOpen: Bool { opened.load(ordering: .relaxed) }
+
     /// Blocks the calling thread until the latch is open.
     public func wait() {
         condition.withLock { condition.wait(until: { opened.load(ordering: .relaxed) }) }

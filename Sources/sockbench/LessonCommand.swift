@@ -99,7 +99,8 @@ struct LessonCommand: AsyncParsableCommand {
             try Console.json(
                 LessonJSON(
                     lesson: lesson.name, summary: lesson.summary, backend: backend.rawValue, faults: faults,
-                    figures: report.figures, lines: report.lines, phases: report.phases, events: report.events))
+                    figures: report.figures, lines: report.lines, phases: report.phases, events: report.events,
+                    tcp: report.tcp))
         }
     }
 }
@@ -150,6 +151,9 @@ struct LessonJSON: Codable {
     /// What it did, with times in microseconds since it began: every send (with when it arrived, or null), every
     /// receive, and marks (connections, faults, the end of a stream).
     var events: [LessonEvent]
+    /// Each traced TCP connection's state over its diagram's time, read every millisecond (TCP_INFO): the
+    /// readings that changed something.
+    var tcp: [LessonTCPSeries]
 }
 
 /// The measuring side of the namespace lessons (run inside a namespace by the lesson itself).

@@ -101,6 +101,25 @@ struct LessonTests {
         #expect(
             flow.lines.contains { $0.hasPrefix("Here UDP lost ") && !$0.hasPrefix("Here UDP lost nothing") } == lost)
         #expect(flow.lines.contains { $0.hasPrefix("Here UDP lost nothing") } == !lost)
+        // What TCP did underneath, read every millisecond: the sender's kernel sent every byte the reader got,
+        // with a congestion window and a round trip, and the page draws it under the TCP diagram.
+        let sender = try #require(flow.tcp.first { $0.phase == 0 && $0.side == .client }, "\(flow.tcp.count) series")
+        let first = try #require(sender.samples.first)
+        let last = try #require(sender.samples.last)
+        // Counted from the connection's start (the first reading may come after the first sends); acknowledged
+        // counts the SYN and the FIN too.
+        #expect(Double(last.bytesSent) >= flow.figures["tcp.deliveredBytes"] ?? .infinity, "\(first), \(last)")
+        #expect(last.bytesAcked > first.bytesAcked && last.bytesAcked <= last.bytesSent + 2)
+        #expect(sender.samples.allSatisfy { $0.congestionWindow > 0 })
+        #expect(sender.samples.contains { $0.rttMicroseconds > 0 })
+        #expect(sender.readings >= sender.samples.count && sender.readings > 100, "\(sender.readings) readings")
+        #expect(
+            zip(sender.samples, sender.samples.dropFirst()).allSatisfy { $0.at < $1.at && $0.bytesSent <= $1.bytesSent }
+        )
+        let page = LessonPage.html(flow, summary: "flow", backend: backend.rawValue)
+        for drawn in ["class=\"tcp-sent\"", "class=\"tcp-acked\"", "class=\"tcp-cwnd\"", "class=\"tcp-rtt\""] {
+            #expect(page.contains(drawn), "\(drawn)")
+        }
 
         let mtu = try await run("mtu", backend)
         let exact = mtu.figures["udp.65507"] == 1 && mtu.figures["udp.65508"] == -1
