@@ -124,12 +124,13 @@ public final class LessonTrace: Sendable {
     }
 
     /// Starts reading `connection`'s TCP state (cwnd, RTT, bytes sent and acknowledged, retransmissions) every
-    /// `interval`, as `side`'s in `phase`, until the connection is gone (or the lesson's report). `nil` for UDP,
-    /// in a recording trace, or when ``samplersAtOnce`` are running.
+    /// `interval`, as `side`'s in `phase`, until the connection is gone (or the trace goes). `nil` for UDP, or
+    /// when ``samplersAtOnce`` are running.
     func startTCPSampling(
         _ connection: any Connection, phase: Int, side: LessonEvent.Side, every interval: Duration = .milliseconds(1)
     ) -> TCPSampler? {
-        guard !recording, connection.transport != .udp else { return nil }
+        // A recording trace's samplers keep CLOCK_MONOTONIC times (its origin is 0), for the lesson to replay.
+        guard connection.transport != .udp else { return nil }
         let sampler = TCPSampler(
             local: connection.localEndpoint, remote: connection.remoteEndpoint, phase: phase, side: side,
             interval: interval, origin: origin)
@@ -147,19 +148,30 @@ public final class LessonTrace: Sendable {
     /// the send buffer sent and acknowledged, then the close), and stops by itself; the lesson's report collects it.
     func closedTCPSampling(_ sampler: TCPSampler) { sampler.closed() }
 
-    /// Every TCP series read so far, by phase and side (the samplers still running are stopped first).
+    /// Every TCP series read so far, by phase and side (those still being read, as far as they got), and those
+    /// replayed from another process (``replayTCP(_:into:)``).
     public var tcpSeries: [LessonTCPSeries] {
-        let running = samplers.withLock { all in
-            defer { all.removeAll() }
-            return Array(all.values)
+        let running = samplers.withLock { Array($0.values) }.map { $0.snapshot() }
+        return (stoppedSeries.withLock { $0 } + running).filter { !$0.samples.isEmpty }.sorted {
+            ($0.phase, $0.side.rawValue) < ($1.phase, $1.side.rawValue)
         }
-        let stopped = running.map { $0.stop() }
-        return stoppedSeries.withLock { series in
-            series += stopped
-            return series.filter { !$0.samples.isEmpty }.sorted {
-                ($0.phase, $0.side.rawValue) < ($1.phase, $1.side.rawValue)
+    }
+
+    /// Adds TCP series another process read (a recording trace's, its times on CLOCK_MONOTONIC) to `phase`, their
+    /// times made the lesson's.
+    public func replayTCP(_ series: [LessonTCPSeries], into phase: Int) {
+        let shift = Double(origin) / 1000
+        let moved = series.map { series in
+            var series = series
+            series.phase = phase
+            series.samples = series.samples.map { sample in
+                var sample = sample
+                sample.at -= shift
+                return sample
             }
+            return series
         }
+        stoppedSeries.withLock { $0 += moved }
     }
 
     /// Microseconds since the lesson began.

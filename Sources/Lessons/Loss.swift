@@ -67,6 +67,18 @@ extension Lesson {
                     out.figure("tcp.\(percent).delivered", Double(result.delivered))
                     out.figure("tcp.\(percent).retransmits", Double(result.retransmittedSegments))
                     out.figure("tcp.\(percent).maxus", result.maxus)
+                    // What the client's TCP did underneath, read every millisecond: the congestion window just
+                    // before its first retransmission timeout, and the lowest it fell to in one.
+                    if let series = result.tcp.first(where: { $0.side == .client }),
+                        let first = series.samples.firstIndex(where: { $0.congestionState == 4 })
+                    {
+                        let before = first > 0 ? series.samples[first - 1].congestionWindow : 0
+                        let lowest =
+                            series.samples[first...].filter { $0.congestionState == 4 }.map(\.congestionWindow)
+                            .min() ?? 0
+                        out.figure("tcp.\(percent).cwndBeforeTimeout", Double(before))
+                        out.figure("tcp.\(percent).cwndInTimeout", Double(lowest))
+                    }
                 }
             }
             try lab.setLoss(0)
@@ -77,6 +89,7 @@ extension Lesson {
                 out.trace.replay(
                     run.result.observations + served.filter { (run.from...run.to).contains($0.at) }, into: run.phase,
                     byteStream: transport.isByteStream)
+                out.trace.replayTCP(run.result.tcp, into: run.phase)
             }
         }
         out.say()
@@ -133,6 +146,24 @@ extension Lesson {
         } else {
             out.say(
                 "Here TCP delivered every round trip, but retransmitted \(retransmits.map(String.init).joined(separator: ", ")) segments: where it is 0, no segment of its happened to be dropped."
+            )
+        }
+        // The congestion window in a retransmission timeout, from the client's TCP_INFO readings.
+        let timeouts = levels.compactMap { percent -> (Int, Int, Int)? in
+            guard let before = figures["tcp.\(percent).cwndBeforeTimeout"],
+                let lowest = figures["tcp.\(percent).cwndInTimeout"]
+            else { return nil }
+            return (percent, Int(before), Int(lowest))
+        }
+        if let (percent, before, lowest) = timeouts.last, lowest < before {
+            out.say(
+                "Here, at \(percent)%, a retransmission timeout took TCP's congestion window from \(before) segments to \(lowest): after a timeout the sender starts again from almost nothing (the cwnd graph under the TCP diagram).",
+                pointingAt: phase)
+        } else if timeouts.isEmpty {
+            out.say("Here no retransmission timeout fired: every lost segment was repaired by a fast retransmit.")
+        } else {
+            out.say(
+                "Here a retransmission timeout fired, but the congestion window did not fall below its value before it."
             )
         }
     }

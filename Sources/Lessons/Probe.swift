@@ -21,6 +21,8 @@ public enum LessonProbe {
         public var perMessageMicroseconds: [Double] = []
         /// Every send and receive the probe made, for the lesson's picture.
         public var observations: [LessonTrace.Observation] = []
+        /// Its TCP connection's state read every millisecond (times on CLOCK_MONOTONIC), for the picture's graphs.
+        public var tcp: [LessonTCPSeries] = []
     }
 
     /// `mode`: `udp-loss`, `tcp-rtt`, `ordering-tcp`, `ordering-ws` or `ordering-udp`.
@@ -42,6 +44,7 @@ public enum LessonProbe {
         }
         result.retransmittedSegments = tcpCounter("RetransSegs") - retransBefore
         result.observations = recorder.observations
+        result.tcp = recorder.tcpSeries
         return result
     }
 

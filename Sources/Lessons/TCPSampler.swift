@@ -163,7 +163,12 @@ final class TCPSampler: Sendable {
     func stop() -> LessonTCPSeries {
         stopping.store(true, ordering: .relaxed)
         finished.wait()
-        return result.withLock { collected in
+        return snapshot()
+    }
+
+    /// What was read so far (it may still be reading).
+    func snapshot() -> LessonTCPSeries {
+        result.withLock { collected in
             let costs = collected.costs.sorted()
             return LessonTCPSeries(
                 phase: phase, side: side, maximumSegmentSize: collected.mss, samples: collected.samples,

@@ -240,6 +240,31 @@ struct LessonTests {
             report.lines.contains { $0.hasPrefix("Here TCP delivered every round trip at every level") }
                 == retransmitted)
         #expect(report.lines.contains { $0.hasPrefix("Here TCP delivered every round trip, but") } == !retransmitted)
+        // What TCP did underneath: the client's readings are in each TCP phase, and the line on the congestion
+        // window says what its own figures show.
+        let tcpPhases = report.phases.indices.filter { report.phases[$0].transport == "tcp" }
+        #expect(tcpPhases.count == 3)
+        for phase in tcpPhases {
+            #expect(report.tcp.contains { $0.phase == phase && $0.side == .client }, "phase \(phase)")
+        }
+        let timeouts = [1, 5, 20].compactMap { percent -> (Double, Double)? in
+            guard let before = report.figures["tcp.\(percent).cwndBeforeTimeout"],
+                let lowest = report.figures["tcp.\(percent).cwndInTimeout"]
+            else { return nil }
+            return (before, lowest)
+        }
+        let fell = timeouts.last.map { $0.1 < $0.0 } ?? false
+        #expect(
+            report.lines.contains { $0.hasPrefix("Here, at ") && $0.contains("a retransmission timeout took") } == fell)
+        #expect(report.lines.contains { $0.hasPrefix("Here no retransmission timeout fired") } == timeouts.isEmpty)
+        if let series = report.tcp.first(where: { $0.phase == tcpPhases.last && $0.side == .client }) {
+            // The readings agree with the figure: a sample in the Loss state with that window.
+            #expect(
+                !fell
+                    || series.samples.contains {
+                        $0.congestionState == 4 && Double($0.congestionWindow) == timeouts.last?.1
+                    })
+        }
     }
 
     /// The loss lesson's line on UDP matches its figures: about P lost at each level, or said otherwise.
