@@ -39,7 +39,7 @@ int csock_tcp_view_on(int fd, int family, const void *local_address, uint16_t lo
     message.header.nlmsg_flags = NLM_F_REQUEST;
     message.request.sdiag_family = (uint8_t)family;
     message.request.sdiag_protocol = IPPROTO_TCP;
-    message.request.idiag_ext = 1 << (INET_DIAG_INFO - 1);
+    message.request.idiag_ext = (1 << (INET_DIAG_INFO - 1)) | (1 << (INET_DIAG_CONG - 1));
     message.request.idiag_states = ~0u;
     message.request.id.idiag_sport = htons(local_port);
     message.request.id.idiag_dport = htons(remote_port);
@@ -69,6 +69,13 @@ int csock_tcp_view_on(int fd, int family, const void *local_address, uint16_t lo
         int attributes = (int)(header->nlmsg_len - NLMSG_LENGTH(sizeof *diag));
         for (struct rtattr *attribute = (struct rtattr *)(diag + 1); RTA_OK(attribute, attributes);
              attribute = RTA_NEXT(attribute, attributes)) {
+            if (attribute->rta_type == INET_DIAG_CONG) {
+                size_t size = RTA_PAYLOAD(attribute) < sizeof out->congestion - 1 ? RTA_PAYLOAD(attribute)
+                                                                                 : sizeof out->congestion - 1;
+                memcpy(out->congestion, RTA_DATA(attribute), size);
+                out->congestion[size] = 0;
+                continue;
+            }
             if (attribute->rta_type != INET_DIAG_INFO) continue;
             struct tcp_info info;
             memset(&info, 0, sizeof info);
@@ -95,7 +102,6 @@ int csock_tcp_view_on(int fd, int family, const void *local_address, uint16_t lo
             out->bytes_sent = info.tcpi_bytes_sent;
             out->bytes_acked = info.tcpi_bytes_acked;
             out->bytes_retrans = info.tcpi_bytes_retrans;
-            return 0;
         }
         return 0;
     }

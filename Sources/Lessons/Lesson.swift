@@ -20,6 +20,8 @@ public struct LessonReport: Sendable {
     public var pointers: [Int: Int] = [:]
     /// Each traced TCP connection's state over its diagram's time (cwnd, RTT, bytes sent and acknowledged).
     public var tcp: [LessonTCPSeries] = []
+    /// Values over time drawn under a diagram (flows' throughput and fairness, a ping's round trip).
+    public var charts: [LessonChart] = []
 
     public init(lesson: String) { self.lesson = lesson }
 
@@ -42,6 +44,7 @@ public struct Lesson: Sendable {
     /// Every lesson, in the order they are best read.
     public static let all: [Lesson] = [
         .boundaries, .handshake, .nagle, .mtu, .flow, .loss, .ordering, .headOfLine, .deadPeer, .multicast,
+        .congestion,
     ]
 
     /// The lesson named `name`.
@@ -104,6 +107,10 @@ final class LessonOutput: Sendable {
 
     func figure(_ name: String, _ value: Double) {
         collected.withLock { $0.figures[name] = value }
+    }
+
+    func chart(_ chart: LessonChart) {
+        collected.withLock { $0.charts.append(chart) }
     }
 }
 

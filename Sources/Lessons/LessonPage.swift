@@ -41,9 +41,18 @@ public enum LessonPage {
         var diagrams = ""
         var heights: [Double] = []
         for (index, phase) in report.phases.enumerated() {
-            let drawn = diagram(index, phase, report.events.filter { $0.phase == index })
+            let events = report.events.filter { $0.phase == index }
+            let charts = report.charts.filter { $0.phase == index }.map(chartFigure)
+            // A phase drawn only as charts (no sends recorded) has its title and no empty diagram.
+            let drawn =
+                events.isEmpty && !charts.isEmpty
+                ? (
+                    svg:
+                        "<figure id=\"phase-\(index)\"><h2 class=\"chart-title\">\(escape(phase.title))</h2></figure>\n",
+                    height: 24.0
+                ) : diagram(index, phase, events)
             // Under each diagram, what TCP did underneath at each end that sent (cwnd, RTT, bytes in flight).
-            let graphs = report.tcp.filter { $0.phase == index }.compactMap(tcpGraphs)
+            let graphs = report.tcp.filter { $0.phase == index }.compactMap(tcpGraphs) + charts
             diagrams += "<div class=\"phase\">\n" + drawn.svg + graphs.map(\.svg).joined() + "</div>\n"
             heights.append(drawn.height + graphs.map { $0.height + 30 }.reduce(0, +))
         }
@@ -85,6 +94,11 @@ public enum LessonPage {
             svg .tcp-sent { stroke: #2763c4; } svg .tcp-acked { stroke: #1f8a4c; } svg .tcp-cwnd { stroke: #333; }
             svg .tcp-ssthresh { stroke: #e08a00; stroke-dasharray: 4 3; } svg .tcp-rtt { stroke: #8a4fbf; }
             svg .tcp-retransmit { stroke: #c62828; stroke-width: 2; }
+            h2.chart-title { font-size: 13px; margin: 0; } svg .chart-mark { stroke: #bbb; stroke-dasharray: 2 2; }
+            svg .chart-0 { stroke: #2763c4; } svg .chart-1 { stroke: #1f8a4c; } svg .chart-2 { stroke: #e08a00; }
+            svg .chart-3 { stroke: #c62828; } svg .chart-4 { stroke: #8a4fbf; } svg .chart-5 { stroke: #999; stroke-dasharray: 4 3; }
+            .chart-key-0 { color: #2763c4; } .chart-key-1 { color: #1f8a4c; } .chart-key-2 { color: #e08a00; }
+            .chart-key-3 { color: #c62828; } .chart-key-4 { color: #8a4fbf; } .chart-key-5 { color: #999; }
             </style></head><body>
             <h1>sockbench lesson \(escape(report.lesson))</h1>
             <p class="sub">\(escape(summary)) &middot; backend \(escape(backend)) &middot; \(sends) arrows, one per send recorded</p>

@@ -4,22 +4,32 @@ public import POSIXSupport
 import SocketStyles
 import Synchronization
 
-/// Two network namespaces of our own, joined by a veth pair, for the lessons that need a real network path
-/// with real packet loss. Traffic stays inside these namespaces; they are removed afterwards, also on SIGINT
-/// or SIGTERM.
+/// Network namespaces of our own, for the lessons that need a real network path with real packet loss or a real
+/// queue. Traffic stays inside these namespaces; they are removed afterwards, also on SIGINT or SIGTERM.
 ///
-/// Host A (the client) is 10.201.77.1 in namespace `ss<pid>a`, host B (the server) 10.201.77.2 in `ss<pid>b`.
+/// Joined directly (``init()``): host A (the client) is 10.201.77.1 in namespace `ss<pid>n<k>a`, host B (the
+/// server) 10.201.77.2 in `ss<pid>n<k>b`, one veth pair between them. Through a router (``init(routed:)``): A is
+/// 10.201.78.1, B 10.201.79.1, and a third namespace `ss<pid>n<k>r` forwards between them; its link toward B is
+/// where ``setBottleneck(bitsPerSecond:queueBytes:)`` puts a rate limit and its queue. The queue has to be in a
+/// host of its own: in the sender's own namespace, TCP Small Queues would keep each socket's share of it to a
+/// millisecond or two, and no queue would ever fill.
 public final class NetworkLab: Sendable {
     public let clientNamespace: String
     public let serverNamespace: String
-    public let clientAddress = "10.201.77.1"
-    public let serverAddress = "10.201.77.2"
+    /// The forwarding host between A and B (``init(routed:)``), else `nil`.
+    public let routerNamespace: String?
+    public let clientAddress: String
+    public let serverAddress: String
+    /// The router's device toward host B, where the bottleneck is.
+    private let bottleneckDevice: String?
 
-    /// `nil` with the reason when namespaces cannot be made here (not root, no `ip`, no `iptables`).
-    public static func unavailableReason() -> String? {
+    /// `nil` with the reason when namespaces cannot be made here (not root, no `ip`, no `iptables`; with
+    /// `bottleneck`, no `tc`).
+    public static func unavailableReason(bottleneck: Bool = false) -> String? {
         if getuid() != 0 { return "creating network namespaces needs root" }
-        for tool in ["ip", "iptables"] where which(tool) == nil {
-            return "the `\(tool)` command is missing (apt-get install -y \(tool == "ip" ? "iproute2" : "iptables"))"
+        for tool in ["ip", "iptables"] + (bottleneck ? ["tc"] : []) where which(tool) == nil {
+            return
+                "the `\(tool)` command is missing (apt-get install -y \(tool == "iptables" ? "iptables" : "iproute2"))"
         }
         return nil
     }
@@ -32,13 +42,33 @@ public final class NetworkLab: Sendable {
         return nil
     }
 
-    /// Creates the namespaces and the link, with no loss yet.
-    public init() throws {
-        let tag = "ss\(getpid())"
+    /// Labs made by this process so far: each one's namespaces have names of their own.
+    private static let made = Atomic<Int>(0)
+
+    /// Creates A and B and the link between them, with no loss yet.
+    public convenience init() throws { try self.init(routed: false) }
+
+    /// Creates A and B, joined directly or (`routed`) through a forwarding host R, with no loss and no bottleneck
+    /// yet.
+    public init(routed: Bool) throws {
+        let tag = "ss\(getpid())n\(Self.made.add(1, ordering: .relaxed).newValue)"
         clientNamespace = tag + "a"
         serverNamespace = tag + "b"
+        routerNamespace = routed ? tag + "r" : nil
+        clientAddress = routed ? "10.201.78.1" : "10.201.77.1"
+        serverAddress = routed ? "10.201.79.1" : "10.201.77.2"
+        bottleneckDevice = routed ? tag + "rb" : nil
         Self.installSignalCleanup()
         _ = Self.live.withLock { $0.insert(tag) }
+        if let routerNamespace {
+            do {
+                try Self.route(tag, client: clientNamespace, router: routerNamespace, server: serverNamespace)
+            } catch {
+                remove()
+                throw error
+            }
+            return
+        }
         do {
             try Self.sh("ip", "netns", "add", clientNamespace)
             try Self.sh("ip", "netns", "add", serverNamespace)
@@ -58,6 +88,55 @@ public final class NetworkLab: Sendable {
         }
     }
 
+    /// A ---- R ---- B: a veth pair each side of R, R forwarding, A and B routed through it.
+    private static func route(_ tag: String, client: String, router: String, server: String) throws {
+        for namespace in [client, router, server] { try sh("ip", "netns", "add", namespace) }
+        for (host, side, net) in [(client, "a", "78"), (server, "b", "79")] {
+            let (hostDevice, routerDevice) = (tag + "v" + side, tag + "r" + side)
+            try sh(
+                "ip", "link", "add", hostDevice, "netns", host, "type", "veth", "peer", "name", routerDevice, "netns",
+                router)
+            try sh("ip", "-n", host, "addr", "add", "10.201.\(net).1/24", "dev", hostDevice)
+            try sh("ip", "-n", router, "addr", "add", "10.201.\(net).254/24", "dev", routerDevice)
+            for (namespace, device) in [(host, hostDevice), (router, routerDevice), (host, "lo"), (router, "lo")] {
+                try sh("ip", "-n", namespace, "link", "set", device, "up")
+            }
+            try sh("ip", "-n", host, "route", "add", "default", "via", "10.201.\(net).254")
+        }
+        try sh("ip", "netns", "exec", router, "sh", "-c", "echo 1 > /proc/sys/net/ipv4/ip_forward")
+    }
+
+    /// The bottleneck on the router's link toward B (a routed lab only): a token bucket (`tbf`) sending at most
+    /// `bitsPerSecond`, holding at most `queueBytes` waiting, and dropping what arrives at a full queue. Replacing
+    /// it empties the queue.
+    public func setBottleneck(bitsPerSecond: Int, queueBytes: Int) throws {
+        guard let routerNamespace, let bottleneckDevice else {
+            throw ConnectionError(.unsupported, "a bottleneck needs a routed lab (NetworkLab(routed: true))")
+        }
+        // A bucket of 3,000 bytes: two full-size packets at line rate, then the rate.
+        try Self.sh(
+            "tc", "-n", routerNamespace, "qdisc", "replace", "dev", bottleneckDevice, "root", "tbf", "rate",
+            "\(bitsPerSecond)bit", "burst", "3000", "limit", String(queueBytes))
+    }
+
+    /// The congestion control TCP connections from host A start with (a routed lab only): set on A's route
+    /// (`ip route ... congctl`), which the kernel applies to every connection it opens over it, whatever opens it.
+    /// (Root may pick any algorithm the kernel has; a namespace's `tcp_congestion_control` sysctl refuses one it
+    /// would have to load, as this kernel does cubic.)
+    public func setCongestionControl(_ algorithm: String) throws {
+        guard routerNamespace != nil else {
+            throw ConnectionError(.unsupported, "a route's congestion control needs a routed lab")
+        }
+        try Self.sh(
+            "ip", "-n", clientNamespace, "route", "replace", "default", "via", "10.201.78.254", "congctl", algorithm)
+    }
+
+    /// The router's bottleneck as `tc` reports it (`sent ... dropped ... backlog ...`), for the lesson's record.
+    public func bottleneckStatistics() -> String {
+        guard let routerNamespace, let bottleneckDevice else { return "" }
+        return (try? Self.sh("tc", "-n", routerNamespace, "-s", "qdisc", "show", "dev", bottleneckDevice)) ?? ""
+    }
+
     /// Drops each packet arriving at host B with probability `probability` (iptables statistic match).
     public func setLoss(_ probability: Double) throws {
         _ = try? Self.sh("ip", "netns", "exec", serverNamespace, "iptables", "-F", "INPUT")
@@ -72,10 +151,11 @@ public final class NetworkLab: Sendable {
     public func remove() {
         _ = try? Self.sh("ip", "netns", "del", clientNamespace)
         _ = try? Self.sh("ip", "netns", "del", serverNamespace)
+        if let routerNamespace { _ = try? Self.sh("ip", "netns", "del", routerNamespace) }
         Self.live.withLock { _ = $0.remove(String(clientNamespace.dropLast())) }
     }
 
-    /// Namespace pairs alive now (their common prefix), removed on SIGINT/SIGTERM.
+    /// Labs alive now (their namespaces' common prefix), removed on SIGINT/SIGTERM.
     private static let live = Guarded<Set<String>>([])
 
     /// Installs, once per process, the SIGINT/SIGTERM handling that removes every live lab's namespaces before
@@ -85,6 +165,7 @@ public final class NetworkLab: Sendable {
             for tag in live.withLock({ $0 }) {
                 _ = try? NetworkLab.sh("ip", "netns", "del", tag + "a")
                 _ = try? NetworkLab.sh("ip", "netns", "del", tag + "b")
+                _ = try? NetworkLab.sh("ip", "netns", "del", tag + "r")
             }
             FileHandle.standardError.write(Data("\ninterrupted: network namespaces removed\n".utf8))
             exit(130)

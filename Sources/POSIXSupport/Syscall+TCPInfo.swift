@@ -46,6 +46,8 @@ extension Syscall {
         package var bytesSent: UInt64 = 0
         package var bytesAcked: UInt64 = 0
         package var bytesRetransmitted: UInt64 = 0
+        /// The congestion-control algorithm ("cubic", "bbr"); empty when the kernel did not say.
+        package var congestionControl = ""
 
         init(_ view: csock_tcp_view) {
             state = view.state
@@ -69,6 +71,9 @@ extension Syscall {
             bytesSent = view.bytes_sent
             bytesAcked = view.bytes_acked
             bytesRetransmitted = view.bytes_retrans
+            congestionControl = withUnsafeBytes(of: view.congestion) { raw in
+                String(decoding: raw.prefix { $0 != 0 }, as: UTF8.self)
+            }
         }
     }
 

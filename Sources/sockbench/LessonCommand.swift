@@ -100,7 +100,7 @@ struct LessonCommand: AsyncParsableCommand {
                 LessonJSON(
                     lesson: lesson.name, summary: lesson.summary, backend: backend.rawValue, faults: faults,
                     figures: report.figures, lines: report.lines, phases: report.phases, events: report.events,
-                    tcp: report.tcp))
+                    tcp: report.tcp, charts: report.charts))
         }
     }
 }
@@ -154,20 +154,32 @@ struct LessonJSON: Codable {
     /// Each traced TCP connection's state over its diagram's time, read every millisecond (TCP_INFO): the
     /// readings that changed something.
     var tcp: [LessonTCPSeries]
+    /// Values over time drawn under a diagram (the congestion lesson's flows and ping).
+    var charts: [LessonChart]
 }
 
 /// The measuring side of the namespace lessons (run inside a namespace by the lesson itself).
 struct LessonProbeCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        commandName: "lesson-probe", abstract: "Internal: the client side of the loss, ordering and multicast lessons.",
+        commandName: "lesson-probe",
+        abstract: "Internal: the client side of the loss, ordering, multicast and congestion lessons.",
         shouldDisplay: false)
 
     @Argument var mode: String
     @Argument var url: String
     @Option var backend: String = Backend.bsd.name
+    /// `congestion`: the UDP echo server to ping beside the flows.
+    @Option var ping: String?
 
     func run() async throws {
         let encoder = JSONEncoder()
+        if mode == "congestion" {
+            guard let ping else { throw fail("congestion needs --ping URL") }
+            let run = try await CongestionProbe.run(
+                backend: try Backend(name: backend), sink: try Endpoint(url: url), ping: try Endpoint(url: ping))
+            Console.line(String(decoding: try encoder.encode(run), as: UTF8.self))
+            return
+        }
         if mode == "multicast" {
             let endpoint = try Endpoint(url: url)
             Console.line(

@@ -38,6 +38,8 @@ struct csock_tcp_view {
     uint64_t bytes_sent;
     uint64_t bytes_acked;
     uint64_t bytes_retrans;
+    /// The congestion-control algorithm's name ("cubic", "bbr"), NUL-terminated; empty when not given.
+    char congestion[16];
 };
 /// `local_address` and `remote_address`: 4 (AF_INET) or 16 (AF_INET6) bytes in network order. Returns 0 when
 /// found, 1 when no such connection, -1 on an error (errno).
