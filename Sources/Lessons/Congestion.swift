@@ -157,7 +157,7 @@ enum CongestionLesson {
                 if active(from, from + CongestionLesson.window).count == run.flows.count,
                     let index = jain(from, from + CongestionLesson.window), index >= 0.9
                 {
-                    return (from + CongestionLesson.window - join) / 1000
+                    return ((from + CongestionLesson.window - join) / 1000).rounded()
                 }
                 from += 100_000
             }
@@ -311,7 +311,7 @@ enum CongestionLesson {
         let fair = results.filter { (after($0) ?? .infinity) <= within }
         if !fair.isEmpty {
             out.say(
-                "Here the four flows' shares over a second reached a Jain's index of 0.9 within \(Int(within / 1000)) s of flows 3 and 4 joining in \(fair.count) of \(results.count) runs (\(fair.map { "\($0.run.algorithm.uppercased()) \($0.queue.rawValue) after \(fixed((after($0) ?? 0) / 1000, 1)) s" }.joined(separator: ", "))): the Jain's index graphs climbing as the newcomers' windows catch up.",
+                "Here the four flows' shares over a second reached a Jain's index of 0.9 within \(Int(within / 1000)) s of flows 3 and 4 joining in \(fair.count) of \(results.count) runs (\(fair.map { "\($0.run.algorithm.uppercased()) \($0.queue.rawValue) after \(fixed((after($0) ?? 0) / 1000, 1)) s, \(fixed($0.figureJain4, 2)) over the last second" }.joined(separator: "; "))): the Jain's index graphs; a run can pass 0.9 while the newcomers' windows grow and drift off again.",
                 pointingAt: fair[0].phase)
         }
         let unfair = results.filter { (after($0) ?? .infinity) > within }

@@ -60,7 +60,11 @@ public enum LessonPage {
         let rows = stride(from: 0, to: heights.count, by: columns).map {
             (heights[$0..<min(heights.count, $0 + columns)].max() ?? 0) + 44
         }
-        let textHeight = 110 + Double(report.lines.count) * 16.5 + Double(report.figures.count) * 19
+        // A line wraps at about 104 characters in the 740-pixel text column; a "Here" line's "(see ...)" adds more.
+        let textLines = report.lines.enumerated().map { index, line in
+            ((line.count + (report.pointers[index] == nil ? 0 : 40)) / 104) + 1
+        }.reduce(0, +)
+        let textHeight = 150 + Double(textLines) * 16.5 + Double(report.figures.count) * 19
         let width = 830 + columns * Int(Self.width + 18)
         let height = min(2400, max(600, Int(max(textHeight, 100 + rows.reduce(0, +)))))
         let sends = report.events.filter { $0.kind == .send }.count
