@@ -44,7 +44,7 @@ public struct Lesson: Sendable {
     /// Every lesson, in the order they are best read.
     public static let all: [Lesson] = [
         .boundaries, .handshake, .nagle, .mtu, .flow, .loss, .ordering, .headOfLine, .deadPeer, .multicast,
-        .congestion,
+        .congestion, .c10k,
     ]
 
     /// The lesson named `name`.

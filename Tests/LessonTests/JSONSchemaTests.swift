@@ -80,7 +80,8 @@ struct JSONSchemaTests {
                 }
             }
             // boundaries: sends and receives; nagle: the kernel's view; headofline: marks and a note on a send.
-            for lesson in ["boundaries", "nagle", "headofline"] {
+            // c10k: charts (no root needed).
+            for lesson in ["boundaries", "nagle", "headofline", "c10k"] {
                 try check(try await run(["lesson", lesson, "--json"]), against: "lesson.schema.json")
             }
             let directory = FileManager.default.temporaryDirectory.appendingPathComponent("schema-\(getpid())")

@@ -316,6 +316,43 @@ struct LessonTests {
                 == !shorter)
     }
 
+    @Test(
+        "c10k: a bsd server grows a thread a connection, a loop server none; idle connections cost no work; says so",
+        arguments: Backend.allCases)
+    func c10k(_ backend: Backend) async throws {
+        let report = try await run("c10k", backend)
+        let loop = backend.rawValue == "bsd" ? "async" : backend.rawValue
+        let figure = { (name: String) in report.figures[name] ?? -1 }
+        #expect(
+            report.phases.map(\.title) == [
+                "bsd server, 10,000 idle connections", "\(loop) server, 10,000 idle connections",
+            ])
+        // A thread per connection against one loop for all.
+        // (A few of the server's own threads may come and go meanwhile: 9,998-10,000 here.)
+        #expect(figure("bsd.threadsAmong") - figure("bsd.threadsAlone") >= 9_900)
+        #expect(figure("\(loop).threadsAmong") - figure("\(loop).threadsAlone") < 10)
+        #expect(figure("bsd.bytesPerConnection") > figure("\(loop).bytesPerConnection"))
+        for server in ["bsd", loop] {
+            // Every round trip was timed, alone and among the idle connections; the server read all the while.
+            #expect(figure("\(server).p50usAlone") > 0 && figure("\(server).p50usAmong") > 0, "\(server)")
+            #expect(figure("\(server).bytesPerConnection") > 0, "\(server)")
+        }
+        #expect(report.charts.count == 2)
+        for chart in report.charts {
+            let roundTrips = try #require(chart.panels.last?.lines.map(\.points.count))
+            #expect(roundTrips == [2000, 2000], "alone, and among the idle connections")
+            #expect(chart.panels[0].lines[0].points.count >= 10, "the threads were read every 50 ms")
+        }
+        // The lines say what the figures show.
+        #expect(
+            report.lines.contains {
+                $0.hasPrefix("Here the bsd server grew by ") && $0.contains("threads for 10,000 connections, and")
+            })
+        let quiet = ["bsd", loop].allSatisfy { figure("\($0).idleSwitchesPerSecond") < 1000 }
+        #expect(report.lines.contains { $0.hasPrefix("Here the idle connections cost no work") } == quiet)
+        #expect(report.lines.contains { $0.hasPrefix("Here a connection cost the bsd server") && $0.contains("x)") })
+    }
+
     /// The loss lesson's line on UDP matches its figures: about P lost at each level, or said otherwise.
     static func checkLossVerdict(_ report: LessonReport) throws {
         let followed = try [1, 5, 20].allSatisfy { percent in
