@@ -181,15 +181,20 @@ enum CongestionLesson {
             run.flows.map { rate($0, 1_000_000, run.end) * 1 }.reduce(0, +) / Double(CongestionLesson.rate)
         }
 
-        /// Flow 1 alone: its largest congestion window in slow start, when slow start ended (ssthresh set), and
-        /// whether a loss ended it (else the round trip growing did: CUBIC's HyStart).
+        /// Flow 1 alone: the window its slow start reached, when slow start ended (ssthresh first set), and whether
+        /// a loss ended it (else the round trip growing did: CUBIC's HyStart). Slow start here lasts a few
+        /// milliseconds, about as long as two readings apart, so the window reached is also taken from ssthresh,
+        /// which the exit sets to it (HyStart) or to 70% of it (a loss): the larger of the two.
         var slowStart: (peak: Int, ended: Double, byLoss: Bool)? {
             guard let first = run.flows.first else { return nil }
             let samples = first.series.samples.filter { $0.at < CongestionProbe.joins[1] }
-            guard let end = samples.firstIndex(where: { $0.slowStartThreshold != nil }), end > 0,
-                let peak = samples[..<end].map(\.congestionWindow).max()
+            guard let end = samples.firstIndex(where: { $0.slowStartThreshold != nil }),
+                let threshold = samples[end].slowStartThreshold
             else { return nil }
-            return (Int(peak), samples[end].at - first.joined, samples[end].retransmits > 0)
+            let byLoss = samples[end].retransmits > 0
+            let before = samples[..<end].map(\.congestionWindow).max() ?? 0
+            let reached = byLoss ? UInt32((Double(threshold) / 0.7).rounded()) : threshold
+            return (Int(max(before, reached)), samples[end].at - first.joined, byLoss)
         }
 
         func record(_ out: LessonOutput) {
@@ -205,7 +210,8 @@ enum CongestionLesson {
             out.figure("\(name).lostPings", Double(lostPings))
             out.figure("\(name).retransmits", Double(retransmits))
             out.figure("\(name).utilisation", utilisation)
-            if let slowStart {
+            // (What ssthresh says of the window is CUBIC's rule; BBR sets it otherwise.)
+            if run.algorithm == "cubic", let slowStart {
                 out.figure("\(name).slowStartPeakCwnd", Double(slowStart.peak))
                 out.figure("\(name).slowStartEndMs", slowStart.ended / 1000)
             }
