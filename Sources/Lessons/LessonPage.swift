@@ -20,7 +20,7 @@ public enum LessonPage {
     static let perRow = 3
 
     /// The page, and the window it fits in (the diagrams `perRow` to a row beside the text; the height capped
-    /// at 2,400 pixels, where a long run is cut).
+    /// at 8,000 pixels, where a very long run is cut).
     public static func render(
         _ report: LessonReport, summary: String, backend: String
     ) -> (html: String, width: Int, height: Int) {
@@ -51,10 +51,18 @@ public enum LessonPage {
                         "<figure id=\"phase-\(index)\"><h2 class=\"chart-title\">\(escape(phase.title))</h2></figure>\n",
                     height: 24.0
                 ) : diagram(index, phase, events)
-            // Under each diagram, what TCP did underneath at each end that sent (cwnd, RTT, bytes in flight).
-            let graphs = report.tcp.filter { $0.phase == index }.compactMap(tcpGraphs) + charts
-            diagrams += "<div class=\"phase\">\n" + drawn.svg + graphs.map(\.svg).joined() + "</div>\n"
-            heights.append(drawn.height + graphs.map { $0.height + 30 }.reduce(0, +))
+            // With each diagram, what TCP did underneath at each end that sent (cwnd, RTT, bytes in flight): above
+            // the diagram, under the phase's title, so that a tall diagram (hundreds of arrows) cannot push them off
+            // the bottom of a picture.
+            let graphs = report.tcp.filter { $0.phase == index }.compactMap(tcpGraphs)
+            let heading =
+                graphs.isEmpty || events.isEmpty
+                ? "" : "<h2 class=\"chart-title\">\(escape(phase.title))</h2>\n"
+            diagrams +=
+                "<div class=\"phase\">\n" + heading + graphs.map(\.svg).joined() + drawn.svg
+                + charts.map(\.svg).joined() + "</div>\n"
+            heights.append(
+                drawn.height + (graphs + charts).map { $0.height + 30 }.reduce(0, +) + (heading.isEmpty ? 0 : 24))
         }
         let columns = max(1, min(perRow, heights.count))
         let rows = stride(from: 0, to: heights.count, by: columns).map {
@@ -66,7 +74,7 @@ public enum LessonPage {
         }.reduce(0, +)
         let textHeight = 150 + Double(textLines) * 16.5 + Double(report.figures.count) * 19
         let width = 830 + columns * Int(Self.width + 18)
-        let height = min(2400, max(600, Int(max(textHeight, 100 + rows.reduce(0, +)))))
+        let height = min(8000, max(600, Int(max(textHeight, 100 + rows.reduce(0, +)))))
         let sends = report.events.filter { $0.kind == .send }.count
         let html = """
             <!DOCTYPE html>
@@ -106,7 +114,7 @@ public enum LessonPage {
             </style></head><body>
             <h1>sockbench lesson \(escape(report.lesson))</h1>
             <p class="sub">\(escape(summary)) &middot; backend \(escape(backend)) &middot; \(sends) arrows, one per send recorded</p>
-            <p class="legend">Time runs down, compressed (red figures: gaps of 5 ms or more). <span class="c">&#9472;</span> client to server, <span class="s">&#9472;</span> server to client, each arrow from a send to the receive that delivered its last byte; <span class="l">&#10005;</span> never received; a bar is a receive; a dot is an event; a grey square, the kernel's view of that end's TCP connection then (TCP_INFO). Under a diagram, each end's TCP connection read every millisecond, on one time axis: bytes sent and acknowledged (red: sent again), the congestion window, the smoothed round trip.</p>
+            <p class="legend">Time runs down, compressed (red figures: gaps of 5 ms or more). <span class="c">&#9472;</span> client to server, <span class="s">&#9472;</span> server to client, each arrow from a send to the receive that delivered its last byte; <span class="l">&#10005;</span> never received; a bar is a receive; a dot is an event; a grey square, the kernel's view of that end's TCP connection then (TCP_INFO). Above a diagram, each end's TCP connection read every millisecond, on one time axis: bytes sent and acknowledged (red: sent again), the congestion window, the smoothed round trip.</p>
             <div class="layout">
             <div class="text">
             \(text)

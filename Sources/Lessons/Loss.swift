@@ -157,7 +157,7 @@ extension Lesson {
         }
         if let (percent, before, lowest) = timeouts.last, lowest < before {
             out.say(
-                "Here, at \(percent)%, a retransmission timeout took TCP's congestion window from \(before) segments to \(lowest): after a timeout the sender starts again from almost nothing (the cwnd graph under the TCP diagram).",
+                "Here, at \(percent)%, a retransmission timeout took TCP's congestion window from \(before) segments to \(lowest): after a timeout the sender starts again from almost nothing (the cwnd graph above the TCP diagram).",
                 pointingAt: phase)
         } else if timeouts.isEmpty {
             out.say("Here no retransmission timeout fired: every lost segment was repaired by a fast retransmit.")
