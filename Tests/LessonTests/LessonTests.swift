@@ -257,6 +257,19 @@ struct LessonTests {
         #expect(
             report.lines.contains { $0.hasPrefix("Here, at ") && $0.contains("a retransmission timeout took") } == fell)
         #expect(report.lines.contains { $0.hasPrefix("Here no retransmission timeout fired") } == timeouts.isEmpty)
+        // cwnd falls after a retransmission: at 20% loss, some reading that counted one more retransmitted segment is
+        // followed within 100 ms by a congestion window below the one read just before it (2-10 times a run on each
+        // backend here; most retransmissions, fast ones under BBR, leave cwnd where it was).
+        let lossiest = try #require(report.tcp.first { $0.phase == tcpPhases.last && $0.side == .client })
+        let samples = lossiest.samples
+        let fellAfterRetransmission = samples.indices.dropFirst().contains { index in
+            guard samples[index].retransmits > samples[index - 1].retransmits else { return false }
+            let before = samples[index - 1].congestionWindow
+            return samples[index...].prefix { $0.at - samples[index].at <= 100_000 }.contains {
+                $0.congestionWindow < before
+            }
+        }
+        #expect(fellAfterRetransmission, "no reading after a retransmission at 20% showed a smaller cwnd")
         if let series = report.tcp.first(where: { $0.phase == tcpPhases.last && $0.side == .client }) {
             // The readings agree with the figure: a sample in the Loss state with that window.
             #expect(
