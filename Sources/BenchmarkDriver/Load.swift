@@ -32,6 +32,23 @@ public struct RateRunner: Sendable {
     public var skip: Int { Int(Double(perSecond) * Double(warmup.wholeNanoseconds) / 1e9) }
 
     public func run(on connection: any Connection) async throws(ConnectionError) -> ScenarioResult {
+        let times = try await sendTimes(on: connection)
+        var measurement = result(intended: times.intended, actual: times.actual, received: times.received)
+        measurement.pacingCPUNanoseconds = times.pacingCPUNanoseconds
+        return measurement
+    }
+
+    /// When each message was meant to go, went and came back (0: never), and the pacer's CPU time: what ``run(on:)``
+    /// sums up, for a caller that keeps the latencies themselves (a load spread over hosts merges them).
+    public struct Times: Sendable {
+        public var intended: [UInt64]
+        public var actual: [UInt64]
+        public var received: [UInt64]
+        public var pacingCPUNanoseconds: UInt64
+    }
+
+    /// The schedule run on `connection`: every message's times.
+    public func sendTimes(on connection: any Connection) async throws(ConnectionError) -> Times {
         let total = total
         let interval = 1e9 / Double(perSecond)
         let stream = connection.transport.isByteStream
@@ -135,9 +152,7 @@ public struct RateRunner: Sendable {
         }
         let pacerCPU = await pacer.end()
         if let failure { throw failure }
-        var measurement = result(intended: intended, actual: actual, received: received)
-        measurement.pacingCPUNanoseconds = pacerCPU
-        return measurement
+        return Times(intended: intended, actual: actual, received: received, pacingCPUNanoseconds: pacerCPU)
     }
 
     /// The figures of a run from when each message was meant to go, went and came back (0: never): latency

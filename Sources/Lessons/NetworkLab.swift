@@ -22,6 +22,10 @@ public final class NetworkLab: Sendable {
     public let serverAddress: String
     /// The router's device toward host B, where the bottleneck is.
     private let bottleneckDevice: String?
+    /// Every host of a bridged lab (``init(bridgedHosts:)``), first the server's, with its address; else A and B.
+    public let hosts: [(namespace: String, address: String)]
+    /// Every namespace this lab made.
+    private let namespaces: [String]
 
     /// `nil` with the reason when namespaces cannot be made here (not root, no `ip`, no `iptables`; with
     /// `bottleneck`, no `tc`).
@@ -51,15 +55,17 @@ public final class NetworkLab: Sendable {
     /// Creates A and B, joined directly or (`routed`) through a forwarding host R, with no loss and no bottleneck
     /// yet.
     public init(routed: Bool) throws {
-        let tag = "ss\(getpid())n\(Self.made.add(1, ordering: .relaxed).newValue)"
+        let tag = Self.newTag()
         clientNamespace = tag + "a"
         serverNamespace = tag + "b"
         routerNamespace = routed ? tag + "r" : nil
         clientAddress = routed ? "10.201.78.1" : "10.201.77.1"
         serverAddress = routed ? "10.201.79.1" : "10.201.77.2"
         bottleneckDevice = routed ? tag + "rb" : nil
+        hosts = [(serverNamespace, serverAddress), (clientNamespace, clientAddress)]
+        namespaces = [clientNamespace, serverNamespace] + (routerNamespace.map { [$0] } ?? [])
         Self.installSignalCleanup()
-        _ = Self.live.withLock { $0.insert(tag) }
+        Self.live.withLock { $0[tag] = namespaces }
         if let routerNamespace {
             do {
                 try Self.route(tag, client: clientNamespace, router: routerNamespace, server: serverNamespace)
@@ -87,6 +93,47 @@ public final class NetworkLab: Sendable {
             throw error
         }
     }
+
+    /// `count` hosts on one switch, as a cluster's nodes are: namespaces `ss<pid>n<k>h0` ... with addresses
+    /// 10.201.80.1 ... (host 0 is ``serverNamespace``, host 1 ``clientNamespace``), each joined by a veth pair to a
+    /// bridge in a namespace of its own (`ss<pid>n<k>s`), so that no address or device is added outside the lab.
+    public init(bridgedHosts count: Int) throws {
+        precondition((2...200).contains(count), "a bridged lab has 2 to 200 hosts")
+        let tag = Self.newTag()
+        let made = (0..<count).map { (namespace: tag + "h\($0)", address: "10.201.80.\($0 + 1)") }
+        hosts = made
+        serverNamespace = made[0].namespace
+        serverAddress = made[0].address
+        clientNamespace = made[1].namespace
+        clientAddress = made[1].address
+        routerNamespace = nil
+        bottleneckDevice = nil
+        let hub = tag + "s"
+        namespaces = made.map(\.namespace) + [hub]
+        Self.installSignalCleanup()
+        Self.live.withLock { $0[tag] = namespaces }
+        do {
+            for namespace in namespaces { try Self.sh("ip", "netns", "add", namespace) }
+            try Self.sh("ip", "-n", hub, "link", "add", "br0", "type", "bridge")
+            try Self.sh("ip", "-n", hub, "link", "set", "br0", "up")
+            for (index, host) in made.enumerated() {
+                let (device, port) = (tag + "v\(index)", "p\(index)")
+                try Self.sh(
+                    "ip", "link", "add", device, "netns", host.namespace, "type", "veth", "peer", "name", port,
+                    "netns", hub)
+                try Self.sh("ip", "-n", hub, "link", "set", port, "master", "br0")
+                try Self.sh("ip", "-n", hub, "link", "set", port, "up")
+                try Self.sh("ip", "-n", host.namespace, "addr", "add", host.address + "/24", "dev", device)
+                try Self.sh("ip", "-n", host.namespace, "link", "set", device, "up")
+                try Self.sh("ip", "-n", host.namespace, "link", "set", "lo", "up")
+            }
+        } catch {
+            remove()
+            throw error
+        }
+    }
+
+    private static func newTag() -> String { "ss\(getpid())n\(made.add(1, ordering: .relaxed).newValue)" }
 
     /// A ---- R ---- B: a veth pair each side of R, R forwarding, A and B routed through it.
     private static func route(_ tag: String, client: String, router: String, server: String) throws {
@@ -147,25 +194,22 @@ public final class NetworkLab: Sendable {
         }
     }
 
-    /// Removes both namespaces (and with them the veth pair and the rules). Safe to call twice.
+    /// Removes every namespace of the lab (and with them the veth pairs, the bridge and the rules). Safe to call
+    /// twice.
     public func remove() {
-        _ = try? Self.sh("ip", "netns", "del", clientNamespace)
-        _ = try? Self.sh("ip", "netns", "del", serverNamespace)
-        if let routerNamespace { _ = try? Self.sh("ip", "netns", "del", routerNamespace) }
-        Self.live.withLock { _ = $0.remove(String(clientNamespace.dropLast())) }
+        for namespace in namespaces { _ = try? Self.sh("ip", "netns", "del", namespace) }
+        Self.live.withLock { lives in lives = lives.filter { $0.value != namespaces } }
     }
 
-    /// Labs alive now (their namespaces' common prefix), removed on SIGINT/SIGTERM.
-    private static let live = Guarded<Set<String>>([])
+    /// Labs alive now (by tag, their namespaces), removed on SIGINT/SIGTERM.
+    private static let live = Guarded<[String: [String]]>([:])
 
     /// Installs, once per process, the SIGINT/SIGTERM handling that removes every live lab's namespaces before
     /// exiting (a self-pipe and a thread: no work in the signal handler itself).
     public static func installSignalCleanup() {
         SignalForwarder.install { _ in
-            for tag in live.withLock({ $0 }) {
-                _ = try? NetworkLab.sh("ip", "netns", "del", tag + "a")
-                _ = try? NetworkLab.sh("ip", "netns", "del", tag + "b")
-                _ = try? NetworkLab.sh("ip", "netns", "del", tag + "r")
+            for namespace in live.withLock({ $0.values.flatMap { $0 } }) {
+                _ = try? NetworkLab.sh("ip", "netns", "del", namespace)
             }
             FileHandle.standardError.write(Data("\ninterrupted: network namespaces removed\n".utf8))
             exit(130)

@@ -1,6 +1,7 @@
 import BenchmarkDriver
 import ConnectionTestKit
 import Foundation
+import POSIXSupport
 import SocketStyles
 
 /// Lines of text over a `Connection`: the control channel between `sockbench compare --server` and
@@ -38,6 +39,9 @@ final class LineChannel {
 /// | `start BACKEND TRANSPORT echo|sink|native` (BACKEND may be `c-floor`) | `ok ID URL` |
 /// | `usage ID` | `ok JSON` (the server process's CPU, context switches, memory) |
 /// | `ca [HOST]` | `ok BASE64` (the PEM of the throwaway CA that signed the tls/wss servers' certificate, which names the agent's address and HOST, the address the client reaches it at; ask before starting tls/wss servers) |
+/// | `clock` | `ok NANOSECONDS` (this host's monotonic clock: `sockbench fleet` estimates its offset) |
+/// | `load fanin-N\|rate-R BACKEND URL [samples]` | `ok ready N` once N connections of BACKEND to the echo server at URL are open and warm (``FleetShare``) |
+/// | `go DELAY_NS WINDOW_MS` | `ok JSON` (``FleetShare/Outcome``) after a window of WINDOW_MS that opened DELAY_NS after the request came; the load's connections are then closed |
 ///
 /// Anything else, or a failure, is answered `error MESSAGE` and the session goes on. Every server of a
 /// session stops when its control connection ends; a session starts at most ``maximumServers``.
@@ -47,37 +51,80 @@ struct Agent {
     /// A session may start this many servers (a full compare needs 3 per backend x transport: 75 at most).
     static let maximumServers = 100
 
+    /// Stop once the first control session has ended (an agent that is one pod of a Kubernetes Job).
+    var once = false
+
     func run(until stop: @escaping @Sendable () async -> String) async throws(ConnectionError) {
         let listener = try await Backend.async.listen(on: control)
         Console.line("listening on \(listener.localEndpoint)")
+        let (reasons, reason) = AsyncStream<String>.makeStream()
+        let once = once
         let sessions = Task {
             await withDiscardingTaskGroup { group in
                 while let connection = try? await listener.accept() {
-                    group.addTask { await session(connection) }
+                    group.addTask {
+                        await session(connection)
+                        if once { reason.yield("its one control session ended (--once)") }
+                    }
                 }
             }
         }
-        let reason = await stop()
+        let signal = Task { reason.yield(await stop()) }
+        var why = "stopped"
+        for await first in reasons {
+            why = first
+            break
+        }
+        signal.cancel()
         await listener.close()
         sessions.cancel()
         await sessions.value
-        Console.error("sockbench serve --agent: \(reason)")
+        Console.error("sockbench serve --agent: \(why)")
     }
 
     private func session(_ connection: any Connection) async {
         let channel = LineChannel(connection)
         var children: [ChildServer] = []
         var certificates: TestCertificates?
+        var share: FleetShare?
+        var samplesAsked = false
         defer {
             for child in children { child.stop() }
             certificates?.remove()
         }
         let host = control.host
         while let line = try? await channel.readLine() {
+            let received = MonotonicClock.nanoseconds()
             let words = line.split(separator: " ").map(String.init)
             var answer: String
             do {
                 switch words.first {
+                case "clock" where words.count == 1:
+                    answer = "ok \(received)"
+                case "load" where words.count == 4 || (words.count == 5 && words[4] == "samples"):
+                    if let old = share {
+                        share = nil
+                        await old.close()
+                    }
+                    share = try await Self.prepare(words)
+                    answer = "ok ready \(share.map { "\($0.load)" } ?? "")"
+                case "go" where words.count == 3:
+                    guard let prepared = share else {
+                        throw ConnectionError(.unsupported, "no load: send `load` first")
+                    }
+                    guard let delay = UInt64(words[1]), delay <= 60_000_000_000, let window = Int(words[2]),
+                        (1...600_000).contains(window)
+                    else { throw ConnectionError(.unsupported, "go DELAY_NS WINDOW_MS (at most 60 s and 600 s)") }
+                    share = nil
+                    Console.line("go: \(prepared.load), a window of \(window) ms in \(delay / 1_000_000) ms")
+                    // The window opens DELAY_NS after the request came, on this host's clock (the coordinator
+                    // allowed for the request's way here): no wall-clock time is compared between hosts.
+                    let opens = received &+ delay
+                    let now = MonotonicClock.nanoseconds()
+                    if opens > now { try? await Task.sleep(for: .nanoseconds(opens - now)) }
+                    let outcome = await prepared.run(window: .milliseconds(window), keepsSamples: samplesAsked)
+                    await prepared.close()
+                    answer = "ok " + String(decoding: try JSONEncoder().encode(outcome), as: UTF8.self)
                 case "start" where words.count == 4:
                     guard children.count < Self.maximumServers else {
                         throw ConnectionError(
@@ -129,13 +176,34 @@ struct Agent {
             } catch {
                 answer = "error \(error)".replacingOccurrences(of: "\n", with: " ")
             }
+            if words.first == "load" { samplesAsked = words.count == 5 }
             do throws(ConnectionError) {
                 try await channel.send(answer)
             } catch {
                 break
             }
         }
+        if let share { await share.close() }
         await connection.close()
+    }
+
+    /// `load LOAD BACKEND URL [samples]`: the connections of this host's share, open and warm.
+    private static func prepare(_ words: [String]) async throws(ConnectionError) -> FleetShare {
+        guard let load = FleetShare.Load(words[1]) else {
+            throw ConnectionError(.unsupported, "unknown load \(words[1]) (fanin-N up to 10000, rate-PERSECOND)")
+        }
+        let backend = try Backend(name: words[2])
+        let endpoint = try Endpoint(url: words[3])
+        guard !endpoint.transport.isSecure else {
+            throw ConnectionError(
+                .unsupported, "tls and wss loads are not offered: the agents would need the server's CA")
+        }
+        guard backend.transports.contains(endpoint.transport) else {
+            throw ConnectionError(.unsupported, "the \(backend) backend does not offer \(endpoint.transport)")
+        }
+        return try await FleetShare.prepare(load) { () async throws(ConnectionError) -> any Connection in
+            try await backend.connect(to: endpoint)
+        }
     }
 }
 

@@ -59,6 +59,9 @@ struct Serve: AsyncParsableCommand {
     )
     var agent = false
 
+    @Flag(help: "With --agent: exit once the first control session ends (a load agent that is a Kubernetes Job's pod).")
+    var once = false
+
     @Flag(help: "Stop when standard input reaches its end (used by `sockbench compare` for its child servers).")
     var exitOnStdinEOF = false
 
@@ -98,6 +101,7 @@ struct Serve: AsyncParsableCommand {
         guard maxUDPPeers >= 1 else { throw ValidationError("--max-udp-peers must be at least 1") }
         guard (0...9).contains(deflateLevel) else { throw ValidationError("--deflate-level must be 0-9") }
         guard !(sink && broadcast) else { throw ValidationError("--sink and --broadcast are two different servers") }
+        if once && !agent { throw ValidationError("--once is for --agent") }
         guard threads >= 1 else { throw ValidationError("--threads must be at least 1") }
         if threads > 1 {
             guard !native, !asyncChannel, !agent else {
@@ -113,7 +117,9 @@ struct Serve: AsyncParsableCommand {
         if agent {
             let stdinEOF = exitOnStdinEOF
             do throws(ConnectionError) {
-                try await Agent(control: endpoint, cpu: cpu).run { await StopSignal.wait(stdinEOF: stdinEOF) }
+                var agent = Agent(control: endpoint, cpu: cpu)
+                agent.once = once
+                try await agent.run { await StopSignal.wait(stdinEOF: stdinEOF) }
             } catch {
                 throw fail(error.description)
             }

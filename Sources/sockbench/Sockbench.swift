@@ -21,7 +21,7 @@ struct Sockbench: AsyncParsableCommand {
             Backends.self,
             Microbench.self,
             FloorServe.self,
-            LessonProbeCommand.self, AutobahnClient.self, RenderReport.self, BroadcastClients.self,
+            FleetCommand.self, LessonProbeCommand.self, AutobahnClient.self, RenderReport.self, BroadcastClients.self,
         ],
         defaultSubcommand: nil
     )

@@ -621,6 +621,18 @@ struct AgentProtocolTests {
             #expect(try await server.receive(exactly: 3) == [1, 2, 3])
             await server.close()
             #expect(try await ask("usage 0").hasPrefix("ok {"))
+            // A load host's requests (`sockbench fleet`): out of order, unknown or unreachable loads are refused.
+            #expect(try await ask("go 0 100").hasPrefix("error "))
+            #expect(try await ask("load fanin-0 async \(started[2])").hasPrefix("error "))
+            #expect(try await ask("load burst-9 async \(started[2])").hasPrefix("error "))
+            #expect(try await ask("load fanin-2 async tls://127.0.0.1:1").hasPrefix("error "))
+            #expect(try await ask("load fanin-2 async tcp://127.0.0.1:1").hasPrefix("error "))
+            #expect(try await ask("clock").hasPrefix("ok "))
+            #expect(try await ask("load fanin-2 bsd \(started[2])") == "ok ready fanin-2")
+            #expect(try await ask("go 0 0").hasPrefix("error "))
+            let window = try await ask("go 1000000 200")
+            #expect(window.hasPrefix("ok {"), "\(window)")
+            #expect(try await ask("go 0 100").hasPrefix("error "), "a load is measured once")
             // A udp sink with its receive buffer (compare's --udp-sink-buffer); a size that is no size is refused.
             #expect(try await ask("start bsd udp sink:0").hasPrefix("error "))
             #expect(try await ask("start bsd udp sink:lots").hasPrefix("error "))

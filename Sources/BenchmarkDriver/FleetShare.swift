@@ -1,0 +1,180 @@
+public import ConnectionCore
+public import Histogram
+import POSIXSupport
+
+/// One load host's part of a load spread over several (`sockbench fleet`, run by `sockbench serve --agent`): its
+/// connections opened and warmed first (``prepare(_:connect:warmup:)``), then, at the moment the coordinator
+/// names, one measured window on all of them at once (``run(window:keepsSamples:)``). Preparing and measuring are
+/// apart so that every host is connected and warm before any host's window opens.
+public struct FleetShare: Sendable {
+    /// What a host runs.
+    public enum Load: Sendable, Hashable, CustomStringConvertible {
+        /// `connections` connections, each in closed-loop 64-byte round trips.
+        case fanin(connections: Int)
+        /// 64-byte messages on one connection, `perSecond` of them a second on a schedule (open loop; latency from
+        /// the time each was meant to go).
+        case rate(perSecond: Int)
+
+        /// `fanin-N` or `rate-PERSECOND`.
+        public init?(_ text: String) {
+            let parts = text.split(separator: "-", maxSplits: 1)
+            guard parts.count == 2, let number = Int(parts[1]), number >= 1 else { return nil }
+            switch parts[0] {
+            case "fanin" where number <= 10_000: self = .fanin(connections: number)
+            case "rate" where number <= 1_000_000: self = .rate(perSecond: number)
+            default: return nil
+            }
+        }
+
+        public var description: String {
+            switch self {
+            case .fanin(let connections): "fanin-\(connections)"
+            case .rate(let perSecond): "rate-\(perSecond)"
+            }
+        }
+
+        /// The connections an agent opens for it.
+        public var connections: Int {
+            if case .fanin(let connections) = self { return connections }
+            return 1
+        }
+    }
+
+    public let load: Load
+    private let clients: [any Connection]
+
+    /// Opens the load's connections with `connect` and makes `warmup` round trips on each (at least one: the
+    /// server has accepted and set up every connection before the window). On failure every connection opened is
+    /// closed.
+    public static func prepare(
+        _ load: Load, warmup: Int = 20,
+        connect: @escaping @Sendable () async throws(ConnectionError) -> any Connection
+    ) async throws(ConnectionError) -> FleetShare {
+        let warm = {
+            var runner = PingRunner(size: 64, count: max(1, warmup), warmup: 0, timeout: .seconds(10))
+            runner.keepsHistogram = false
+            return runner
+        }()
+        let clients = try await ConnectionBatch.open(load.connections, connect: connect) {
+            connection async throws(ConnectionError) in
+            _ = try await warm.measure(on: connection)
+        }
+        return FleetShare(load: load, clients: clients)
+    }
+
+    /// What one host measured in its window.
+    public struct Outcome: Sendable, Codable {
+        /// When the window opened and closed, on this host's monotonic clock, nanoseconds.
+        public var start: UInt64
+        public var end: UInt64
+        /// Round trips (fan-in) or echoed messages (rate) recorded.
+        public var count: Int
+        /// Messages never echoed (rate), round trips cut off by an error.
+        public var lost: Int
+        /// Connections that failed during the window, and the first failure.
+        public var failedConnections: Int
+        public var firstError: String?
+        /// Every latency recorded, nanoseconds.
+        public var histogram: SparseHistogram
+        /// The latencies one by one (only when asked for: a test checks the merge against them).
+        public var samples: [UInt64]?
+    }
+
+    /// One window of `window` on every connection at once, starting now. A connection that fails is counted and
+    /// its round trips so far are lost; the others go on.
+    public func run(window: Duration, keepsSamples: Bool) async -> Outcome {
+        let start = MonotonicClock.nanoseconds()
+        var histogram = LatencySummary.makeHistogram()
+        var samples: [UInt64] = []
+        var lost = 0
+        var failures: [ConnectionError] = []
+        switch load {
+        case .fanin:
+            // A connection makes at most 100,000 round trips a second (a loopback round trip takes 10 us or more).
+            let most = max(1_000, Int(Double(window.wholeNanoseconds) / 1e9 * 100_000))
+            var runner = PingRunner(size: 64, count: most, warmup: 0, timeout: .seconds(5))
+            runner.duration = window
+            runner.keepsSamples = true
+            runner.keepsHistogram = false
+            let configured = runner
+            let results = await withTaskGroup(of: Result<PingRunner.Samples, ConnectionError>.self) { group in
+                for client in clients {
+                    group.addTask {
+                        do throws(ConnectionError) { return .success(try await configured.measure(on: client)) } catch {
+                            return .failure(error)
+                        }
+                    }
+                }
+                var results: [Result<PingRunner.Samples, ConnectionError>] = []
+                for await result in group { results.append(result) }
+                return results
+            }
+            for result in results {
+                switch result {
+                case .success(let run):
+                    for value in run.raw ?? [] { _ = histogram.record(value) }
+                    if keepsSamples { samples += run.raw ?? [] }
+                case .failure(let error): failures.append(error)
+                }
+            }
+        case .rate(let perSecond):
+            let runner = RateRunner(perSecond: perSecond, duration: window, warmup: .zero, pacing: .sleep)
+            do throws(ConnectionError) {
+                let times = try await runner.sendTimes(on: clients[0])
+                for index in times.intended.indices where times.actual[index] != 0 {
+                    guard times.received[index] != 0 else {
+                        lost += 1
+                        continue
+                    }
+                    let latency = max(1, times.received[index] &- times.intended[index])
+                    _ = histogram.record(latency)
+                    if keepsSamples { samples.append(latency) }
+                }
+            } catch {
+                failures.append(error)
+            }
+        }
+        return Outcome(
+            start: start, end: MonotonicClock.nanoseconds(), count: Int(histogram.totalCount), lost: lost,
+            failedConnections: failures.count, firstError: failures.first.map { "\($0)" },
+            histogram: SparseHistogram(histogram), samples: keepsSamples ? samples : nil)
+    }
+
+    /// Closes every connection.
+    public func close() async {
+        for client in clients { await client.close() }
+    }
+}
+
+/// A latency histogram as the values it holds and their counts: what a load host sends back, a few KiB where
+/// the whole histogram (every bucket from 1 ns to 60 s) would be hundreds. ``histogram`` rebuilds it exactly:
+/// each value stands for its bucket, and recording it again lands in the same one.
+public struct SparseHistogram: Sendable, Codable, Equatable {
+    public var values: [UInt64]
+    public var counts: [UInt64]
+
+    public init(_ histogram: Histogram<UInt64>) {
+        values = []
+        counts = []
+        for bucket in histogram.recordedValues() {
+            values.append(bucket.value)
+            counts.append(bucket.count)
+        }
+    }
+
+    /// The histogram of `samples`, nanoseconds.
+    public init(samples: [UInt64]) {
+        var histogram = LatencySummary.makeHistogram()
+        for sample in samples { _ = histogram.record(sample) }
+        self.init(histogram)
+    }
+
+    /// The histogram again (``LatencySummary/makeHistogram()``'s range and precision).
+    public var histogram: Histogram<UInt64> {
+        var made = LatencySummary.makeHistogram()
+        for (value, count) in zip(values, counts) { _ = made.record(value, count: count) }
+        return made
+    }
+
+    public var totalCount: UInt64 { counts.reduce(0, +) }
+}

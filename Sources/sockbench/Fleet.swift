@@ -1,0 +1,455 @@
+import ArgumentParser
+import BenchmarkDriver
+import Foundation
+import Histogram
+import POSIXSupport
+import SocketStyles
+
+/// `sockbench fleet`: one load spread over several load hosts (`sockbench serve --agent` on each) against one
+/// server, with one measured window that opens on every host at the same moment, and the latencies merged from
+/// the hosts' histograms.
+struct FleetCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "fleet",
+        abstract: "Drive several load hosts (`sockbench serve --agent` on each) against one server at once.",
+        discussion: """
+            Every agent opens its share of the load (fanin-N: N connections per agent, each in closed-loop 64-byte \
+            round trips; rate-R: R messages a second in all, split evenly, one connection per agent) and warms it up; \
+            only when every agent is ready does the measured window open, at the same moment on every host: each \
+            agent is told how long after it reads the order to start (the coordinator allows for the order's way to \
+            it), not a wall-clock time, and each agent's clock offset and its window's measured start are reported. \
+            Each agent sends back its latencies as a histogram; the merged row is the sum of the histograms, never an \
+            average of percentiles. An agent that cannot be reached, or that dies or stops answering mid-run, is named \
+            and left out; the others' results are kept. The server is either started by an agent (--server-agent, \
+            which also reports its CPU and memory over the window) or any echo server (--target).
+            """
+    )
+
+    @Option(help: "The load agents, HOST:PORT,HOST:PORT,... (each running `sockbench serve --agent tcp://HOST:PORT`).")
+    var agents: String
+
+    @Option(help: "An agent that starts the server (and reports its CPU and memory), HOST:PORT.")
+    var serverAgent: String?
+
+    @Option(help: "With --server-agent: the server's backend.")
+    var serverBackend: String = Backend.async.name
+
+    @Option(help: "With --server-agent: the transport (tcp, udp, ws).")
+    var transport: String = "tcp"
+
+    @Option(help: "Instead of --server-agent: any echo server's URL, as the agents reach it (tcp://, udp://, ws://).")
+    var target: String?
+
+    @Option(help: "The load: fanin-N (N connections per agent) or rate-R (R messages a second over all agents).")
+    var load: String = "fanin-64"
+
+    @Option(help: "The agents' client backend.")
+    var backend: String = Backend.async.name
+
+    @Option(help: "Seconds the measured window lasts.")
+    var seconds: Double = 3
+
+    @Option(
+        help: "Seconds an agent may take to answer beyond what its request needs; past that it is named and left out.")
+    var timeout: Double = 15
+
+    @Option(
+        help:
+            "Seconds to keep trying agents that cannot be reached yet (pods still starting); past that they are named and left out."
+    )
+    var waitForAgents: Double = 0
+
+    @Flag(help: "Have the agents send every latency too, and print them in --json (for checking the merge).")
+    var samples = false
+
+    @Flag(help: "Print the result as JSON.")
+    var json = false
+
+    func validate() throws {
+        guard (target == nil) != (serverAgent == nil) else {
+            throw ValidationError("name the server: --server-agent HOST:PORT or --target URL (one of them)")
+        }
+        guard FleetShare.Load(load) != nil else {
+            throw ValidationError("--load: fanin-N (N up to 10000) or rate-R, not \(load)")
+        }
+        guard seconds > 0, seconds <= 600 else { throw ValidationError("--seconds must be above 0 and at most 600") }
+        guard timeout > 0 else { throw ValidationError("--timeout must be above 0") }
+        guard !agents.split(separator: ",").isEmpty else { throw ValidationError("--agents: at least one HOST:PORT") }
+    }
+
+    func run() async throws {
+        var load = FleetShare.Load(load)!
+        let addresses = agents.split(separator: ",").map(String.init)
+        if case .rate(let total) = load {
+            guard total >= addresses.count else { throw fail("--load \(load): fewer messages a second than agents") }
+            load = .rate(perSecond: total / addresses.count)
+        }
+        // The server.
+        var server: (agent: FleetAgent, id: String)?
+        let url: String
+        if let serverAgent {
+            let agent: FleetAgent
+            do {
+                agent = try await FleetAgent.connect(serverAgent, within: timeout, wait: waitForAgents)
+            } catch {
+                throw fail("--server-agent \(serverAgent): \(error)")
+            }
+            let started: String
+            do {
+                started = try await agent.request("start \(serverBackend) \(transport) echo", within: timeout)
+            } catch {
+                throw fail("--server-agent \(serverAgent): \(error)")
+            }
+            let parts = started.split(separator: " ")
+            guard parts.count == 2 else { throw fail("--server-agent \(serverAgent) answered '\(started)'") }
+            server = (agent, String(parts[0]))
+            url = String(parts[1]) + (transport == "ws" ? "/" : "")
+        } else {
+            url = target!
+        }
+        defer { if let server { Task { await server.agent.close() } } }
+
+        let run = FleetRun(
+            load: load, backend: backend, url: url, window: seconds, timeout: timeout, samples: samples,
+            serverBackend: serverAgent == nil ? nil : serverBackend, waitForAgents: waitForAgents)
+        let report = await run.measure(addresses, server: server)
+        if json {
+            try Console.json(report)
+        } else {
+            for line in report.lines() { Console.line(line) }
+        }
+        if report.merged.count == 0 { throw fail("no agent measured anything") }
+    }
+}
+
+/// The result of one fleet run: each agent's row, the merged row, the server's usage.
+struct FleetReport: Codable {
+    struct AgentRow: Codable {
+        var agent: String
+        /// Why the agent is left out (unreachable, refused the load, died or went silent mid-run), or `nil`.
+        var error: String?
+        /// The agent's monotonic clock minus this host's, and the round trip that estimate came from, ns.
+        var clockOffsetNanoseconds: Int64?
+        var clockRoundTripNanoseconds: UInt64?
+        /// When its window opened, against when it was meant to, on this host's clock (offset applied), ns.
+        var startSkewNanoseconds: Int64?
+        var connections: Int?
+        var outcome: FleetShare.Outcome?
+        var latency: LatencySummary?
+        var perSecond: Double?
+    }
+
+    struct Merged: Codable {
+        var agents: Int
+        var count: Int
+        var lost: Int
+        var perSecond: Double
+        var latency: LatencySummary?
+        var histogram: SparseHistogram
+        /// The spread of the agents' window starts (latest minus earliest), on this host's clock, ns.
+        var startSpreadNanoseconds: UInt64?
+    }
+
+    struct Server: Codable {
+        var backend: String
+        var cpuNanoseconds: UInt64
+        var cpuPerMessageNanoseconds: Double?
+        var residentKiB: UInt64?
+        var threads: UInt64
+    }
+
+    var load: String
+    var backend: String
+    var target: String
+    var windowSeconds: Double
+    var agents: [AgentRow]
+    var merged: Merged
+    var server: Server?
+
+    /// The table a person reads.
+    func lines() -> [String] {
+        var out = [
+            "sockbench fleet: \(load) per agent, \(backend) clients, against \(target), a \(fixed(windowSeconds, 1)) s window"
+        ]
+        let header = [
+            "agent", "clock offset us", "start skew us", "conns", "messages", "per second", "p50 us", "p99 us",
+            "p99.9 us", "lost", "failed",
+        ]
+        var rows: [[String]] = []
+        for row in agents {
+            guard let outcome = row.outcome, let latency = row.latency else { continue }
+            rows.append([
+                row.agent,
+                row.clockOffsetNanoseconds.map {
+                    signedMicroseconds($0) + " ±" + microseconds((row.clockRoundTripNanoseconds ?? 0) / 2)
+                } ?? "-",
+                row.startSkewNanoseconds.map(signedMicroseconds) ?? "-",
+                row.connections.map(String.init) ?? "-", String(outcome.count), String(Int(row.perSecond ?? 0)),
+                microseconds(latency.p50), microseconds(latency.p99), microseconds(latency.p999), String(outcome.lost),
+                String(outcome.failedConnections),
+            ])
+        }
+        if let latency = merged.latency {
+            rows.append([
+                "all \(merged.agents) (merged)", "-",
+                merged.startSpreadNanoseconds.map { "spread " + microseconds($0) } ?? "-", "-", String(merged.count),
+                String(Int(merged.perSecond)), microseconds(latency.p50), microseconds(latency.p99),
+                microseconds(latency.p999), String(merged.lost), "-",
+            ])
+        }
+        out += Report.render(header, rows).split(separator: "\n").map(String.init)
+        if let server {
+            out.append(
+                "server (\(server.backend)): \(fixed(Double(server.cpuNanoseconds) / 1e9, 2)) CPU s in the window"
+                    + (server.cpuPerMessageNanoseconds.map { ", \(fixed($0 / 1000, 2)) us CPU a message" } ?? "")
+                    + (server.residentKiB.map { ", resident \(fixed(Double($0) / 1024, 1)) MiB" } ?? "")
+                    + ", \(server.threads) threads")
+        }
+        for row in agents {
+            if let error = row.error { out.append("agent \(row.agent): \(error)") }
+            if let first = row.outcome?.firstError { out.append("agent \(row.agent): a connection failed: \(first)") }
+        }
+        return out
+    }
+
+    private func signedMicroseconds(_ value: Int64) -> String {
+        (value < 0 ? "-" : "+") + microseconds(value.magnitude)
+    }
+}
+
+/// One run: agents connected, clocks read, loads prepared, one window, results merged.
+struct FleetRun {
+    let load: FleetShare.Load
+    let backend: String
+    let url: String
+    let window: Double
+    let timeout: Double
+    let samples: Bool
+    /// The server's backend, when an agent started it.
+    let serverBackend: String?
+    /// Seconds to keep trying an agent that is not reachable yet.
+    let waitForAgents: Double
+
+    private func usage(of server: (agent: FleetAgent, id: String)?) async -> ResourceUsage? {
+        guard let server else { return nil }
+        return try? await server.agent.usage(server.id, within: timeout)
+    }
+
+    func measure(_ addresses: [String], server: (agent: FleetAgent, id: String)?) async -> FleetReport {
+        var rows = addresses.map { FleetReport.AgentRow(agent: $0) }
+        // Connect, estimate each clock, prepare each share: every agent at once.
+        let prepared = await withTaskGroup(of: (Int, Result<(FleetAgent, Int64, UInt64), FleetError>).self) { group in
+            for (index, address) in addresses.enumerated() {
+                group.addTask {
+                    do {
+                        let agent = try await FleetAgent.connect(address, within: timeout, wait: waitForAgents)
+                        do {
+                            let (offset, roundTrip) = try await agent.clockOffset(within: timeout)
+                            // Connections are opened 64 at a time: allow a second per batch as well.
+                            let batches = Double(load.connections / 64 + 1)
+                            _ = try await agent.request(
+                                "load \(load) \(backend) \(url)" + (samples ? " samples" : ""),
+                                within: timeout + batches)
+                            return (index, .success((agent, offset, roundTrip)))
+                        } catch {
+                            await agent.close()
+                            throw error
+                        }
+                    } catch let error as FleetError {
+                        return (index, .failure(error))
+                    } catch {
+                        return (index, .failure(FleetError("\(error)")))
+                    }
+                }
+            }
+            var results: [(Int, Result<(FleetAgent, Int64, UInt64), FleetError>)] = []
+            for await result in group { results.append(result) }
+            return results
+        }
+        var ready: [(index: Int, agent: FleetAgent, offset: Int64, roundTrip: UInt64)] = []
+        for (index, result) in prepared {
+            switch result {
+            case .success(let (agent, offset, roundTrip)):
+                rows[index].clockOffsetNanoseconds = offset
+                rows[index].clockRoundTripNanoseconds = roundTrip
+                rows[index].connections = load.connections
+                ready.append((index, agent, offset, roundTrip))
+            case .failure(let error): rows[index].error = error.message
+            }
+        }
+        let serverBefore = await usage(of: server)
+        // The window opens `lead` from now on this host's clock; each agent is told how long after it reads
+        // its order, less the order's way there (half the clock round trip).
+        let slowest = ready.map(\.roundTrip).max() ?? 0
+        let lead = UInt64(50_000_000) + 4 * slowest
+        let opens = MonotonicClock.nanoseconds() + lead
+        let windowMs = Int(window * 1000)
+        let outcomes = await withTaskGroup(of: (Int, Result<FleetShare.Outcome, FleetError>).self) { group in
+            for entry in ready {
+                group.addTask {
+                    let now = MonotonicClock.nanoseconds()
+                    let delay = opens > now + entry.roundTrip / 2 ? opens - now - entry.roundTrip / 2 : 0
+                    do {
+                        let answer = try await entry.agent.request(
+                            "go \(delay) \(windowMs)", within: Double(lead) / 1e9 + window + timeout)
+                        let outcome = try JSONDecoder().decode(FleetShare.Outcome.self, from: Data(answer.utf8))
+                        return (entry.index, .success(outcome))
+                    } catch let error as FleetError {
+                        return (entry.index, .failure(FleetError("died or went silent mid-run: " + error.message)))
+                    } catch {
+                        return (entry.index, .failure(FleetError("answered what is not a result: \(error)")))
+                    }
+                }
+            }
+            var results: [(Int, Result<FleetShare.Outcome, FleetError>)] = []
+            for await result in group { results.append(result) }
+            return results
+        }
+        let serverAfter = await usage(of: server)
+        for entry in ready { await entry.agent.close() }
+
+        var merged = LatencySummary.makeHistogram()
+        var starts: [Int64] = []
+        var (count, lost, agentsMerged) = (0, 0, 0)
+        for (index, result) in outcomes {
+            switch result {
+            case .success(let outcome):
+                let histogram = outcome.histogram.histogram
+                merged.add(histogram)
+                count += outcome.count
+                lost += outcome.lost
+                agentsMerged += 1
+                rows[index].outcome = outcome
+                rows[index].latency = outcome.count > 0 ? LatencySummary(histogram) : nil
+                rows[index].perSecond = Double(outcome.count) / window
+                if let offset = rows[index].clockOffsetNanoseconds {
+                    let start = Int64(bitPattern: outcome.start) - offset
+                    rows[index].startSkewNanoseconds = start - Int64(bitPattern: opens)
+                    starts.append(start)
+                }
+            case .failure(let error):
+                rows[index].error = error.message
+            }
+        }
+        var report = FleetReport(
+            load: "\(load)", backend: backend, target: url, windowSeconds: window, agents: rows,
+            merged: .init(
+                agents: agentsMerged, count: count, lost: lost, perSecond: Double(count) / window,
+                latency: count > 0 ? LatencySummary(merged) : nil, histogram: SparseHistogram(merged),
+                startSpreadNanoseconds: starts.isEmpty ? nil : UInt64(starts.max()! - starts.min()!)))
+        if server != nil, let before = serverBefore, let after = serverAfter {
+            let cpu = after.cpuNanoseconds &- before.cpuNanoseconds
+            report.server = .init(
+                backend: serverBackend ?? "", cpuNanoseconds: cpu,
+                cpuPerMessageNanoseconds: count > 0 ? Double(cpu) / Double(count) : nil,
+                residentKiB: after.residentKiB, threads: after.threads)
+        }
+        return report
+    }
+
+}
+
+struct FleetError: Error, CustomStringConvertible {
+    let message: String
+    init(_ message: String) { self.message = message }
+    var description: String { message }
+}
+
+/// One agent's control connection, each request with a time limit: past it the connection is closed, which ends
+/// the request waiting on it.
+actor FleetAgent {
+    private let channel: LineChannel
+    nonisolated let address: String
+    private nonisolated let connection: any Connection
+
+    private init(_ connection: any Connection, address: String) {
+        channel = LineChannel(connection)
+        self.connection = connection
+        self.address = address
+    }
+
+    /// Connects to `address`, each attempt within `seconds`; an agent that is not there yet (a pod still
+    /// starting) is tried again every half second for `wait` seconds.
+    static func connect(_ address: String, within seconds: Double, wait: Double = 0) async throws -> FleetAgent {
+        let until = MonotonicClock.nanoseconds() + UInt64(max(0, wait) * 1e9)
+        while true {
+            do {
+                return try await attempt(address, within: seconds)
+            } catch {
+                guard MonotonicClock.nanoseconds() < until else { throw error }
+                try await Task.sleep(for: .milliseconds(500))
+            }
+        }
+    }
+
+    private static func attempt(_ address: String, within seconds: Double) async throws -> FleetAgent {
+        let endpoint: Endpoint
+        do {
+            endpoint = try Endpoint(url: address.contains("://") ? address : "tcp://\(address)")
+        } catch {
+            throw FleetError("not an address: \(error)")
+        }
+        let attempt = Task { () throws(ConnectionError) -> any Connection in
+            try await Backend.async.connect(to: endpoint)
+        }
+        let limit = Task {
+            try await Task.sleep(for: .seconds(seconds))
+            attempt.cancel()
+        }
+        defer { limit.cancel() }
+        do {
+            return FleetAgent(try await attempt.value, address: address)
+        } catch {
+            throw FleetError("unreachable: \(error)")
+        }
+    }
+
+    /// One request, one answer (what follows `ok `); `error ...`, a closed connection or no answer within
+    /// `seconds` throw.
+    func request(_ line: String, within seconds: Double) async throws -> String {
+        let connection = connection
+        let until = MonotonicClock.nanoseconds() + UInt64(seconds * 1e9)
+        let limit = Task {
+            try await Task.sleep(for: .seconds(seconds))
+            await connection.close()
+        }
+        defer { limit.cancel() }
+        let answer: String?
+        do {
+            try await channel.send(line)
+            answer = try await channel.readLine()
+        } catch {
+            let verb = line.split(separator: " ").first ?? ""
+            throw FleetError(
+                MonotonicClock.nanoseconds() >= until
+                    ? "no answer to `\(verb)` within \(fixed(seconds, 1)) s" : "\(error)")
+        }
+        guard let answer else {
+            throw FleetError("the control connection closed during `\(line.split(separator: " ").first ?? "")`")
+        }
+        guard answer.hasPrefix("ok") else { throw FleetError("refused `\(line)`: \(answer)") }
+        return String(answer.dropFirst(3))
+    }
+
+    /// The agent's monotonic clock minus ours, from the exchange of nine with the shortest round trip (NTP's
+    /// way: the agent read its clock halfway through the round trip, give or take half of it).
+    func clockOffset(within seconds: Double) async throws -> (offset: Int64, roundTrip: UInt64) {
+        var best: (offset: Int64, roundTrip: UInt64)?
+        for _ in 0..<9 {
+            let sent = MonotonicClock.nanoseconds()
+            let answer = try await request("clock", within: seconds)
+            let back = MonotonicClock.nanoseconds()
+            guard let theirs = UInt64(answer) else { throw FleetError("answered `clock` with '\(answer)'") }
+            let roundTrip = back - sent
+            let offset = Int64(bitPattern: theirs) - Int64(bitPattern: sent + roundTrip / 2)
+            if best == nil || roundTrip < best!.roundTrip { best = (offset, roundTrip) }
+        }
+        return best!
+    }
+
+    func usage(_ id: String, within seconds: Double) async throws -> ResourceUsage {
+        try JSONDecoder().decode(ResourceUsage.self, from: Data(try await request("usage \(id)", within: seconds).utf8))
+    }
+
+    func close() async { await connection.close() }
+}
