@@ -29,8 +29,13 @@ struct FleetTests {
         return started
     }
 
+    /// The `--json` output, checked against docs/schemas/fleet.schema.json.
     private static func report(_ output: String) throws -> [String: Any] {
-        try #require(
+        let value = try JSONSerialization.jsonObject(with: Data(output.utf8))
+        var validator = SchemaValidator(directory: JSONSchemaTests.schemas)
+        let problems = try validator.validate(value, against: "fleet.schema.json")
+        #expect(problems.isEmpty, "fleet.schema.json: \(problems.joined(separator: "; "))")
+        return try #require(
             try JSONSerialization.jsonObject(with: Data(output.utf8)) as? [String: Any], "not JSON: \(output)")
     }
 
