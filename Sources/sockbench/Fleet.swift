@@ -2,6 +2,7 @@ import ArgumentParser
 import BenchmarkDriver
 import Foundation
 import Histogram
+import Lessons
 import POSIXSupport
 import SocketStyles
 
@@ -26,7 +27,13 @@ struct FleetCommand: AsyncParsableCommand {
     )
 
     @Option(help: "The load agents, HOST:PORT,HOST:PORT,... (each running `sockbench serve --agent tcp://HOST:PORT`).")
-    var agents: String
+    var agents: String?
+
+    @Option(
+        help:
+            "Instead of --agents and --server-agent (root): make N load hosts and a server host as network namespaces on one bridge, an agent in each, run there, and remove them."
+    )
+    var lab: Int?
 
     @Option(help: "An agent that starts the server (and reports its CPU and memory), HOST:PORT.")
     var serverAgent: String?
@@ -66,20 +73,31 @@ struct FleetCommand: AsyncParsableCommand {
     var json = false
 
     func validate() throws {
-        guard (target == nil) != (serverAgent == nil) else {
-            throw ValidationError("name the server: --server-agent HOST:PORT or --target URL (one of them)")
+        if let lab {
+            guard agents == nil, serverAgent == nil, target == nil else {
+                throw ValidationError(
+                    "--lab makes its own agents and server: not with --agents, --server-agent or --target")
+            }
+            guard (1...50).contains(lab) else { throw ValidationError("--lab: 1 to 50 load hosts") }
+        } else {
+            guard (target == nil) != (serverAgent == nil) else {
+                throw ValidationError("name the server: --server-agent HOST:PORT or --target URL (one of them)")
+            }
+            guard let agents, !agents.split(separator: ",").isEmpty else {
+                throw ValidationError("--agents: at least one HOST:PORT (or --lab N)")
+            }
         }
         guard FleetShare.Load(load) != nil else {
             throw ValidationError("--load: fanin-N (N up to 10000) or rate-R, not \(load)")
         }
         guard seconds > 0, seconds <= 600 else { throw ValidationError("--seconds must be above 0 and at most 600") }
         guard timeout > 0 else { throw ValidationError("--timeout must be above 0") }
-        guard !agents.split(separator: ",").isEmpty else { throw ValidationError("--agents: at least one HOST:PORT") }
     }
 
     func run() async throws {
+        if let lab { return try await runInLab(hosts: lab) }
         var load = FleetShare.Load(load)!
-        let addresses = agents.split(separator: ",").map(String.init)
+        let addresses = (agents ?? "").split(separator: ",").map(String.init)
         if case .rate(let total) = load {
             guard total >= addresses.count else { throw fail("--load \(load): fewer messages a second than agents") }
             load = .rate(perSecond: total / addresses.count)
@@ -119,6 +137,44 @@ struct FleetCommand: AsyncParsableCommand {
             for line in report.lines() { Console.line(line) }
         }
         if report.merged.count == 0 { throw fail("no agent measured anything") }
+    }
+}
+
+extension FleetCommand {
+    /// `--lab N`: N + 1 namespaces on a bridge (``NetworkLab/init(bridgedHosts:)``), an agent in each, and this
+    /// command again in the server's namespace with their addresses; its output is passed on as it is.
+    func runInLab(hosts: Int) async throws {
+        if let reason = NetworkLab.unavailableReason() { throw fail("--lab: \(reason)") }
+        let network: NetworkLab
+        do {
+            network = try NetworkLab(bridgedHosts: hosts + 1)
+        } catch {
+            throw fail("--lab: \(error)")
+        }
+        defer { network.remove() }
+        var started: [ChildProcess] = []
+        defer { for agent in started { NetworkLab.stop(agent) } }
+        var addresses: [String] = []
+        for host in network.hosts {
+            let agent = try network.start(
+                in: host.namespace, ["serve", "--agent", "tcp://\(host.address):0", "--exit-on-stdin-eof"])
+            started.append(agent)
+            let line = agent.readLine()
+            guard line.hasPrefix("listening on tcp://") else { throw fail("--lab: an agent said '\(line)'") }
+            addresses.append(String(line.dropFirst("listening on tcp://".count)))
+        }
+        var arguments = [
+            "fleet", "--agents", addresses.dropFirst().joined(separator: ","), "--server-agent", addresses[0],
+            "--server-backend", serverBackend, "--transport", transport, "--load", load, "--backend", backend,
+            "--seconds", "\(seconds)", "--timeout", "\(timeout)",
+        ]
+        if samples { arguments.append("--samples") }
+        if json { arguments.append("--json") }
+        let coordinator = try network.start(in: network.serverNamespace, arguments)
+        let output = coordinator.readToEnd()
+        let status = try coordinator.wait()
+        if !output.isEmpty { Console.line(String(output.dropLast(output.hasSuffix("\n") ? 1 : 0))) }
+        if status != 0 { throw ExitCode(status) }
     }
 }
 
@@ -202,7 +258,7 @@ struct FleetReport: Codable {
             out.append(
                 "server (\(server.backend)): \(fixed(Double(server.cpuNanoseconds) / 1e9, 2)) CPU s in the window"
                     + (server.cpuPerMessageNanoseconds.map { ", \(fixed($0 / 1000, 2)) us CPU a message" } ?? "")
-                    + (server.residentKiB.map { ", resident \(fixed(Double($0) / 1024, 1)) MiB" } ?? "")
+                    + (server.residentKiB.map { "; halfway through: resident \(fixed(Double($0) / 1024, 1)) MiB" } ?? "")
                     + ", \(server.threads) threads")
         }
         for row in agents {
@@ -284,6 +340,13 @@ struct FleetRun {
         let lead = UInt64(50_000_000) + 4 * slowest
         let opens = MonotonicClock.nanoseconds() + lead
         let windowMs = Int(window * 1000)
+        // The server's threads and memory are read halfway through the window, with every connection busy.
+        let halfway = Task { () -> ResourceUsage? in
+            let at = opens + UInt64(window * 0.5e9)
+            let now = MonotonicClock.nanoseconds()
+            if at > now { try? await Task.sleep(for: .nanoseconds(at - now)) }
+            return await usage(of: server)
+        }
         let outcomes = await withTaskGroup(of: (Int, Result<FleetShare.Outcome, FleetError>).self) { group in
             for entry in ready {
                 group.addTask {
@@ -306,6 +369,7 @@ struct FleetRun {
             return results
         }
         let serverAfter = await usage(of: server)
+        let serverDuring = await halfway.value
         for entry in ready { await entry.agent.close() }
 
         var merged = LatencySummary.makeHistogram()
@@ -342,7 +406,7 @@ struct FleetRun {
             report.server = .init(
                 backend: serverBackend ?? "", cpuNanoseconds: cpu,
                 cpuPerMessageNanoseconds: count > 0 ? Double(cpu) / Double(count) : nil,
-                residentKiB: after.residentKiB, threads: after.threads)
+                residentKiB: serverDuring?.residentKiB, threads: serverDuring?.threads ?? 0)
         }
         return report
     }
