@@ -1,6 +1,7 @@
 public import ConnectionCore
 public import Histogram
 import POSIXSupport
+import Synchronization
 
 /// One load host's part of a load spread over several (`sockbench fleet`, run by `sockbench serve --agent`): its
 /// connections opened and warmed first (``prepare(_:connect:warmup:)``), then, at the moment the coordinator
@@ -14,9 +15,17 @@ public struct FleetShare: Sendable {
         /// 64-byte messages on one connection, `perSecond` of them a second on a schedule (open loop; latency from
         /// the time each was meant to go).
         case rate(perSecond: Int)
+        /// A ``Workload`` (its connections each at its rate, for its seconds: the window is the workload's own).
+        case workload(Workload)
 
-        /// `fanin-N` or `rate-PERSECOND`.
+        /// `fanin-N`, `rate-PERSECOND` or `workload-NxRATE/s-SIZEB-SECONDSs`.
         public init?(_ text: String) {
+            if text.hasPrefix("workload-") {
+                guard let workload = try? Workload(name: String(text.dropFirst("workload-".count))).validated()
+                else { return nil }
+                self = .workload(workload)
+                return
+            }
             let parts = text.split(separator: "-", maxSplits: 1)
             guard parts.count == 2, let number = Int(parts[1]), number >= 1 else { return nil }
             switch parts[0] {
@@ -30,18 +39,33 @@ public struct FleetShare: Sendable {
             switch self {
             case .fanin(let connections): "fanin-\(connections)"
             case .rate(let perSecond): "rate-\(perSecond)"
+            case .workload(let workload): "\(workload)"
             }
         }
 
         /// The connections an agent opens for it.
         public var connections: Int {
-            if case .fanin(let connections) = self { return connections }
-            return 1
+            switch self {
+            case .fanin(let connections): connections
+            case .rate: 1
+            case .workload(let workload): workload.connections + (workload.bulk ?? 0)
+            }
+        }
+
+        /// The window a workload sets itself (its seconds), else `nil` (the coordinator's).
+        public var window: Duration? {
+            if case .workload(let workload) = self { return .nanoseconds(Int64(workload.seconds * 1e9)) }
+            return nil
         }
     }
 
     public let load: Load
     private let clients: [any Connection]
+    /// A workload runs as one piece (``WorkloadRunner`` opens its connections itself): it waits at the start of
+    /// its window until ``run(window:keepsSamples:)`` opens `go`, and hands its times to `times`.
+    private let running: Task<ConnectionError?, Never>?
+    private let go: Latch?
+    private let times: KeptTimes?
 
     /// Opens the load's connections with `connect` and makes `warmup` round trips on each (at least one: the
     /// server has accepted and set up every connection before the window). On failure every connection opened is
@@ -50,6 +74,7 @@ public struct FleetShare: Sendable {
         _ load: Load, warmup: Int = 20,
         connect: @escaping @Sendable () async throws(ConnectionError) -> any Connection
     ) async throws(ConnectionError) -> FleetShare {
+        if case .workload(let workload) = load { return try await prepare(workload, connect: connect) }
         let warm = {
             var runner = PingRunner(size: 64, count: max(1, warmup), warmup: 0, timeout: .seconds(10))
             runner.keepsHistogram = false
@@ -59,7 +84,35 @@ public struct FleetShare: Sendable {
             connection async throws(ConnectionError) in
             _ = try await warm.measure(on: connection)
         }
-        return FleetShare(load: load, clients: clients)
+        return FleetShare(load: load, clients: clients, running: nil, go: nil, times: nil)
+    }
+
+    /// A workload's runner started and held at the start of its window, every connection open and answered once.
+    private static func prepare(
+        _ workload: Workload, connect: @escaping @Sendable () async throws(ConnectionError) -> any Connection
+    ) async throws(ConnectionError) -> FleetShare {
+        let (ready, go, times, early) = (Latch(), Latch(), KeptTimes(), KeptTimes())
+        var runner = WorkloadRunner(workload, warmup: .zero, pacing: .sleep)
+        runner.onTimes = { kept in times.times.withLock { $0 = kept } }
+        let configured = runner
+        let running = Task { () -> ConnectionError? in
+            do throws(ConnectionError) {
+                _ = try await configured.run(
+                    startWindow: {
+                        ready.open()
+                        await go.wait()
+                    }, connect: connect)
+                return nil
+            } catch {
+                // Failed before its window (a connection refused): `ready` is opened to say so.
+                if !go.isOpen { early.error.withLock { $0 = error } }
+                ready.open()
+                return error
+            }
+        }
+        await ready.wait()
+        if let error = early.error.withLock({ $0 }) { throw error }
+        return FleetShare(load: .workload(workload), clients: [], running: running, go: go, times: times)
     }
 
     /// What one host measured in its window.
@@ -117,6 +170,20 @@ public struct FleetShare: Sendable {
                 case .failure(let error): failures.append(error)
                 }
             }
+        case .workload:
+            go?.open()
+            if let failure = await running?.value { failures.append(failure) }
+            if let kept = times?.times.withLock({ $0 }) {
+                for index in kept.intended.indices where kept.actual[index] != 0 {
+                    guard kept.received[index] != 0 else {
+                        lost += 1
+                        continue
+                    }
+                    let latency = max(1, kept.received[index] &- kept.intended[index])
+                    _ = histogram.record(latency)
+                    if keepsSamples { samples.append(latency) }
+                }
+            }
         case .rate(let perSecond):
             let runner = RateRunner(perSecond: perSecond, duration: window, warmup: .zero, pacing: .sleep)
             do throws(ConnectionError) {
@@ -140,9 +207,47 @@ public struct FleetShare: Sendable {
             histogram: SparseHistogram(histogram), samples: keepsSamples ? samples : nil)
     }
 
-    /// Closes every connection.
+    /// Closes every connection (a workload not run is let go: its runner closes its own).
     public func close() async {
         for client in clients { await client.close() }
+        if let running, let go, !go.isOpen {
+            running.cancel()
+            go.open()
+            _ = await running.value
+        }
+    }
+}
+
+/// What a workload's runner hands over from its task: its times, or the error that ended it before its window.
+final class KeptTimes: Sendable {
+    let times = Mutex<RateRunner.Times?>(nil)
+    let error = Mutex<ConnectionError?>(nil)
+}
+
+/// Opens once; waiters before and after go on.
+final class Latch: Sendable {
+    private let state = Mutex<(open: Bool, waiters: [CheckedContinuation<Void, Never>])>((false, []))
+
+    func open() {
+        let waiters = state.withLock { state -> [CheckedContinuation<Void, Never>] in
+            state.open = true
+            defer { state.waiters = [] }
+            return state.waiters
+        }
+        for waiter in waiters { waiter.resume() }
+    }
+
+    var isOpen: Bool { state.withLock { $0.open } }
+
+    func wait() async {
+        await withCheckedContinuation { continuation in
+            let now = state.withLock { state -> Bool in
+                if state.open { return true }
+                state.waiters.append(continuation)
+                return false
+            }
+            if now { continuation.resume() }
+        }
     }
 }
 

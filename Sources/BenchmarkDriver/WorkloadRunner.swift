@@ -12,6 +12,9 @@ public struct WorkloadRunner: Sendable {
     public var workload: Workload
     public var warmup: Duration
     public var pacing: Pacing
+    /// Handed every message's times once the window is over (and before a failure is thrown), for a caller that
+    /// keeps the latencies themselves: a load host of `sockbench fleet` sends them on as a histogram.
+    public var onTimes: (@Sendable (RateRunner.Times) -> Void)?
 
     public init(_ workload: Workload, warmup: Duration = .milliseconds(250), pacing: Pacing = .spin) {
         self.workload = workload
@@ -192,6 +195,8 @@ public struct WorkloadRunner: Sendable {
         bulkTasks.cancel()
         await bulkTasks.value
         for client in clients { await client.close() }
+        onTimes?(
+            RateRunner.Times(intended: intended, actual: actual, received: received, pacingCPUNanoseconds: pacerCPU))
         if let failure { throw failure }
         var measurement = schedule.result(intended: intended, actual: actual, received: received)
         measurement.pacingCPUNanoseconds = pacerCPU

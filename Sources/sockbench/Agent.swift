@@ -40,7 +40,7 @@ final class LineChannel {
 /// | `usage ID` | `ok JSON` (the server process's CPU, context switches, memory) |
 /// | `ca [HOST]` | `ok BASE64` (the PEM of the throwaway CA that signed the tls/wss servers' certificate, which names the agent's address and HOST, the address the client reaches it at; ask before starting tls/wss servers) |
 /// | `clock` | `ok NANOSECONDS` (this host's monotonic clock: `sockbench fleet` estimates its offset) |
-/// | `load fanin-N\|rate-R BACKEND URL [samples]` | `ok ready N` once N connections of BACKEND to the echo server at URL are open and warm (``FleetShare``) |
+/// | `load fanin-N\|rate-R\|workload-... BACKEND URL [samples]` | `ok ready N` once N connections of BACKEND to the echo server at URL are open and warm (``FleetShare``) |
 /// | `go DELAY_NS WINDOW_MS` | `ok JSON` (``FleetShare/Outcome``) after a window of WINDOW_MS that opened DELAY_NS after the request came; the load's connections are then closed |
 ///
 /// Anything else, or a failure, is answered `error MESSAGE` and the session goes on. Every server of a
@@ -190,7 +190,9 @@ struct Agent {
     /// `load LOAD BACKEND URL [samples]`: the connections of this host's share, open and warm.
     private static func prepare(_ words: [String]) async throws(ConnectionError) -> FleetShare {
         guard let load = FleetShare.Load(words[1]) else {
-            throw ConnectionError(.unsupported, "unknown load \(words[1]) (fanin-N up to 10000, rate-PERSECOND)")
+            throw ConnectionError(
+                .unsupported,
+                "unknown load \(words[1]) (fanin-N up to 10000, rate-PERSECOND, workload-NxRATE/s-SIZEB-SECONDSs)")
         }
         let backend = try Backend(name: words[2])
         let endpoint = try Endpoint(url: words[3])

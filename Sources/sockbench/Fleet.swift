@@ -15,7 +15,8 @@ struct FleetCommand: AsyncParsableCommand {
         abstract: "Drive several load hosts (`sockbench serve --agent` on each) against one server at once.",
         discussion: """
             Every agent opens its share of the load (fanin-N: N connections per agent, each in closed-loop 64-byte \
-            round trips; rate-R: R messages a second in all, split evenly, one connection per agent) and warms it up; \
+            round trips; rate-R: R messages a second in all, split evenly, one connection per agent; a workload, as \
+            compare's, on every agent) and warms it up; \
             only when every agent is ready does the measured window open, at the same moment on every host: each \
             agent is told how long after it reads the order to start (the coordinator allows for the order's way to \
             it), not a wall-clock time, and each agent's clock offset and its window's measured start are reported. \
@@ -47,7 +48,10 @@ struct FleetCommand: AsyncParsableCommand {
     @Option(help: "Instead of --server-agent: any echo server's URL, as the agents reach it (tcp://, udp://, ws://).")
     var target: String?
 
-    @Option(help: "The load: fanin-N (N connections per agent) or rate-R (R messages a second over all agents).")
+    @Option(
+        help:
+            "The load: fanin-N (N connections per agent), rate-R (R messages a second over all agents) or workload-NxRATE/s-SIZEB-SECONDSs (per agent; its window is its SECONDS)."
+    )
     var load: String = "fanin-64"
 
     @Option(help: "The agents' client backend.")
@@ -88,7 +92,8 @@ struct FleetCommand: AsyncParsableCommand {
             }
         }
         guard FleetShare.Load(load) != nil else {
-            throw ValidationError("--load: fanin-N (N up to 10000) or rate-R, not \(load)")
+            throw ValidationError(
+                "--load: fanin-N (N up to 10000), rate-R or workload-NxRATE/s-SIZEB-SECONDSs, not \(load)")
         }
         guard seconds > 0, seconds <= 600 else { throw ValidationError("--seconds must be above 0 and at most 600") }
         guard timeout > 0 else { throw ValidationError("--timeout must be above 0") }
@@ -128,7 +133,9 @@ struct FleetCommand: AsyncParsableCommand {
         defer { if let server { Task { await server.agent.close() } } }
 
         let run = FleetRun(
-            load: load, backend: backend, url: url, window: seconds, timeout: timeout, samples: samples,
+            load: load, backend: backend, url: url,
+            window: load.window.map { Double($0.wholeNanoseconds) / 1e9 } ?? seconds, timeout: timeout,
+            samples: samples,
             serverBackend: serverAgent == nil ? nil : serverBackend, waitForAgents: waitForAgents)
         let report = await run.measure(addresses, server: server)
         if json {
