@@ -141,6 +141,13 @@ public struct FleetShare: Sendable {
         var samples: [UInt64] = []
         var lost = 0
         var failures: [ConnectionError] = []
+        // An open-loop run's messages, from when each was meant to go.
+        func record(_ times: RateRunner.Times) {
+            let (latencies, never) = times.latenciesFromIntended()
+            for latency in latencies { _ = histogram.record(latency) }
+            if keepsSamples { samples += latencies }
+            lost += never
+        }
         switch load {
         case .fanin:
             // A connection makes at most 100,000 round trips a second (a loopback round trip takes 10 us or more).
@@ -149,19 +156,7 @@ public struct FleetShare: Sendable {
             runner.duration = window
             runner.keepsSamples = true
             runner.keepsHistogram = false
-            let configured = runner
-            let results = await withTaskGroup(of: Result<PingRunner.Samples, ConnectionError>.self) { group in
-                for client in clients {
-                    group.addTask {
-                        do throws(ConnectionError) { return .success(try await configured.measure(on: client)) } catch {
-                            return .failure(error)
-                        }
-                    }
-                }
-                var results: [Result<PingRunner.Samples, ConnectionError>] = []
-                for await result in group { results.append(result) }
-                return results
-            }
+            let results = await FaninRunner.everyClient(clients, runner)
             for result in results {
                 switch result {
                 case .success(let run):
@@ -173,30 +168,11 @@ public struct FleetShare: Sendable {
         case .workload:
             go?.open()
             if let failure = await running?.value { failures.append(failure) }
-            if let kept = times?.times.withLock({ $0 }) {
-                for index in kept.intended.indices where kept.actual[index] != 0 {
-                    guard kept.received[index] != 0 else {
-                        lost += 1
-                        continue
-                    }
-                    let latency = max(1, kept.received[index] &- kept.intended[index])
-                    _ = histogram.record(latency)
-                    if keepsSamples { samples.append(latency) }
-                }
-            }
+            if let kept = times?.times.withLock({ $0 }) { record(kept) }
         case .rate(let perSecond):
             let runner = RateRunner(perSecond: perSecond, duration: window, warmup: .zero, pacing: .sleep)
             do throws(ConnectionError) {
-                let times = try await runner.sendTimes(on: clients[0])
-                for index in times.intended.indices where times.actual[index] != 0 {
-                    guard times.received[index] != 0 else {
-                        lost += 1
-                        continue
-                    }
-                    let latency = max(1, times.received[index] &- times.intended[index])
-                    _ = histogram.record(latency)
-                    if keepsSamples { samples.append(latency) }
-                }
+                record(try await runner.sendTimes(on: clients[0]))
             } catch {
                 failures.append(error)
             }

@@ -45,6 +45,21 @@ public struct RateRunner: Sendable {
         public var actual: [UInt64]
         public var received: [UInt64]
         public var pacingCPUNanoseconds: UInt64
+
+        /// Each echoed message's latency from when it was meant to go (in send order), and how many sent messages
+        /// never came back.
+        public func latenciesFromIntended() -> (latencies: [UInt64], lost: Int) {
+            var latencies: [UInt64] = []
+            var lost = 0
+            for index in intended.indices where actual[index] != 0 {
+                guard received[index] != 0 else {
+                    lost += 1
+                    continue
+                }
+                latencies.append(max(1, received[index] &- intended[index]))
+            }
+            return (latencies, lost)
+        }
     }
 
     /// The schedule run on `connection`: every message's times.
@@ -297,7 +312,7 @@ public struct FaninRunner: Sendable {
     }
 
     /// `runner`'s round trips on every client at once, a task each.
-    private static func everyClient(
+    static func everyClient(
         _ clients: [any Connection], _ runner: PingRunner
     ) async -> [Result<PingRunner.Samples, ConnectionError>] {
         await withTaskGroup(of: Result<PingRunner.Samples, ConnectionError>.self) { group in

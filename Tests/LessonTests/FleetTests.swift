@@ -52,7 +52,10 @@ struct FleetTests {
             defer { for (agent, _) in agents { NetworkLab.stop(agent) } }
             let clients = agents.dropFirst().map(\.1).joined(separator: ",")
             var runs = Backend.allCases.map { ($0.name, "tcp", "fanin-8") }
-            runs += [("async", "ws", "fanin-8"), ("bsd", "udp", "fanin-4"), ("uv", "tcp", "rate-3000"), ("runloop", "tcp", "workload-10x100/s-64B-1s")]
+            runs += [
+                ("async", "ws", "fanin-8"), ("bsd", "udp", "fanin-4"), ("uv", "tcp", "rate-3000"),
+                ("runloop", "tcp", "workload-10x100/s-64B-1s"),
+            ]
             for (server, transport, load) in runs {
                 let output = try await blocking {
                     try lab.runToEnd(
