@@ -207,13 +207,14 @@ public struct BroadcastReceipts: Sendable {
     }
 
     /// The receipts of one client, read until the connection ends or `until` returns `true` after a message.
+    /// `clockOffset`: this host's monotonic clock minus the asker's (0 on one host), taken off every arrival.
     public static func receive(
-        on connection: any Connection, until done: @Sendable (UInt64) -> Bool
+        on connection: any Connection, clockOffset: Int64 = 0, until done: @Sendable (UInt64) -> Bool
     ) async -> BroadcastReceipts {
         var receipts = BroadcastReceipts()
         do {
             while let bytes = try await Broadcast.receive(on: connection) {
-                let now = MonotonicClock.nanoseconds()
+                let now = UInt64(bitPattern: Int64(bitPattern: MonotonicClock.nanoseconds()) &- clockOffset)
                 guard let header = Broadcast.decode(bytes), header.kind == .message else { continue }
                 receipts.record(header, at: now)
                 if done(header.sequence) { break }

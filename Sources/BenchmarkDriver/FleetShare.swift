@@ -17,9 +17,19 @@ public struct FleetShare: Sendable {
         case rate(perSecond: Int)
         /// A ``Workload`` (its connections each at its rate, for its seconds: the window is the workload's own).
         case workload(Workload)
+        /// Clients of a broadcast server (`serve --broadcast`), each having said hello: they only receive; the
+        /// coordinator asks for the broadcasts and the window is the load's seconds (``BroadcastLoad``).
+        case broadcast(BroadcastLoad)
 
         /// `fanin-N`, `rate-PERSECOND` or `workload-NxRATE/s-SIZEB-SECONDSs`.
         public init?(_ text: String) {
+            if text.hasPrefix("broadcast-") {
+                guard let load = try? BroadcastLoad(name: String(text.dropFirst("broadcast-".count))),
+                    load.clients <= 10_000
+                else { return nil }
+                self = .broadcast(load)
+                return
+            }
             if text.hasPrefix("workload-") {
                 guard let workload = try? Workload(name: String(text.dropFirst("workload-".count))).validated()
                 else { return nil }
@@ -40,6 +50,7 @@ public struct FleetShare: Sendable {
             case .fanin(let connections): "fanin-\(connections)"
             case .rate(let perSecond): "rate-\(perSecond)"
             case .workload(let workload): "\(workload)"
+            case .broadcast(let load): "\(load)"
             }
         }
 
@@ -49,13 +60,17 @@ public struct FleetShare: Sendable {
             case .fanin(let connections): connections
             case .rate: 1
             case .workload(let workload): workload.connections + (workload.bulk ?? 0)
+            case .broadcast(let load): load.clients
             }
         }
 
         /// The window a workload sets itself (its seconds), else `nil` (the coordinator's).
         public var window: Duration? {
-            if case .workload(let workload) = self { return .nanoseconds(Int64(workload.seconds * 1e9)) }
-            return nil
+            switch self {
+            case .workload(let workload): .nanoseconds(Int64(workload.seconds * 1e9))
+            case .broadcast(let load): load.seconds.map { .nanoseconds(Int64($0 * 1e9)) }
+            default: nil
+            }
         }
     }
 
@@ -80,9 +95,15 @@ public struct FleetShare: Sendable {
             runner.keepsHistogram = false
             return runner
         }()
+        let broadcast: Bool
+        if case .broadcast = load { broadcast = true } else { broadcast = false }
         let clients = try await ConnectionBatch.open(load.connections, connect: connect) {
             connection async throws(ConnectionError) in
-            _ = try await warm.measure(on: connection)
+            if broadcast {
+                try await BroadcastReceipts.hello(on: connection)
+            } else {
+                _ = try await warm.measure(on: connection)
+            }
         }
         return FleetShare(load: load, clients: clients, running: nil, go: nil, times: nil)
     }
@@ -131,6 +152,9 @@ public struct FleetShare: Sendable {
         public var histogram: SparseHistogram
         /// The latencies one by one (only when asked for: a test checks the merge against them).
         public var samples: [UInt64]?
+        /// A broadcast load's receipts: per message the first and last arrival and how many clients got it, on the
+        /// coordinator's clock (the agent's clock offset taken off).
+        public var broadcast: BroadcastClientReport?
     }
 
     /// One window of `window` on every connection at once, starting now. A connection that fails is counted and
@@ -169,6 +193,8 @@ public struct FleetShare: Sendable {
             go?.open()
             if let failure = await running?.value { failures.append(failure) }
             if let kept = times?.times.withLock({ $0 }) { record(kept) }
+        case .broadcast:
+            failures.append(ConnectionError(.unsupported, "a broadcast load runs with receiveBroadcasts"))
         case .rate(let perSecond):
             let runner = RateRunner(perSecond: perSecond, duration: window, warmup: .zero, pacing: .sleep)
             do throws(ConnectionError) {
@@ -181,6 +207,45 @@ public struct FleetShare: Sendable {
             start: start, end: MonotonicClock.nanoseconds(), count: Int(histogram.totalCount), lost: lost,
             failedConnections: failures.count, firstError: failures.first.map { "\($0)" },
             histogram: SparseHistogram(histogram), samples: keepsSamples ? samples : nil)
+    }
+
+    /// A broadcast load's window: every client receives until it has had message `messages - 1`, or until
+    /// `deadline` (then every connection is closed); latencies from each request's send time, with this host's
+    /// clock turned into the coordinator's (`clockOffset`, this clock minus that one, taken off every arrival).
+    public func receiveBroadcasts(
+        messages: Int, warmup: Int, clockOffset: Int64, deadline: Duration, keepsSamples: Bool
+    ) async -> Outcome {
+        let start = MonotonicClock.nanoseconds()
+        let last = UInt64(max(1, messages) - 1)
+        let all = clients
+        let stop = Task {
+            guard (try? await Task.sleep(for: deadline)) != nil else { return }
+            for client in all { await client.close() }
+        }
+        let receipts = await withTaskGroup(of: BroadcastReceipts.self) { group in
+            for client in all {
+                group.addTask(executorPreference: client.preferredExecutor) {
+                    await BroadcastReceipts.receive(on: client, clockOffset: clockOffset) { $0 >= last }
+                }
+            }
+            var collected: [BroadcastReceipts] = []
+            for await receipts in group { collected.append(receipts) }
+            return collected
+        }
+        stop.cancel()
+        let report = BroadcastClientReport(receipts, warmup: UInt64(warmup), cpuNanoseconds: 0)
+        var samples: [UInt64] = []
+        if keepsSamples {
+            for client in receipts {
+                for (index, sequence) in client.sequences.enumerated() where sequence >= UInt64(warmup) {
+                    samples.append(max(1, client.latencies[index]))
+                }
+            }
+        }
+        return Outcome(
+            start: start, end: MonotonicClock.nanoseconds(), count: Int(report.histogram.totalCount), lost: 0,
+            failedConnections: 0, firstError: nil, histogram: SparseHistogram(report.histogram),
+            samples: keepsSamples ? samples : nil, broadcast: report)
     }
 
     /// Closes every connection (a workload not run is let go: its runner closes its own).

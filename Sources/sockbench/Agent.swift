@@ -36,12 +36,12 @@ final class LineChannel {
 ///
 /// | request | answer |
 /// |---|---|
-/// | `start BACKEND TRANSPORT echo|sink|native` (BACKEND may be `c-floor`) | `ok ID URL` |
+/// | `start BACKEND TRANSPORT echo|sink|native|broadcast` (BACKEND may be `c-floor`) | `ok ID URL` |
 /// | `usage ID` | `ok JSON` (the server process's CPU, context switches, memory) |
 /// | `ca [HOST]` | `ok BASE64` (the PEM of the throwaway CA that signed the tls/wss servers' certificate, which names the agent's address and HOST, the address the client reaches it at; ask before starting tls/wss servers) |
 /// | `clock` | `ok NANOSECONDS` (this host's monotonic clock: `sockbench fleet` estimates its offset) |
 /// | `load fanin-N\|rate-R\|workload-... BACKEND URL [samples]` | `ok ready N` once N connections of BACKEND to the echo server at URL are open and warm (``FleetShare``) |
-/// | `go DELAY_NS WINDOW_MS` | `ok JSON` (``FleetShare/Outcome``) after a window of WINDOW_MS that opened DELAY_NS after the request came; the load's connections are then closed |
+/// | `go DELAY_NS WINDOW_MS [MESSAGES WARMUP OFFSET_NS]` | `ok JSON` (``FleetShare/Outcome``) after a window of WINDOW_MS that opened DELAY_NS after the request came (a broadcast load: once every client has had message MESSAGES - 1, arrivals taken OFFSET_NS back to the asker's clock); the load's connections are then closed |
 ///
 /// Anything else, or a failure, is answered `error MESSAGE` and the session goes on. Every server of a
 /// session stops when its control connection ends; a session starts at most ``maximumServers``.
@@ -108,13 +108,22 @@ struct Agent {
                     }
                     share = try await Self.prepare(words)
                     answer = "ok ready \(share.map { "\($0.load)" } ?? "")"
-                case "go" where words.count == 3:
+                case "go" where words.count == 3 || words.count == 6:
                     guard let prepared = share else {
                         throw ConnectionError(.unsupported, "no load: send `load` first")
                     }
                     guard let delay = UInt64(words[1]), delay <= 60_000_000_000, let window = Int(words[2]),
                         (1...600_000).contains(window)
                     else { throw ConnectionError(.unsupported, "go DELAY_NS WINDOW_MS (at most 60 s and 600 s)") }
+                    // A broadcast load's order also says how many messages come, how many warm up, and this
+                    // host's clock offset from the asker's.
+                    var broadcast: (messages: Int, warmup: Int, offset: Int64)?
+                    if case .broadcast = prepared.load {
+                        guard words.count == 6, let messages = Int(words[3]), messages >= 1, let warmup = Int(words[4]),
+                            warmup >= 0, let offset = Int64(words[5])
+                        else { throw ConnectionError(.unsupported, "go DELAY_NS WINDOW_MS MESSAGES WARMUP OFFSET_NS") }
+                        broadcast = (messages, warmup, offset)
+                    }
                     share = nil
                     Console.line("go: \(prepared.load), a window of \(window) ms in \(delay / 1_000_000) ms")
                     // The window opens DELAY_NS after the request came, on this host's clock (the coordinator
@@ -122,7 +131,15 @@ struct Agent {
                     let opens = received &+ delay
                     let now = MonotonicClock.nanoseconds()
                     if opens > now { try? await Task.sleep(for: .nanoseconds(opens - now)) }
-                    let outcome = await prepared.run(window: .milliseconds(window), keepsSamples: samplesAsked)
+                    let outcome =
+                        if let broadcast {
+                            // Messages still on their way after the window get 20 s.
+                            await prepared.receiveBroadcasts(
+                                messages: broadcast.messages, warmup: broadcast.warmup, clockOffset: broadcast.offset,
+                                deadline: .milliseconds(window) + .seconds(20), keepsSamples: samplesAsked)
+                        } else {
+                            await prepared.run(window: .milliseconds(window), keepsSamples: samplesAsked)
+                        }
                     await prepared.close()
                     answer = "ok " + String(decoding: try JSONEncoder().encode(outcome), as: UTF8.self)
                 case "start" where words.count == 4:
@@ -145,10 +162,12 @@ struct Agent {
                         }
                         arguments = ["--sink", "--socket-buffer", "\(bytes)"]
                     case "native": arguments = ["--native"]
+                    case "broadcast": arguments = ["--broadcast", "--max-connections", "1000000"]
                     case "async-channel": arguments = ["--async-channel"]
                     default:
                         throw ConnectionError(
-                            .unsupported, "unknown mode \(words[3]) (echo, sink, sink:BYTES, native, async-channel)")
+                            .unsupported,
+                            "unknown mode \(words[3]) (echo, sink, sink:BYTES, native, async-channel, broadcast)")
                     }
                     if transport.isSecure {
                         let made = try certificates ?? TestCertificates.make(extraServerHosts: [host.literal])

@@ -16,7 +16,8 @@ struct FleetCommand: AsyncParsableCommand {
         discussion: """
             Every agent opens its share of the load (fanin-N: N connections per agent, each in closed-loop 64-byte \
             round trips; rate-R: R messages a second in all, split evenly, one connection per agent; a workload, as \
-            compare's, on every agent) and warms it up; \
+            compare's, on every agent; broadcast-N: N clients per agent of a broadcast server, this process the asker, \
+            each receipt timed on the asker's clock through the agent's offset) and warms it up; \
             only when every agent is ready does the measured window open, at the same moment on every host: each \
             agent is told how long after it reads the order to start (the coordinator allows for the order's way to \
             it), not a wall-clock time, and each agent's clock offset and its window's measured start are reported. \
@@ -42,7 +43,7 @@ struct FleetCommand: AsyncParsableCommand {
     @Option(help: "With --server-agent: the server's backend.")
     var serverBackend: String = Backend.async.name
 
-    @Option(help: "With --server-agent: the transport (tcp, udp, ws).")
+    @Option(help: "With --server-agent: the transport (tcp, udp, ws; a broadcast: tcp, ws).")
     var transport: String = "tcp"
 
     @Option(help: "Instead of --server-agent: any echo server's URL, as the agents reach it (tcp://, udp://, ws://).")
@@ -50,7 +51,7 @@ struct FleetCommand: AsyncParsableCommand {
 
     @Option(
         help:
-            "The load: fanin-N (N connections per agent), rate-R (R messages a second over all agents) or workload-NxRATE/s-SIZEB-SECONDSs (per agent; its window is its SECONDS)."
+            "The load: fanin-N (N connections per agent), rate-R (R messages a second over all agents), workload-NxRATE/s-SIZEB-SECONDSs (per agent; its window is its SECONDS) or broadcast-N[-RATE/s][-SECONDSs] (N clients per agent; this process asks)."
     )
     var load: String = "fanin-64"
 
@@ -119,14 +120,16 @@ struct FleetCommand: AsyncParsableCommand {
             }
             let started: String
             do {
-                started = try await agent.request("start \(serverBackend) \(transport) echo", within: timeout)
+                let mode: String
+                if case .broadcast = load { mode = "broadcast" } else { mode = "echo" }
+                started = try await agent.request("start \(serverBackend) \(transport) \(mode)", within: timeout)
             } catch {
                 throw fail("--server-agent \(serverAgent): \(error)")
             }
             let parts = started.split(separator: " ")
             guard parts.count == 2 else { throw fail("--server-agent \(serverAgent) answered '\(started)'") }
             server = (agent, String(parts[0]))
-            url = String(parts[1]) + (transport == "ws" ? "/" : "")
+            url = String(parts[1])
         } else {
             url = target!
         }
@@ -228,6 +231,10 @@ struct FleetReport: Codable {
     var agents: [AgentRow]
     var merged: Merged
     var server: Server?
+    /// A broadcast load: per message the first and the last client's receipt over every agent (on this host's
+    /// clock), the asker's answers, what went missing.
+    var broadcast: BroadcastFigures?
+    var askerError: String?
 
     /// The table a person reads.
     func lines() -> [String] {
@@ -261,6 +268,13 @@ struct FleetReport: Codable {
             ])
         }
         out += Report.render(header, rows).split(separator: "\n").map(String.init)
+        if let b = broadcast {
+            func ms(_ value: UInt64?) -> String { value.map { fixed(Double($0) / 1e6, 2) } ?? "-" }
+            out.append(
+                "broadcast: \(b.clients) clients, \(b.messages) messages measured; per message, last client's receipt p50 \(ms(b.lastReceipt?.p50)) p95 \(ms(b.lastReceipt?.p95)) p99 \(ms(b.lastReceipt?.p99)) ms, first \(ms(b.firstReceipt?.p50)) ms (p50), the asker's answer \(ms(b.answer?.p50)) ms (p50); missing \(b.missing), duplicated or late \(b.duplicates + b.outOfOrder)"
+            )
+        }
+        if let askerError { out.append("asker: \(askerError)") }
         if let server {
             out.append(
                 "server (\(server.backend)): \(fixed(Double(server.cpuNanoseconds) / 1e9, 2)) CPU s in the window"
@@ -292,6 +306,55 @@ struct FleetRun {
     let serverBackend: String?
     /// Seconds to keep trying an agent that is not reachable yet.
     let waitForAgents: Double
+
+    /// The asker of a broadcast load: `total` requests to the broadcast server on a schedule from `start` (the
+    /// first 10 ms after it, while every agent's clients listen), whatever the answers do; the answers' latencies
+    /// from each request's intended time, past the warm-up.
+    private func ask(
+        _ total: Int, warmup: Int, every interval: UInt64, from start: UInt64
+    ) async -> (sent: [UInt64: UInt64], answers: [UInt64], error: String?) {
+        let asker: any Connection
+        do throws(ConnectionError) {
+            asker = try await Backend(name: backend).connect(to: try Endpoint(url: url))
+        } catch {
+            return ([:], [], "the asker could not connect: \(error)")
+        }
+        let first = start + 10_000_000
+        let answers = Task {
+            var latencies: [UInt64] = []
+            while let bytes = try? await Broadcast.receive(on: asker) {
+                guard let header = Broadcast.decode(bytes), header.kind == .answer else { break }
+                if header.sequence >= UInt64(warmup) { latencies.append(MonotonicClock.nanoseconds() &- header.sent) }
+                if header.sequence == UInt64(total - 1) { break }
+            }
+            return latencies
+        }
+        let giveUp = Task {
+            guard (try? await Task.sleep(for: .nanoseconds(Int64(UInt64(total) * interval) + 30_000_000_000))) != nil
+            else { return }
+            await asker.close()
+        }
+        var sent: [UInt64: UInt64] = [:]
+        var failure: String?
+        for sequence in 0..<total {
+            let intended = first + UInt64(sequence) * interval
+            let now = MonotonicClock.nanoseconds()
+            if intended > now { try? await Task.sleep(for: .nanoseconds(intended - now)) }
+            let request = Broadcast.encode(Broadcast.Header(kind: .request, sequence: UInt64(sequence), sent: intended))
+            do throws(ConnectionError) {
+                try await Broadcast.send(request, on: asker)
+            } catch {
+                failure = "the asker's request \(sequence) failed: \(error)"
+                break
+            }
+            if sequence >= warmup { sent[UInt64(sequence)] = intended }
+        }
+        if failure != nil { await asker.close() }
+        let answered = await answers.value
+        giveUp.cancel()
+        await asker.close()
+        return (sent, answered, failure)
+    }
 
     private func usage(of server: (agent: FleetAgent, id: String)?) async -> ResourceUsage? {
         guard let server else { return nil }
@@ -354,27 +417,47 @@ struct FleetRun {
             if at > now { try? await Task.sleep(for: .nanoseconds(at - now)) }
             return await usage(of: server)
         }
-        let outcomes = await withTaskGroup(of: (Int, Result<FleetShare.Outcome, FleetError>).self) { group in
-            for entry in ready {
-                group.addTask {
-                    let now = MonotonicClock.nanoseconds()
-                    let delay = opens > now + entry.roundTrip / 2 ? opens - now - entry.roundTrip / 2 : 0
-                    do {
-                        let answer = try await entry.agent.request(
-                            "go \(delay) \(windowMs)", within: Double(lead) / 1e9 + window + timeout)
-                        let outcome = try JSONDecoder().decode(FleetShare.Outcome.self, from: Data(answer.utf8))
-                        return (entry.index, .success(outcome))
-                    } catch let error as FleetError {
-                        return (entry.index, .failure(FleetError("died or went silent mid-run: " + error.message)))
-                    } catch {
-                        return (entry.index, .failure(FleetError("answered what is not a result: \(error)")))
+        // A broadcast load: this process is the asker, its requests timed on this clock from the window's start.
+        var broadcast: (load: BroadcastLoad, warmup: Int, total: Int, interval: UInt64)?
+        if case .broadcast(let shape) = load {
+            let total = shape.warmup + shape.measured(fallbackSeconds: window)
+            broadcast = (shape, shape.warmup, total, UInt64(1e9 / shape.perSecond))
+        }
+        let orders = broadcast
+        let entries = ready
+        let agentsDone = Task {
+            await withTaskGroup(of: (Int, Result<FleetShare.Outcome, FleetError>).self) { group in
+                for entry in entries {
+                    group.addTask {
+                        let now = MonotonicClock.nanoseconds()
+                        let delay = opens > now + entry.roundTrip / 2 ? opens - now - entry.roundTrip / 2 : 0
+                        var order = "go \(delay) \(windowMs)"
+                        var limit = Double(lead) / 1e9 + window + timeout
+                        if let orders {
+                            order += " \(orders.total) \(orders.warmup) \(entry.offset)"
+                            limit += 20
+                        }
+                        do {
+                            let answer = try await entry.agent.request(order, within: limit)
+                            let outcome = try JSONDecoder().decode(FleetShare.Outcome.self, from: Data(answer.utf8))
+                            return (entry.index, .success(outcome))
+                        } catch let error as FleetError {
+                            return (entry.index, .failure(FleetError("died or went silent mid-run: " + error.message)))
+                        } catch {
+                            return (entry.index, .failure(FleetError("answered what is not a result: \(error)")))
+                        }
                     }
                 }
+                var results: [(Int, Result<FleetShare.Outcome, FleetError>)] = []
+                for await result in group { results.append(result) }
+                return results
             }
-            var results: [(Int, Result<FleetShare.Outcome, FleetError>)] = []
-            for await result in group { results.append(result) }
-            return results
         }
+        var asked: (sent: [UInt64: UInt64], answers: [UInt64], error: String?)?
+        if let broadcast {
+            asked = await ask(broadcast.total, warmup: broadcast.warmup, every: broadcast.interval, from: opens)
+        }
+        let outcomes = await agentsDone.value
         let serverAfter = await usage(of: server)
         let serverDuring = await halfway.value
         for entry in ready { await entry.agent.close() }
@@ -408,6 +491,11 @@ struct FleetRun {
                 agents: agentsMerged, count: count, lost: lost, perSecond: Double(count) / window,
                 latency: count > 0 ? LatencySummary(merged) : nil, histogram: SparseHistogram(merged),
                 startSpreadNanoseconds: starts.isEmpty ? nil : UInt64(starts.max()! - starts.min()!)))
+        if let asked {
+            let reports = outcomes.compactMap { try? $0.1.get().broadcast }
+            report.broadcast = BroadcastFigures.merge(reports, sent: asked.sent, answers: asked.answers).figures
+            report.askerError = asked.error
+        }
         if server != nil, let before = serverBefore, let after = serverAfter {
             let cpu = after.cpuNanoseconds &- before.cpuNanoseconds
             report.server = .init(

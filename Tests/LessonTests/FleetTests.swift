@@ -54,7 +54,8 @@ struct FleetTests {
             var runs = Backend.allCases.map { ($0.name, "tcp", "fanin-8") }
             runs += [
                 ("async", "ws", "fanin-8"), ("bsd", "udp", "fanin-4"), ("uv", "tcp", "rate-3000"),
-                ("runloop", "tcp", "workload-10x100/s-64B-1s"),
+                ("runloop", "tcp", "workload-10x100/s-64B-1s"), ("uring", "tcp", "broadcast-50-20/s-1s"),
+                ("nio", "ws", "broadcast-50-20/s-1s"),
             ]
             for (server, transport, load) in runs {
                 let output = try await blocking {
@@ -102,6 +103,17 @@ struct FleetTests {
                 #expect(histogram.totalCount == UInt64(total))
                 let spread = try #require(merged["startSpreadNanoseconds"] as? Int)
                 #expect(spread < 50_000_000, "\(key): the windows opened \(spread) ns apart")
+                if load.hasPrefix("broadcast") {
+                    // Every client on every agent got every message once, in order; per message the last receipt
+                    // over all agents.
+                    let broadcast = try #require(json["broadcast"] as? [String: Any], "\(key): no broadcast figures")
+                    #expect(broadcast["clients"] as? Int == 150, "\(key)")
+                    #expect(broadcast["messages"] as? Int == 20, "\(key)")
+                    #expect(broadcast["missing"] as? Int == 0, "\(key)")
+                    #expect(broadcast["duplicates"] as? Int == 0 && broadcast["outOfOrder"] as? Int == 0, "\(key)")
+                    #expect(broadcast["lastReceipt"] != nil, "\(key)")
+                    #expect(total == 150 * 20, "\(key): \(total) receipts")
+                }
                 let server = try #require(json["server"] as? [String: Any], "\(key): no server usage")
                 #expect((server["cpuNanoseconds"] as? Int ?? 0) > 0)
                 print(
