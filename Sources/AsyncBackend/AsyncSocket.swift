@@ -1,3 +1,6 @@
+// One piece, over 450 lines: connecting, receiving, sending and closing all act on one descriptor through its
+// private readiness, lifecycle and close guard, and a close must wait for each of them; the datagram server, the
+// listener and the messages as an AsyncSequence are files apart.
 @_spi(Loop) public import ConnectionCore
 import POSIXSupport
 import Synchronization
@@ -484,25 +487,5 @@ public final class AsyncSocket: Sendable {
         _ = life.withLock { $0.lifecycle.handle(.closeFinished) }
         set(.cancelled)
         life.withLock { $0.updates?.continuation }?.finish()
-    }
-
-    // MARK: Messages as an AsyncSequence
-
-    /// Incoming messages (TCP chunks or UDP datagrams) until the peer finishes; one iterator at a time.
-    public var messages: Messages { Messages(socket: self) }
-
-    /// The AsyncSequence of ``messages``.
-    public struct Messages: AsyncSequence, Sendable {
-        public typealias Element = [UInt8]
-        let socket: AsyncSocket
-
-        public struct AsyncIterator: AsyncIteratorProtocol {
-            let socket: AsyncSocket
-            public mutating func next() async throws -> [UInt8]? {
-                try await socket.receive()
-            }
-        }
-
-        public func makeAsyncIterator() -> AsyncIterator { AsyncIterator(socket: socket) }
     }
 }
