@@ -257,11 +257,15 @@ struct LessonTests {
         #expect(
             report.lines.contains { $0.hasPrefix("Here, at ") && $0.contains("a retransmission timeout took") } == fell)
         #expect(report.lines.contains { $0.hasPrefix("Here no retransmission timeout fired") } == timeouts.isEmpty)
-        // cwnd falls after a retransmission: at 20% loss, some reading that counted one more retransmitted segment is
-        // followed within 100 ms by a congestion window below the one read just before it (2-10 times a run on each
-        // backend here; most retransmissions, fast ones under BBR, leave cwnd where it was).
+        // cwnd falls after a retransmission timeout: at 20% loss, when the readings caught a timeout (a reading in the
+        // Loss state), some reading that counted one more retransmitted segment is followed within 100 ms by a
+        // congestion window below the one read just before it (2-10 times a run on each backend here). Most
+        // retransmissions, fast ones and tail-loss probes under BBR, leave cwnd where it was, and a timeout's Loss
+        // state can end between two 4 ms readings: a run whose readings caught none (one async run in CI, 02:4x UTC
+        // on 2026-12-05) has nothing to check here, and the lesson says so (the line checked above).
         let lossiest = try #require(report.tcp.first { $0.phase == tcpPhases.last && $0.side == .client })
         let samples = lossiest.samples
+        let caughtTimeout = samples.contains { $0.congestionState == 4 }
         let fellAfterRetransmission = samples.indices.dropFirst().contains { index in
             guard samples[index].retransmits > samples[index - 1].retransmits else { return false }
             let before = samples[index - 1].congestionWindow
@@ -269,7 +273,9 @@ struct LessonTests {
                 $0.congestionWindow < before
             }
         }
-        #expect(fellAfterRetransmission, "no reading after a retransmission at 20% showed a smaller cwnd")
+        #expect(
+            !caughtTimeout || fellAfterRetransmission,
+            "readings caught a timeout at 20%, but none after a retransmission showed a smaller cwnd")
         if let series = report.tcp.first(where: { $0.phase == tcpPhases.last && $0.side == .client }) {
             // The readings agree with the figure: a sample in the Loss state with that window.
             #expect(
