@@ -44,7 +44,24 @@ public struct AsyncBackend: ConnectionBackend {
         let listener = try AsyncListener(on: resolved.endpoint(.tcp), options: options, reactor: reactor)
         return SocketBackedListener(listener, accepting: AsyncConnection.self)
     }
+}
 
+extension AsyncBackend: HandOffListening {
+    /// One listening socket on this backend's reactor, its accepted connections handed to `loops`' reactors in
+    /// turn (tcp; udp keeps one socket on this reactor).
+    public func listen(
+        on endpoint: Endpoint, options: ConnectionOptions, handingOffTo loops: [any ConnectionBackend]
+    ) async throws(ConnectionError) -> any Listener {
+        let reactors = loops.compactMap { ($0 as? AsyncBackend)?.reactor }
+        guard endpoint.transport == .tcp, reactors.count == loops.count else {
+            return try await listen(on: endpoint, options: options)
+        }
+        try requireTransport(of: endpoint)
+        let resolved = try await Syscall.resolveAsync(endpoint, passive: true)[0]
+        let listener = try AsyncListener(
+            on: resolved.endpoint(.tcp), options: options, reactor: reactor, handingOffTo: reactors)
+        return SocketBackedListener(listener, accepting: AsyncConnection.self)
+    }
 }
 
 /// ``AsyncSocket`` as a ``Connection``: the socket and its endpoints; every call goes straight to the socket

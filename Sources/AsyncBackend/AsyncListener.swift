@@ -22,13 +22,19 @@ public final class AsyncListener: AsyncSequence, Sendable {
     private let readiness = SocketReadiness()
     private let gate = AsyncGate()
     private let descriptor: SocketDescriptor
+    /// Where accepted sockets go: the listener's own reactor, or these in turn (one acceptor handing connections
+    /// over, the alternative to a listening socket per reactor that `ServerSpread` measures).
+    private let handOff: [AsyncReactor]
+    private let handed = Atomic<Int>(0)
 
     /// Binds and listens (non-blocking). Port 0 picks a free port.
     public init(
-        on endpoint: Endpoint, options: ConnectionOptions = ConnectionOptions(), reactor: AsyncReactor = .shared
+        on endpoint: Endpoint, options: ConnectionOptions = ConnectionOptions(), reactor: AsyncReactor = .shared,
+        handingOffTo handOff: [AsyncReactor] = []
     )
         throws(ConnectionError)
     {
+        self.handOff = handOff
         guard endpoint.transport == .tcp else { throw ConnectionError(.unsupported, "AsyncListener listens on tcp") }
         let (socket, local) = try Socket.listen(on: endpoint, options: options)
         try reactor.loop.register(socket.raw, events: Syscall.epollIn | Syscall.epollEdgeTriggered, handler: readiness)
@@ -75,9 +81,12 @@ public final class AsyncListener: AsyncSequence, Sendable {
                 try Syscall.setNoDelay(client, options.tcpNoDelay)
                 try Syscall.setBufferSizes(client, receive: options.receiveBufferSize, send: options.sendBufferSize)
                 let local = try Syscall.localAddress(client).endpoint(.tcp)
+                let owner =
+                    handOff.isEmpty
+                    ? reactor : handOff[handed.add(1, ordering: .relaxed).oldValue % handOff.count]
                 return try AsyncSocket(
                     adopting: socket, transport: .tcp, local: local, remote: peer.endpoint(.tcp), options: options,
-                    reactor: reactor)
+                    reactor: owner)
             } catch {
                 socket.close()
                 if error.kind == .reset { continue }  // the client left already

@@ -300,6 +300,14 @@ public protocol ConnectionBackend: Sendable {
     func listen(on endpoint: Endpoint, options: ConnectionOptions) async throws(ConnectionError) -> any Listener
 }
 
+/// A backend whose listener can accept on its own loop and hand each connection to one of several loops of its
+/// style, in turn: the alternative to a listening socket per loop (SO_REUSEPORT) for a server on several threads.
+public protocol HandOffListening: ConnectionBackend {
+    func listen(
+        on endpoint: Endpoint, options: ConnectionOptions, handingOffTo loops: [any ConnectionBackend]
+    ) async throws(ConnectionError) -> any Listener
+}
+
 extension ConnectionBackend {
     /// Fails with `.unsupported` when the backend does not provide `endpoint`'s transport itself (tls, ws and wss
     /// are layered on top of its tcp by the umbrella's `TransportStack`).

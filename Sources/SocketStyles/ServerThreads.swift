@@ -14,6 +14,15 @@ import Synchronization
 /// connection a wake-up of another thread, and the acceptor's loop does all the accepting; with SO_REUSEPORT each
 /// loop accepts its own with no thread in between. The kernel chooses by a hash of the peer's address and port, so
 /// a few connections may land unevenly; many spread evenly.
+/// How a server on several loops spreads its connections over them.
+public enum ServerSpread: String, Sendable, CaseIterable {
+    /// A listening socket per loop on one address (SO_REUSEPORT): the kernel picks by a hash of the peer.
+    case reusePort = "reuseport"
+    /// One listening socket on the first loop, each accepted connection handed to the loops in turn (backends
+    /// that offer it: ``HandOffListening``).
+    case handOff = "handoff"
+}
+
 extension Backend {
     /// The loops made for servers on several threads, by backend name, kept for the life of the process (as each
     /// backend's shared loop is): a connection may outlive the listener that accepted it.
@@ -39,22 +48,28 @@ extension Backend {
 
     /// ``TransportStack`` over `threads` loops of this backend: its listeners listen on each loop (tls, ws and wss
     /// layered over them as over one); its connects go from the shared loop.
-    public func stack(threads: Int) throws(ConnectionError) -> TransportStack {
-        threads <= 1 ? stack : TransportStack(over: LoopGroupBackend(loops: try loops(threads)))
+    public func stack(threads: Int, spread: ServerSpread = .reusePort) throws(ConnectionError) -> TransportStack {
+        if spread == .handOff, !(implementation is any HandOffListening) {
+            throw ConnectionError(.unsupported, "the \(name) backend does not hand accepted connections over")
+        }
+        return threads <= 1 ? stack : TransportStack(over: LoopGroupBackend(loops: try loops(threads), spread: spread))
     }
 
     /// Listens on `threads` loops of this backend (``stack(threads:)``), one address for them all.
     public func listen(
         on endpoint: Endpoint, options: ConnectionOptions = ConnectionOptions(),
-        webSocket: WebSocketOptions = WebSocketOptions(), tls: TLSConfiguration? = nil, threads: Int
+        webSocket: WebSocketOptions = WebSocketOptions(), tls: TLSConfiguration? = nil, threads: Int,
+        spread: ServerSpread = .reusePort
     ) async throws(ConnectionError) -> any Listener {
-        try await stack(threads: threads).listen(on: endpoint, options: options, webSocket: webSocket, tls: tls)
+        try await stack(threads: threads, spread: spread).listen(
+            on: endpoint, options: options, webSocket: webSocket, tls: tls)
     }
 }
 
 /// A backend over several loops of one style: a listener on each, bound to the same address (SO_REUSEPORT).
 struct LoopGroupBackend: ConnectionBackend {
     let loops: [any ConnectionBackend]
+    var spread = ServerSpread.reusePort
 
     var name: String { loops[0].name }
     var transports: Set<Transport> { loops[0].transports }
@@ -65,6 +80,9 @@ struct LoopGroupBackend: ConnectionBackend {
 
     /// The first loop binds (port 0 becomes a real port); the others bind the address it got.
     func listen(on endpoint: Endpoint, options: ConnectionOptions) async throws(ConnectionError) -> any Listener {
+        if spread == .handOff, let first = loops[0] as? any HandOffListening {
+            return try await first.listen(on: endpoint, options: options, handingOffTo: loops)
+        }
         var shared = options
         shared.reusePort = true
         var listeners = [try await loops[0].listen(on: endpoint, options: shared)]

@@ -30,6 +30,12 @@ struct Serve: AsyncParsableCommand {
             discussion: "bsd already runs a thread per connection: more only adds acceptor threads."))
     var threads: Int = 1
 
+    @Option(
+        help:
+            "With --threads: how connections reach the loops: reuseport (a listening socket per loop) or handoff (one acceptor hands each to the loops in turn; async only)."
+    )
+    var spread: String = ServerSpread.reusePort.rawValue
+
     @OptionGroup var tls: TLSServerOptions
 
     @Flag(help: "Count and discard instead of echoing (the receiving end of `compare`'s pump scenarios).")
@@ -103,6 +109,9 @@ struct Serve: AsyncParsableCommand {
         guard !(sink && broadcast) else { throw ValidationError("--sink and --broadcast are two different servers") }
         if once && !agent { throw ValidationError("--once is for --agent") }
         guard threads >= 1 else { throw ValidationError("--threads must be at least 1") }
+        guard ServerSpread(rawValue: spread) != nil else {
+            throw ValidationError("--spread: reuseport or handoff, not \(spread)")
+        }
         if threads > 1 {
             guard !native, !asyncChannel, !agent else {
                 throw ValidationError(
@@ -143,7 +152,7 @@ struct Serve: AsyncParsableCommand {
                 webSocket: WebSocketOptions.with {
                     $0.deflate = deflate ? WebSocketDeflateOptions.with { $0.compressionLevel = deflateLevel } : nil
                 },
-                tls: tlsConfiguration, threads: threads)
+                tls: tlsConfiguration, threads: threads, spread: ServerSpread(rawValue: spread)!)
             let numbered = endpoint.transport.isByteStream ? nil : LessonTrace.leadingNumber
             server = EchoServer(
                 listener: recorder.map { $0.trace(listener, phase: 0, number: numbered) } ?? listener,

@@ -45,6 +45,38 @@ struct ServerThreadsTests {
         }
     }
 
+    @Test("Hand-off (async): one acceptor, connections handed to the two reactors in turn; the others say they do not")
+    func handOff() async throws {
+        try await SocketTest.run {
+            let listener = try await Backend.async.listen(
+                on: try Endpoint(url: "tcp://127.0.0.1:0"), threads: 2, spread: .handOff)
+            var clients: [any Connection] = []
+            var executors: [ObjectIdentifier] = []
+            for index in 0..<8 {
+                let client = try await Backend.async.connect(to: listener.localEndpoint)
+                clients.append(client)
+                let server = try await listener.accept()
+                clients.append(server)
+                executors.append(ObjectIdentifier(try #require(server.preferredExecutor)))
+                try await client.send([UInt8(index)])
+                #expect(try await server.receive(exactly: 1) == [UInt8(index)])
+            }
+            // In turn: the first reactor, the second, the first, ...
+            #expect(Set(executors).count == 2)
+            for index in 2..<executors.count { #expect(executors[index] == executors[index - 2]) }
+            #expect(executors[0] != executors[1])
+            for connection in clients { await connection.close() }
+            await listener.close()
+            for backend in Backend.allCases where backend != .async {
+                let error = await expectConnectionError(.unsupported) { () async throws(ConnectionError) in
+                    _ = try await backend.listen(
+                        on: try Endpoint(url: "tcp://127.0.0.1:0"), threads: 2, spread: .handOff)
+                }
+                #expect(error?.detail.contains("does not hand accepted connections over") == true, "\(backend)")
+            }
+        }
+    }
+
     @Test("A backend with one loop per process says it cannot serve on two threads")
     func oneLoopBackend() async throws {
         let endpoint = try Endpoint(url: "tcp://127.0.0.1:0")
