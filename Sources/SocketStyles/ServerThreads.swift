@@ -10,10 +10,12 @@ import Synchronization
 /// let connection = try await listener.accept()  // from whichever of the two loops the kernel gave it to
 /// ```
 ///
-/// Why a listening socket per loop rather than one acceptor handing connections over: a hand-off costs every new
-/// connection a wake-up of another thread, and the acceptor's loop does all the accepting; with SO_REUSEPORT each
-/// loop accepts its own with no thread in between. The kernel chooses by a hash of the peer's address and port, so
-/// a few connections may land unevenly; many spread evenly.
+/// Why a listening socket per loop rather than one acceptor handing connections over (``ServerSpread/handOff``,
+/// async only): with a hand-off the acceptor's loop does all the accepting (58% of two reactors' CPU in a churn of
+/// short connections, against half each), and throughput was no better either way beyond run-to-run spread
+/// (docs/benchmarks.md, "Servers on more threads"); with SO_REUSEPORT each loop accepts its own with no thread in
+/// between. The kernel chooses by a hash of the peer's address and port, so a few connections may land unevenly;
+/// many spread evenly.
 /// How a server on several loops spreads its connections over them.
 public enum ServerSpread: String, Sendable, CaseIterable {
     /// A listening socket per loop on one address (SO_REUSEPORT): the kernel picks by a hash of the peer.
