@@ -93,7 +93,7 @@ struct FleetCommand: AsyncParsableCommand {
         }
         guard FleetShare.Load(load) != nil else {
             throw ValidationError(
-                "--load: fanin-N (N up to 10000), rate-R or workload-NxRATE/s-SIZEB-SECONDSs, not \(load)")
+                "--load: fanin-N (N up to 10000), rate-R, workload-NxRATE/s-SIZEB-SECONDSs or broadcast-N, not \(load)")
         }
         guard seconds > 0, seconds <= 600 else { throw ValidationError("--seconds must be above 0 and at most 600") }
         guard timeout > 0 else { throw ValidationError("--timeout must be above 0") }

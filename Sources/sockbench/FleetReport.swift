@@ -80,7 +80,7 @@ struct FleetReport: Codable {
                 microseconds(latency.p999), String(merged.lost), "-",
             ])
         }
-        out += Report.render(header, rows).split(separator: "\n").map(String.init)
+        if !rows.isEmpty { out += Report.render(header, rows).split(separator: "\n").map(String.init) }
         if let b = broadcast {
             func ms(_ value: UInt64?) -> String { value.map { fixed(Double($0) / 1e6, 2) } ?? "-" }
             out.append(
