@@ -21,7 +21,7 @@ public enum ServerSpread: String, Sendable, CaseIterable {
     /// A listening socket per loop on one address (SO_REUSEPORT): the kernel picks by a hash of the peer.
     case reusePort = "reuseport"
     /// One listening socket on the first loop, each accepted connection handed to the loops in turn (backends
-    /// that offer it: ``HandOffListening``).
+    /// that offer it: `HandOffListening`).
     case handOff = "handoff"
 }
 
@@ -57,7 +57,7 @@ extension Backend {
         return threads <= 1 ? stack : TransportStack(over: LoopGroupBackend(loops: try loops(threads), spread: spread))
     }
 
-    /// Listens on `threads` loops of this backend (``stack(threads:)``), one address for them all.
+    /// Listens on `threads` loops of this backend (``stack(threads:spread:)``), one address for them all.
     public func listen(
         on endpoint: Endpoint, options: ConnectionOptions = ConnectionOptions(),
         webSocket: WebSocketOptions = WebSocketOptions(), tls: TLSConfiguration? = nil, threads: Int,
