@@ -151,25 +151,30 @@ final class BoundedConnection: Connection, Sendable {
     /// Set by every send and receive, cleared by the listener's sweep: one relaxed store per operation (no clock
     /// read; a clock read per message measurably slowed a server's round trip).
     private let active = Atomic<Bool>(true)
-    /// When a sweep first found the connection inactive (sweeper only).
-    private let quietSince = Guarded(ContinuousClock.now)
-    private let closedForIdleness = Guarded<Duration?>(nil)
     private let released = Atomic<Bool>(false)
+    private let idle: Guarded<Idle>
 
-    // Fixed for the connection's life: kept here, so that reading them (`receive()` reads `options` every time)
-    // does not go through the inner connection.
+    private struct Idle {
+        /// When a sweep first found the connection inactive (sweeper only).
+        var quietSince: ContinuousClock.Instant
+        /// Set when the idle timeout closed the connection.
+        var closedFor: Duration?
+    }
+
+    // Kept here: `receive()` reads `options` every time, and a copy is one reference (ConnectionOptions shares its
+    // values). The endpoints are the inner connection's: copies of them would be kept as long as the connection is
+    // open, and only logs and the caller read them.
     let transport: Transport
-    let localEndpoint: Endpoint
-    let remoteEndpoint: Endpoint
     let options: ConnectionOptions
+    var localEndpoint: Endpoint { inner.localEndpoint }
+    var remoteEndpoint: Endpoint { inner.remoteEndpoint }
 
     init(_ inner: any Connection, registry: BoundedListener.Registry, tracksIdleness: Bool) {
         self.inner = inner
         self.registry = registry
         self.tracksIdleness = tracksIdleness
+        idle = Guarded(Idle(quietSince: .now, closedFor: nil))
         transport = inner.transport
-        localEndpoint = inner.localEndpoint
-        remoteEndpoint = inner.remoteEndpoint
         options = inner.options
     }
 
@@ -246,20 +251,20 @@ final class BoundedConnection: Connection, Sendable {
 
     /// For the sweep: how long no send or receive happened, to within one sweep period.
     func quietFor(at now: ContinuousClock.Instant) -> Duration {
-        quietSince.withLock { since in
-            if active.exchange(false, ordering: .relaxed) { since = now }
-            return now - since
+        idle.withLock { idle in
+            if active.exchange(false, ordering: .relaxed) { idle.quietSince = now }
+            return now - idle.quietSince
         }
     }
 
     func closeForIdleness(_ limit: Duration) async {
-        closedForIdleness.withLock { $0 = limit }
+        idle.withLock { $0.closedFor = limit }
         await close()
     }
 
     /// A `.closed` caused by the idle timeout says so.
     private func explained(_ error: ConnectionError) -> ConnectionError {
-        guard error.kind == .closed, let limit = closedForIdleness.withLock({ $0 }) else { return error }
+        guard error.kind == .closed, let limit = idle.withLock({ $0.closedFor }) else { return error }
         return ConnectionError(.timedOut, "the connection was idle for \(limit) and was closed")
     }
 
