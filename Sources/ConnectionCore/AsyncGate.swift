@@ -3,8 +3,13 @@ import Synchronization
 /// A FIFO async lock for backends and transports: one holder at a time, waiters admitted in arrival order,
 /// without blocking a thread. Uncontended it costs one lock. Used to serve concurrent receives in call order
 /// and to keep concurrent sends whole and in order.
-public final class AsyncGate: Sendable {
-    private struct State {
+///
+/// Noncopyable, stored in the object it guards: a class of its own would be one more allocation for every
+/// connection (two over WebSocket and TLS, which hold a send and a receive gate).
+public struct AsyncGate: ~Copyable, Sendable {
+    // Internal, not private: a private type nested in a noncopyable struct crashes the compiler in debug builds
+    // (Swift 6.3: "Global is external, but doesn't have external or weak linkage").
+    struct State {
         var busy = false
         var waiters: [CheckedContinuation<Void, Never>] = []
     }

@@ -5,7 +5,9 @@
 ///
 /// Public to the `Loop` SPI and inlinable, so that each backend's compiler inlines it into its own `send` (see
 /// ``ReceiveGate``).
-@_spi(Loop) public final class WriteThrough: Sendable {
+///
+/// A struct, stored in the connection object: a class of its own would be one more allocation per connection.
+@_spi(Loop) public struct WriteThrough: ~Copyable, Sendable {
     /// Held by a send while it writes; a half-close takes it to come after the sends before it.
     public let gate = AsyncGate()
 

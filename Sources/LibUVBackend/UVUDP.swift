@@ -164,7 +164,7 @@ public final class UVUDP: UVHandle, @unchecked Sendable {
     {
         // Sends from other threads wait behind it until it has left (order kept).
         direct.loopHolds(1)
-        let request = UVRequest<uv_udp_send_t>(keeping: bytes) { [direct] status in
+        let request = UVRequest<uv_udp_send_t>(keeping: bytes) { [self] status in
             direct.loopHolds(-1)
             callback(status < 0 ? UVError(status) : nil)
         }

@@ -12,8 +12,11 @@ import Synchronization
 /// descriptor. A datagram is whole or not sent at all, so a send from here and one from the loop need no order
 /// between them beyond what each task's own awaits give it (a task sends its next datagram after its previous
 /// one has left, whichever way that went).
-package final class DirectSend: Sendable {
-    private struct State {
+///
+/// Noncopyable, stored in the handle it sends for: a class of its own would be one more allocation per connection.
+package struct DirectSend: ~Copyable, Sendable {
+    // Internal, not private: see AsyncGate's State.
+    struct State {
         /// The socket, -1 until ``open(_:)`` and from ``close()`` on.
         var fd: Int32 = -1
         /// Datagrams the loop holds for room in the socket buffer: later ones wait behind them.
