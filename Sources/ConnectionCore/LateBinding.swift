@@ -17,20 +17,3 @@ package final class Late<Value: Sendable>: Sendable {
     /// The value, `nil` until set.
     package var value: Value? { cell.withLock { $0 } }
 }
-
-/// A weak reference set after the closure holding it is made (an initializer's callback that must not keep the
-/// object alive).
-package final class WeakLate<Object: AnyObject & Sendable>: Sendable {
-    private struct Weak: Sendable {
-        weak let object: Object?
-    }
-    private let cell = Guarded(Weak(object: nil))
-
-    package init() {}
-
-    /// Points at `object`, weakly.
-    package func set(_ object: Object) { cell.withLock { $0 = Weak(object: object) } }
-
-    /// The object, while it lives.
-    package var object: Object? { cell.withLock { $0.object } }
-}

@@ -2,25 +2,29 @@ extension ReceiveQueue where Element == [UInt8] {
     /// A queue of byte-stream chunks: bounded by bytes, and a receive with a smaller limit takes the front of a
     /// chunk and leaves the rest queued.
     public static func byteStream(capacity: Int, onSpaceAvailable: (@Sendable () -> Void)? = nil) -> ReceiveQueue {
-        ReceiveQueue(
-            capacity: capacity,
-            weigh: { $0.count },
-            split: { chunk, limit in
-                guard chunk.count > limit else { return nil }
-                let prefix = Array(chunk[..<limit])
-                chunk.removeFirst(limit)
-                return prefix
-            },
-            join: { chunk, more in chunk.append(contentsOf: more) },
-            onSpaceAvailable: onSpaceAvailable
-        )
+        ReceiveQueue(capacity: capacity, framing: byteStreamFraming, onSpaceAvailable: onSpaceAvailable)
     }
 
     /// A queue of datagrams: bounded by bytes (an empty datagram weighs 1), never split.
     public static func datagrams(capacity: Int, onSpaceAvailable: (@Sendable () -> Void)? = nil) -> ReceiveQueue {
-        ReceiveQueue(capacity: capacity, weigh: { max(1, $0.count) }, onSpaceAvailable: onSpaceAvailable)
+        ReceiveQueue(capacity: capacity, framing: datagramFraming, onSpaceAvailable: onSpaceAvailable)
     }
 }
+
+/// Every byte-stream queue's framing (one object for all of them).
+private let byteStreamFraming = ReceiveQueue<[UInt8]>.Framing(
+    weigh: { $0.count },
+    split: { chunk, limit in
+        guard chunk.count > limit else { return nil }
+        let prefix = Array(chunk[..<limit])
+        chunk.removeFirst(limit)
+        return prefix
+    },
+    join: { chunk, more in chunk.append(contentsOf: more) }
+)
+
+/// Every datagram queue's framing.
+private let datagramFraming = ReceiveQueue<[UInt8]>.Framing(weigh: { max(1, $0.count) })
 
 /// What a read straight into a caller's buffer found (see ``ReceiveQueue/next(into:readingNow:)``).
 public enum DirectReadCount: Sendable {

@@ -1,5 +1,6 @@
 // One piece, over 400 lines: one type whose producer and consumer sides share one lock and one state; its
-// byte-stream constructors and direct read are in ReceiveQueue+Bytes.swift.
+// byte-stream constructors and direct read are in ReceiveQueue+Bytes.swift, its waiting line and framing in
+// ReceiveQueue+Parts.swift.
 
 #if SOCKETSTYLES_TSAN
 import Synchronization  // Mutex is SanitizerMutex then; nothing public needs the module
@@ -64,10 +65,12 @@ public final class ReceiveQueue<Element: Sendable>: Sendable {
         /// `End` (and the error in it) out of the state.
         @usableFromInline var ended = false
         @usableFromInline var endReported = false
-        @usableFromInline var waiters: [Waiter] = []
+        @usableFromInline var waiters = WaiterLine()
         @usableFromInline var nextID: UInt64 = 0
         @usableFromInline var cancelled: Set<UInt64> = []
         @usableFromInline var producerWaiting = false
+        /// Set at creation or once after it (``setOnSpaceAvailable(_:)``); read only when the producer is to be told.
+        @usableFromInline var onSpaceAvailable: (@Sendable () -> Void)?
 
         @inlinable init() {}
 
@@ -76,10 +79,11 @@ public final class ReceiveQueue<Element: Sendable>: Sendable {
 
     @usableFromInline let state: Guarded<State>
     @usableFromInline let capacity: Int
-    @usableFromInline let weigh: @Sendable (Element) -> Int
-    @usableFromInline let split: (@Sendable (inout Element, Int) -> Element?)?
-    @usableFromInline let join: (@Sendable (inout Element, Element) -> Void)?
-    @usableFromInline let onSpaceAvailable: (@Sendable () -> Void)?
+    @usableFromInline let framing: Framing
+    @inlinable var weigh: @Sendable (Element) -> Int { framing.weigh }
+    @inlinable var split: (@Sendable (inout Element, Int) -> Element?)? { framing.split }
+    @inlinable var join: (@Sendable (inout Element, Element) -> Void)? { framing.join }
+
     /// The producer's last read emptied its source (see ``push(_:sourceDrained:)``). Producer's thread only:
     /// ``next(maximumLength:readingNow:)`` and ``next(into:readingNow:)`` read and set it there, and a backend
     /// that waits for its source in place (on that thread) clears it when the source became readable.
@@ -108,12 +112,20 @@ public final class ReceiveQueue<Element: Sendable>: Sendable {
         join: (@Sendable (inout Element, Element) -> Void)? = nil,
         onSpaceAvailable: (@Sendable () -> Void)? = nil
     ) {
-        self.state = Guarded(State())
+        var initial = State()
+        initial.onSpaceAvailable = onSpaceAvailable
+        self.state = Guarded(initial)
         self.capacity = max(1, capacity)
-        self.weigh = weigh
-        self.split = split
-        self.join = join
-        self.onSpaceAvailable = onSpaceAvailable
+        self.framing = Framing(weigh: weigh, split: split, join: join)
+    }
+
+    /// A queue whose elements weigh, split and join as `framing` says (a framing shared by many queues).
+    public init(capacity: Int, framing: Framing, onSpaceAvailable: (@Sendable () -> Void)? = nil) {
+        var initial = State()
+        initial.onSpaceAvailable = onSpaceAvailable
+        self.state = Guarded(initial)
+        self.capacity = max(1, capacity)
+        self.framing = framing
     }
 
     // MARK: Producer
@@ -142,7 +154,7 @@ public final class ReceiveQueue<Element: Sendable>: Sendable {
             if state.ended { return (nil, PushResult(accepted: false, hasSpace: false)) }
             if state.isEmpty, !state.waiters.isEmpty {
                 var element = element
-                let first = state.waiters[0]
+                let first = state.waiters.first!
                 if let split, weigh(element) > first.maximumLength, let prefix = split(&element, first.maximumLength) {
                     state.waiters.removeFirst()
                     append(.element(element), to: &state)
@@ -193,8 +205,7 @@ public final class ReceiveQueue<Element: Sendable>: Sendable {
             guard !state.ended else { return [] }
             state.end = end
             guard state.isEmpty else { return [] }
-            let waiters = state.waiters
-            state.waiters.removeAll()
+            let waiters = state.waiters.removeAll()
             return waiters.map { ($0.continuation, Self.takeEnd(&state)) }
         }
         for (continuation, result) in resumes { continuation.resume(returning: result) }
@@ -215,8 +226,7 @@ public final class ReceiveQueue<Element: Sendable>: Sendable {
             state.weight = 0
             state.end = .failed(error)
             state.endReported = true
-            let waiters = state.waiters.map(\.continuation)
-            state.waiters.removeAll()
+            let waiters = state.waiters.removeAll().map(\.continuation)
             return (waiters, dropped)
         }
         for waiter in waiters { waiter.resume(returning: .failure(error)) }
@@ -257,7 +267,7 @@ public final class ReceiveQueue<Element: Sendable>: Sendable {
             state.nextID &+= 1
             return (nil, state.nextID, false)
         }
-        if notify { onSpaceAvailable?() }
+        if notify { notifyProducer() }
         if let immediate { return try immediate.get() }
         if Task.isCancelled { throw .cancelled() }
 
@@ -271,14 +281,12 @@ public final class ReceiveQueue<Element: Sendable>: Sendable {
                     state.waiters.append(Waiter(id: id, maximumLength: maximumLength, continuation: continuation))
                     return (nil, false)
                 }
-                if notify { onSpaceAvailable?() }
+                if notify { notifyProducer() }
                 if let now { continuation.resume(returning: now) }
             }
         } onCancel: {
             let waiter: Continuation? = state.withLock { state in
-                if let index = state.waiters.firstIndex(where: { $0.id == id }) {
-                    return state.waiters.remove(at: index).continuation
-                }
+                if let waiter = state.waiters.remove(id: id) { return waiter.continuation }
                 state.cancelled.insert(id)
                 return nil
             }
@@ -414,6 +422,18 @@ public final class ReceiveQueue<Element: Sendable>: Sendable {
         }
     }
 
+    /// Tells the producer that there is room again (outside the lock: the producer may push from its callback).
+    @inlinable
+    func notifyProducer() {
+        state.withLock { $0.onSpaceAvailable }?()
+    }
+
+    /// Sets what is called when a consumer makes room in a queue that had been reported full: for an owner that
+    /// can only refer to itself once it is made (`[weak self]`), without a cell of its own for that reference.
+    public func setOnSpaceAvailable(_ onSpaceAvailable: @escaping @Sendable () -> Void) {
+        state.withLock { $0.onSpaceAvailable = onSpaceAvailable }
+    }
+
     @inlinable
     func takeNotify(_ state: inout State) -> Bool {
         if state.producerWaiting, state.weight < capacity {
@@ -433,7 +453,7 @@ public final class ReceiveQueue<Element: Sendable>: Sendable {
                 state.waiters.removeFirst()
                 return ((first.continuation, result), takeNotify(&state))
             }
-            if notify { onSpaceAvailable?() }
+            if notify { notifyProducer() }
             guard let (continuation, result) = resume else { return }
             continuation.resume(returning: result)
         }

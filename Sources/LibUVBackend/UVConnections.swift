@@ -15,8 +15,9 @@ final class UVTCPConnection: Connection, Sendable {
     private let loop: UVLoop
     private let inbox: ReceiveQueue<[UInt8]>
     private let life = SharedLifecycle()
-    /// Reading stopped because the queue was full (the loop thread's, bound as the connection is made there).
-    private let readingPaused = LoopConfined(false)
+    /// Reading stopped because the queue was full. Read and written on the loop thread only; an atomic (relaxed: a
+    /// plain load and store) rather than a `LoopConfined`, which is two allocations per connection for one flag.
+    private let readingPaused = Atomic<Bool>(false)
 
     /// One send at a time, each until libuv has written all of it: a send from off the loop writes on its own
     /// thread, and what the socket does not take then must reach libuv's queue before a later send's bytes.
@@ -40,13 +41,12 @@ final class UVTCPConnection: Connection, Sendable {
             throw error.connectionError("getpeername")
         }
         let loop = tcp.loop
-        let weakSelf = WeakLate<UVTCPConnection>()
-        inbox = .byteStream(capacity: options.receiveQueueLimit) {
-            loop.execute { weakSelf.object?.resumeReading() }
+        inbox = .byteStream(capacity: options.receiveQueueLimit)
+        inbox.setOnSpaceAvailable { [weak self] in
+            guard let self else { return }
+            loop.execute { self.resumeReading() }
         }
-        weakSelf.set(self)
         tcp.allowWritesFromAnyThread()
-        readingPaused.bindToCurrentThread()
         do throws(UVError) {
             try tcp.readStart(makeReadCallback())
         } catch {
@@ -55,13 +55,13 @@ final class UVTCPConnection: Connection, Sendable {
     }
 
     private func pauseReading() {
-        readingPaused.withValue { $0 = true }
+        readingPaused.store(true, ordering: .relaxed)
         tcp.readStop()
     }
 
     private func resumeReading() {
-        guard readingPaused.withValue({ $0 }), !tcp.isClosing, inbox.hasSpace else { return }
-        readingPaused.withValue { $0 = false }
+        guard readingPaused.load(ordering: .relaxed), !tcp.isClosing, inbox.hasSpace else { return }
+        readingPaused.store(false, ordering: .relaxed)
         try? tcp.readStart(makeReadCallback())
     }
 

@@ -37,11 +37,11 @@ final class RunLoopTCPConnection: Connection, SocketStreamDelegate, Sendable {
         self.runLoop = runLoop
         self.options = options
         state = LoopConfined(LoopState(), on: runLoop.loop.thread)
-        let weakSelf = WeakLate<RunLoopTCPConnection>()
-        inbox = .byteStream(capacity: options.receiveQueueLimit) {
-            runLoop.perform { weakSelf.object?.drainInput() }
+        inbox = .byteStream(capacity: options.receiveQueueLimit)
+        inbox.setOnSpaceAvailable { [weak self] in
+            guard let self else { return }
+            runLoop.perform { self.drainInput() }
         }
-        weakSelf.set(self)
     }
 
     /// Wraps an accepted pair (on the run loop thread) and opens it.

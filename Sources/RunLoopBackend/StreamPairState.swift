@@ -29,7 +29,8 @@ struct StreamPairState<Socket> {
     enum Phase {
         case idle
         case resolving
-        case connecting(Connecting)
+        // Boxed: the connect's state (the addresses, the attempt under way) would otherwise size every open pair.
+        indirect case connecting(Connecting)
         case open(Open)
         case failed(ConnectionError)
         case closed

@@ -92,6 +92,22 @@ struct ReceiveQueueTests {
         #expect(queue.hasSpace)
     }
 
+    @Test("The space callback set after the queue was made (an owner's [weak self]) is the one called, once per wait")
+    func backpressureCallbackSetLater() async throws {
+        let signalled = Atomic<Int>(0)
+        let queue = ReceiveQueue<[UInt8]>.byteStream(capacity: 10)
+        queue.setOnSpaceAvailable { signalled.add(1, ordering: .relaxed) }
+        #expect(!queue.push([UInt8](repeating: 0, count: 12)).hasSpace)
+        #expect(try await queue.next(maximumLength: 4)?.count == 4)
+        #expect(signalled.load(ordering: .relaxed) == 1)
+        // Not full any more: taking more says nothing until the producer is held up again.
+        #expect(try await queue.next(maximumLength: 4)?.count == 4)
+        #expect(signalled.load(ordering: .relaxed) == 1)
+        #expect(!queue.push([UInt8](repeating: 0, count: 8)).hasSpace)
+        #expect(try await queue.next()?.count == 12)
+        #expect(signalled.load(ordering: .relaxed) == 2)
+    }
+
     @Test("A failure that does not end the stream is thrown once, then data flows again")
     func transientFailure() async throws {
         let queue = ReceiveQueue<Int>(capacity: 10)
