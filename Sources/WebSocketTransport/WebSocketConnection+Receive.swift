@@ -88,52 +88,100 @@ extension WebSocketConnection {
             try await handle(state.withLock { $0.refuse(error) })
             return .nothing
         case nil:
-            // TCP ended: cleanly after a close handshake, abnormally otherwise (1006, never sent).
-            let handshakeDone = state.withLock { $0.tcpEnded() }
-            await tcp.close()
-            if !handshakeDone {
-                fail(
-                    ConnectionError(
-                        .reset, "the peer closed TCP without a close frame (1006)",
-                        systemCode: .init(domain: "websocket", code: 1006, name: "abnormal closure")))
-            }
-            settlePings(.closed("the connection ended before the pong"))
-            emitClosed(code: peerCloseCode, reason: peerCloseReason ?? "")
+            await tcpEnded()
             return .nothing
         }
     }
 
-    /// Carries out the state machine's actions; returns a delivered message, if any.
+    /// TCP ended: cleanly after a close handshake, abnormally otherwise (1006, never sent). Out of `readOne`, which
+    /// is on every message's way: its frame stays on a waiting task's stack.
+    @inline(never)
+    private func tcpEnded() async {
+        let handshakeDone = state.withLock { $0.tcpEnded() }
+        await tcp.close()
+        if !handshakeDone {
+            fail(
+                ConnectionError(
+                    .reset, "the peer closed TCP without a close frame (1006)",
+                    systemCode: .init(domain: "websocket", code: 1006, name: "abnormal closure")))
+        }
+        settlePings(.closed("the connection ended before the pong"))
+        emitClosed(code: peerCloseCode, reason: peerCloseReason ?? "")
+    }
+
+    /// Carries out the state machine's actions; returns a delivered message, if any. Only the sends and the
+    /// closing are async; everything else is done by ``react(to:delivering:)``, outside this frame: a task keeps its
+    /// deepest stack's frames for as long as it lives, and this one is on every message's way (it held 800 bytes
+    /// with the rest inlined, a third task-allocator slab for every idle WebSocket connection; docs/benchmarks.md).
     @discardableResult
     private func handle(_ actions: [WebSocketStateMachine.Action]) async throws(ConnectionError) -> Message? {
         var delivered: Message?
-        for action in actions {
-            switch action {
-            case .deliver(let text, let payload):
-                delivered = Message(kind: text ? .text : .binary, bytes: payload)
-            case .send(let frame):
-                try? await sendFrames([frame])
-            case .pingReceived(let payload):
-                if webSocketOptions.reportsControlFrames { eventSink.yield(.ping(payload)) }
-            case .pongReceived(let payload):
-                if webSocketOptions.reportsControlFrames { eventSink.yield(.pong(payload)) }
-                if let oldest = state.withLock({ $0.oldestPing }) { resolvePing(oldest, .success(())) }
-            case .closeReceived:
-                break
-            case .failed(let error):
-                let kind: ConnectionError.Kind =
-                    error.closeCode == .messageTooBig ? .messageTooLarge : .protocolViolation
-                fail(
-                    ConnectionError(
-                        kind, error.reason,
-                        systemCode: .init(
-                            domain: "websocket", code: Int32(error.closeCode.rawValue), name: "\(error.closeCode)")))
-            case .closeConnection:
-                await closeTCP()
-                settlePings(.closed("the connection closed before the pong"))
-                emitClosed(code: peerCloseCode, reason: peerCloseReason ?? "")
+        var next = 0
+        while next < actions.count {
+            let index = next
+            next += 1
+            switch react(to: actions, at: index, delivering: &delivered) {
+            case .nothing: break
+            case .send: await sendReply(Self.frame(of: actions[index]))
+            case .closeConnection: await closeConnection()
             }
         }
         return delivered
+    }
+
+    /// What is left for ``handle(_:)`` to do after an action's synchronous part (by the action's index: the
+    /// action itself, a frame in it, would take room in the async frame).
+    private enum FollowUp {
+        case nothing
+        case send
+        case closeConnection
+    }
+
+    private static func frame(of action: WebSocketStateMachine.Action) -> WebSocketFrame {
+        guard case .send(let frame) = action else { preconditionFailure("not a send") }
+        return frame
+    }
+
+    @inline(never)
+    private func react(
+        to actions: [WebSocketStateMachine.Action], at index: Int, delivering delivered: inout Message?
+    ) -> FollowUp {
+        switch actions[index] {
+        case .deliver(let text, let payload):
+            delivered = Message(kind: text ? .text : .binary, bytes: payload)
+        case .send:
+            return .send
+        case .pingReceived(let payload):
+            if webSocketOptions.reportsControlFrames { eventSink.yield(.ping(payload)) }
+        case .pongReceived(let payload):
+            if webSocketOptions.reportsControlFrames { eventSink.yield(.pong(payload)) }
+            if let oldest = state.withLock({ $0.oldestPing }) { resolvePing(oldest, .success(())) }
+        case .closeReceived:
+            break
+        case .failed(let error):
+            let kind: ConnectionError.Kind = error.closeCode == .messageTooBig ? .messageTooLarge : .protocolViolation
+            fail(
+                ConnectionError(
+                    kind, error.reason,
+                    systemCode: .init(
+                        domain: "websocket", code: Int32(error.closeCode.rawValue), name: "\(error.closeCode)")))
+        case .closeConnection:
+            return .closeConnection
+        }
+        return .nothing
+    }
+
+    /// A reply the state machine asked for (a pong, a close): a failure to send it is the connection's, which the
+    /// next receive or send reports.
+    @inline(never)
+    private func sendReply(_ frame: WebSocketFrame) async {
+        try? await sendFrames([frame])
+    }
+
+    @inline(never)
+    private func closeConnection() async {
+        await closeTCP()
+        settlePings(.closed("the connection closed before the pong"))
+        emitClosed(code: peerCloseCode, reason: peerCloseReason ?? "")
     }
 }
