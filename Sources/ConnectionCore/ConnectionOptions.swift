@@ -2,10 +2,9 @@
 /// explicitly instead of relying on its library's default (SwiftNIO, for example, enables TCP_NODELAY by default
 /// while raw sockets and libuv do not).
 public struct ConnectionOptions: Sendable, Hashable {
-    // The values live in one immutable box that every copy shares, so a connection object that keeps the options
-    // it was made with holds one reference, not 153 bytes: a server's idle connection keeps two or three copies
-    // (its backend's objects and the listener's bookkeeping) for as long as it is open (docs/benchmarks.md, memory
-    // per connection). A change makes a new box; options are set once, before they are used.
+    // The values live in one immutable object that every copy shares (SharedValues), so a connection object that
+    // keeps the options it was made with holds one reference, not 153 bytes: a server's idle connection keeps two or
+    // three copies (its backend's objects and the listener's bookkeeping) for as long as it is open.
     @usableFromInline
     struct Values: Sendable, Hashable {
         @usableFromInline var tcpNoDelay: Bool = true
@@ -26,21 +25,12 @@ public struct ConnectionOptions: Sendable, Hashable {
         @inlinable init() {}
     }
 
-    @usableFromInline
-    final class Box: Sendable {
-        @usableFromInline let values: Values
-        @inlinable init(_ values: Values) { self.values = values }
-        @usableFromInline static let defaults = Box(Values())
-    }
-
-    @usableFromInline var box: Box
+    @usableFromInline var box: SharedValues<Values>
 
     @inlinable
-    mutating func change(_ update: (inout Values) -> Void) {
-        var values = box.values
-        update(&values)
-        box = Box(values)
-    }
+    mutating func change(_ update: (inout Values) -> Void) { box = box.changing(update) }
+
+    @usableFromInline static let defaults = SharedValues(Values())
 
     /// TCP_NODELAY: send small segments at once instead of waiting (Nagle's algorithm). Default `true`, since
     /// this toolkit measures latency; the `nagle` lesson shows what `false` costs.
@@ -134,13 +124,7 @@ public struct ConnectionOptions: Sendable, Hashable {
     }
 
     /// The defaults described on each property.
-    public init() { box = Box.defaults }
-
-    public static func == (lhs: ConnectionOptions, rhs: ConnectionOptions) -> Bool {
-        lhs.box === rhs.box || lhs.box.values == rhs.box.values
-    }
-
-    public func hash(into hasher: inout Hasher) { box.values.hash(into: &hasher) }
+    public init() { box = Self.defaults }
 
     /// The defaults, changed by `configure`.
     public static func with(_ configure: (inout ConnectionOptions) -> Void) -> ConnectionOptions {
