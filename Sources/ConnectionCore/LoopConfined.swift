@@ -48,10 +48,10 @@ public import Synchronization
 /// check nothing. Accesses are short (`withValue`) and must not nest: run no callback or job inside one, since it
 /// may come back to the same value.
 @_spi(Loop) public final class LoopConfined<Value>: @unchecked Sendable {
-    // The value lives behind a pointer, not in a stored `var`: every `inout` use of a class's stored property is
-    // checked for exclusive access at run time (swift_beginAccess and a thread-local access set), which the
-    // confinement makes redundant.
-    @usableFromInline let storage: UnsafeMutablePointer<Value>
+    // The value is stored in the object (a box per connection costs one allocation, not two), with its exclusivity
+    // unchecked: every `inout` use of a class's stored property is otherwise checked for exclusive access at run time
+    // (swift_beginAccess and a thread-local access set), which the confinement makes redundant.
+    @exclusivity(unchecked) @usableFromInline var storage: Value
     /// The thread allowed to touch the value.
     public let owner: LoopThread
     /// Called with the value when this box goes (from whichever thread drops the last reference: no other can
@@ -64,16 +64,13 @@ public import Synchronization
         assert(
             !FunctionValue.isBare(Value.self),
             "LoopConfined<\(Value.self)>: put the function value in a struct (docs/architecture.md, function values)")
-        storage = .allocate(capacity: 1)
-        storage.initialize(to: value)
+        storage = value
         self.owner = owner
         self.release = release
     }
 
     deinit {
-        release?(storage.pointee)
-        storage.deinitialize(count: 1)
-        storage.deallocate()
+        release?(storage)
     }
 
     /// Makes the calling thread the owner (the loop or reader thread, as it starts).
@@ -90,7 +87,7 @@ public import Synchronization
     @inlinable
     public func withValue<R, E: Error>(_ body: (inout Value) throws(E) -> R) throws(E) -> R {
         assert(owner.allowsCurrentThread(), "loop-confined state touched off its thread")
-        return try body(&storage.pointee)
+        return try body(&storage)
     }
 }
 

@@ -41,11 +41,15 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
     static let readAheadSize = 4096
 
     private struct ReadAhead {
-        /// Made on the first such event, kept for the pair's life.
-        var buffer: UnsafeMutableRawBufferPointer?
-        var start = 0
-        var end = 0
-        var count: Int { end - start }
+        /// Made on the first such event (``readAheadSize`` bytes), kept for the pair's life. A pointer and two 32-bit
+        /// offsets: 16 bytes of every pair, most of which never read ahead (a delegate that tolerates empty reads).
+        var base: UnsafeMutableRawPointer?
+        var start: Int32 = 0
+        var end: Int32 = 0
+        var count: Int { Int(end &- start) }
+        var buffer: UnsafeMutableRawBufferPointer? {
+            base.map { UnsafeMutableRawBufferPointer(start: $0, count: StreamPairCore.readAheadSize) }
+        }
     }
 
     init(endpoint: Endpoint, options: ConnectionOptions) {
@@ -311,7 +315,7 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
                 readAhead.buffer
                 ?? {
                     let made = UnsafeMutableRawBufferPointer.allocate(byteCount: Self.readAheadSize, alignment: 16)
-                    readAhead.buffer = made
+                    readAhead.base = made.baseAddress
                     return made
                 }()
             do throws(ConnectionError) {
@@ -321,7 +325,7 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
                     return true
                 case .processed(let count):
                     readAhead.start = 0
-                    readAhead.end = count
+                    readAhead.end = Int32(count)
                 case .wouldBlock: return false
                 }
             } catch {
@@ -360,12 +364,12 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
         guard let socket = state.socket else { return -1 }
         if readAhead.count > 0, let ahead = readAhead.buffer, buffer.count > 0 {
             let count = min(buffer.count, readAhead.count)
-            buffer.baseAddress!.copyMemory(from: ahead.baseAddress! + readAhead.start, byteCount: count)
-            readAhead.start += count
+            buffer.baseAddress!.copyMemory(from: ahead.baseAddress! + Int(readAhead.start), byteCount: count)
+            readAhead.start += Int32(count)
             var total = count
             // The read-ahead took all it had room for: more may wait, read straight into what is left (a 0 here
             // is the end, which the next read finds again).
-            if readAhead.count == 0, readAhead.end == ahead.count, count < buffer.count {
+            if readAhead.count == 0, Int(readAhead.end) == ahead.count, count < buffer.count {
                 do throws(ConnectionError) {
                     let rest = UnsafeMutableRawBufferPointer(rebasing: buffer[count...])
                     if case .processed(let more) = try Syscall.recv(socket.raw, rest, dontWait: true) { total += more }
