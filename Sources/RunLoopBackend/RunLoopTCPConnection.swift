@@ -12,7 +12,15 @@ final class RunLoopTCPConnection: Connection, SocketStreamDelegate, Sendable {
     private let inbox: ReceiveQueue<[UInt8]>
     /// Open, half-closed, closing, closed: ConnectionCore's one lifecycle.
     private let life = SharedLifecycle()
-    private let endpoints = Guarded<(local: Endpoint?, remote: Endpoint?)>((nil, nil))
+    private let endpoints = Guarded(Endpoints.unknown)
+    /// Where the endpoints are, by reference: an accepted connection's local endpoint is its listener's (one object
+    /// for all of them) and its remote one its stream pair's; a connected one's are found once it is open. Two
+    /// endpoints by value would be 96 bytes of every idle connection (docs/benchmarks.md, memory per connection).
+    private enum Endpoints: Sendable {
+        case unknown
+        case accepted(local: SharedValues<Endpoint>, pair: StreamPairCore)
+        case connected(local: SharedValues<Endpoint>, remote: SharedValues<Endpoint>)
+    }
     private typealias Completion = CheckedContinuation<Result<Void, ConnectionError>, Never>
     /// What only the run loop's thread touches.
     private struct LoopState {
@@ -47,18 +55,25 @@ final class RunLoopTCPConnection: Connection, SocketStreamDelegate, Sendable {
     /// Wraps an accepted pair (on the run loop thread) and opens it.
     convenience init(
         accepted input: SocketInputStream, _ output: SocketOutputStream, runLoop: SocketRunLoop,
-        options: ConnectionOptions, local: Endpoint
+        options: ConnectionOptions, local: SharedValues<Endpoint>
     ) {
         self.init(runLoop: runLoop, options: options)
-        endpoints.withLock { $0 = (local, input.core.endpoint) }
+        endpoints.withLock { $0 = .accepted(local: local, pair: input.core) }
         attach(input, output)
     }
 
     var localEndpoint: Endpoint {
-        endpoints.withLock { $0.local } ?? Endpoint(transport: .tcp, host: .ipv4("0.0.0.0"), port: 0)
+        switch endpoints.withLock({ $0 }) {
+        case .unknown: Endpoint(transport: .tcp, host: .ipv4("0.0.0.0"), port: 0)
+        case .accepted(let local, _), .connected(let local, _): local.values
+        }
     }
     var remoteEndpoint: Endpoint {
-        endpoints.withLock { $0.remote } ?? Endpoint(transport: .tcp, host: .ipv4("0.0.0.0"), port: 0)
+        switch endpoints.withLock({ $0 }) {
+        case .unknown: Endpoint(transport: .tcp, host: .ipv4("0.0.0.0"), port: 0)
+        case .accepted(_, let pair): pair.endpoint
+        case .connected(_, let remote): remote.values
+        }
     }
     var preferredExecutor: (any TaskExecutor)? { runLoop.loop }
 
@@ -134,7 +149,9 @@ final class RunLoopTCPConnection: Connection, SocketStreamDelegate, Sendable {
             if let (opened, timer) = opened {
                 timer?.invalidate()
                 if let (local, remote) = stream.core.addresses {
-                    endpoints.withLock { $0 = (local.endpoint(.tcp), remote.endpoint(.tcp)) }
+                    let known = Endpoints.connected(
+                        local: SharedValues(local.endpoint(.tcp)), remote: SharedValues(remote.endpoint(.tcp)))
+                    endpoints.withLock { $0 = known }
                 }
                 opened.resume(returning: .success(()))
             }

@@ -12,13 +12,13 @@ final class RunLoopTCPListener: Listener, Sendable {
 
     init(on endpoint: Endpoint, runLoop: SocketRunLoop, options: ConnectionOptions) throws(ConnectionError) {
         let accepted = accepted
-        let local = Late<Endpoint>()
+        let local = Late<SharedValues<Endpoint>>()
         listener = try SocketListener(on: endpoint, runLoop: runLoop, options: options) { input, output in
             let connection = RunLoopTCPConnection(
                 accepted: input, output, runLoop: runLoop, options: options, local: local.value!)
             accepted.offer(connection)
         }
-        local.set(listener.localEndpoint)
+        local.set(SharedValues(listener.localEndpoint))
         localEndpoint = listener.localEndpoint
         self.runLoop = runLoop
     }
