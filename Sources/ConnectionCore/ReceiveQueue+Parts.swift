@@ -43,9 +43,10 @@ extension ReceiveQueue {
         }
     }
 
-    /// How a queue's elements weigh, split and join (see ``init(capacity:weigh:split:join:onSpaceAvailable:)``),
-    /// in one object that queues of the same kind share: three closures in every queue would be 48 bytes of every
-    /// connection (docs/benchmarks.md, memory per connection).
+    /// How a queue's elements weigh, split and join
+    /// (see ``ReceiveQueue/init(capacity:weigh:split:join:onSpaceAvailable:)``), in one object that queues of the
+    /// same kind share: three closures in every queue would be 48 bytes of every connection (docs/benchmarks.md,
+    /// memory per connection).
     public final class Framing: Sendable {
         @usableFromInline let weigh: @Sendable (Element) -> Int
         @usableFromInline let split: (@Sendable (inout Element, Int) -> Element?)?
