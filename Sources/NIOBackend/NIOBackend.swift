@@ -134,7 +134,7 @@ extension Backend {
         summary: "SwiftNIO 2.101 channels and handlers on one event-loop thread; the reference to beat",
         style: "SwiftNIO channel handlers and futures (or the same Connection)",
         isReference: true,
-        tooling: Backend.Tooling(module: "NIOBackend", colour: "#edc948", autobahn: .ws, allocationsPerRoundTrip: 18),
+        tooling: Backend.Tooling(module: "NIOBackend", colour: "#edc948", autobahn: .ws, allocationsPerRoundTrip: 15),
         newLoop: { NIOBackend(group: MultiThreadedEventLoopGroup(numberOfThreads: 1)) },
         make: { NIOBackend() })
 }
