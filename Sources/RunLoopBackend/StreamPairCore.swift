@@ -107,8 +107,12 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
         return ready & Syscall.pollOut != 0
     }
 
-    private var inputOpen: Bool { input?.streamStatus == .open }
-    private var outputOpen: Bool { output?.streamStatus == .open }
+    /// The streams, by their strong reference while they are open: a weak load looks the object up in its side
+    /// table, and every event asked for both, several times.
+    private var liveInput: SocketInputStream? { keepInput ?? input }
+    private var liveOutput: SocketOutputStream? { keepOutput ?? output }
+    private var inputOpen: Bool { liveInput?.streamStatus == .open }
+    private var outputOpen: Bool { liveOutput?.streamStatus == .open }
 
     // MARK: Opening
 
@@ -251,7 +255,7 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
             let code = (try? Syscall.pendingError(fd)) ?? 0
             if code != 0 { return fail(.errno(code, "socket error")) }
         }
-        if let input {
+        if let input = liveInput {
             let step = state.inputStep(
                 events, inputOpen: inputOpen, toleratesEmptyReads: delegateToleratesEmptyReads,
                 unreadBytes: { unreadBytes(fd) > 0 })
@@ -263,7 +267,9 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
             }
             if state.failure != nil { return }
         }
-        if let output, state.writable(events, outputOpen: outputOpen) { output.deliver(.hasSpaceAvailable) }
+        if let output = liveOutput, state.writable(events, outputOpen: outputOpen) {
+            output.deliver(.hasSpaceAvailable)
+        }
         updateInterest()
     }
 
@@ -290,14 +296,14 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
     private func scheduleDueDeliveries() {
         runLoop?.perform { [self] in
             let due = state.takeDue()
-            if due.contains(.input), let input, state.inputStillDue(inputOpen: inputOpen) {
+            if due.contains(.input), let input = liveInput, state.inputStillDue(inputOpen: inputOpen) {
                 if !deliverReadable(input) {
                     // Nothing to read and no end or error after all: back under epoll's watch.
                     state.rejoin()
                     updateInterest()
                 }
             }
-            if due.contains(.output), let output, state.spaceStillDue(outputOpen: outputOpen) {
+            if due.contains(.output), let output = liveOutput, state.spaceStillDue(outputOpen: outputOpen) {
                 output.deliver(.hasSpaceAvailable)
             }
         }
