@@ -20,10 +20,33 @@ public final class EpollLoop: TaskExecutor, Sendable {
     private static let wakeToken: UInt64 = .max
     private let work: LoopWorkQueue
     private let stopRequested = Atomic<Bool>(false)
-    private let handlers = Guarded<[Int32: any EpollHandler]>([:])
+    private let handlers = Guarded(HandlerTable())
     private let confined = LoopConfined(Confined())
     /// A name for the thread that runs the loop.
     public let name: String
+
+    /// The handlers by descriptor number, in an array: an event finds its handler by index, where a dictionary
+    /// hashed the number for every event (a run-loop round trip through `Connection` spent 0.6% of its client's
+    /// samples in the hasher). Descriptor numbers are small and dense (the lowest free one is reused), so the array
+    /// is as long as the highest number watched, 16 bytes a slot.
+    private struct HandlerTable {
+        private var slots: [(any EpollHandler)?] = []
+        private(set) var count = 0
+
+        subscript(fd: Int32) -> (any EpollHandler)? {
+            get { fd >= 0 && Int(fd) < slots.count ? slots[Int(fd)] : nil }
+            set {
+                guard fd >= 0 else { return }
+                let index = Int(fd)
+                if index >= slots.count {
+                    guard newValue != nil else { return }
+                    slots.append(contentsOf: repeatElement(nil, count: max(index + 1, slots.count * 2) - slots.count))
+                }
+                if (slots[index] == nil) != (newValue == nil) { count += newValue == nil ? -1 : 1 }
+                slots[index] = newValue
+            }
+        }
+    }
 
     /// What only the loop thread touches.
     private struct Confined {
