@@ -44,8 +44,10 @@ public final class UringSocket: Sendable {
     private let submissions = UringDescriptorGuard()
     private let lifecycle = SharedLifecycle()
     private let reads: ReceiveGate
-    /// TCP: the last receive filled all it asked for, so more is likely waiting. Read and written inside the read
-    /// gate only; atomic (relaxed) so that the compiler checks it rather than a comment.
+    /// TCP: the last receive filled a whole read chunk, so more is likely waiting. A receive that filled a smaller
+    /// length the caller asked for (`receive(exactly: 64)` in a round trip) says nothing of the next bytes: counted
+    /// as full, every ping-pong round trip through `Connection` made a recv(2) that found nothing. Read and written
+    /// inside the read gate only; atomic (relaxed) so that the compiler checks it rather than a comment.
     private let lastReceiveFull = Atomic<Bool>(false)
     private let writeGate = AsyncGate()
     /// UDP: what became of the datagrams sent without waiting.
@@ -150,7 +152,7 @@ public final class UringSocket: Sendable {
         if lastReceiveFull.load(ordering: .relaxed), let bytes = try readWaiting(fd, length: length) { return bytes }
         switch await loop.receiveSelected(fd: fd, length: length, guardedBy: submissions) {
         case .bytes(let bytes):
-            lastReceiveFull.store(bytes.count == length, ordering: .relaxed)
+            lastReceiveFull.store(bytes.count == options.readChunkSize, ordering: .relaxed)
             return bytes
         case .result(let result):
             guard try endRead(result, capacity: length) == nil else {
@@ -188,7 +190,7 @@ public final class UringSocket: Sendable {
             lastReceiveFull.store(false, ordering: .relaxed)
             return nil
         case .processed(let count):
-            lastReceiveFull.store(count == length, ordering: .relaxed)
+            lastReceiveFull.store(count == options.readChunkSize, ordering: .relaxed)
             if count == 0 { return .some(try endRead(0, capacity: length).map { _ in [] }) }
             return .some([UInt8](UnsafeRawBufferPointer(rebasing: buffer[..<count])))
         }
