@@ -96,12 +96,29 @@ final class UVTCPConnection: Connection, Sendable {
 
     func send(_ message: Message) async throws(ConnectionError) {
         if case .refuse(let error) = life.handle(.send) { throw error }
-        try await writes.send(message.bytes, writeNow: writeNow, queue: queueOnLoop)
+        try await writes.send(
+            message.bytes, turn: loop.isOnLoopThread ? loop.turn : nil, askFlush: askFlush, writeNow: writeNow,
+            queue: queueOnLoop)
     }
 
     func send(contentsOf bytes: UnsafeRawBufferPointer) async throws(ConnectionError) {
         if case .refuse(let error) = life.handle(.send) { throw error }
-        try await writes.send(contentsOf: bytes, writeNow: writeNow, queue: queueOnLoop)
+        try await writes.send(
+            contentsOf: bytes, turn: loop.isOnLoopThread ? loop.turn : nil, askFlush: askFlush, writeNow: writeNow,
+            queue: queueOnLoop)
+    }
+
+    /// Sends gathered in this turn of the loop (`WriteThrough`): written before the loop next polls. What the socket
+    /// does not take then goes to libuv's write queue as any send's rest does, the write gate held until it is
+    /// written.
+    private func askFlush() {
+        loop.beforeSleep { [self] in
+            guard let rest = writes.writeGatheredNow(writeNow: writeNow) else { return }
+            Task { [self] in
+                try? await queueOnLoop(rest)
+                writes.gate.leave()
+            }
+        }
     }
 
     /// Inside the write gate: writes what the socket takes now, with no suspension: `uv_try_write` on the loop
@@ -140,6 +157,7 @@ final class UVTCPConnection: Connection, Sendable {
     }
 
     func receive(maximumLength: Int) async throws(ConnectionError) -> Message? {
+        writes.gathering.noteReceive()
         let bytes: [UInt8]?
         if loop.isOnLoopThread {
             // On the loop (a task that prefers it): bytes already in the kernel are read here, without waiting
@@ -163,6 +181,7 @@ final class UVTCPConnection: Connection, Sendable {
     }
 
     func receive(into buffer: UnsafeMutableRawBufferPointer) async throws(ConnectionError) -> Received? {
+        writes.gathering.noteReceive()
         let count: Int?
         if loop.isOnLoopThread {
             count = try await inbox.next(into: buffer) { [tcp] buffer in
@@ -183,6 +202,7 @@ final class UVTCPConnection: Connection, Sendable {
         // After the send in progress, if any (one from another thread writes around libuv's queue).
         if !writes.gate.tryEnter() { await writes.gate.enter() }
         defer { writes.gate.leave() }
+        try await writes.writeGathered(writeNow: writeNow, queue: queueOnLoop)
         let result: Result<Void, ConnectionError> = await withCheckedContinuation { continuation in
             loop.executeHere { [tcp] in
                 guard !tcp.isClosing else { return continuation.resume(returning: .failure(.closed())) }
@@ -201,8 +221,11 @@ final class UVTCPConnection: Connection, Sendable {
     }
 
     func close() async {
-        await life.close { [loop, inbox, tcp] finished in
-            loop.execute {
+        await life.close { [self] finished in
+            loop.execute { [self] in
+                // Sends that returned and gathered go first (what the socket takes now), as they would have before
+                // the loop's next poll.
+                if writes.writeGatheredNow(writeNow: writeNow) != nil { writes.gate.leave() }
                 inbox.close()
                 tcp.close(finished)
             }
@@ -210,6 +233,7 @@ final class UVTCPConnection: Connection, Sendable {
     }
 
     func abort() async {
+        writes.gathering.discard()  // dropped with the rest of what is unsent
         if life.isOpen { loop.execute { [tcp] in tcp.resetConnection() } }
         await close()
     }

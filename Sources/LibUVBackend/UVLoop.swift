@@ -99,6 +99,13 @@ public final class UVLoop: @unchecked Sendable {
     /// `true` when called on this loop's thread.
     public var isOnLoopThread: Bool { work.isLoopThread }
 
+    /// Loop thread: the loop's turn, which changes each time it is about to poll (sends of one connection in one
+    /// turn gather: `WriteThrough`).
+    var turn: UInt32 { work.turn }
+
+    /// Loop thread: runs `block` once, before the loop next polls (in its `uv_prepare_t`).
+    func beforeSleep(_ block: @escaping () -> Void) { work.beforeSleep(block) }
+
     /// The loop's thread, for state that only its callbacks touch (`LoopConfined`).
     package var thread: LoopThread { work.thread }
 

@@ -95,6 +95,14 @@ public final class EpollLoop: TaskExecutor, Sendable {
     /// `true` on the thread running the loop.
     public var inLoop: Bool { work.isLoopThread }
 
+    /// Loop thread: the loop's turn, which changes each time it is about to wait (sends of one connection in one turn
+    /// gather: `WriteThrough`).
+    public var turn: UInt32 { work.turn }
+
+    /// Loop thread: runs `block` once, the next time the loop is about to wait for events, before it decides
+    /// whether it may (work the block adds is run first).
+    public func beforeSleep(_ block: @escaping () -> Void) { work.beforeSleep(block) }
+
     /// The loop's thread, for state that only its handlers touch (`LoopConfined`).
     package var thread: LoopThread { work.thread }
 
@@ -262,6 +270,7 @@ public final class EpollLoop: TaskExecutor, Sendable {
             }
             // Announce sleep, then look once more for work handed over meanwhile.
             let yielded = takeYielded()
+            if !yielded.isEmpty { work.endTurn() }  // a poll without sleep is a turn's end too
             let sleeps = yielded.isEmpty && work.prepareToSleep()
             // The reads put off and the tasks that yielded wait for their turn, not for an event.
             if !sleeps || pollsFirst { timeout = 0 }

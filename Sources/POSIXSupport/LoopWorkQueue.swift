@@ -48,6 +48,10 @@ package final class LoopWorkQueue: Sendable {
         var unrun = 0
         /// Cleared by a ``close()`` on the loop thread.
         var open = true
+        /// ``turn``.
+        var turn: UInt32 = 0
+        /// Run at the next ``prepareToSleep()`` (``beforeSleep(_:)``).
+        var beforeSleep: [() -> Void] = []
     }
 
     private let shared = Guarded(Shared())
@@ -128,9 +132,33 @@ package final class LoopWorkQueue: Sendable {
         local.withValue { $0.unrun > 0 || !$0.items.isEmpty }
     }
 
+    /// Loop thread: how many times the loop has asked to sleep (``prepareToSleep()``), wrapping. Work that runs
+    /// between two asks runs in one turn, with no poll between: a connection's second send in a turn follows its
+    /// first with nothing received in between, and gathers (`WriteThrough`).
+    package var turn: UInt32 { local.withValue { $0.turn } }
+
+    /// Loop thread: runs `block` once, the next time the loop asks to sleep, before the queue answers (work the
+    /// block adds keeps the loop awake): a write of the sends a connection gathered in this turn.
+    package func beforeSleep(_ block: @escaping () -> Void) {
+        local.withValue { $0.beforeSleep.append(block) }
+    }
+
+    /// Loop thread, before it polls: starts a new ``turn`` and runs the blocks given to ``beforeSleep(_:)``.
+    /// ``prepareToSleep()`` does it first; a loop that polls without asking to sleep calls it itself.
+    package func endTurn() {
+        let blocks = local.withValue { local -> [() -> Void] in
+            local.turn &+= 1
+            if local.beforeSleep.isEmpty { return [] }
+            defer { local.beforeSleep = [] }
+            return local.beforeSleep
+        }
+        for block in blocks { block() }
+    }
+
     /// Loop thread, before it sleeps: `true` when it may (nothing queued, no wake-up pending, and ``add(_:)`` from
-    /// now on signals it); `false` when it must look again at once.
+    /// now on signals it); `false` when it must look again at once. Ends the turn first (``endTurn()``).
     package func prepareToSleep() -> Bool {
+        endTurn()
         if hasUnrunWork { return false }
         return shared.withLock { shared in
             guard shared.items.isEmpty, !shared.wakePending else {

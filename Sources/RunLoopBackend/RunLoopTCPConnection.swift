@@ -236,12 +236,29 @@ final class RunLoopTCPConnection: Connection, SocketStreamDelegate, Sendable {
 
     func send(_ message: Message) async throws(ConnectionError) {
         if case .refuse(let error) = life.handle(.send) { throw error }
-        try await writes.send(message.bytes, writeNow: writeNow, queue: write)
+        let loop = runLoop.loop
+        try await writes.send(
+            message.bytes, turn: loop.inLoop ? loop.turn : nil, askFlush: askFlush, writeNow: writeNow, queue: write)
     }
 
     func send(contentsOf bytes: UnsafeRawBufferPointer) async throws(ConnectionError) {
         if case .refuse(let error) = life.handle(.send) { throw error }
-        try await writes.send(contentsOf: bytes, writeNow: writeNow, queue: write)
+        let loop = runLoop.loop
+        try await writes.send(
+            contentsOf: bytes, turn: loop.inLoop ? loop.turn : nil, askFlush: askFlush, writeNow: writeNow, queue: write
+        )
+    }
+
+    /// Sends gathered in this turn of the run loop (`WriteThrough`): written before the loop next waits. What the
+    /// socket does not take then waits for room as any send's rest does, the write gate held until it is written.
+    private func askFlush() {
+        runLoop.loop.beforeSleep { [self] in
+            guard let rest = writes.writeGatheredNow(writeNow: writeNow) else { return }
+            Task { [self] in
+                try? await write(rest)
+                writes.gate.leave()
+            }
+        }
     }
 
     /// Inside the write gate: what the socket takes at once, written on the calling thread. On the run loop's
@@ -309,6 +326,7 @@ final class RunLoopTCPConnection: Connection, SocketStreamDelegate, Sendable {
     }
 
     func receive(maximumLength: Int) async throws(ConnectionError) -> Message? {
+        writes.gathering.noteReceive()
         guard runLoop.isCurrent else { return try await inbox.next(maximumLength: maximumLength).map(Message.init) }
         // On the run loop (a task that prefers it): read the stream here, as a delegate would, instead of waiting
         // for the loop's next hasBytesAvailable. An end or error found by the read reaches the queue through the
@@ -324,6 +342,7 @@ final class RunLoopTCPConnection: Connection, SocketStreamDelegate, Sendable {
     }
 
     func receive(into buffer: UnsafeMutableRawBufferPointer) async throws(ConnectionError) -> Received? {
+        writes.gathering.noteReceive()
         guard runLoop.isCurrent else { return try await inbox.next(into: buffer).map { Received(count: $0) } }
         // As above, straight into the caller's buffer.
         return try await inbox.next(into: buffer) { [self] buffer in
@@ -342,6 +361,7 @@ final class RunLoopTCPConnection: Connection, SocketStreamDelegate, Sendable {
         // After the send in progress, if any (one from another thread writes on its own thread).
         if !writes.gate.tryEnter() { await writes.gate.enter() }
         defer { writes.gate.leave() }
+        try await writes.writeGathered(writeNow: writeNow, queue: write)
         let result: Result<Void, ConnectionError> = await withCheckedContinuation { continuation in
             runLoop.perform { [self] in
                 // Checked again here, on the loop: a close() that started after the check above may have run
@@ -364,6 +384,9 @@ final class RunLoopTCPConnection: Connection, SocketStreamDelegate, Sendable {
     func close() async {
         await life.close { [self] finished in
             runLoop.perform { [self] in
+                // Sends that returned and gathered go first (what the socket takes now), as they would have before
+                // the loop's next wait.
+                if writes.writeGatheredNow(writeNow: writeNow) != nil { writes.gate.leave() }
                 inbox.close()
                 failWrites(.closed())
                 let (input, output) = state.withValue { state in
@@ -382,6 +405,7 @@ final class RunLoopTCPConnection: Connection, SocketStreamDelegate, Sendable {
     }
 
     func abort() async {
+        writes.gathering.discard()  // dropped with the rest of what is unsent
         if life.isOpen {
             await withCheckedContinuation { continuation in
                 runLoop.perform { [self] in
