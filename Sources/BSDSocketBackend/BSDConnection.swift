@@ -47,7 +47,8 @@ final class BSDConnection: Connection, Sendable {
                 socket.transport == .udp
                 ? .datagrams(capacity: options.receiveQueueLimit, onSpaceAvailable: onSpace)
                 : .byteStream(capacity: options.receiveQueueLimit, onSpaceAvailable: onSpace)
-            self.writer = BSDWriter(socket: socket, lease: lease, name: "bsd-write-\(socket.descriptor)")
+            self.writer = BSDWriter(
+                socket: socket, lease: lease, name: "bsd-write-\(socket.descriptor)", executor: executor)
             self.chunkSize = socket.transport == .udp ? options.maxDatagramSize : options.readChunkSize
             self.scratch = LoopConfined(
                 .allocate(byteCount: chunkSize, alignment: 16), on: executor.thread, release: { $0.deallocate() })
@@ -213,6 +214,7 @@ final class BSDConnection: Connection, Sendable {
     }
 
     func receive(maximumLength: Int) async throws(ConnectionError) -> Message? {
+        core.writer.noteReceive()
         let core = core
         let bytes: [UInt8]?
         if transport == .tcp, core.executor.isCurrent {
@@ -226,6 +228,7 @@ final class BSDConnection: Connection, Sendable {
     }
 
     func receive(into buffer: UnsafeMutableRawBufferPointer) async throws(ConnectionError) -> Received? {
+        core.writer.noteReceive()
         let core = core
         let count: Int?
         if transport == .tcp, core.executor.isCurrent {
@@ -250,6 +253,7 @@ final class BSDConnection: Connection, Sendable {
     }
 
     func abort() async {
+        core.writer.discardGathered()  // dropped with the rest of what is unsent
         // The lease keeps the descriptor number ours while the reset is sent.
         if transport == .tcp, core.life.isOpen, core.lease.retain() {
             Syscall.resetConnection(core.socket.descriptor)

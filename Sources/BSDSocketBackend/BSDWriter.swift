@@ -1,11 +1,12 @@
-import ConnectionCore
+@_spi(Loop) import ConnectionCore
 import POSIXSupport
 import Synchronization
 
 /// The send half of the adapter. A send first tries a non-blocking `send(2)` on the caller's thread (it never
 /// waits there); whatever the kernel does not take at once goes to a writer thread of this connection, started
 /// on first need, which blocks in `send(2)` until the peer makes room. Order is kept: while the writer thread
-/// has work, every later send queues behind it.
+/// has work, every later send queues behind it. TCP sends made back to back on the connection's reader thread (a task
+/// that prefers it) gather into one system call (``SendGathering``), written before the reader next waits.
 final class BSDWriter: Sendable {
     private struct Job {
         var bytes: [UInt8]
@@ -13,7 +14,8 @@ final class BSDWriter: Sendable {
         var address: SocketAddress?
         /// Instead of data: shutdown(SHUT_WR) once everything before it was sent.
         var shutdownWrite = false
-        var completion: CheckedContinuation<Result<Void, ConnectionError>, Never>
+        /// `nil` for the rest of gathered sends, which returned already.
+        var completion: CheckedContinuation<Result<Void, ConnectionError>, Never>?
     }
 
     private let socket: BSDSocket
@@ -31,11 +33,16 @@ final class BSDWriter: Sendable {
         var isIdle: Bool { jobs.isEmpty && !busy }
     }
     private let lock = ConditionLock(State())
+    /// The connection's reader thread, where TCP sends gather (`nil`: a UDP listener's writer, nothing gathers).
+    private let executor: ReaderExecutor?
+    /// Touched under `lock` only, which stands for the write gate.
+    private let gathering = SendGathering()
 
-    init(socket: BSDSocket, lease: DescriptorLease, name: String) {
+    init(socket: BSDSocket, lease: DescriptorLease, name: String, executor: ReaderExecutor? = nil) {
         self.socket = socket
         self.lease = lease
         self.name = name
+        self.executor = socket.transport == .tcp ? executor : nil
     }
 
     /// Sends all of `bytes` (to `address` on an unconnected UDP socket).
@@ -73,6 +80,24 @@ final class BSDWriter: Sendable {
         return try lock.withLock { (state: inout State) throws(ConnectionError) -> Int? in
             if state.stopped { throw .closed() }
             if state.outputClosed { throw .closed("the output was closed (half-close)") }
+            if let executor {
+                if executor.isCurrent, state.isIdle {
+                    let turn = executor.turn
+                    var offer = gathering.offer(bytes, turn: turn)
+                    if case .full = offer {
+                        try writeGathered(&state)
+                        offer = state.isIdle ? gathering.offer(bytes, turn: turn) : .direct
+                    }
+                    if case .gathered(let askFlush) = offer {
+                        if askFlush {
+                            executor.beforeSleep { [self] in lock.withLock { writeGatheredBeforeSleep(&$0) } }
+                        }
+                        return nil
+                    }
+                } else {
+                    try writeGathered(&state)
+                }
+            }
             guard state.isIdle else { return 0 }
             let result =
                 if let address {
@@ -88,11 +113,55 @@ final class BSDWriter: Sendable {
         }
     }
 
+    /// Under the lock, TCP: what gathered, written now (what the socket does not take goes to the writer thread,
+    /// ahead of anything queued after this).
+    private func writeGathered(_ state: inout State) throws(ConnectionError) {
+        if state.stopped { return }
+        let offset = state.isIdle ? 0 : -1  // something queued already: all of it goes behind
+        guard
+            let rest = try gathering.take(
+                writeNow: { (bytes) throws(ConnectionError) in
+                    offset < 0 ? 0 : try Self.writeAvailable(socket.descriptor, bytes)
+                }, keepBuffer: true)
+        else { return }
+        if let error = appendLocked(&state, Job(bytes: rest, offset: 0, address: nil, completion: nil)) { throw error }
+    }
+
+    /// Under the lock, on the reader thread about to wait: as ``writeGathered(_:)``, the buffer let go. A failure
+    /// drops the bytes: the socket has failed, and the connection's next call meets its error.
+    private func writeGatheredBeforeSleep(_ state: inout State) {
+        if state.stopped { return }
+        let idle = state.isIdle
+        let fd = socket.descriptor
+        let rest = try? gathering.takeBeforeSleep { (bytes) throws(ConnectionError) in
+            idle ? try Self.writeAvailable(fd, bytes) : 0
+        }
+        if let rest { _ = appendLocked(&state, Job(bytes: rest, offset: 0, address: nil, completion: nil)) }
+    }
+
+    /// Non-blocking sends of `bytes` until the socket has no room: how many it took.
+    private static func writeAvailable(_ fd: Int32, _ bytes: UnsafeRawBufferPointer) throws(ConnectionError) -> Int {
+        var offset = 0
+        while offset < bytes.count {
+            let rest = UnsafeRawBufferPointer(rebasing: bytes[offset...])
+            guard case .processed(let sent) = try Syscall.send(fd, rest, dontWait: true) else { break }
+            offset += sent
+        }
+        return offset
+    }
+
+    /// A receive was called: the next send answers it and goes at once (``SendGathering/noteReceive()``).
+    func noteReceive() { gathering.noteReceive() }
+
+    /// An abort: what gathered is dropped with the rest of what is unsent.
+    func discardGathered() { gathering.discard() }
+
     /// Half-close, in order: shutdown(SHUT_WR) after every send before it; later sends throw `.closed`.
     func shutdownOutput() async throws(ConnectionError) {
         let immediate: Bool = try lock.withLock { (state: inout State) throws(ConnectionError) -> Bool in
             if state.stopped { throw .closed() }
             if state.outputClosed { return false }
+            try writeGathered(&state)
             state.outputClosed = true
             if state.isIdle {
                 try socket.shutdown(.write)
@@ -112,44 +181,57 @@ final class BSDWriter: Sendable {
         let result = await withCheckedContinuation { continuation in
             let rejected: ConnectionError? = lock.withLock { state in
                 if state.stopped { return .closed() }
-                state.jobs.append(makeJob(continuation))
-                if !state.threadStarted {
-                    guard lease.retain() else {
-                        state.jobs.removeLast()
-                        return .closed()
-                    }
-                    // No thread left (a thread per connection at the system's limit): this send fails with that
-                    // error, and since part of it may be on the wire already, the socket is shut down both ways, so
-                    // neither end reads a stream with a hole in it (the reader sees the end; the peer too).
-                    if let error = PosixThread.trySpawn(name: name, { self.run() }) {
-                        state.jobs.removeLast()
-                        state.stopped = true
-                        try? socket.shutdown(.both)
-                        lease.release()
-                        return error
-                    }
-                    state.threadStarted = true
-                } else {
-                    lock.signal()
-                }
-                return nil
+                return appendLocked(&state, makeJob(continuation))
             }
             if let rejected { continuation.resume(returning: .failure(rejected)) }
         }
         try result.get()
     }
 
+    /// Under the lock, not stopped: queues `job` for the writer thread, starting it on first need.
+    private func appendLocked(_ state: inout State, _ job: Job) -> ConnectionError? {
+        state.jobs.append(job)
+        if !state.threadStarted {
+            guard lease.retain() else {
+                state.jobs.removeLast()
+                return .closed()
+            }
+            // No thread left (a thread per connection at the system's limit): this send fails with that error, and
+            // since part of it may be on the wire already, the socket is shut down both ways, so neither end reads a
+            // stream with a hole in it (the reader sees the end; the peer too).
+            if let error = PosixThread.trySpawn(name: name, { self.run() }) {
+                state.jobs.removeLast()
+                state.stopped = true
+                try? socket.shutdown(.both)
+                lease.release()
+                return error
+            }
+            state.threadStarted = true
+        } else {
+            lock.signal()
+        }
+        return nil
+    }
+
     /// Fails queued sends with `.closed` and lets the writer thread end. A send blocked in the kernel is woken
     /// by the owner's `shutdown(2)`.
     func stop() {
         let failed: [Job] = lock.withLock { state in
+            // Sends that returned and gathered go first (what the socket takes now), as before the reader's next
+            // wait; a rest is dropped with the queued sends.
+            if state.isIdle {
+                let fd = socket.descriptor
+                _ = try? gathering.take(
+                    writeNow: { (bytes) throws(ConnectionError) in try Self.writeAvailable(fd, bytes) },
+                    keepBuffer: false)
+            }
             state.stopped = true
             let failed = state.jobs
             state.jobs.removeAll()
             lock.broadcast()
             return failed
         }
-        for job in failed { job.completion.resume(returning: .failure(.closed())) }
+        for job in failed { job.completion?.resume(returning: .failure(.closed())) }
     }
 
     private func run() {
@@ -166,7 +248,7 @@ final class BSDWriter: Sendable {
                 if job.shutdownWrite {
                     try socket.shutdown(.write)
                     lock.withLock { $0.busy = false }
-                    job.completion.resume(returning: .success(()))
+                    job.completion?.resume(returning: .success(()))
                     continue
                 }
                 try job.bytes.withBytes { (buffer) throws(ConnectionError) in
@@ -188,7 +270,7 @@ final class BSDWriter: Sendable {
                 outcome = .failure(lock.withLock { $0.stopped } ? .closed() : error)
             }
             lock.withLock { $0.busy = false }
-            job.completion.resume(returning: outcome)
+            job.completion?.resume(returning: outcome)
         }
     }
 }

@@ -35,6 +35,13 @@ final class ReaderExecutor: TaskExecutor, Sendable {
     /// the middle of a read (it is running this task's job).
     var isCurrent: Bool { work.isLoopThread }
 
+    /// Reader thread: the loop's turn, which changes each time it is about to wait (TCP sends of one turn gather:
+    /// ``BSDWriter``).
+    var turn: UInt32 { work.turn }
+
+    /// Reader thread: runs `block` once, before the reader next waits.
+    func beforeSleep(_ block: @escaping () -> Void) { work.beforeSleep(block) }
+
     /// The reader thread, for state only it touches (`LoopConfined`).
     var thread: LoopThread { work.thread }
 
