@@ -24,7 +24,7 @@ extension AsyncSocket {
     func writeGathered(_ fd: Int32) async throws(ConnectionError) {
         guard
             let rest = try gathering.take(
-                writeNow: { (bytes) throws(ConnectionError) in try Self.writeAvailable(fd, bytes) }, keepBuffer: true)
+                writeNow: { (bytes) throws(ConnectionError) in try Syscall.sendAvailable(fd, bytes) }, keepBuffer: true)
         else {
             return
         }
@@ -41,7 +41,8 @@ extension AsyncSocket {
             guard
                 let rest = gathering.writeNow(
                     gate: writeGate,
-                    writeNow: { (bytes) throws(ConnectionError) in try Self.writeAvailable(usableDescriptor(), bytes) })
+                    writeNow: { (bytes) throws(ConnectionError) in try Syscall.sendAvailable(usableDescriptor(), bytes)
+                    })
             else { return }
             // The socket took part: the rest waits for room as any send's does, the write gate held until it went.
             Task { [self] in
@@ -55,18 +56,5 @@ extension AsyncSocket {
                 }
             }
         }
-    }
-
-    /// Non-blocking sends of `bytes` until the socket has no room: how many it took.
-    static func writeAvailable(_ fd: Int32, _ bytes: UnsafeRawBufferPointer) throws(ConnectionError) -> Int {
-        var offset = 0
-        while offset < bytes.count {
-            guard
-                case .processed(let sent) = try Syscall.send(
-                    fd, UnsafeRawBufferPointer(rebasing: bytes[offset...]), dontWait: true)
-            else { break }
-            offset += sent
-        }
-        return offset
     }
 }

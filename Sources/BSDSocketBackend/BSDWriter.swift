@@ -121,7 +121,7 @@ final class BSDWriter: Sendable {
         guard
             let rest = try gathering.take(
                 writeNow: { (bytes) throws(ConnectionError) in
-                    offset < 0 ? 0 : try Self.writeAvailable(socket.descriptor, bytes)
+                    offset < 0 ? 0 : try Syscall.sendAvailable(socket.descriptor, bytes)
                 }, keepBuffer: true)
         else { return }
         if let error = appendLocked(&state, Job(bytes: rest, offset: 0, address: nil, completion: nil)) { throw error }
@@ -134,20 +134,9 @@ final class BSDWriter: Sendable {
         let idle = state.isIdle
         let fd = socket.descriptor
         let rest = try? gathering.takeBeforeSleep { (bytes) throws(ConnectionError) in
-            idle ? try Self.writeAvailable(fd, bytes) : 0
+            idle ? try Syscall.sendAvailable(fd, bytes) : 0
         }
         if let rest { _ = appendLocked(&state, Job(bytes: rest, offset: 0, address: nil, completion: nil)) }
-    }
-
-    /// Non-blocking sends of `bytes` until the socket has no room: how many it took.
-    private static func writeAvailable(_ fd: Int32, _ bytes: UnsafeRawBufferPointer) throws(ConnectionError) -> Int {
-        var offset = 0
-        while offset < bytes.count {
-            let rest = UnsafeRawBufferPointer(rebasing: bytes[offset...])
-            guard case .processed(let sent) = try Syscall.send(fd, rest, dontWait: true) else { break }
-            offset += sent
-        }
-        return offset
     }
 
     /// A receive was called: the next send answers it and goes at once (``SendGathering/noteReceive()``).
@@ -222,7 +211,7 @@ final class BSDWriter: Sendable {
             if state.isIdle {
                 let fd = socket.descriptor
                 _ = try? gathering.take(
-                    writeNow: { (bytes) throws(ConnectionError) in try Self.writeAvailable(fd, bytes) },
+                    writeNow: { (bytes) throws(ConnectionError) in try Syscall.sendAvailable(fd, bytes) },
                     keepBuffer: false)
             }
             state.stopped = true

@@ -14,6 +14,18 @@ extension Syscall {
         return try retryingIO("send", { Glibc.send(fd, buffer.baseAddress, buffer.count, flags) })
     }
 
+    /// Non-blocking send(2)s of `bytes` on a stream socket until it has no room: how many bytes it took (a gathered
+    /// send's write, `SendGathering`).
+    package static func sendAvailable(_ fd: Int32, _ bytes: UnsafeRawBufferPointer) throws(ConnectionError) -> Int {
+        var offset = 0
+        while offset < bytes.count {
+            let rest = UnsafeRawBufferPointer(rebasing: bytes[offset...])
+            guard case .processed(let sent) = try send(fd, rest, dontWait: true) else { break }
+            offset += sent
+        }
+        return offset
+    }
+
     /// recv(2) (MSG_DONTWAIT when `dontWait`). 0 means end of stream on TCP and an empty datagram on UDP.
     package static func recv(
         _ fd: Int32, _ buffer: UnsafeMutableRawBufferPointer, dontWait: Bool = false
