@@ -37,7 +37,9 @@ public final class AsyncListener: AsyncSequence, Sendable {
         self.handOff = handOff
         guard endpoint.transport == .tcp else { throw ConnectionError(.unsupported, "AsyncListener listens on tcp") }
         let (socket, local) = try Socket.listen(on: endpoint, options: options)
-        try reactor.loop.register(socket.raw, events: Syscall.epollIn | Syscall.epollEdgeTriggered, handler: readiness)
+        try socket.withDescriptor { [readiness] (fd) throws(ConnectionError) in
+            try reactor.loop.register(fd, events: Syscall.epollIn | Syscall.epollEdgeTriggered, handler: readiness)
+        }
         localEndpoint = local.endpoint(.tcp)
         self.options = options
         self.reactor = reactor
@@ -53,11 +55,14 @@ public final class AsyncListener: AsyncSequence, Sendable {
         await gate.enter()
         defer { gate.leave() }
         while true {
-            let fd = descriptor.raw
-            guard fd >= 0 else { throw .closed("the listener is closed") }
             let next: (fd: Int32, peer: SocketAddress)?
             do throws(ConnectionError) {
-                next = try Syscall.accept(fd, nonBlocking: true)
+                guard
+                    let accepted = try descriptor.ifOpen({ (fd) throws(ConnectionError) in
+                        try Syscall.accept(fd, nonBlocking: true)
+                    })
+                else { throw .closed("the listener is closed") }
+                next = accepted
             } catch {
                 guard error.kind == .resourceExhausted else { throw error }
                 BoundsLog.note(.descriptorLimit, "accepting paused for \(options.acceptBackoff): \(error)")

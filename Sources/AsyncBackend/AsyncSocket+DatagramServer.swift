@@ -31,13 +31,15 @@ extension AsyncSocket {
     ) -> Bool {
         guard readGate.tryEnter() else { return false }  // a close waits for the gate: the socket is closing
         defer { readGate.leave() }
-        guard let fd = try? usableDescriptor() else { return false }
+        guard (try? checkUsable()) != nil else { return false }
         var taken = 0
         var reads = 0
         reading: while taken < 32 && reads < 8 {
             reads += 1
             do throws(ConnectionError) {
-                switch try batch.receive(fd, dontWait: true) {
+                switch try descriptor.withDescriptor({ (fd) throws(ConnectionError) in
+                    try batch.receive(fd, dontWait: true)
+                }) {
                 case .processed(let count):
                     taken += count
                     deliver(batch)
@@ -76,13 +78,15 @@ extension AsyncSocket {
     func send(_ bytes: [UInt8], to address: SocketAddress) async throws(ConnectionError) {
         if !writeGate.tryEnter() { await writeGate.enter() }
         defer { writeGate.leave() }
-        let fd = try usableDescriptor()
+        try checkUsable()
         while true {
-            let result = try bytes.withBytes { (buffer) throws(ConnectionError) in
-                try Syscall.sendTo(fd, buffer, to: address, dontWait: true)
+            let result = try descriptor.withDescriptor { (fd) throws(ConnectionError) in
+                try bytes.withBytes { (buffer) throws(ConnectionError) in
+                    try Syscall.sendTo(fd, buffer, to: address, dontWait: true)
+                }
             }
             if case .processed = result { return }
-            try await waitForRoom(fd)
+            try await waitForRoom()
         }
     }
 }

@@ -21,18 +21,23 @@ extension AsyncSocket {
     }
 
     /// Inside the write gate (TCP): what gathered, written now; what the socket does not take waits for room.
-    func writeGathered(_ fd: Int32) async throws(ConnectionError) {
+    func writeGathered() async throws(ConnectionError) {
         guard
-            let rest = try gathering.take(
-                writeNow: { (bytes) throws(ConnectionError) in try Syscall.sendAvailable(fd, bytes) }, keepBuffer: true)
+            let rest = try gathering.take(writeNow: writeAvailable, keepBuffer: true)
         else {
             return
         }
-        try await sendHeld(fd, count: rest.count, countsDatagrams: false) { (fd, offset) throws(ConnectionError) in
+        try await sendHeld(count: rest.count, countsDatagrams: false) { (fd, offset) throws(ConnectionError) in
             try rest.withBytes { (buffer) throws(ConnectionError) in
                 try Syscall.send(fd, UnsafeRawBufferPointer(rebasing: buffer[offset...]), dontWait: true)
             }
         }
+    }
+
+    /// What the socket takes of `bytes` now.
+    private func writeAvailable(_ bytes: UnsafeRawBufferPointer) throws(ConnectionError) -> Int {
+        try checkUsable()
+        return try descriptor.withDescriptor { (fd) throws(ConnectionError) in try Syscall.sendAvailable(fd, bytes) }
     }
 
     /// Asks the reactor to write what gathered before it next sleeps (TCP, on its thread).
@@ -41,14 +46,13 @@ extension AsyncSocket {
             guard
                 let rest = gathering.writeNow(
                     gate: writeGate,
-                    writeNow: { (bytes) throws(ConnectionError) in try Syscall.sendAvailable(usableDescriptor(), bytes)
-                    })
+                    writeNow: writeAvailable)
             else { return }
             // The socket took part: the rest waits for room as any send's does, the write gate held until it went.
             Task { [self] in
                 defer { writeGate.leave() }
-                guard let fd = try? usableDescriptor() else { return }
-                try? await sendHeld(fd, count: rest.count, countsDatagrams: false) {
+                guard (try? checkUsable()) != nil else { return }
+                try? await sendHeld(count: rest.count, countsDatagrams: false) {
                     (fd, offset) throws(ConnectionError) in
                     try rest.withBytes { (buffer) throws(ConnectionError) in
                         try Syscall.send(fd, UnsafeRawBufferPointer(rebasing: buffer[offset...]), dontWait: true)

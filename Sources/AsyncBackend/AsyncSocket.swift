@@ -71,7 +71,7 @@ public final class AsyncSocket: Sendable {
     let gathering = SendGathering()
     /// Serialises `close()`: every caller returns after the one close has finished.
     private let closeGate = AsyncGate()
-    private let descriptor: SocketDescriptor
+    let descriptor: SocketDescriptor
     private let life: Guarded<Life>
     /// Reads in a row that found data without waiting (inside the read gate; atomic only to stay `Sendable`).
     private let readsWithoutWait = Atomic<Int>(0)
@@ -122,7 +122,9 @@ public final class AsyncSocket: Sendable {
         self.reactor = reactor
         life = Guarded(Life(state: .ready, local: local, remote: remote))
         descriptor = socket
-        try reactor.loop.register(socket.raw, events: Self.watchedEvents(transport), handler: readiness)
+        try socket.withDescriptor { [readiness] (fd) throws(ConnectionError) in
+            try reactor.loop.register(fd, events: Self.watchedEvents(transport), handler: readiness)
+        }
     }
 
     deinit {
@@ -146,10 +148,12 @@ public final class AsyncSocket: Sendable {
     /// Waits until a send may find room. A UDP socket watches writability only for this wait: arming it
     /// (EPOLL_CTL_MOD) makes epoll look at the socket at once, so room that came since the send failed is
     /// reported too.
-    func waitForRoom(_ fd: Int32) async throws(ConnectionError) {
+    func waitForRoom() async throws(ConnectionError) {
         guard transport == .udp else { return try await readiness.waitWritable() }
-        try reactor.loop.modify(fd, events: Self.readEvents | Syscall.epollOut)
-        defer { try? reactor.loop.modify(fd, events: Self.readEvents) }
+        try descriptor.withDescriptor { (fd) throws(ConnectionError) in
+            try reactor.loop.modify(fd, events: Self.readEvents | Syscall.epollOut)
+        }
+        defer { descriptor.ifOpen { try? reactor.loop.modify($0, events: Self.readEvents) } }
         try await readiness.waitWritable()
     }
 
@@ -162,8 +166,11 @@ public final class AsyncSocket: Sendable {
     /// The peer's address once ready.
     public var remoteEndpoint: Endpoint? { life.withLock { $0.remote } }
 
-    /// The descriptor (-1 before ``start()`` and after ``close()``).
-    public var fileDescriptor: Int32 { descriptor.raw }
+    /// Runs `body` with the descriptor, which stays this socket's until `body` returns (for a socket option or a
+    /// look with `poll` of your own); `.closed` before ``start()`` and after ``close()``.
+    public func withDescriptor<R>(_ body: (Int32) throws(ConnectionError) -> R) throws(ConnectionError) -> R {
+        try descriptor.withDescriptor(body)
+    }
 
     private func set(_ state: State) {
         life.withLock { life in
@@ -202,11 +209,12 @@ public final class AsyncSocket: Sendable {
 
     private func connect(to address: SocketAddress, deadline: UInt64) async throws(ConnectionError) {
         let socket = try Socket.connectingSocket(for: address, transport: transport, options: options)
-        let fd = socket.raw
         // Registered before connect(2), as before the socket layer: registering after it made a loopback
         // connect's p50 2.7x slower (`sockbench compare --full --scenarios connect`, 55 -> 150 us; see
         // docs/benchmarks.md, session 26).
-        try reactor.loop.register(fd, events: Self.watchedEvents(transport), handler: readiness)
+        try socket.withDescriptor { [readiness, transport] (fd) throws(ConnectionError) in
+            try reactor.loop.register(fd, events: Self.watchedEvents(transport), handler: readiness)
+        }
         do throws(ConnectionError) {
             if try !Socket.startConnect(socket, to: address) {
                 try await withDeadline(
@@ -217,13 +225,17 @@ public final class AsyncSocket: Sendable {
                     while true {
                         try await readiness.waitWritable()
                         if expired() { return }
-                        if try Syscall.poll(fd, events: Syscall.pollOut, timeoutMilliseconds: 0) != 0 { return }
+                        let ready = try socket.withDescriptor { (fd) throws(ConnectionError) in
+                            try Syscall.poll(fd, events: Syscall.pollOut, timeoutMilliseconds: 0)
+                        }
+                        if ready != 0 { return }
                     }
                 }
                 try Socket.finishConnect(socket, to: address, endpoint: endpoint)
             }
-            let local = try Syscall.localAddress(fd).endpoint(transport)
-            let remote = try Syscall.peerAddress(fd).endpoint(transport)
+            let (local, remote) = try socket.withDescriptor { [transport] (fd) throws(ConnectionError) in
+                (try Syscall.localAddress(fd).endpoint(transport), try Syscall.peerAddress(fd).endpoint(transport))
+            }
             life.withLock {
                 $0.local = local
                 $0.remote = remote
@@ -292,16 +304,12 @@ public final class AsyncSocket: Sendable {
     @inline(never) private func read<R: Sendable>(
         _ attempt: (Int32) throws(ConnectionError) -> IOResult<R>
     ) async throws(ConnectionError) -> R {
-        var fd = try beginRead()
-        if fd < 0 {
-            fd = -fd
-            await letOthersRun()
-        }
+        if try beginRead() { await letOthersRun() }
         while true {
-            if case .processed(let result) = try attempt(fd) { return result }
+            if case .processed(let result) = try descriptor.withDescriptor(attempt) { return result }
             readsWithoutWait.store(0, ordering: .relaxed)
             try await readiness.waitReadable()
-            fd = try usableDescriptor()
+            try checkUsable()
         }
     }
 
@@ -311,17 +319,17 @@ public final class AsyncSocket: Sendable {
         if reactor.loop.inLoop { await reactor.loop.yieldUntilPolled() } else { await Task.yield() }
     }
 
-    /// Before a read: the descriptor, negated when the reader has found data `readsPerTurn` times in a row and
-    /// should let others run first.
+    /// Before a read: `true` when the reader has found data `readsPerTurn` times in a row and should let others
+    /// run first.
     @inline(never)
-    private func beginRead() throws(ConnectionError) -> Int32 {
-        let fd = try usableDescriptor()
+    private func beginRead() throws(ConnectionError) -> Bool {
+        try checkUsable()
         if life.withLock({ $0.lifecycle.inputEnded }) { throw .closed("the end of the stream was already reported") }
         if readsWithoutWait.add(1, ordering: .relaxed).newValue > Self.readsPerTurn {
             readsWithoutWait.store(0, ordering: .relaxed)
-            return -fd
+            return true
         }
-        return fd
+        return false
     }
 
     /// One non-blocking recv(2) of at most `limit` bytes into the calling thread's buffer, copied out at the length
@@ -395,79 +403,80 @@ public final class AsyncSocket: Sendable {
     ) async throws(ConnectionError) {
         if !writeGate.tryEnter() { await writeGate.enter() }
         defer { writeGate.leave() }
-        let fd = try beginSend()
+        try beginSend()
         if transport == .tcp {
             switch gatherStep(gather) {
             case .done: return
             case .write: break
             case .writeGatheredFirst:
-                try await writeGathered(fd)
+                try await writeGathered()
                 if case .done = gatherStep(gather) { return }
             }
         }
         // What the socket takes at once, with no async call; only a send that finds it full waits (`sendHeld`).
-        guard let sent = try writeSome(fd, from: 0, count: count, countsDatagrams: countsDatagrams, write) else {
+        guard let sent = try writeSome(from: 0, count: count, countsDatagrams: countsDatagrams, write) else {
             return
         }
-        try await sendHeld(fd, from: sent, waitFirst: true, count: count, countsDatagrams: countsDatagrams, write)
+        try await sendHeld(from: sent, waitFirst: true, count: count, countsDatagrams: countsDatagrams, write)
     }
 
-    /// Inside the write gate, the descriptor's: `write` from `start` until all `count` went, waiting for room whenever
-    /// the socket is full (`waitFirst`: it was full at `start`).
+    /// Inside the write gate: `write` from `start` until all `count` went, waiting for room whenever the socket is
+    /// full (`waitFirst`: it was full at `start`).
     func sendHeld(
-        _ given: Int32, from start: Int = 0, waitFirst: Bool = false, count: Int, countsDatagrams: Bool,
+        from start: Int = 0, waitFirst: Bool = false, count: Int, countsDatagrams: Bool,
         _ write: (Int32, Int) throws(ConnectionError) -> IOResult<Int>
     ) async throws(ConnectionError) {
-        var fd = given
         var offset = start
         if !waitFirst {
-            guard let sent = try writeSome(fd, from: offset, count: count, countsDatagrams: countsDatagrams, write)
+            guard let sent = try writeSome(from: offset, count: count, countsDatagrams: countsDatagrams, write)
             else { return }
             offset = sent
         }
         while true {
             do throws(ConnectionError) {
-                try await waitForRoom(fd)
-                fd = try usableDescriptor()
+                try await waitForRoom()
+                try checkUsable()
             } catch {
-                throw sendFailed(error, fd: fd, partly: offset > 0)
+                throw sendFailed(error, partly: offset > 0)
             }
-            guard let sent = try writeSome(fd, from: offset, count: count, countsDatagrams: countsDatagrams, write)
+            guard let sent = try writeSome(from: offset, count: count, countsDatagrams: countsDatagrams, write)
             else { return }
             offset = sent
         }
     }
 
-    /// Before a send: the descriptor, once the lifecycle lets a send run.
+    /// Before a send: throws unless the socket is usable and the lifecycle lets a send run.
     @inline(never)
-    private func beginSend() throws(ConnectionError) -> Int32 {
-        let fd = try usableDescriptor()
+    private func beginSend() throws(ConnectionError) {
+        try checkUsable()
         if case .refuse(let error) = life.withLock({ $0.lifecycle.handle(.send) }) { throw error }
-        return fd
     }
 
-    /// Writes from `offset` until all `count` went (`nil`) or the socket has no room (how far it got).
+    /// Writes from `offset` until all `count` went (`nil`) or the socket has no room (how far it got), with the
+    /// descriptor borrowed for the writes.
     @inline(never)
     private func writeSome(
-        _ fd: Int32, from offset: Int, count: Int, countsDatagrams: Bool,
+        from offset: Int, count: Int, countsDatagrams: Bool,
         _ write: (Int32, Int) throws(ConnectionError) -> IOResult<Int>
     ) throws(ConnectionError) -> Int? {
-        var offset = offset
-        repeat {
-            guard case .processed(let written) = try write(fd, offset) else { return offset }
-            if transport == .udp && !countsDatagrams { return nil }
-            offset += written
-        } while offset < count
-        return nil
+        try descriptor.withDescriptor { (fd) throws(ConnectionError) in
+            var offset = offset
+            repeat {
+                guard case .processed(let written) = try write(fd, offset) else { return offset }
+                if transport == .udp && !countsDatagrams { return nil }
+                offset += written
+            } while offset < count
+            return nil
+        }
     }
 
     /// A wait for room that failed: a cancelled send that had written part of its message closes the output, as
     /// nothing can follow a partial message sensibly.
     @inline(never)
-    private func sendFailed(_ error: ConnectionError, fd: Int32, partly: Bool) -> ConnectionError {
+    private func sendFailed(_ error: ConnectionError, partly: Bool) -> ConnectionError {
         if error.kind == .cancelled && partly {
             if case .shutdownOutput = life.withLock({ $0.lifecycle.handle(.closeOutput) }) {
-                try? Syscall.shutdown(fd, .write)
+                descriptor.ifOpen { try? Syscall.shutdown($0, .write) }
             }
         }
         return error
@@ -478,22 +487,24 @@ public final class AsyncSocket: Sendable {
         guard transport == .tcp else { throw ConnectionError(.unsupported, "half-close needs a TCP connection") }
         if !writeGate.tryEnter() { await writeGate.enter() }
         defer { writeGate.leave() }
-        let fd = try usableDescriptor()
-        try await writeGathered(fd)
+        try checkUsable()
+        try await writeGathered()
         switch life.withLock({ $0.lifecycle.handle(.closeOutput) }) {
-        case .shutdownOutput: try Syscall.shutdown(fd, .write)
+        case .shutdownOutput:
+            try descriptor.withDescriptor { (fd) throws(ConnectionError) in try Syscall.shutdown(fd, .write) }
         case .refuse(let error): throw error
         default: return
         }
     }
 
-    func usableDescriptor() throws(ConnectionError) -> Int32 {
-        let fd = descriptor.raw
+    /// Throws unless the socket is started and not closed (an operation then borrows the descriptor for each
+    /// system call).
+    func checkUsable() throws(ConnectionError) {
+        let closed = descriptor.isClosed
         let open = life.withLock { $0.lifecycle.isOpen }
-        if fd < 0 || !open {
-            throw fd < 0 && open ? ConnectionError(.unsupported, "the socket is not started") : .closed()
+        if closed || !open {
+            throw closed && open ? ConnectionError(.unsupported, "the socket is not started") : .closed()
         }
-        return fd
     }
 
     // MARK: Closing
@@ -504,8 +515,7 @@ public final class AsyncSocket: Sendable {
         gathering.discard()  // dropped with the rest of what is unsent
         life.withLock { life in
             // Under the lock, no close has started, so the descriptor is still ours.
-            let fd = descriptor.raw
-            if life.lifecycle.isOpen, transport == .tcp, fd >= 0 { Syscall.resetConnection(fd) }
+            if life.lifecycle.isOpen, transport == .tcp { descriptor.ifOpen { Syscall.resetConnection($0) } }
         }
         await close()
     }
@@ -523,8 +533,7 @@ public final class AsyncSocket: Sendable {
         await readGate.enter()
         await writeGate.enter()
         // Sends that returned and gathered go first (what the socket takes now), as before the reactor's next wait.
-        let fd = descriptor.raw
-        if fd >= 0 {
+        descriptor.ifOpen { fd in
             _ = try? gathering.take(
                 writeNow: { (bytes) throws(ConnectionError) in try Syscall.sendAvailable(fd, bytes) }, keepBuffer: false
             )

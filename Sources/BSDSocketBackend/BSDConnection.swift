@@ -48,7 +48,7 @@ final class BSDConnection: Connection, Sendable {
                 ? .datagrams(capacity: options.receiveQueueLimit, onSpaceAvailable: onSpace)
                 : .byteStream(capacity: options.receiveQueueLimit, onSpaceAvailable: onSpace)
             self.writer = BSDWriter(
-                socket: socket, lease: lease, name: "bsd-write-\(socket.descriptor)", executor: executor)
+                socket: socket, lease: lease, name: "bsd-write-\(socket.label)", executor: executor)
             self.chunkSize = socket.transport == .udp ? options.maxDatagramSize : options.readChunkSize
             self.scratch = LoopConfined(
                 .allocate(byteCount: chunkSize, alignment: 16), on: executor.thread, release: { $0.deallocate() })
@@ -82,9 +82,9 @@ final class BSDConnection: Connection, Sendable {
                 return
             }
             let executor = executor
-            let fd = socket.descriptor
+            let socket = socket
             let revents = await withTaskCancellationHandler {
-                (try? executor.wait(socket: fd, events: Syscall.pollIn)) ?? 0
+                socket.ifOpen { (try? executor.wait(socket: $0, events: Syscall.pollIn)) ?? 0 } ?? 0
             } onCancel: {
                 executor.wake()
             }
@@ -113,7 +113,13 @@ final class BSDConnection: Connection, Sendable {
                 let reading = inbox.hasSpace
                 let count: Int
                 do {
-                    let ready = try executor.wait(socket: reading ? socket.descriptor : -1, events: Syscall.pollIn)
+                    // The descriptor is borrowed for the wait: a close meanwhile wakes it (`ReaderExecutor.wake`).
+                    let ready =
+                        reading
+                        ? try socket.withDescriptor { (fd) throws(ConnectionError) in
+                            try executor.wait(socket: fd, events: Syscall.pollIn)
+                        }
+                        : try executor.wait(socket: -1, events: Syscall.pollIn)
                     if !life.isOpen { return }
                     guard reading, ready != 0, case .processed(let received) = try socket.tryReceive(into: buffer)
                     else { continue }
@@ -177,7 +183,7 @@ final class BSDConnection: Connection, Sendable {
         _ = core.lease.retain()
         if !onCurrentThread {
             let core = core
-            if let error = PosixThread.trySpawn(name: "bsd-read-\(core.socket.descriptor)", { core.readLoop() }) {
+            if let error = PosixThread.trySpawn(name: "bsd-read-\(core.socket.label)", { core.readLoop() }) {
                 core.executor.stop()
                 core.lease.release()  // the reader's use
                 _ = core.beginClose()  // the owner's: the descriptor is closed
@@ -256,7 +262,7 @@ final class BSDConnection: Connection, Sendable {
         core.writer.discardGathered()  // dropped with the rest of what is unsent
         // The lease keeps the descriptor number ours while the reset is sent.
         if transport == .tcp, core.life.isOpen, core.lease.retain() {
-            Syscall.resetConnection(core.socket.descriptor)
+            core.socket.ifOpen { Syscall.resetConnection($0) }
             core.lease.release()
         }
         await close()

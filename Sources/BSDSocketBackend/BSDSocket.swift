@@ -15,12 +15,10 @@ import Synchronization
 /// Rules, as for any descriptor:
 /// 1. One thread may receive while another sends; two threads must not both send (or both receive) at once.
 /// 2. To wake a thread blocked in ``receive(into:)`` or `accept()`, call ``shutdown(_:)`` from another
-///    thread; call ``close()`` only once no thread is inside a call, so the descriptor number cannot be reused
-///    under it.
+///    thread. ``close()`` may come from any thread at any time: a call under way keeps the descriptor number
+///    until it returns (the `close(2)` waits for it), and calls after it throw `.closed`.
 /// 3. Sends never raise SIGPIPE (MSG_NOSIGNAL): a vanished peer is a `.reset` error.
 public final class BSDSocket: Sendable {
-    /// The descriptor, for `poll` or socket options of your own (the number stays after ``close()``).
-    public let descriptor: Int32
     /// `.tcp` or `.udp`.
     public let transport: Transport
     /// IPv4 or IPv6.
@@ -29,7 +27,6 @@ public final class BSDSocket: Sendable {
 
     init(_ owner: SocketDescriptor, transport: Transport, family: SocketAddress.Family) {
         self.owner = owner
-        self.descriptor = owner.raw
         self.transport = transport
         self.family = family
     }
@@ -60,13 +57,13 @@ public final class BSDSocket: Sendable {
             let (owner, connected) = try Socket.startConnect(
                 to: address, transport: endpoint.transport, options: options)
             if !connected {
-                try attempt.begin(owner.raw)
+                try attempt.begin(owner)
                 defer { attempt.end() }
                 try Socket.waitConnected(
                     owner, to: address, endpoint: endpoint, deadline: deadline, isCancelled: { attempt.isCancelled })
             }
             // Non-blocking while connecting so that the wait can be bounded; blocking from here, in this style.
-            try Syscall.setNonBlocking(owner.raw, false)
+            try owner.withDescriptor { (fd) throws(ConnectionError) in try Syscall.setNonBlocking(fd, false) }
             return BSDSocket(owner, transport: endpoint.transport, family: address.family)
         }
     }
@@ -87,14 +84,16 @@ public final class BSDSocket: Sendable {
     }
 
     private func apply(_ options: ConnectionOptions) throws(ConnectionError) {
-        if transport == .tcp { try Syscall.setNoDelay(descriptor, options.tcpNoDelay) }
-        try Syscall.setBufferSizes(descriptor, receive: options.receiveBufferSize, send: options.sendBufferSize)
+        try withDescriptor { [transport] (fd) throws(ConnectionError) in
+            if transport == .tcp { try Syscall.setNoDelay(fd, options.tcpNoDelay) }
+            try Syscall.setBufferSizes(fd, receive: options.receiveBufferSize, send: options.sendBufferSize)
+        }
     }
 
     /// Blocks until a client connects (TCP listening sockets), and returns its socket with `options` applied.
     /// Throws once the socket is shut down from another thread.
     public func accept(options: ConnectionOptions = ConnectionOptions()) throws(ConnectionError) -> BSDSocket {
-        guard let (fd, peer) = try Syscall.accept(descriptor) else {
+        guard let (fd, peer) = try withDescriptor({ (fd) throws(ConnectionError) in try Syscall.accept(fd) }) else {
             throw ConnectionError(.system, "accept on a blocking socket returned EAGAIN")
         }
         let socket = BSDSocket(SocketDescriptor(adopting: fd), transport: .tcp, family: peer.family)
@@ -107,7 +106,7 @@ public final class BSDSocket: Sendable {
     /// One send(2): blocks until at least one byte is taken; returns how many were (a partial write is
     /// possible). UDP: the whole datagram or an error (`.messageTooLarge` above 65,507 bytes on IPv4).
     public func send(_ bytes: UnsafeRawBufferPointer) throws(ConnectionError) -> Int {
-        switch try Syscall.send(descriptor, bytes) {
+        switch try withDescriptor({ (fd) throws(ConnectionError) in try Syscall.send(fd, bytes) }) {
         case .processed(let count): return count
         case .wouldBlock: throw ConnectionError(.timedOut, "send timed out (SO_SNDTIMEO)")
         }
@@ -125,7 +124,7 @@ public final class BSDSocket: Sendable {
 
     /// One non-blocking send(2) (MSG_DONTWAIT): `.wouldBlock` instead of waiting when the send buffer is full.
     public func trySend(_ bytes: UnsafeRawBufferPointer) throws(ConnectionError) -> IOResult<Int> {
-        try Syscall.send(descriptor, bytes, dontWait: true)
+        try withDescriptor { (fd) throws(ConnectionError) in try Syscall.send(fd, bytes, dontWait: true) }
     }
 
     /// One recv(2): blocks until data arrives. Returns the count; 0 is the end of the stream on TCP (and an
@@ -145,10 +144,11 @@ public final class BSDSocket: Sendable {
     private func receive(
         into buffer: UnsafeMutableRawBufferPointer, dontWait: Bool
     ) throws(ConnectionError) -> IOResult<Int> {
-        let result =
+        let result = try withDescriptor { [transport] (fd) throws(ConnectionError) in
             transport == .udp
-            ? try Syscall.recvDatagram(descriptor, buffer, dontWait: dontWait)
-            : try Syscall.recv(descriptor, buffer, dontWait: dontWait)
+                ? try Syscall.recvDatagram(fd, buffer, dontWait: dontWait)
+                : try Syscall.recv(fd, buffer, dontWait: dontWait)
+        }
         if case .processed(let count) = result, transport == .udp, count > buffer.count {
             throw ConnectionError(.messageTooLarge, "a \(count)-byte datagram did not fit in \(buffer.count) bytes")
         }
@@ -165,7 +165,7 @@ public final class BSDSocket: Sendable {
     /// sendto(2) of one datagram (UDP).
     public func send(_ bytes: [UInt8], to address: SocketAddress) throws(ConnectionError) {
         _ = try bytes.withBytes { (buffer) throws(ConnectionError) in
-            try Syscall.sendTo(descriptor, buffer, to: address)
+            try withDescriptor { (fd) throws(ConnectionError) in try Syscall.sendTo(fd, buffer, to: address) }
         }
     }
 
@@ -176,7 +176,10 @@ public final class BSDSocket: Sendable {
         var sender: SocketAddress?
         let bytes = try [UInt8](unsafeUninitializedCapacity: maximumLength) {
             (buffer, count) throws(ConnectionError) in
-            switch try Syscall.recvFrom(descriptor, UnsafeMutableRawBufferPointer(buffer)) {
+            let received = try withDescriptor { (fd) throws(ConnectionError) in
+                try Syscall.recvFrom(fd, UnsafeMutableRawBufferPointer(buffer))
+            }
+            switch received {
             case .processed(let result):
                 guard result.count <= buffer.count else {
                     throw ConnectionError(
@@ -195,8 +198,30 @@ public final class BSDSocket: Sendable {
 
     /// shutdown(2): `.write` sends FIN (half-close); `.both` also wakes threads blocked on this socket.
     public func shutdown(_ how: ShutdownHow) throws(ConnectionError) {
-        try Syscall.shutdown(descriptor, how)
+        try withDescriptor { (fd) throws(ConnectionError) in try Syscall.shutdown(fd, how) }
     }
+
+    /// Runs `body` with the descriptor (for `poll` or socket options of your own), which stays this socket's until
+    /// `body` returns; `.closed` after ``close()``.
+    public func withDescriptor<R>(_ body: (Int32) throws(ConnectionError) -> R) throws(ConnectionError) -> R {
+        try owner.withDescriptor(body)
+    }
+
+    /// As ``withDescriptor(_:)``, `nil` without running `body` after ``close()``.
+    public func ifOpen<R, E: Error>(_ body: (Int32) throws(E) -> R) throws(E) -> R? {
+        try owner.ifOpen(body)
+    }
+
+    /// As ``withDescriptor(_:)``, for a body that awaits (a thread of your own on the number, awaited): ``close()``
+    /// meanwhile closes the number only once `body` returned.
+    public func withDescriptorAsync<R>(
+        _ body: (Int32) async throws(ConnectionError) -> R
+    ) async throws(ConnectionError) -> R {
+        try await owner.withDescriptorAsync(body)
+    }
+
+    /// A short name for threads and logs ("fd 7").
+    public var label: String { owner.description }
 
     /// Closes the descriptor. A second call does nothing.
     public func close() {
@@ -209,13 +234,17 @@ public final class BSDSocket: Sendable {
     /// The bound address (with the real port). Throws as getsockname(2) does: `.closed` after ``close()`` (a
     /// closed descriptor, EBADF), `.system` otherwise; a bound or connected open socket always has one.
     public var localAddress: SocketAddress {
-        get throws(ConnectionError) { try Syscall.localAddress(descriptor) }
+        get throws(ConnectionError) {
+            try withDescriptor { (fd) throws(ConnectionError) in try Syscall.localAddress(fd) }
+        }
     }
 
     /// The connected peer's address. Throws as getpeername(2) does: `.reset` when the socket is not connected
     /// (ENOTCONN: never connected, or a UDP socket without a default peer), `.closed` after ``close()``.
     public var remoteAddress: SocketAddress {
-        get throws(ConnectionError) { try Syscall.peerAddress(descriptor) }
+        get throws(ConnectionError) {
+            try withDescriptor { (fd) throws(ConnectionError) in try Syscall.peerAddress(fd) }
+        }
     }
 }
 
@@ -223,27 +252,27 @@ public final class BSDSocket: Sendable {
 /// which wakes the `poll` the connecting thread sleeps in.
 final class ConnectAttempt: Sendable {
     private struct State {
-        var fd: Int32 = -1
+        var socket: SocketDescriptor?
         var cancelled = false
     }
     private let state = Guarded(State())
 
     var isCancelled: Bool { state.withLock { $0.cancelled } }
 
-    func begin(_ fd: Int32) throws(ConnectionError) {
+    func begin(_ socket: SocketDescriptor) throws(ConnectionError) {
         let cancelled = state.withLock { state in
-            state.fd = fd
+            state.socket = socket
             return state.cancelled
         }
         if cancelled { throw .cancelled("connect was cancelled") }
     }
 
-    func end() { state.withLock { $0.fd = -1 } }
+    func end() { state.withLock { $0.socket = nil } }
 
     func cancel() {
         state.withLock { state in
             state.cancelled = true
-            if state.fd >= 0 { try? Syscall.shutdown(state.fd, .both) }
+            state.socket?.ifOpen { try? Syscall.shutdown($0, .both) }
         }
     }
 }

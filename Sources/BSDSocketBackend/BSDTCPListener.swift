@@ -23,7 +23,7 @@ final class BSDTCPListener: Listener, Sendable {
         let gate = gate
         self.accepted = AcceptedConnections(capacity: 128, onSpaceAvailable: { gate.withLock { gate.signal() } })
         _ = lease.retain()
-        PosixThread.spawn(name: "bsd-accept-\(socket.descriptor)") { [self] in acceptLoop() }
+        PosixThread.spawn(name: "bsd-accept-\(socket.label)") { [self] in acceptLoop() }
     }
 
     private func acceptLoop() {

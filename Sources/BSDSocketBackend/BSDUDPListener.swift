@@ -32,7 +32,7 @@ final class BSDUDPListener: Listener, Sendable {
         self.options = options
         let lease = DescriptorLease(socket: socket)
         self.lease = lease
-        let writer = BSDWriter(socket: socket, lease: lease, name: "bsd-uwrite-\(socket.descriptor)")
+        let writer = BSDWriter(socket: socket, lease: lease, name: "bsd-uwrite-\(socket.label)")
         self.writer = writer
         let local = try socket.localAddress.endpoint(.udp)
         self.localEndpoint = local
@@ -42,7 +42,7 @@ final class BSDUDPListener: Listener, Sendable {
             localEndpoint: local, options: options, executor: executor, endpoint: { $0.endpoint(.udp) },
             send: { bytes, address throws(ConnectionError) in try await writer.send(bytes, to: address) })
         _ = lease.retain()
-        PosixThread.spawn(name: "bsd-urecv-\(socket.descriptor)") { [self] in receiveLoop() }
+        PosixThread.spawn(name: "bsd-urecv-\(socket.label)") { [self] in receiveLoop() }
     }
 
     /// Runs the peers' jobs, waits in poll(2) for datagrams (or a job), reads up to 16 per recvmmsg(2) and sorts
@@ -55,7 +55,7 @@ final class BSDUDPListener: Listener, Sendable {
         executor.bindReaderThread()
         // poll(2) is level-triggered, so single datagrams may be read one at a time.
         let batch = DatagramBatch(slotSize: options.maxDatagramSize, singlesAfterSingles: true)
-        let fd = socket.descriptor
+        let socket = socket
         // After an answer the next request is often there already (``ReadBeforeWait``).
         var policy = ReadBeforeWait()
         while true {
@@ -63,16 +63,24 @@ final class BSDUDPListener: Listener, Sendable {
             if !life.isOpen { return }
             do {
                 if policy.readsFirst {
-                    if case .processed = try batch.receive(fd, dontWait: true) {
+                    let received = try socket.withDescriptor { (fd) throws(ConnectionError) in
+                        try batch.receive(fd, dontWait: true)
+                    }
+                    if case .processed = received {
                         policy.found(afterWait: false)
                         peers.deliver(batch)
                         continue
                     }
                     policy.missed()
                 }
-                guard try executor.wait(socket: fd, events: Syscall.pollIn) != 0,
+                guard
+                    try socket.withDescriptor({ (fd) throws(ConnectionError) in
+                        try executor.wait(socket: fd, events: Syscall.pollIn)
+                    }) != 0,
                     life.isOpen,
-                    case .processed = try batch.receive(fd, dontWait: true)
+                    case .processed = try socket.withDescriptor({ (fd) throws(ConnectionError) in
+                        try batch.receive(fd, dontWait: true)
+                    })
                 else { continue }
                 policy.found(afterWait: true)
             } catch {

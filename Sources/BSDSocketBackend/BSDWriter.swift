@@ -65,7 +65,10 @@ final class BSDWriter: Sendable {
         let sent = try lock.withLock { (state: inout State) throws(ConnectionError) -> Int in
             if state.stopped { throw .closed() }
             guard state.isIdle else { return 0 }
-            switch try Syscall.sendDatagrams(socket.descriptor, datagrams, dontWait: true) {
+            let result = try socket.withDescriptor { (fd) throws(ConnectionError) in
+                try Syscall.sendDatagrams(fd, datagrams, dontWait: true)
+            }
+            switch result {
             case .processed(let count): return count
             case .wouldBlock: return 0
             }
@@ -99,12 +102,13 @@ final class BSDWriter: Sendable {
                 }
             }
             guard state.isIdle else { return 0 }
-            let result =
+            let result = try socket.withDescriptor { (fd) throws(ConnectionError) in
                 if let address {
-                    try Syscall.sendTo(socket.descriptor, bytes, to: address, dontWait: true)
+                    try Syscall.sendTo(fd, bytes, to: address, dontWait: true)
                 } else {
-                    try Syscall.send(socket.descriptor, bytes, dontWait: true)
+                    try Syscall.send(fd, bytes, dontWait: true)
                 }
+            }
             switch result {
             case .processed(let count) where count == bytes.count || datagram: return nil
             case .processed(let count): return count
@@ -121,7 +125,11 @@ final class BSDWriter: Sendable {
         guard
             let rest = try gathering.take(
                 writeNow: { (bytes) throws(ConnectionError) in
-                    offset < 0 ? 0 : try Syscall.sendAvailable(socket.descriptor, bytes)
+                    offset < 0
+                        ? 0
+                        : try socket.withDescriptor { (fd) throws(ConnectionError) in
+                            try Syscall.sendAvailable(fd, bytes)
+                        }
                 }, keepBuffer: true)
         else { return }
         if let error = appendLocked(&state, Job(bytes: rest, offset: 0, address: nil, completion: nil)) { throw error }
@@ -132,9 +140,9 @@ final class BSDWriter: Sendable {
     private func writeGatheredBeforeSleep(_ state: inout State) {
         if state.stopped { return }
         let idle = state.isIdle
-        let fd = socket.descriptor
-        let rest = try? gathering.takeBeforeSleep { (bytes) throws(ConnectionError) in
-            idle ? try Syscall.sendAvailable(fd, bytes) : 0
+        let rest = try? gathering.takeBeforeSleep { [socket] (bytes) throws(ConnectionError) in
+            idle
+                ? try socket.withDescriptor { (fd) throws(ConnectionError) in try Syscall.sendAvailable(fd, bytes) } : 0
         }
         if let rest { _ = appendLocked(&state, Job(bytes: rest, offset: 0, address: nil, completion: nil)) }
     }
@@ -209,9 +217,11 @@ final class BSDWriter: Sendable {
             // Sends that returned and gathered go first (what the socket takes now), as before the reader's next
             // wait; a rest is dropped with the queued sends.
             if state.isIdle {
-                let fd = socket.descriptor
                 _ = try? gathering.take(
-                    writeNow: { (bytes) throws(ConnectionError) in try Syscall.sendAvailable(fd, bytes) },
+                    writeNow: { [socket] (bytes) throws(ConnectionError) in
+                        try socket.withDescriptor { (fd) throws(ConnectionError) in try Syscall.sendAvailable(fd, bytes)
+                        }
+                    },
                     keepBuffer: false)
             }
             state.stopped = true
@@ -243,12 +253,13 @@ final class BSDWriter: Sendable {
                 try job.bytes.withBytes { (buffer) throws(ConnectionError) in
                     repeat {
                         let rest = UnsafeRawBufferPointer(rebasing: buffer[job.offset...])
-                        let result =
-                            if let address = job.address {
-                                try Syscall.sendTo(socket.descriptor, rest, to: address)
+                        let result = try socket.withDescriptor { [address = job.address] (fd) throws(ConnectionError) in
+                            if let address {
+                                try Syscall.sendTo(fd, rest, to: address)
                             } else {
-                                try Syscall.send(socket.descriptor, rest)
+                                try Syscall.send(fd, rest)
                             }
+                        }
                         guard case .processed(let count) = result else { continue }
                         if socket.transport == .udp { job.offset = buffer.count + 1; break }
                         job.offset += count

@@ -64,7 +64,7 @@ final class BSDNativeEchoServer: NativeEchoServer {
         let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 64 * 1024, alignment: 16)
         defer {
             buffer.deallocate()
-            done.withLock { _ = $0.open.removeValue(forKey: client.descriptor) }
+            done.withLock { _ = $0.open.removeValue(forKey: ObjectIdentifier(client)) }
             client.close()
             threadEnded()
         }
@@ -87,7 +87,7 @@ final class BSDNativeEchoServer: NativeEchoServer {
 /// What the threads of a blocking server share, under its lock: the sockets open (so a stop can wake their
 /// blocked calls), the threads still running, and whether it is stopping.
 struct BSDNativeThreads {
-    var open: [Int32: BSDSocket] = [:]
+    var open: [ObjectIdentifier: BSDSocket] = [:]
     /// The accept thread counts from the start.
     var threads = 1
     var stopping = false
@@ -95,7 +95,7 @@ struct BSDNativeThreads {
     /// Registers a socket (and a thread that will end) unless stopping.
     mutating func admit(_ socket: BSDSocket, threads more: Int) -> Bool {
         guard !stopping else { return false }
-        open[socket.descriptor] = socket
+        open[ObjectIdentifier(socket)] = socket
         threads += more
         return true
     }
@@ -233,7 +233,7 @@ final class BSDNativeRelay: NativeRelay {
     }
 
     private func forget(_ sockets: BSDSocket...) {
-        done.withLock { for socket in sockets { $0.open[socket.descriptor] = nil } }
+        done.withLock { for socket in sockets { $0.open[ObjectIdentifier(socket)] = nil } }
         for socket in sockets { socket.close() }
     }
 

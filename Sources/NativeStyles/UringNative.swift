@@ -15,9 +15,12 @@ enum UringNative {
         to endpoint: Endpoint, tally: PingPongTally
     ) async throws(ConnectionError) -> PingRunner.Result {
         let socket = try await UringSocket.connect(to: endpoint)
-        let client = UringPingClient(fd: socket.fileDescriptor, tally: tally, thread: socket.loop.thread)
-        let result = await withUnsafeContinuation { continuation in
-            socket.loop.execute { ring in client.start(ring, continuation) }
+        // The ring's operations name the number: borrowed until the exchange is over.
+        let result = try await socket.withDescriptorAsync { (fd) async throws(ConnectionError) in
+            let client = UringPingClient(fd: fd, tally: tally, thread: socket.loop.thread)
+            return await withUnsafeContinuation { continuation in
+                socket.loop.execute { ring in client.start(ring, continuation) }
+            }
         }
         await socket.close()
         return try result.get()
@@ -44,9 +47,11 @@ final class UringNativeEchoServer: NativeEchoServer, Sendable {
     }
 
     private func echo(_ client: UringSocket) async {
-        let echo = UringEcho(fd: client.fileDescriptor, thread: client.loop.thread)
-        await withUnsafeContinuation { continuation in
-            client.loop.execute { ring in echo.start(ring, continuation) }
+        _ = try? await client.withDescriptorAsync { (fd) async throws(ConnectionError) in
+            let echo = UringEcho(fd: fd, thread: client.loop.thread)
+            await withUnsafeContinuation { continuation in
+                client.loop.execute { ring in echo.start(ring, continuation) }
+            }
         }
         clients.closed(client)
         await client.close()
@@ -55,7 +60,9 @@ final class UringNativeEchoServer: NativeEchoServer, Sendable {
     func stop() async {
         await listener.close()
         // Ends each client's receive in flight (it completes with 0), which ends its echo; then it is closed.
-        await clients.stop { try? Syscall.shutdown($0.fileDescriptor, .both) }
+        await clients.stop { client in
+            _ = try? client.withDescriptor { (fd) throws(ConnectionError) in try Syscall.shutdown(fd, .both) }
+        }
     }
 }
 

@@ -92,8 +92,7 @@ public final class ChildProcess: Sendable {
     public func readLine() -> String {
         var line: [UInt8] = []
         var byte: UInt8 = 0
-        while case let fd = stdoutFD.raw, fd >= 0 {
-            let count = read(fd, &byte, 1)
+        while let count = stdoutFD.ifOpen({ read($0, &byte, 1) }) {
             if count < 0 && errno == EINTR { continue }
             if count <= 0 || byte == UInt8(ascii: "\n") { break }
             line.append(byte)
@@ -105,8 +104,7 @@ public final class ChildProcess: Sendable {
     public func readToEnd() -> String {
         var bytes: [UInt8] = []
         var buffer = [UInt8](repeating: 0, count: 4096)
-        while case let fd = stdoutFD.raw, fd >= 0 {
-            let count = read(fd, &buffer, buffer.count)
+        while let count = stdoutFD.ifOpen({ read($0, &buffer, buffer.count) }) {
             if count < 0 && errno == EINTR { continue }
             if count <= 0 { break }
             bytes += buffer[..<count]
@@ -118,8 +116,11 @@ public final class ChildProcess: Sendable {
     public func write(_ text: String) throws(ConnectionError) {
         let bytes = Array(text.utf8)
         var offset = 0
-        while offset < bytes.count, case let fd = stdinFD.raw, fd >= 0 {
-            let count = bytes[offset...].withUnsafeBytes { Glibc.write(fd, $0.baseAddress, $0.count) }
+        while offset < bytes.count,
+            let count = stdinFD.ifOpen({ fd in
+                bytes[offset...].withUnsafeBytes { Glibc.write(fd, $0.baseAddress, $0.count) }
+            })
+        {
             if count < 0 {
                 if errno == EINTR { continue }
                 throw .errno(errno, "writing to child \(pid)")

@@ -25,18 +25,21 @@ public enum Socket {
         let datagram = transport == .udp
         let socket = SocketDescriptor(
             adopting: try Syscall.socket(family: address.family, datagram: datagram, nonBlocking: nonBlocking))
-        let fd = socket.raw
-        if address.family == .ipv6 { try Syscall.setIPv6Only(fd, true) }
-        if !datagram { try Syscall.setReuseAddress(fd, options.reuseAddress) }
-        if options.reusePort { try Syscall.setReusePort(fd, true) }
-        try Syscall.setBufferSizes(fd, receive: options.receiveBufferSize, send: options.sendBufferSize)
-        do {
-            try Syscall.bind(fd, to: address)
-        } catch {
-            throw ConnectionError(error.kind, "listen on \(endpoint): \(error.detail)", systemCode: error.systemCode)
+        let local = try socket.withDescriptor { (fd) throws(ConnectionError) in
+            if address.family == .ipv6 { try Syscall.setIPv6Only(fd, true) }
+            if !datagram { try Syscall.setReuseAddress(fd, options.reuseAddress) }
+            if options.reusePort { try Syscall.setReusePort(fd, true) }
+            try Syscall.setBufferSizes(fd, receive: options.receiveBufferSize, send: options.sendBufferSize)
+            do throws(ConnectionError) {
+                try Syscall.bind(fd, to: address)
+            } catch {
+                throw ConnectionError(
+                    error.kind, "listen on \(endpoint): \(error.detail)", systemCode: error.systemCode)
+            }
+            if !datagram { try Syscall.listen(fd, backlog: options.backlog) }
+            return try Syscall.localAddress(fd)
         }
-        if !datagram { try Syscall.listen(fd, backlog: options.backlog) }
-        return (socket, try Syscall.localAddress(fd))
+        return (socket, local)
     }
 
     /// ``listen(on:transport:options:nonBlocking:describing:)`` on the first address `endpoint` resolves to for
@@ -71,9 +74,10 @@ public enum Socket {
         let datagram = transport == .udp
         let socket = SocketDescriptor(
             adopting: try Syscall.socket(family: address.family, datagram: datagram, nonBlocking: true))
-        let fd = socket.raw
-        if !datagram { try Syscall.setNoDelay(fd, options.tcpNoDelay) }
-        try Syscall.setBufferSizes(fd, receive: options.receiveBufferSize, send: options.sendBufferSize)
+        try socket.withDescriptor { (fd) throws(ConnectionError) in
+            if !datagram { try Syscall.setNoDelay(fd, options.tcpNoDelay) }
+            try Syscall.setBufferSizes(fd, receive: options.receiveBufferSize, send: options.sendBufferSize)
+        }
         return socket
     }
 
@@ -84,14 +88,14 @@ public enum Socket {
     ) throws(ConnectionError)
         -> Bool
     {
-        try Syscall.connect(socket.raw, to: address)
+        try socket.withDescriptor { (fd) throws(ConnectionError) in try Syscall.connect(fd, to: address) }
     }
 
     /// After a started connect became writable: its result (SO_ERROR), thrown when the connect failed.
     public static func finishConnect(
         _ socket: SocketDescriptor, to address: SocketAddress, endpoint: Endpoint
     ) throws(ConnectionError) {
-        let code = try Syscall.pendingError(socket.raw)
+        let code = try socket.withDescriptor { (fd) throws(ConnectionError) in try Syscall.pendingError(fd) }
         if code != 0 { throw .errno(code, "connect to \(endpoint) (\(address))") }
     }
 
@@ -108,7 +112,9 @@ public enum Socket {
                 throw ConnectionError(.timedOut, "connect to \(endpoint) (\(address)) took longer than the timeout")
             }
             let waitMilliseconds = Int32(clamping: (deadline - now + 999_999) / 1_000_000)
-            let events = try Syscall.poll(socket.raw, events: Syscall.pollOut, timeoutMilliseconds: waitMilliseconds)
+            let events = try socket.withDescriptor { (fd) throws(ConnectionError) in
+                try Syscall.poll(fd, events: Syscall.pollOut, timeoutMilliseconds: waitMilliseconds)
+            }
             if isCancelled() { throw .cancelled("connect to \(endpoint) was cancelled") }
             if events != 0 { break }
         }

@@ -1,58 +1,147 @@
+public import ConnectionCore
 import Synchronization
 
-/// One socket descriptor and the duty to close it, exactly once.
+/// One descriptor and the duty to close it, exactly once; the only way to its number is to borrow it.
 ///
 /// A final class, not a `~Copyable` struct: the descriptor is shared by the object that owns the connection, the
 /// loop's readiness handler and the tasks that send and receive, on different threads, and any of them may be the
 /// one that closes it (the user's `close()`, a failure, `deinit`). A `~Copyable` value cannot be captured by those
-/// escaping closures or held by two objects; an atomic exchange makes "close once" hold under that sharing.
+/// escaping closures or held by two objects.
+///
+/// The number is lent, never handed out: ``withDescriptor(_:)`` (or ``ifOpen(_:)``) runs a body with it and
+/// fails once the descriptor is closed. A ``close()`` while some thread is inside such a body marks the
+/// descriptor closed at once (no new borrow succeeds) and leaves the `close(2)` to the last borrower on its way
+/// out, so no system call ever runs on a number that was closed and given to another socket meanwhile (a churn of
+/// short connections reuses numbers within microseconds). A body that blocks (bsd's `recv`) holds the close back
+/// until it returns: wake it first (`shutdown(2)`), as for any descriptor.
 ///
 /// ```swift
 /// let socket = try Socket.listen(on: address, transport: .tcp, describing: endpoint)
 /// defer { socket.descriptor.close() }   // a second close() does nothing
+/// let local = try socket.descriptor.withDescriptor { fd throws(ConnectionError) in try Syscall.localAddress(fd) }
 /// ```
 public final class SocketDescriptor: Sendable, CustomStringConvertible {
-    private let value: Atomic<Int32>
+    /// The number (low 32 bits; all ones: none), the borrowers (bits 32-61), released (62), closing (63): one word,
+    /// so that "closed" and "nobody inside" are seen together and the close happens once.
+    private let state: Atomic<UInt64>
+
+    private static let noNumber: UInt64 = 0xFFFF_FFFF
+    private static let oneBorrower: UInt64 = 1 << 32
+    private static let borrowers: UInt64 = ((1 << 30) - 1) << 32
+    private static let released: UInt64 = 1 << 62
+    private static let closing: UInt64 = 1 << 63
+
+    private static func number(_ state: UInt64) -> Int32 {
+        Int32(bitPattern: UInt32(truncatingIfNeeded: state))
+    }
 
     /// Takes ownership of `fd`: this object closes it. -1: none yet (see ``adopt(_:)``).
     public init(adopting fd: Int32 = -1) {
-        value = Atomic(fd)
+        state = Atomic(fd >= 0 ? UInt64(UInt32(fd)) : Self.noNumber)
     }
 
     /// Takes ownership of `fd` for an owner made empty (a connection whose socket is made by its connect).
     public func adopt(_ fd: Int32) {
-        let (exchanged, _) = value.compareExchange(expected: -1, desired: fd, ordering: .acquiringAndReleasing)
+        precondition(fd >= 0, "SocketDescriptor.adopt: not a descriptor")
+        let (exchanged, _) = state.compareExchange(
+            expected: Self.noNumber, desired: UInt64(UInt32(fd)), ordering: .acquiringAndReleasing)
         precondition(exchanged, "SocketDescriptor.adopt: this owner already holds a descriptor")
     }
 
     deinit {
-        let fd = value.load(ordering: .relaxed)
-        if fd >= 0 { Syscall.close(fd) }
+        let current = state.load(ordering: .acquiring)
+        if current & Self.closing == 0, Self.number(current) >= 0 { Syscall.close(Self.number(current)) }
     }
 
-    /// The descriptor number, or -1 once closed (or released).
-    public var raw: Int32 { value.load(ordering: .acquiring) }
+    /// Runs `body` with the descriptor number, which stays this socket's until `body` returns (a ``close()`` meanwhile
+    /// waits for it); `nil` without running it once the descriptor is closed (or released, or not yet adopted).
+    @inlinable
+    public func ifOpen<R, E: Error>(_ body: (Int32) throws(E) -> R) throws(E) -> R? {
+        guard let fd = borrow() else { return nil }
+        defer { giveBack() }
+        return try body(fd)
+    }
 
-    /// `true` once ``close()`` (or ``release()``) ran.
-    public var isClosed: Bool { raw < 0 }
+    /// Runs `body` with the descriptor number, which stays this socket's until `body` returns; throws `.closed` once
+    /// the descriptor is closed.
+    @inlinable
+    public func withDescriptor<R>(_ body: (Int32) throws(ConnectionError) -> R) throws(ConnectionError) -> R {
+        guard let fd = borrow() else { throw .closed("the socket is closed") }
+        defer { giveBack() }
+        return try body(fd)
+    }
 
-    /// Closes the descriptor. Only the first call closes: it runs `beforeClosing` with the number (to unregister
+    /// As ``withDescriptor(_:)``, for a body that awaits: the number stays this socket's across the awaits (an
+    /// io_uring operation that names it, until the operation completed), and a ``close()`` meanwhile waits for the
+    /// body to return, so whoever closes cancels such operations first.
+    @inlinable
+    public func withDescriptorAsync<R>(
+        _ body: (Int32) async throws(ConnectionError) -> R
+    ) async throws(ConnectionError) -> R {
+        guard let fd = borrow() else { throw .closed("the socket is closed") }
+        defer { giveBack() }
+        return try await body(fd)
+    }
+
+    /// One more borrower, unless closing or empty: the number.
+    @usableFromInline func borrow() -> Int32? {
+        var current = state.load(ordering: .relaxed)
+        while true {
+            if current & Self.closing != 0 || Self.number(current) < 0 { return nil }
+            let (exchanged, original) = state.compareExchange(
+                expected: current, desired: current &+ Self.oneBorrower, ordering: .acquiring)
+            if exchanged { return Self.number(current) }
+            current = original
+        }
+    }
+
+    /// One borrower less; the last one out of a descriptor being closed closes it.
+    @usableFromInline func giveBack() {
+        let after = state.wrappingSubtract(Self.oneBorrower, ordering: .acquiringAndReleasing).newValue
+        if after & (Self.closing | Self.borrowers | Self.released) == Self.closing {
+            Syscall.close(Self.number(after))
+        }
+    }
+
+    /// `true` once ``close()`` (or ``release()``) ran, and before ``adopt(_:)``.
+    public var isClosed: Bool {
+        let current = state.load(ordering: .acquiring)
+        return current & Self.closing != 0 || Self.number(current) < 0
+    }
+
+    /// Closes the descriptor: from now on nothing borrows it, and `close(2)` runs now, or when the last body that
+    /// holds the number returns. Only the first call closes: it runs `beforeClosing` with the number (to unregister
     /// it from an epoll set while the number is still ours) and returns `true`; later calls return `false`.
     @discardableResult
     public func close(beforeClosing: (Int32) -> Void = { _ in }) -> Bool {
-        let fd = value.exchange(-1, ordering: .acquiringAndReleasing)
-        guard fd >= 0 else { return false }
+        // The closer counts as a borrower until `beforeClosing` has run.
+        guard let fd = mark(Self.closing | Self.oneBorrower) else { return false }
         beforeClosing(fd)
-        Syscall.close(fd)
+        giveBack()
         return true
     }
 
     /// Gives up ownership: returns the descriptor (once; `nil` afterwards) and will not close it. For handing the
-    /// socket to a library that closes it itself (SwiftNIO's `withBoundSocket`).
+    /// socket to a library that closes it itself (SwiftNIO's `withBoundSocket`). Nothing may be borrowing it.
     public func release() -> Int32? {
-        let fd = value.exchange(-1, ordering: .acquiringAndReleasing)
-        return fd >= 0 ? fd : nil
+        mark(Self.closing | Self.released)
     }
 
-    public var description: String { "fd \(raw)" }
+    /// Sets `bits` (closing and more) unless closing already: the number, or `nil`.
+    private func mark(_ bits: UInt64) -> Int32? {
+        var current = state.load(ordering: .relaxed)
+        while true {
+            if current & Self.closing != 0 || Self.number(current) < 0 { return nil }
+            let (exchanged, original) = state.compareExchange(
+                expected: current, desired: (current | (bits & ~Self.oneBorrower)) &+ (bits & Self.oneBorrower),
+                ordering: .acquiringAndReleasing)
+            if exchanged { return Self.number(current) }
+            current = original
+        }
+    }
+
+    public var description: String {
+        let current = state.load(ordering: .relaxed)
+        return current & Self.closing != 0 ? "closed fd" : "fd \(Self.number(current))"
+    }
 }

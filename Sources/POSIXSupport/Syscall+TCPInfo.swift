@@ -92,7 +92,8 @@ extension Syscall {
         package func view(local: Endpoint, remote: Endpoint) -> TCPView? {
             guard let (family, here, there) = Syscall.diagAddresses(local, remote) else { return nil }
             var view = csock_tcp_view()
-            guard csock_tcp_view_on(descriptor.raw, family, here, local.port, there, remote.port, &view) == 0 else {
+            let found = descriptor.ifOpen { csock_tcp_view_on($0, family, here, local.port, there, remote.port, &view) }
+            guard found == 0 else {
                 return nil
             }
             return TCPView(view)

@@ -8,7 +8,6 @@ public final class SocketListener: EpollHandler, Sendable {
     /// The bound address (the real port when 0 was asked).
     public let localEndpoint: Endpoint
     private let socket: SocketDescriptor
-    private let fd: Int32
     private let runLoop: SocketRunLoop
     private let options: ConnectionOptions
     /// Called on the run loop's thread only. The closure lives inside a struct: a bare function value as the type
@@ -28,11 +27,12 @@ public final class SocketListener: EpollHandler, Sendable {
         let (socket, local) = try Socket.listen(on: endpoint, options: options)
         localEndpoint = local.endpoint(.tcp)
         self.socket = socket
-        self.fd = socket.raw
         self.runLoop = runLoop
         self.options = options
         self.onAccept = LoopConfined(AcceptHandler(call: onAccept), on: runLoop.loop.thread)
-        try runLoop.loop.register(fd, events: Syscall.epollIn, handler: self)
+        try socket.withDescriptor { (fd) throws(ConnectionError) in
+            try runLoop.loop.register(fd, events: Syscall.epollIn, handler: self)
+        }
     }
 
     public func epollReady(_ events: UInt32) {
@@ -40,7 +40,9 @@ public final class SocketListener: EpollHandler, Sendable {
         while !isClosed {
             let accepted: (fd: Int32, peer: SocketAddress)?
             do throws(ConnectionError) {
-                accepted = try Syscall.accept(fd, nonBlocking: true)
+                accepted = try socket.withDescriptor { (fd) throws(ConnectionError) in
+                    try Syscall.accept(fd, nonBlocking: true)
+                }
             } catch {
                 if error.kind == .resourceExhausted {
                     BoundsLog.note(.descriptorLimit, "accepting paused for \(options.acceptBackoff): \(error)")
@@ -64,10 +66,10 @@ public final class SocketListener: EpollHandler, Sendable {
     /// Out of descriptors: stop watching the socket for ``ConnectionOptions/acceptBackoff``, then look again
     /// (the socket stays readable while clients wait, so watching it now would spin).
     private func backOff() {
-        guard (try? runLoop.loop.modify(fd, events: 0)) != nil else { return }
+        guard socket.ifOpen({ try? runLoop.loop.modify($0, events: 0) }) != nil else { return }
         _ = runLoop.loop.schedule(after: options.acceptBackoff) { [weak self] in
-            guard let self, !self.isClosed else { return }
-            try? self.runLoop.loop.modify(self.fd, events: Syscall.epollIn)
+            guard let self else { return }
+            socket.ifOpen { try? runLoop.loop.modify($0, events: Syscall.epollIn) }
         }
     }
 
@@ -99,7 +101,6 @@ public final class DatagramSocket: EpollHandler, Sendable {
     /// The fixed peer, for a connected socket.
     public let peer: SocketAddress?
     private let socket: SocketDescriptor
-    private let fd: Int32
     private let runLoop: SocketRunLoop
     private let batch: DatagramBatch
     /// The run loop thread's only.
@@ -126,17 +127,20 @@ public final class DatagramSocket: EpollHandler, Sendable {
         } else {
             socket = try Socket.listen(on: address, transport: .udp, options: options, describing: endpoint).descriptor
         }
-        localEndpoint = try Syscall.localAddress(socket.raw).endpoint(.udp)
+        localEndpoint = try socket.withDescriptor { (fd) throws(ConnectionError) in
+            try Syscall.localAddress(fd).endpoint(.udp)
+        }
         self.socket = socket
-        self.fd = socket.raw
         self.peer = connect ? address : nil
         self.runLoop = runLoop
         // Level-triggered epoll: a batch may read single datagrams one at a time (see DatagramBatch).
         self.batch = DatagramBatch(
             capacity: connect ? 2 : 16, slotSize: options.maxDatagramSize, singlesAfterSingles: true)
         state = LoopConfined(State(), on: runLoop.loop.thread)
-        try runLoop.loop.register(fd, events: Syscall.epollIn, handler: self)
-        if connect { direct.open(fd) }
+        try socket.withDescriptor { (fd) throws(ConnectionError) in
+            try runLoop.loop.register(fd, events: Syscall.epollIn, handler: self)
+            if connect { direct.open(fd) }
+        }
     }
 
     deinit {
@@ -160,7 +164,10 @@ public final class DatagramSocket: EpollHandler, Sendable {
         var taken = 0
         reading: while !isClosed && taken < 32 {
             do throws(ConnectionError) {
-                guard case .processed = try batch.receive(fd, dontWait: true) else { break reading }
+                let received = try socket.withDescriptor { (fd) throws(ConnectionError) in
+                    try batch.receive(fd, dontWait: true)
+                }
+                guard case .processed = received else { break reading }
             } catch {
                 delegate?.datagramSocket(self, didFail: error)
                 if error.kind != .refused { break reading }
@@ -206,7 +213,9 @@ public final class DatagramSocket: EpollHandler, Sendable {
         if state.withValue({ $0.pending.isEmpty }), try trySend(bytes, to: address) { return }
         state.withValue { $0.pending.append((bytes, address)) }
         direct.loopHolds(1)
-        try runLoop.loop.modify(fd, events: Syscall.epollIn | Syscall.epollOut)
+        try socket.withDescriptor { (fd) throws(ConnectionError) in
+            try runLoop.loop.modify(fd, events: Syscall.epollIn | Syscall.epollOut)
+        }
     }
 
     /// Sends datagrams to the connected peer, as few system calls as the kernel allows
@@ -216,7 +225,9 @@ public final class DatagramSocket: EpollHandler, Sendable {
         guard !isClosed else { throw .closed() }
         var sent = 0
         if state.withValue({ $0.pending.isEmpty }),
-            case .processed(let count) = try Syscall.sendDatagrams(fd, batch, dontWait: true)
+            case .processed(let count) = try socket.withDescriptor({ (fd) throws(ConnectionError) in
+                try Syscall.sendDatagrams(fd, batch, dontWait: true)
+            })
         {
             sent = count
         }
@@ -224,9 +235,11 @@ public final class DatagramSocket: EpollHandler, Sendable {
     }
 
     private func trySend(_ bytes: [UInt8], to address: SocketAddress?) throws(ConnectionError) -> Bool {
-        let result = try bytes.withBytes { (raw) throws(ConnectionError) in
-            if let address { return try Syscall.sendTo(fd, raw, to: address, dontWait: true) }
-            return try Syscall.send(fd, raw, dontWait: true)
+        let result = try socket.withDescriptor { (fd) throws(ConnectionError) in
+            try bytes.withBytes { (raw) throws(ConnectionError) in
+                if let address { return try Syscall.sendTo(fd, raw, to: address, dontWait: true) }
+                return try Syscall.send(fd, raw, dontWait: true)
+            }
         }
         if case .processed = result { return true }
         return false
@@ -238,7 +251,7 @@ public final class DatagramSocket: EpollHandler, Sendable {
             state.withValue { _ = $0.pending.removeFirst() }
             direct.loopHolds(-1)
         }
-        try? runLoop.loop.modify(fd, events: Syscall.epollIn)
+        socket.ifOpen { try? runLoop.loop.modify($0, events: Syscall.epollIn) }
     }
 
     /// Off the run loop's thread, on a connected socket: sends the datagram on the calling thread when the

@@ -84,15 +84,18 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
 
     /// The socket's local and remote addresses, while it is connected.
     var addresses: (local: SocketAddress, remote: SocketAddress)? {
-        guard state.isOpen, let socket = state.socket, let local = try? Syscall.localAddress(socket.raw),
-            let remote = try? Syscall.peerAddress(socket.raw)
-        else { return nil }
-        return (local, remote)
+        guard state.isOpen, let socket = state.socket else { return nil }
+        return socket.ifOpen { fd -> (local: SocketAddress, remote: SocketAddress)? in
+            guard let local = try? Syscall.localAddress(fd), let remote = try? Syscall.peerAddress(fd) else {
+                return nil
+            }
+            return (local, remote)
+        } ?? nil
     }
 
     var bytesAvailable: Int {
         guard let socket = state.socket else { return 0 }
-        return unreadBytes(socket.raw)
+        return socket.ifOpen { unreadBytes($0) } ?? 0
     }
 
     /// Bytes a read would return now: the read-ahead's, else FIONREAD's. (Reads no state: called while the state
@@ -103,7 +106,7 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
 
     var spaceAvailable: Bool {
         guard let socket = state.socket else { return false }
-        let ready = (try? Syscall.poll(socket.raw, events: Syscall.pollOut, timeoutMilliseconds: 0)) ?? 0
+        let ready = socket.ifOpen { (try? Syscall.poll($0, events: Syscall.pollOut, timeoutMilliseconds: 0)) ?? 0 } ?? 0
         return ready & Syscall.pollOut != 0
     }
 
@@ -129,7 +132,7 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
                     return stream.deliver(.errorOccurred)
                 }
                 stream.streamStatus = .open
-                if !stream.isInput, let socket = state.socket { direct.open(socket.raw) }
+                if !stream.isInput, let socket = state.socket { socket.ifOpen { direct.open($0) } }
                 stream.deliver(.openCompleted)
                 updateInterest()
             }
@@ -194,7 +197,7 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
         for stream in [input as SocketStream?, output as SocketStream?].compactMap({ $0 })
         where stream.streamStatus == .opening {
             stream.streamStatus = .open
-            if !stream.isInput { direct.open(socket.raw) }
+            if !stream.isInput { socket.ifOpen { direct.open($0) } }
             stream.deliver(.openCompleted)
         }
         updateInterest()
@@ -211,13 +214,16 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
         if newlyDue { scheduleDueDeliveries() }
         guard let change else { return true }
         do throws(ConnectionError) {
-            switch change {
-            case .register(let interest):
-                try runLoop.loop.register(socket.raw, events: Self.epollEvents(interest), handler: self)
-            case .modify(let interest):
-                try runLoop.loop.modify(socket.raw, events: Self.epollEvents(interest))
-            case .unregister:
-                runLoop.loop.unregister(socket.raw)
+            // A socket closed already has nothing left to watch (its close took it out of epoll).
+            try socket.ifOpen { (fd) throws(ConnectionError) in
+                switch change {
+                case .register(let interest):
+                    try runLoop.loop.register(fd, events: Self.epollEvents(interest), handler: self)
+                case .modify(let interest):
+                    try runLoop.loop.modify(fd, events: Self.epollEvents(interest))
+                case .unregister:
+                    runLoop.loop.unregister(fd)
+                }
             }
             return true
         } catch {
@@ -244,8 +250,11 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
     }
 
     func epollReady(_ epollEvents: UInt32) {
-        guard let socket = state.socket else { return }
-        let fd = socket.raw
+        state.socket?.ifOpen { ready(epollEvents, $0) }
+    }
+
+    /// An epoll event, with the socket's number lent for its length.
+    private func ready(_ epollEvents: UInt32, _ fd: Int32) {
         let events = Self.socketEvents(epollEvents)
         if !state.isOpen { return connectReady(events, fd) }
         if state.mustBreakAway(events, inputOpen: inputOpen, unreadBytes: { unreadBytes(fd) > 0 }) {
@@ -287,7 +296,7 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
     /// The socket goes broken: out of epoll, its streams served from the run loop.
     private func breakAway() {
         if let change = state.breakAway(), change == .unregister, let socket = state.socket {
-            runLoop?.loop.unregister(socket.raw)
+            socket.ifOpen { runLoop?.loop.unregister($0) }
         }
         updateInterest()
     }
@@ -325,7 +334,9 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
                     return made
                 }()
             do throws(ConnectionError) {
-                switch try Syscall.recv(socket.raw, buffer, dontWait: true) {
+                switch try socket.withDescriptor({ (fd) throws(ConnectionError) in
+                    try Syscall.recv(fd, buffer, dontWait: true)
+                }) {
                 case .processed(0):
                     deliverEnd(input)
                     return true
@@ -348,7 +359,8 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
     private func deliverEndIfThere(_ input: SocketInputStream) {
         guard let socket = state.socket else { return }
         do throws(ConnectionError) {
-            if case .processed(0) = try Syscall.peekByte(socket.raw) { deliverEnd(input) }
+            let peeked = try socket.withDescriptor { (fd) throws(ConnectionError) in try Syscall.peekByte(fd) }
+            if case .processed(0) = peeked { deliverEnd(input) }
         } catch {
             fail(error)
         }
@@ -378,7 +390,10 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
             if readAhead.count == 0, Int(readAhead.end) == ahead.count, count < buffer.count {
                 do throws(ConnectionError) {
                     let rest = UnsafeMutableRawBufferPointer(rebasing: buffer[count...])
-                    if case .processed(let more) = try Syscall.recv(socket.raw, rest, dontWait: true) { total += more }
+                    let read = try socket.withDescriptor { (fd) throws(ConnectionError) in
+                        try Syscall.recv(fd, rest, dontWait: true)
+                    }
+                    if case .processed(let more) = read { total += more }
                 } catch {
                     state.deferReadError(error)
                 }
@@ -387,7 +402,9 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
             return updateInterest() ? total : -1
         }
         do throws(ConnectionError) {
-            switch try Syscall.recv(socket.raw, buffer, dontWait: true) {
+            switch try socket.withDescriptor({ (fd) throws(ConnectionError) in
+                try Syscall.recv(fd, buffer, dontWait: true)
+            }) {
             case .processed(0):
                 deliverEnd(input)
                 return 0
@@ -418,7 +435,10 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
         guard let socket = state.socket else { return -1 }
         do throws(ConnectionError) {
             var count = 0
-            if case .processed(let written) = try Syscall.send(socket.raw, bytes, dontWait: true) { count = written }
+            let sent = try socket.withDescriptor { (fd) throws(ConnectionError) in
+                try Syscall.send(fd, bytes, dontWait: true)
+            }
+            if case .processed(let written) = sent { count = written }
             if state.delegateWrote(all: count == bytes.count), !updateInterest() { return -1 }
             return count
         } catch {
@@ -455,7 +475,7 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
     /// Resets the connection (see `Syscall.resetConnection`), for an abort: closing the streams afterwards sends
     /// nothing more.
     func resetConnection() {
-        if state.isOpen, let socket = state.socket { Syscall.resetConnection(socket.raw) }
+        if state.isOpen, let socket = state.socket { socket.ifOpen { Syscall.resetConnection($0) } }
     }
 
     func closed(_ stream: SocketStream) {
@@ -464,7 +484,7 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
         } else {
             keepOutput = nil
             direct.close()
-            if state.isOpen, let socket = state.socket { try? Syscall.shutdown(socket.raw, .write) }
+            if state.isOpen, let socket = state.socket { socket.ifOpen { try? Syscall.shutdown($0, .write) } }
         }
         let inputDone = input.map { $0.streamStatus == .closed || $0.streamStatus == .notOpen } ?? true
         let outputDone = output.map { $0.streamStatus == .closed || $0.streamStatus == .notOpen } ?? true

@@ -54,13 +54,13 @@ final class UringAcceptor: Sendable {
     }
 
     private let loop: UringLoop
-    private let fd: Int32
+    private let descriptor: SocketDescriptor
     private let submissions: UringDescriptorGuard
     private let state: LoopConfined<State>
 
-    init(loop: UringLoop, fd: Int32, submissions: UringDescriptorGuard) {
+    init(loop: UringLoop, descriptor: SocketDescriptor, submissions: UringDescriptorGuard) {
         self.loop = loop
-        self.fd = fd
+        self.descriptor = descriptor
         self.submissions = submissions
         state = LoopConfined(State(), on: loop.thread)
     }
@@ -153,9 +153,14 @@ final class UringAcceptor: Sendable {
     }
 
     private func arm() {
-        let id = loop.acceptClients(on: fd, guardedBy: submissions) { [self] result, flags in
-            completed(result, more: csur_more(flags) != 0)
-        }
+        // The multishot names the number in the kernel until it is cancelled; the listener's close() cancels it
+        // (closeSoon, close) before it closes the descriptor.
+        let id =
+            descriptor.ifOpen { fd in
+                loop.acceptClients(on: fd, guardedBy: submissions) { [self] result, flags in
+                    completed(result, more: csur_more(flags) != 0)
+                }
+            } ?? nil
         guard let id else {
             // The listener closed, or the ring had no room: the waiter hears it now rather than never.
             let waiting = state.withValue { state -> UnsafeContinuation<Int32, Never>? in

@@ -53,7 +53,7 @@ public final class UringListener: Sendable {
         self.loop = loop
         acceptor =
             multishot && UringFeatures.current.multishotAccept == .on
-            ? UringAcceptor(loop: loop, fd: descriptor.raw, submissions: submissions) : nil
+            ? UringAcceptor(loop: loop, descriptor: descriptor, submissions: submissions) : nil
     }
 
     /// Whether clients come from a multishot accept (`false`: one IORING_OP_ACCEPT per ``accept()``).
@@ -80,7 +80,7 @@ public final class UringListener: Sendable {
     /// Clients from the multishot accept; `nil` when the kernel refused it (the caller accepts one at a time).
     private func acceptMultishot(_ acceptor: UringAcceptor) async throws(ConnectionError) -> UringSocket? {
         while true {
-            guard descriptor.raw >= 0, !submissions.isClosed else { throw .closed("the listener is closed") }
+            guard !descriptor.isClosed, !submissions.isClosed else { throw .closed("the listener is closed") }
             let result = await acceptor.next()
             if submissions.isClosed {
                 if result >= 0 { Syscall.close(result) }
@@ -122,10 +122,11 @@ public final class UringListener: Sendable {
 
     /// The connection for an accepted descriptor, with the options applied.
     private func adopt(_ socket: SocketDescriptor, peer address: SocketAddress) throws(ConnectionError) -> UringSocket {
-        let fd = socket.raw
-        try Syscall.setNoDelay(fd, options.tcpNoDelay)
-        try Syscall.setBufferSizes(fd, receive: options.receiveBufferSize, send: options.sendBufferSize)
-        let local = try Syscall.localAddress(fd).endpoint(.tcp)
+        let local = try socket.withDescriptor { [options] (fd) throws(ConnectionError) in
+            try Syscall.setNoDelay(fd, options.tcpNoDelay)
+            try Syscall.setBufferSizes(fd, receive: options.receiveBufferSize, send: options.sendBufferSize)
+            return try Syscall.localAddress(fd).endpoint(.tcp)
+        }
         return UringSocket(
             adopting: socket, transport: .tcp, local: local, remote: address.endpoint(.tcp), options: options,
             loop: loop)
@@ -141,12 +142,13 @@ public final class UringListener: Sendable {
             peerLength.deallocate()
         }
         while true {
-            let fd = descriptor.raw
-            guard fd >= 0, !submissions.isClosed else { throw .closed("the listener is closed") }
+            guard !submissions.isClosed else { throw .closed("the listener is closed") }
             peerLength.pointee = socklen_t(MemoryLayout<sockaddr_storage>.size)
-            let result = await loop.run(
-                .accept(fd: fd, address: UInt(bitPattern: peer), length: UInt(bitPattern: peerLength)),
-                guardedBy: submissions)
+            let result = try await descriptor.withDescriptorAsync { (fd) async throws(ConnectionError) in
+                await loop.run(
+                    .accept(fd: fd, address: UInt(bitPattern: peer), length: UInt(bitPattern: peerLength)),
+                    guardedBy: submissions)
+            }
             if submissions.isClosed {
                 if result >= 0 { Syscall.close(result) }
                 throw .closed("the listener is closed")
@@ -173,8 +175,7 @@ public final class UringListener: Sendable {
     public func close() async {
         submissions.close()
         await acceptor?.close()
-        let fd = descriptor.raw
-        if fd >= 0 { loop.cancelAll(on: fd) }
+        descriptor.ifOpen { loop.cancelAll(on: $0) }
         await gate.enter()
         descriptor.close()
         gate.leave()
@@ -214,7 +215,6 @@ final class UringUDPListener: Listener, Sendable {
         self.localEndpoint = local
         self.options = options
         self.loop = loop
-        let fd = descriptor.raw
         let submissions = submissions
         let failures = failures
         peers = DatagramDemultiplexer(
@@ -223,17 +223,23 @@ final class UringUDPListener: Listener, Sendable {
             sendNow: { [failures] bytes, address throws(ConnectionError) in
                 if let failure = failures.take(for: address) { throw failure }
                 return bytes.count <= 65_507
-                    && loop.sendDatagram(bytes, to: address, fd: fd, failures: failures, gate: submissions)
+                    && descriptor.ifOpen { fd in
+                        loop.sendDatagram(bytes, to: address, fd: fd, failures: failures, gate: submissions)
+                    } == true
             },
             send: { [failures] bytes, address throws(ConnectionError) in
                 if let failure = failures.take(for: address) { throw failure }
                 // Within IPv4's largest datagram: a larger one goes the waiting way, which reports EMSGSIZE at once.
                 if bytes.count <= 65_507,
-                    loop.sendDatagram(bytes, to: address, fd: fd, failures: failures, gate: submissions)
+                    descriptor.ifOpen({ fd in
+                        loop.sendDatagram(bytes, to: address, fd: fd, failures: failures, gate: submissions)
+                    }) == true
                 {
                     return
                 }
-                try await Self.send(bytes, to: address, fd: fd, loop: loop, submissions: submissions)
+                try await descriptor.withDescriptorAsync { (fd) async throws(ConnectionError) in
+                    try await Self.send(bytes, to: address, fd: fd, loop: loop, submissions: submissions)
+                }
             })
     }
 
@@ -258,29 +264,31 @@ final class UringUDPListener: Listener, Sendable {
         guard UringFeatures.current.multishotReceive == .on, loop.inLoop,
             let buffers = loop.makeBuffers(count: 64, size: options.maxDatagramSize + 16 + 128)
         else { return false }
-        let fd = descriptor.raw
         let supported = await withUnsafeContinuation { (done: UnsafeContinuation<Bool, Never>) in
             let receiving = MultishotReceiver(done: done)
             receiving.arm = { [self] in
-                let armed = loop.receiveMessages(on: fd, buffers: buffers, guardedBy: submissions) {
-                    [self] result, flags in
-                    let id = csur_buffer_id(flags)
-                    if id >= 0 {
-                        if result >= 0 { deliver(from: buffers, id: UInt32(id), result: result) }
-                        csur_buffers_recycle(buffers, UInt32(id))
-                        receiving.received = true
-                    }
-                    guard csur_more(flags) == 0 else { return }
-                    // The multishot ended: closed, out of buffers, or never supported (EINVAL before anything came).
-                    if submissions.isClosed || result == -ECANCELED {
-                        receiving.finish(true)
-                    } else if result == -EINVAL && !receiving.received {
-                        receiving.finish(false)
-                    } else {
-                        receiving.arm()
+                // The multishot names the number until close() cancels it, before the descriptor is closed.
+                let armed = descriptor.ifOpen { fd in
+                    loop.receiveMessages(on: fd, buffers: buffers, guardedBy: submissions) { [self] result, flags in
+                        let id = csur_buffer_id(flags)
+                        if id >= 0 {
+                            if result >= 0 { deliver(from: buffers, id: UInt32(id), result: result) }
+                            csur_buffers_recycle(buffers, UInt32(id))
+                            receiving.received = true
+                        }
+                        guard csur_more(flags) == 0 else { return }
+                        // The multishot ended: closed, out of buffers, or never supported (EINVAL before anything
+                        // came).
+                        if submissions.isClosed || result == -ECANCELED {
+                            receiving.finish(true)
+                        } else if result == -EINVAL && !receiving.received {
+                            receiving.finish(false)
+                        } else {
+                            receiving.arm()
+                        }
                     }
                 }
-                if !armed { receiving.finish(true) }
+                if armed != true { receiving.finish(true) }
             }
             receiving.arm()
         }
@@ -315,11 +323,13 @@ final class UringUDPListener: Listener, Sendable {
             csur_message_destroy(message)
             buffer.deallocate()
         }
-        let fd = descriptor.raw
         while !submissions.isClosed {
             csur_message_prepare(message, buffer.baseAddress, buffer.count, nil, 0)
-            let result = await loop.run(
-                .receiveMessage(fd: fd, message: UInt(bitPattern: message), flags: 0), guardedBy: submissions)
+            let received = try? await descriptor.withDescriptorAsync { (fd) async throws(ConnectionError) in
+                await loop.run(
+                    .receiveMessage(fd: fd, message: UInt(bitPattern: message), flags: 0), guardedBy: submissions)
+            }
+            guard let result = received else { return }
             if submissions.isClosed || result == -ECANCELED { return }
             if result < 0 { continue }  // a stale ICMP error: the socket lives on
             var addressLength: socklen_t = 0
@@ -355,8 +365,7 @@ final class UringUDPListener: Listener, Sendable {
     func close() async {
         peers.close()
         submissions.close()
-        let fd = descriptor.raw
-        if fd >= 0 { loop.cancelAll(on: fd) }
+        descriptor.ifOpen { loop.cancelAll(on: $0) }
         await pump.withLock { $0 }?.value
         await gate.enter()
         descriptor.close()

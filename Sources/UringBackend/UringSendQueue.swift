@@ -106,11 +106,12 @@ final class UringSendQueue: Sendable {
         return state.withLock { state -> Int in
             guard state.failure == nil, state.flying == nil, !state.scheduled, (state.gathering?.count ?? 0) == 0
             else { return 0 }
-            let fd = descriptor.raw
-            guard fd >= 0 else { return 0 }
             do throws(ConnectionError) {
                 let raw = UnsafeRawBufferPointer(start: UnsafeRawPointer(bitPattern: address), count: count)
-                guard case .processed(let sent) = try Syscall.send(fd, raw, dontWait: true) else { return 0 }
+                let result = try descriptor.ifOpen { (fd) throws(ConnectionError) in
+                    try Syscall.send(fd, raw, dontWait: true)
+                }
+                guard case .processed(let sent) = result else { return 0 }
                 return sent
             } catch {
                 state.failure = error
@@ -224,13 +225,19 @@ final class UringSendQueue: Sendable {
 
     /// Ring's thread: the send of `batch` from byte `offset` on.
     private func submit(_ batch: Buffer, from offset: Int) {
-        let fd = descriptor.raw
-        guard fd >= 0 else { return sent(-ECANCELED) }
-        let operation = UringOperation.send(
-            fd: fd, buffer: UInt(bitPattern: batch.base + offset), length: batch.count - offset,
-            flags: Int32(MSG_NOSIGNAL | MSG_WAITALL))
-        let submitted = loop.submit(operation, linked: false) { [self] result in sent(result) }
-        if !submitted { sent(-EBUSY) }
+        // The socket's close() waits for this send to complete (it drains the queue after cancelling what is in
+        // flight) before the number is closed.
+        let submitted = descriptor.ifOpen { fd in
+            let operation = UringOperation.send(
+                fd: fd, buffer: UInt(bitPattern: batch.base + offset), length: batch.count - offset,
+                flags: Int32(MSG_NOSIGNAL | MSG_WAITALL))
+            return loop.submit(operation, linked: false) { [self] result in sent(result) }
+        }
+        switch submitted {
+        case nil: sent(-ECANCELED)
+        case false: sent(-EBUSY)
+        case true: return
+        }
     }
 
     /// Ring's thread: a send completed. The rest of a short send goes again; a complete one makes way for what

@@ -74,9 +74,10 @@ public final class UringSocket: Sendable {
             let socket = try Socket.connectingSocket(for: address, transport: transport, options: options)
             do throws(ConnectionError) {
                 // Blocking, as the ring expects: it waits in the kernel, never returns EAGAIN.
-                try Syscall.setNonBlocking(socket.raw, false)
+                try socket.withDescriptor { (fd) throws(ConnectionError) in try Syscall.setNonBlocking(fd, false) }
                 if transport == .udp {
-                    _ = try Syscall.connect(socket.raw, to: address)
+                    _ = try socket.withDescriptor { (fd) throws(ConnectionError) in try Syscall.connect(fd, to: address)
+                    }
                 } else {
                     let storage = UnsafeMutableRawPointer.allocate(
                         byteCount: MemoryLayout<sockaddr_storage>.size, alignment: 8)
@@ -85,9 +86,11 @@ public final class UringSocket: Sendable {
                         storage.copyMemory(from: pointer, byteCount: Int(length))
                         return UInt32(length)
                     }
-                    let result = await loop.run(
-                        .connect(fd: socket.raw, address: UInt(bitPattern: storage), length: length),
-                        timeout: Socket.timeLeft(until: deadline))
+                    let result = try await socket.withDescriptorAsync { (fd) async throws(ConnectionError) in
+                        await loop.run(
+                            .connect(fd: fd, address: UInt(bitPattern: storage), length: length),
+                            timeout: Socket.timeLeft(until: deadline))
+                    }
                     if result == -ECANCELED {
                         throw Task.isCancelled
                             ? .cancelled("connect to \(endpoint) was cancelled")
@@ -96,8 +99,9 @@ public final class UringSocket: Sendable {
                     }
                     if result < 0 { throw .errno(-result, "connect to \(endpoint) (\(address))") }
                 }
-                let local = try Syscall.localAddress(socket.raw).endpoint(transport)
-                let remote = try Syscall.peerAddress(socket.raw).endpoint(transport)
+                let (local, remote) = try socket.withDescriptor { (fd) throws(ConnectionError) in
+                    (try Syscall.localAddress(fd).endpoint(transport), try Syscall.peerAddress(fd).endpoint(transport))
+                }
                 return UringSocket(
                     adopting: socket, transport: transport, local: local, remote: remote, options: options, loop: loop)
             } catch {
@@ -130,8 +134,28 @@ public final class UringSocket: Sendable {
     /// `bufferedAmount`); 0 once they all went, on UDP, and after the queue failed.
     public var bufferedAmount: Int { sendQueue?.buffered ?? 0 }
 
-    /// The descriptor (-1 after ``close()``).
-    public var fileDescriptor: Int32 { descriptor.raw }
+    /// Runs `body` with the descriptor, which stays this socket's until `body` returns (for a socket option or a
+    /// look with `poll` of your own); `.closed` after ``close()``.
+    public func withDescriptor<R>(_ body: (Int32) throws(ConnectionError) -> R) throws(ConnectionError) -> R {
+        try descriptor.withDescriptor(body)
+    }
+
+    /// As ``withDescriptor(_:)``, for a body that awaits (ring operations of your own on the number: the native
+    /// style's); ``close()`` waits for it to return.
+    public func withDescriptorAsync<R>(
+        _ body: (Int32) async throws(ConnectionError) -> R
+    ) async throws(ConnectionError) -> R {
+        try await descriptor.withDescriptorAsync(body)
+    }
+
+    /// Inside a gate, the socket open: `body` with the descriptor borrowed until it returns. A ring operation that
+    /// names the number holds it until the operation completed; ``close()`` cancels those before it closes.
+    private func withOpenDescriptor<R>(
+        _ body: (Int32) async throws(ConnectionError) -> R
+    ) async throws(ConnectionError) -> R {
+        guard lifecycle.isOpen else { throw .closed() }
+        return try await descriptor.withDescriptorAsync(body)
+    }
 
     // MARK: Receiving
 
@@ -147,18 +171,22 @@ public final class UringSocket: Sendable {
         }
         if !reads.gate.tryEnter() { await reads.gate.enter() }
         defer { reads.gate.leave() }
-        let fd = try beginRead()
-        let length = min(max(1, maximumLength), options.readChunkSize)
-        if lastReceiveFull.load(ordering: .relaxed), let bytes = try readWaiting(fd, length: length) { return bytes }
-        switch await loop.receiveSelected(fd: fd, length: length, guardedBy: submissions) {
-        case .bytes(let bytes):
-            lastReceiveFull.store(bytes.count == options.readChunkSize, ordering: .relaxed)
-            return bytes
-        case .result(let result):
-            guard try endRead(result, capacity: length) == nil else {
-                throw ConnectionError(.system, "a receive completed with bytes but no buffer")
+        try beginRead()
+        return try await withOpenDescriptor { (fd) async throws(ConnectionError) in
+            let length = min(max(1, maximumLength), options.readChunkSize)
+            if lastReceiveFull.load(ordering: .relaxed), let bytes = try readWaiting(fd, length: length) {
+                return bytes
             }
-            return nil
+            switch await loop.receiveSelected(fd: fd, length: length, guardedBy: submissions) {
+            case .bytes(let bytes):
+                lastReceiveFull.store(bytes.count == options.readChunkSize, ordering: .relaxed)
+                return bytes
+            case .result(let result):
+                guard try endRead(result, capacity: length) == nil else {
+                    throw ConnectionError(.system, "a receive completed with bytes but no buffer")
+                }
+                return nil
+            }
         }
     }
 
@@ -170,12 +198,14 @@ public final class UringSocket: Sendable {
 
     /// Inside the read gate: one IORING_OP_RECV (with MSG_TRUNC on UDP, so a datagram's real length comes back).
     private func read(into buffer: UnsafeMutableRawBufferPointer) async throws(ConnectionError) -> Int? {
-        let fd = try beginRead()
-        let result = await loop.run(
-            .receive(
-                fd: fd, buffer: UInt(bitPattern: buffer.baseAddress), length: buffer.count,
-                flags: transport == .udp ? Int32(MSG_TRUNC) : 0),
-            guardedBy: submissions)
+        try beginRead()
+        let result = try await withOpenDescriptor { (fd) async throws(ConnectionError) in
+            await loop.run(
+                .receive(
+                    fd: fd, buffer: UInt(bitPattern: buffer.baseAddress), length: buffer.count,
+                    flags: transport == .udp ? Int32(MSG_TRUNC) : 0),
+                guardedBy: submissions)
+        }
         return try endRead(result, capacity: buffer.count)
     }
 
@@ -196,14 +226,13 @@ public final class UringSocket: Sendable {
         }
     }
 
-    /// Before a receive, inside the read gate: the descriptor, unless the socket closed or already reported its end.
-    private func beginRead() throws(ConnectionError) -> Int32 {
-        let fd = try usableDescriptor()
+    /// Before a receive, inside the read gate: throws when the socket closed or already reported its end.
+    private func beginRead() throws(ConnectionError) {
+        try checkUsable()
         if lifecycle.current.inputEnded { throw .closed("the end of the stream was already reported") }
         // A datagram sent without waiting failed (ECONNREFUSED, say, which the kernel reports once): what a
         // receive would have found.
         if transport == .udp, let failure = datagramFailures.take(for: nil) { throw failure }
-        return fd
     }
 
     /// A receive's result that is not bytes copied out: the count (at most `capacity`), `nil` at the end of the
@@ -233,12 +262,14 @@ public final class UringSocket: Sendable {
             // From the ring's thread, with no send ahead of it: sent at once, waiting for no completion
             // (`UringLoop.sendDatagram`); an earlier one's failure is thrown here or by the next receive.
             defer { writeGate.leave() }
-            let fd = try ready()
+            try ready()
             if let failure = datagramFailures.take(for: nil) { throw failure }
-            if loop.sendDatagram(bytes, to: nil, fd: fd, failures: datagramFailures, gate: submissions) { return }
-            if try bytes.withBytes({ (raw) throws(ConnectionError) in try sendFromAnyThread(fd, raw) }) { return }
-            return try await Self.withStableCopy(of: bytes) { copy throws(ConnectionError) in
-                try await sendDirect(fd, copy, zeroCopy: false)
+            return try await withOpenDescriptor { (fd) async throws(ConnectionError) in
+                if loop.sendDatagram(bytes, to: nil, fd: fd, failures: datagramFailures, gate: submissions) { return }
+                if try bytes.withBytes({ (raw) throws(ConnectionError) in try sendFromAnyThread(fd, raw) }) { return }
+                try await Self.withStableCopy(of: bytes) { copy throws(ConnectionError) in
+                    try await sendDirect(fd, copy, zeroCopy: false)
+                }
             }
         }
         if let queue = sendQueue, bytes.count <= UringSendQueue.limit {
@@ -271,8 +302,7 @@ public final class UringSocket: Sendable {
     public func send(contentsOf bytes: UnsafeRawBufferPointer) async throws(ConnectionError) {
         if !writeGate.tryEnter() { await writeGate.enter() }
         defer { writeGate.leave() }
-        let fd = try ready()
-        if transport == .udp, try sendFromAnyThread(fd, bytes) { return }
+        try ready()
         if let queue = sendQueue {
             if bytes.count <= UringSendQueue.limit {
                 let sent = loop.inLoop ? 0 : queue.sendNow(bytes)
@@ -283,7 +313,10 @@ public final class UringSocket: Sendable {
             // Large: after what is queued, straight from the caller's bytes.
             try await queue.drain()
         }
-        try await sendDirect(fd, bytes, zeroCopy: transport == .tcp && bytes.count >= Self.zeroCopySendsFrom)
+        try await withOpenDescriptor { (fd) async throws(ConnectionError) in
+            if transport == .udp, try sendFromAnyThread(fd, bytes) { return }
+            try await sendDirect(fd, bytes, zeroCopy: transport == .tcp && bytes.count >= Self.zeroCopySendsFrom)
+        }
     }
 
     /// TCP: sends all of `bytes` with zero copy (IORING_OP_SEND_ZC, Linux 6.0), after what the send queue holds:
@@ -297,9 +330,11 @@ public final class UringSocket: Sendable {
         }
         if !writeGate.tryEnter() { await writeGate.enter() }
         defer { writeGate.leave() }
-        let fd = try ready()
+        try ready()
         try await sendQueue?.drain()
-        try await sendDirect(fd, bytes, zeroCopy: true)
+        try await withOpenDescriptor { (fd) async throws(ConnectionError) in
+            try await sendDirect(fd, bytes, zeroCopy: true)
+        }
     }
 
     /// Whether a send from off the ring's thread makes its system call on the calling thread: a datagram
@@ -359,12 +394,10 @@ public final class UringSocket: Sendable {
         }
     }
 
-    /// Inside the write gate: the descriptor, once the socket may still send.
-    @discardableResult
-    private func ready() throws(ConnectionError) -> Int32 {
-        let fd = try usableDescriptor()
+    /// Inside the write gate: throws unless the socket may still send.
+    private func ready() throws(ConnectionError) {
+        try checkUsable()
         if case .refuse(let error) = lifecycle.handle(.send) { throw error }
-        return fd
     }
 
     /// Sends datagrams (UDP) or chunks (TCP) in order: every send of the batch is submitted in the same turn of the
@@ -376,8 +409,12 @@ public final class UringSocket: Sendable {
         }
         if !writeGate.tryEnter() { await writeGate.enter() }
         defer { writeGate.leave() }
-        let fd = try usableDescriptor()
-        if case .refuse(let error) = lifecycle.handle(.send) { throw error }
+        try ready()
+        try await withOpenDescriptor { (fd) async throws(ConnectionError) in try await send(batch: batch, fd: fd) }
+    }
+
+    /// Inside the write gate, the descriptor borrowed: the datagrams of ``send(batch:)``.
+    private func send(batch: [UnsafeRawBufferPointer], fd: Int32) async throws(ConnectionError) {
         // Runs of equal-sized datagrams (the last may be shorter) go as one segmented sendmsg (UDP GSO), as the
         // other backends' sendmmsg path sends them; the rest one send each. All in one turn of the ring.
         var operations: [UringOperation] = []
@@ -444,24 +481,24 @@ public final class UringSocket: Sendable {
         guard transport == .tcp else { throw ConnectionError(.unsupported, "half-close needs a TCP connection") }
         if !writeGate.tryEnter() { await writeGate.enter() }
         defer { writeGate.leave() }
-        var fd = try usableDescriptor()
+        try checkUsable()
         // The FIN goes after every byte sent so far: the queue first (and a batch that failed, already or now, says
         // why here).
         if let queue = sendQueue {
             try await queue.drain()
-            fd = try usableDescriptor()
+            try checkUsable()
         }
         switch lifecycle.handle(.closeOutput) {
-        case .shutdownOutput: try Syscall.shutdown(fd, .write)
+        case .shutdownOutput:
+            try descriptor.withDescriptor { (fd) throws(ConnectionError) in try Syscall.shutdown(fd, .write) }
         case .refuse(let error): throw error
         default: return
         }
     }
 
-    private func usableDescriptor() throws(ConnectionError) -> Int32 {
-        let fd = descriptor.raw
-        guard fd >= 0, lifecycle.isOpen else { throw .closed() }
-        return fd
+    /// Throws `.closed` unless the socket is open.
+    private func checkUsable() throws(ConnectionError) {
+        guard !descriptor.isClosed, lifecycle.isOpen else { throw .closed() }
     }
 
     /// The error for a failed operation: a cancelled one is `.closed` when the socket was closed under it.
@@ -475,10 +512,9 @@ public final class UringSocket: Sendable {
 
     /// Closes with a reset: a TCP peer gets `.reset`, unsent data is discarded. Otherwise as ``close()``.
     public func abort() async {
-        let fd = descriptor.raw
-        if lifecycle.isOpen, transport == .tcp, fd >= 0 {
+        if lifecycle.isOpen, transport == .tcp, !descriptor.isClosed {
             sendQueue?.fail(.closed("the connection was reset before its queued bytes were sent"))
-            Syscall.resetConnection(fd)
+            descriptor.ifOpen { Syscall.resetConnection($0) }
         }
         await close()
     }
@@ -496,8 +532,7 @@ public final class UringSocket: Sendable {
                 queue.fail(.closed())
             }
             submissions.close()
-            let fd = descriptor.raw
-            if fd >= 0 { loop.cancelAll(on: fd) }
+            descriptor.ifOpen { loop.cancelAll(on: $0) }
             // The queue's batch in flight, if any, has completed (cancelled) after this.
             try? await sendQueue?.drain()
             await reads.gate.enter()
@@ -521,8 +556,7 @@ public final class UringSocket: Sendable {
             }
             if await group.next() == false {
                 queue.fail(.closed("close() dropped bytes the peer did not take within \(Self.closeLinger)"))
-                let fd = descriptor.raw
-                if fd >= 0 { loop.cancelAll(on: fd) }
+                descriptor.ifOpen { loop.cancelAll(on: $0) }
             }
             group.cancelAll()
         }

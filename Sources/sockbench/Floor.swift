@@ -43,25 +43,28 @@ struct FloorServe: AsyncParsableCommand {
         guard pipe(&pipeFDs) == 0 else { throw fail("pipe failed") }
         let (stopRead, stopWrite) = (pipeFDs[0], pipeFDs[1])
         let datagram: Int32 = socket.transport == .udp ? 1 : 0
-        let fd = socket.descriptor
         let sink = sink
-        let done = Task.detached {
-            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-                PosixThread.spawn(name: "cfloor-serve") {
-                    _ = sink ? cfloor_sink(fd, datagram, stopRead) : cfloor_serve(fd, datagram, stopRead)
-                    continuation.resume()
+        // The C server's thread works on the number: borrowed until it has ended.
+        let reason = try? await socket.withDescriptorAsync { (fd) async throws(ConnectionError) in
+            let done = Task.detached {
+                await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                    PosixThread.spawn(name: "cfloor-serve") {
+                        _ = sink ? cfloor_sink(fd, datagram, stopRead) : cfloor_serve(fd, datagram, stopRead)
+                        continuation.resume()
+                    }
                 }
             }
+            let reason = await StopSignal.wait(stdinEOF: exitOnStdinEOF)
+            var byte: UInt8 = 1
+            _ = write(stopWrite, &byte, 1)
+            await done.value
+            return reason
         }
-        let reason = await StopSignal.wait(stdinEOF: exitOnStdinEOF)
-        var byte: UInt8 = 1
-        _ = write(stopWrite, &byte, 1)
-        await done.value
         close(stopRead)
         close(stopWrite)
         socket.close()
         guard !quiet else { return }
-        Console.error("sockbench floor-serve: \(reason)")
+        Console.error("sockbench floor-serve: \(reason ?? "the socket closed")")
     }
 }
 
@@ -73,17 +76,19 @@ func runFloorPing(
 {
     let socket = try BSDSocket.connect(to: endpoint)
     defer { socket.close() }
-    let fd = socket.descriptor
     let datagram: Int32 = endpoint.transport == .udp ? 1 : 0
-    let outcome: (status: Int32, errno: Int32, samples: [UInt64]) = await withCheckedContinuation {
-        continuation in
-        PosixThread.spawn(name: "cfloor-ping") {
-            var samples = [UInt64](repeating: 0, count: count)
-            let status = samples.withUnsafeMutableBufferPointer {
-                cfloor_pingpong(fd, datagram, Int32(size), Int32(count), Int32(warmup), $0.baseAddress)
+    // The C client's thread works on the number: borrowed until it has ended.
+    let outcome: (status: Int32, errno: Int32, samples: [UInt64]) = try await socket.withDescriptorAsync {
+        (fd) async throws(ConnectionError) in
+        await withCheckedContinuation { continuation in
+            PosixThread.spawn(name: "cfloor-ping") {
+                var samples = [UInt64](repeating: 0, count: count)
+                let status = samples.withUnsafeMutableBufferPointer {
+                    cfloor_pingpong(fd, datagram, Int32(size), Int32(count), Int32(warmup), $0.baseAddress)
+                }
+                let code = errno
+                continuation.resume(returning: (status, code, samples))
             }
-            let code = errno
-            continuation.resume(returning: (status, code, samples))
         }
     }
     guard outcome.status == 0 else { throw .errno(outcome.errno, "C floor ping-pong") }
@@ -95,16 +100,17 @@ func runFloorPing(
 func runFloorPump(endpoint: Endpoint, size: Int, totalBytes: Int) async throws(ConnectionError) -> ScenarioResult {
     let socket = try BSDSocket.connect(to: endpoint)
     defer { socket.close() }
-    let fd = socket.descriptor
     let datagram = endpoint.transport == .udp
     let before = UDPCounters.read()
-    let outcome: (status: Int32, errno: Int32, result: cfloor_pump_result) = await withCheckedContinuation {
-        continuation in
-        PosixThread.spawn(name: "cfloor-pump") {
-            var result = cfloor_pump_result()
-            let status = cfloor_pump(fd, datagram ? 1 : 0, Int32(size), UInt64(totalBytes), &result)
-            let code = errno
-            continuation.resume(returning: (status, code, result))
+    let outcome: (status: Int32, errno: Int32, result: cfloor_pump_result) = try await socket.withDescriptorAsync {
+        (fd) async throws(ConnectionError) in
+        await withCheckedContinuation { continuation in
+            PosixThread.spawn(name: "cfloor-pump") {
+                var result = cfloor_pump_result()
+                let status = cfloor_pump(fd, datagram ? 1 : 0, Int32(size), UInt64(totalBytes), &result)
+                let code = errno
+                continuation.resume(returning: (status, code, result))
+            }
         }
     }
     guard outcome.status == 0 else { throw .errno(outcome.errno, "C floor pump") }
@@ -144,31 +150,32 @@ func runFloorRate(
     let total = runner.total
     let socket = try BSDSocket.connect(to: endpoint)
     defer { socket.close() }
-    let fd = socket.descriptor
     let datagram: Int32 = endpoint.transport == .udp ? 1 : 0
     let interval = UInt64(1e9 / Double(perSecond))
     typealias Times = (intended: [UInt64], actual: [UInt64], received: [UInt64])
     let outcome: (status: Int32, errno: Int32, times: Times, received: Int32, waiting: UInt64) =
-        await withCheckedContinuation {
-            continuation in
-            PosixThread.spawn(name: "cfloor-rate") {
-                var times: Times = (
-                    [UInt64](repeating: 0, count: total), [UInt64](repeating: 0, count: total),
-                    [UInt64](repeating: 0, count: total)
-                )
-                var received: Int32 = 0
-                var waiting: UInt64 = 0
-                let status = times.intended.withUnsafeMutableBufferPointer { intended in
-                    times.actual.withUnsafeMutableBufferPointer { actual in
-                        times.received.withUnsafeMutableBufferPointer { echoed in
-                            cfloor_rate(
-                                fd, datagram, Int32(runner.size), Int32(total), interval, spin, intended.baseAddress,
-                                actual.baseAddress, echoed.baseAddress, &received, &waiting)
+        try await socket.withDescriptorAsync { (fd) async throws(ConnectionError) in
+            await withCheckedContinuation { continuation in
+                PosixThread.spawn(name: "cfloor-rate") {
+                    var times: Times = (
+                        [UInt64](repeating: 0, count: total), [UInt64](repeating: 0, count: total),
+                        [UInt64](repeating: 0, count: total)
+                    )
+                    var received: Int32 = 0
+                    var waiting: UInt64 = 0
+                    let status = times.intended.withUnsafeMutableBufferPointer { intended in
+                        times.actual.withUnsafeMutableBufferPointer { actual in
+                            times.received.withUnsafeMutableBufferPointer { echoed in
+                                cfloor_rate(
+                                    fd, datagram, Int32(runner.size), Int32(total), interval, spin,
+                                    intended.baseAddress,
+                                    actual.baseAddress, echoed.baseAddress, &received, &waiting)
+                            }
                         }
                     }
+                    let code = errno
+                    continuation.resume(returning: (status, code, times, received, waiting))
                 }
-                let code = errno
-                continuation.resume(returning: (status, code, times, received, waiting))
             }
         }
     guard outcome.status == 0 else { throw .errno(outcome.errno, "C floor open-loop client") }

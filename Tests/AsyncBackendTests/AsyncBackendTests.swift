@@ -41,8 +41,8 @@ struct AsyncBackendTests {
             let tcp = AsyncSocket(to: tcpListener.localEndpoint)
             try await tcp.start()
             let accepted = try await tcpListener.accept()
-            let udpEvents = try #require(epollEvents(watching: udp.fileDescriptor))
-            let tcpEvents = try #require(epollEvents(watching: tcp.fileDescriptor))
+            let udpEvents = try #require(epollEvents(watching: try udp.withDescriptor { $0 }))
+            let tcpEvents = try #require(epollEvents(watching: try tcp.withDescriptor { $0 }))
             #expect(udpEvents & Syscall.epollIn != 0)
             #expect(udpEvents & Syscall.epollOut == 0, "an idle UDP socket is watched for writability")
             #expect(tcpEvents & Syscall.epollOut != 0)
@@ -136,7 +136,7 @@ struct AsyncBackendTests {
             }
             // Wait until the send is parked on a full socket buffer: the reactor then holds its writer.
             while sending.isCancelled == false {
-                if Syscall.bytesUnsent(client.fileDescriptor) > 0 { break }
+                if try client.withDescriptor({ Syscall.bytesUnsent($0) }) > 0 { break }
                 await Task.yield()
             }
             sending.cancel()
@@ -206,7 +206,7 @@ struct AsyncBackendTests {
             let total = 65_536
             try await bulkClient.send([UInt8](repeating: 7, count: total))
             // On loopback the bytes are in the peer's buffer once the send returned, or soon after.
-            while Syscall.bytesReadable(bulk.fileDescriptor) < total { await Task.yield() }
+            while try bulk.withDescriptor({ Syscall.bytesReadable($0) }) < total { await Task.yield() }
             let read = SharedCount()
             let probeSawBulkAt = Task(executorPreference: reactor) { () async throws -> Int in
                 let byte = UnsafeMutableRawBufferPointer.allocate(byteCount: 1, alignment: 1)

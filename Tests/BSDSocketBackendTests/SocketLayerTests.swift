@@ -74,13 +74,14 @@ struct SocketLayerTests {
 
     static func closesOnce() throws {
         let owner = SocketDescriptor(adopting: try Syscall.socket(family: .ipv4, datagram: true))
-        let fd = owner.raw
+        let fd = try #require(owner.ifOpen { $0 })
         #expect(fcntl(fd, F_GETFD) >= 0)
         var unregistered: [Int32] = []
         #expect(owner.close(beforeClosing: { unregistered.append($0) }))
         #expect(!owner.close(beforeClosing: { unregistered.append($0) }))
         #expect(unregistered == [fd])
-        #expect(owner.isClosed && owner.raw == -1)
+        #expect(owner.isClosed && owner.ifOpen { $0 } == nil)
+        #expect(throws: ConnectionError.self) { try owner.withDescriptor { $0 } }
         #expect(owner.release() == nil)
 
         let released = SocketDescriptor(adopting: try Syscall.socket(family: .ipv4, datagram: true))
@@ -88,5 +89,62 @@ struct SocketLayerTests {
         #expect(!released.close())
         #expect(fcntl(number, F_GETFD) >= 0)  // still open: the new owner closes it
         Syscall.close(number)
+    }
+
+    @Test("SocketDescriptor: a close while the number is lent waits for the borrower, and nothing borrows it after")
+    func descriptorLendsAcrossClose() async throws {
+        try await SocketTest.run { try Self.lendsAcrossClose() }
+    }
+
+    /// A stream socket pair: the owner's end and the other, whose read sees the end once the owner's is closed (a
+    /// descriptor number says nothing then: another test may have been given it).
+    private static func pair() throws -> (SocketDescriptor, Int32) {
+        var ends: [Int32] = [-1, -1]
+        try #require(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0, &ends) == 0)
+        return (SocketDescriptor(adopting: ends[0]), ends[1])
+    }
+
+    /// Whether the other end sees its peer closed (a read returns 0) rather than nothing to read yet.
+    private static func peerClosed(_ other: Int32) -> Bool {
+        var byte: UInt8 = 0
+        return recv(other, &byte, 1, Int32(MSG_DONTWAIT)) == 0
+    }
+
+    static func lendsAcrossClose() throws {
+        let (owner, other) = try pair()
+        defer { Syscall.close(other) }
+        var closedInside = false
+        var openInside = false
+        try owner.withDescriptor { (fd) throws(ConnectionError) in
+            closedInside = owner.close()
+            // Closing marked it: no new borrow, but this borrower's number is still the socket.
+            openInside = !peerClosed(other) && owner.isClosed && owner.ifOpen { $0 } == nil
+        }
+        #expect(closedInside && openInside)
+        #expect(peerClosed(other), "the last borrower's return closed it")
+        #expect(!owner.close())
+
+        // Two borrowers: the close waits for both; the first to return leaves it open.
+        let (shared, sharedOther) = try pair()
+        defer { Syscall.close(sharedOther) }
+        try shared.withDescriptor { (outer) throws(ConnectionError) in
+            try shared.withDescriptor { (inner) throws(ConnectionError) in
+                #expect(inner == outer)
+                shared.close()
+            }
+            #expect(!peerClosed(sharedOther), "the outer borrow still holds it")
+        }
+        #expect(peerClosed(sharedOther))
+
+        // An empty owner lends nothing until it adopts.
+        let empty = SocketDescriptor()
+        #expect(empty.ifOpen { $0 } == nil)
+        let (adopted, adoptedOther) = try pair()
+        defer { Syscall.close(adoptedOther) }
+        let number = try #require(adopted.release())
+        empty.adopt(number)
+        #expect(empty.ifOpen { $0 } == number)
+        #expect(empty.close())
+        #expect(peerClosed(adoptedOther))
     }
 }

@@ -22,7 +22,9 @@ struct GatheredSendTests {
 
     /// Reads from `peer` until it has `count` bytes or the stream ends (then `ended`), each read bounded by 10 s.
     static func read(_ peer: BSDSocket, count: Int?) throws(ConnectionError) -> (bytes: [UInt8], ended: Bool) {
-        try Syscall.setReceiveTimeout(peer.descriptor, milliseconds: 10_000)
+        try peer.withDescriptor { (fd) throws(ConnectionError) in
+            try Syscall.setReceiveTimeout(fd, milliseconds: 10_000)
+        }
         var bytes: [UInt8] = []
         while count.map({ bytes.count < $0 }) ?? true {
             let chunk = try peer.receive(maximumLength: 65_536)

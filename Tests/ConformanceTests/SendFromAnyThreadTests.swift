@@ -38,8 +38,9 @@ struct SendFromAnyThreadTests {
                 }
             }
             let sending = Task.detached { try await client.send([7, 8, 9]) }
-            let arrived = Syscall.waitReadable(
-                peer.descriptor, untilMonotonic: MonotonicClock.nanoseconds() + 5_000_000_000)
+            let arrived = try peer.withDescriptor {
+                Syscall.waitReadable($0, untilMonotonic: MonotonicClock.nanoseconds() + 5_000_000_000)
+            }
             #expect(arrived, "the bytes left only after the connection's executor was free")
             Syscall.eventFDSignal(release)
             await busy.withLock { $0 }?.value

@@ -228,7 +228,7 @@ struct UringBackendTests {
                 let request = UnsafeMutableRawBufferPointer.allocate(byteCount: probe.count, alignment: 16)
                 defer { request.deallocate() }
                 request.copyBytes(from: probe)
-                let fd = client.fileDescriptor
+                let fd = try client.withDescriptor { $0 }  // the socket stays open until after the exchange
                 let address = UInt(bitPattern: buffer.baseAddress)
                 let outgoing = UInt(bitPattern: request.baseAddress)
                 let results = await withCheckedContinuation { (done: CheckedContinuation<[Int32], Never>) in
@@ -260,7 +260,7 @@ struct UringBackendTests {
                 defer { buffer.deallocate() }
                 let probe = Array("ping".utf8)
                 buffer.copyBytes(from: probe)
-                let fd = client.fileDescriptor
+                let fd = try client.withDescriptor { $0 }  // the socket stays open until after the exchanges
                 let address = UInt(bitPattern: buffer.baseAddress)
                 /// The pair on the ring; every handler call, in order, until the first.
                 func exchange(_ count: Int) async -> [Int32] {
@@ -445,7 +445,7 @@ struct UringBackendTests {
             await client.abort()
             // Until the reset has reached the server's socket (poll reports it without taking it; under load the
             // loopback may deliver it after abort() returned).
-            var poller = pollfd(fd: server.fileDescriptor, events: Int16(POLLIN), revents: 0)
+            var poller = pollfd(fd: try server.withDescriptor { $0 }, events: Int16(POLLIN), revents: 0)
             let polled = poll(&poller, 1, 10_000)
             try #require(polled == 1 && poller.revents & Int16(POLLERR) != 0, "poll: \(polled), \(poller.revents)")
             // The kernel reports the reset once: to this send's batch, sent after the reset came.
