@@ -52,9 +52,9 @@ final class Pacer: TaskExecutor, Sendable {
     /// Set by ``stop()``: a spinning pacer checks it between yields and ends.
     private let halted = Atomic<Bool>(false)
     /// Jobs of tasks that prefer the pacer (senders), run on its thread; from another thread they signal
-    /// `wakeFD`, so a sleeping pacer runs them at once.
+    /// `wake`, so a sleeping pacer runs them at once.
     private let work: LoopWorkQueue
-    private let wakeFD: Int32
+    private let wake: WakeEvent?
     /// When message `index` is due: `start + index x interval` (``MonotonicClock`` nanoseconds).
     let start: UInt64
     let interval: Double
@@ -69,9 +69,9 @@ final class Pacer: TaskExecutor, Sendable {
         state = Guarded(State(waiters: Array(repeating: nil, count: max(0, count))))
         // A spinning pacer looks for jobs between its checks of the clock; a sleeping one is woken by an eventfd
         // (without one, descriptors exhausted, it still runs them at every send time).
-        let wakeFD = pacing == .sleep ? (try? Syscall.eventFD()) ?? -1 : -1
-        self.wakeFD = wakeFD
-        work = LoopWorkQueue(signal: { if wakeFD >= 0 { Syscall.eventFDSignal(wakeFD) } })
+        let wake = pacing == .sleep ? try? WakeEvent() : nil
+        self.wake = wake
+        work = LoopWorkQueue(signal: { wake?.signal() })
         PosixThread.spawn(name: "rate-pacer") { [self] in run() }
     }
 
@@ -147,7 +147,7 @@ final class Pacer: TaskExecutor, Sendable {
         defer {
             // Jobs that come later (a sender's send that suspended and is resumed now) run on the global executor.
             work.end()
-            if wakeFD >= 0 { Syscall.close(wakeFD) }
+            wake?.close()
             let waiters = state.withLock { state in
                 state.cpuNanoseconds = waited
                 defer { state.endWaiters = [] }
@@ -170,7 +170,10 @@ final class Pacer: TaskExecutor, Sendable {
                 while MonotonicClock.nanoseconds() < deadline, !halted.load(ordering: .relaxed) {
                     work.runAll(jobsAs: me)
                     guard work.prepareToSleep() else { continue }
-                    if Syscall.waitReadable(wakeFD, untilMonotonic: deadline) { Syscall.eventFDDrain(wakeFD) }
+                    let woken =
+                        wake?.ifOpen { Syscall.waitReadable($0, untilMonotonic: deadline) }
+                        ?? Syscall.waitReadable(-1, untilMonotonic: deadline)
+                    if woken { wake?.drain() }
                     work.awoke()
                 }
             }

@@ -16,7 +16,7 @@ import Synchronization
 ///    otherwise it reports `EBUSY` with the handles still open.
 public final class UVLoop: @unchecked Sendable {
     // `@unchecked`: libuv's loop and handle structs are raw pointers; only the loop thread touches them. Other
-    // threads only write to `wakeFD`.
+    // threads only write to `wake`.
     let raw: UnsafeMutablePointer<uv_loop_t>
     /// Wakes the loop from other threads: an eventfd, watched by `wakeup` (a `uv_poll_t`) on the loop thread.
     ///
@@ -26,14 +26,14 @@ public final class UVLoop: @unchecked Sendable {
     /// open-loop pacer) left the loop spinning: rate-5000 uv tcp sent each message 33 us after its time, 4-5 us for
     /// the other backends, at twice their CPU per message (`perf record` showed the loop thread in that spin).
     /// An eventfd write has no second step to wait for.
-    private let wakeFD: Int32
+    private let wake: WakeEvent
     private let wakeup: UnsafeMutablePointer<uv_poll_t>
     /// Run the work queued on the loop thread itself after the callbacks of each poll (`uv_check_t`), and
     /// everything queued before the loop waits (`uv_prepare_t`, which also tells the queue the loop is about to
     /// sleep); unreferenced, so they never keep the loop alive.
     private let prepare: UnsafeMutablePointer<uv_prepare_t>
     private let check: UnsafeMutablePointer<uv_check_t>
-    /// Blocks and jobs for the loop thread: the package's one loop work queue, woken through `wakeFD` (only while
+    /// Blocks and jobs for the loop thread: the package's one loop work queue, woken through `wake` (only while
     /// the loop sleeps in its poll). Closed on the loop thread just before the wake-up handle is: later work is
     /// dropped, and no signal is in flight once it has closed, so the eventfd is closed after the loop ends.
     private let work: LoopWorkQueue
@@ -52,23 +52,23 @@ public final class UVLoop: @unchecked Sendable {
     /// Creates a loop and starts its thread.
     public init(name: String = "uv-loop") throws(ConnectionError) {
         self.name = name
-        let wakeFD = try Syscall.eventFD()
-        self.wakeFD = wakeFD
+        let wake = try WakeEvent()
+        self.wake = wake
         raw = .allocate(capacity: 1)
         wakeup = .allocate(capacity: 1)
-        work = LoopWorkQueue(signal: { Syscall.eventFDSignal(wakeFD) })
+        work = LoopWorkQueue(signal: { wake.signal() })
         ranCallbackWork = LoopConfined(false, on: work.thread)
         prepare = .allocate(capacity: 1)
         check = .allocate(capacity: 1)
         var failed: (status: Int32, call: String)?
         if case let status = uv_loop_init(raw), status != 0 {
             failed = (status, "uv_loop_init")
-        } else if case let status = uv_poll_init(raw, wakeup, wakeFD), status != 0 {
+        } else if case let status = wake.ifOpen({ uv_poll_init(raw, wakeup, $0) }) ?? -EBADF, status != 0 {
             uv_loop_close(raw)
             failed = (status, "uv_poll_init")
         }
         if let failed {
-            Syscall.close(wakeFD)
+            wake.close()
             raw.deallocate()
             wakeup.deallocate()
             prepare.deallocate()
@@ -158,7 +158,7 @@ public final class UVLoop: @unchecked Sendable {
 
     /// The wake-up eventfd is readable: reads it back to 0, then as ``afterPoll()``.
     fileprivate func woken() {
-        Syscall.eventFDDrain(wakeFD)
+        wake.drain()
         afterPoll()
     }
 
@@ -178,7 +178,7 @@ public final class UVLoop: @unchecked Sendable {
         }
         // The queue closed before the wake-up handle did, and waited for signals already decided: nothing writes to
         // the eventfd any more, and libuv no longer watches it.
-        Syscall.close(wakeFD)
+        wake.close()
         let result: Result<Void, ConnectionError>
         if leftOpen.isEmpty && status == 0 {
             result = .success(())

@@ -16,7 +16,7 @@ public protocol EpollHandler: AnyObject, Sendable {
 /// as its reactor.
 public final class EpollLoop: TaskExecutor, Sendable {
     private let epoll: Int32
-    private let wakeFD: Int32
+    private let wake: WakeEvent
     private static let wakeToken: UInt64 = .max
     private let work: LoopWorkQueue
     private let stopRequested = Atomic<Bool>(false)
@@ -67,21 +67,23 @@ public final class EpollLoop: TaskExecutor, Sendable {
     /// thread, or ``startThread()``.
     public init(name: String) throws(ConnectionError) {
         self.name = name
-        epoll = try Syscall.epollCreate()
-        let wakeFD: Int32
+        let epoll = try Syscall.epollCreate()
+        self.epoll = epoll
+        let wake: WakeEvent
         do {
-            wakeFD = try Syscall.eventFD()
+            wake = try WakeEvent()
+            try wake.withDescriptor { (fd) throws(ConnectionError) in
+                try Syscall.epollControl(epoll, Syscall.epollAdd, fd, events: Syscall.epollIn, data: Self.wakeToken)
+            }
         } catch {
             Syscall.close(epoll)
             throw error
         }
-        self.wakeFD = wakeFD
-        work = LoopWorkQueue(signal: { Syscall.eventFDSignal(wakeFD) })
-        try Syscall.epollControl(epoll, Syscall.epollAdd, wakeFD, events: Syscall.epollIn, data: Self.wakeToken)
+        self.wake = wake
+        work = LoopWorkQueue(signal: { wake.signal() })
     }
 
     deinit {
-        Syscall.close(wakeFD)
         Syscall.close(epoll)
     }
 
@@ -282,7 +284,7 @@ public final class EpollLoop: TaskExecutor, Sendable {
             for index in 0..<count {
                 let token = data[index]
                 if token == Self.wakeToken {
-                    Syscall.eventFDDrain(wakeFD)
+                    wake.drain()
                     continue
                 }
                 let fd = Int32(bitPattern: UInt32(truncatingIfNeeded: token))
@@ -297,7 +299,7 @@ public final class EpollLoop: TaskExecutor, Sendable {
     /// Makes ``run(until:)`` return after its current turn. Safe from any thread.
     public func stop() {
         stopRequested.store(true, ordering: .relaxed)
-        Syscall.eventFDSignal(wakeFD)
+        wake.signal()
     }
 
     /// Runs each timer that is due (outside the confined access: a timer may schedule or cancel others).

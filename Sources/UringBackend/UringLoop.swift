@@ -37,7 +37,7 @@ public final class UringLoop: TaskExecutor, Sendable {
     /// ring's buffers were not enough.
     let receivesTurnedAway = Atomic<Int>(0)
     package var turnedAwayReceives: Int { receivesTurnedAway.load(ordering: .relaxed) }
-    let wakeFD: Int32
+    let wake: WakeEvent
     let work: LoopWorkQueue
     let confined: LoopConfined<Confined>
 
@@ -85,9 +85,9 @@ public final class UringLoop: TaskExecutor, Sendable {
     /// unavailable: an old kernel, `kernel.io_uring_disabled`, or a seccomp filter that forbids it.
     public init(name: String, entries: UInt32 = 1024) throws(ConnectionError) {
         self.name = name
-        let wakeFD = try Syscall.eventFD()
-        self.wakeFD = wakeFD
-        work = LoopWorkQueue(signal: { Syscall.eventFDSignal(wakeFD) })
+        let wake = try WakeEvent()
+        self.wake = wake
+        work = LoopWorkQueue(signal: { wake.signal() })
         confined = LoopConfined(
             Confined(ring: nil, wakeBuffer: .allocate(capacity: 1)), on: work.thread,
             release: { $0.wakeBuffer.deallocate() })
@@ -122,7 +122,7 @@ public final class UringLoop: TaskExecutor, Sendable {
         }
         let code = failure.load(ordering: .relaxed)
         if code != 0 {
-            Syscall.close(wakeFD)
+            wake.close()
             let error = ConnectionError.errno(code, "io_uring_setup")
             let hint =
                 switch code {
@@ -358,7 +358,8 @@ public final class UringLoop: TaskExecutor, Sendable {
     // MARK: The loop
 
     func armWake(_ confined: inout Confined) {
-        _ = csur_prep_read(confined.ring!, Self.wakeToken, wakeFD, confined.wakeBuffer, 8)
+        // The ring's read holds the eventfd from its submission on; the number is ours until the loop closes it.
+        _ = wake.ifOpen { csur_prep_read(confined.ring!, Self.wakeToken, $0, confined.wakeBuffer, 8) }
     }
 
     private func runLoop() {
