@@ -249,25 +249,23 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
         return decoded
     }
 
+    /// An epoll event. The socket's number is borrowed for each system call only, never across a delivery: a
+    /// delegate that closes the streams (or a failure) closes the socket before the delivery returns.
     func epollReady(_ epollEvents: UInt32) {
-        state.socket?.ifOpen { ready(epollEvents, $0) }
-    }
-
-    /// An epoll event, with the socket's number lent for its length.
-    private func ready(_ epollEvents: UInt32, _ fd: Int32) {
+        guard let socket = state.socket, !socket.isClosed else { return }
         let events = Self.socketEvents(epollEvents)
-        if !state.isOpen { return connectReady(events, fd) }
-        if state.mustBreakAway(events, inputOpen: inputOpen, unreadBytes: { unreadBytes(fd) > 0 }) {
+        if !state.isOpen { return connectReady(events, socket) }
+        func unread() -> Bool { socket.ifOpen { unreadBytes($0) > 0 } ?? false }
+        if state.mustBreakAway(events, inputOpen: inputOpen, unreadBytes: unread) {
             return breakAway()
         }
         if events.contains(.error) {
-            let code = (try? Syscall.pendingError(fd)) ?? 0
+            let code = Self.pendingError(socket)
             if code != 0 { return fail(.errno(code, "socket error")) }
         }
         if let input = liveInput {
             let step = state.inputStep(
-                events, inputOpen: inputOpen, toleratesEmptyReads: delegateToleratesEmptyReads,
-                unreadBytes: { unreadBytes(fd) > 0 })
+                events, inputOpen: inputOpen, toleratesEmptyReads: delegateToleratesEmptyReads, unreadBytes: unread)
             switch step {
             case .deliverBytes: input.deliver(.hasBytesAvailable)
             case .readAhead: _ = deliverReadable(input)
@@ -283,14 +281,19 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
     }
 
     /// Readiness while connecting: the attempt failed (the next address is tried) or connected.
-    private func connectReady(_ events: SocketEvents, _ fd: Int32) {
-        let code = (try? Syscall.pendingError(fd)) ?? 0
+    private func connectReady(_ events: SocketEvents, _ socket: SocketDescriptor) {
+        let code = Self.pendingError(socket)
         if code != 0 {
             let address = state.attemptAddress.map { " (\($0))" } ?? ""
             if attemptFailed(.errno(code, "connect to \(endpoint)\(address)")) { connectToNextAddress() }
             return
         }
         if events.contains(.writable) { didConnect() }
+    }
+
+    /// SO_ERROR, 0 when there is none (or the socket is closed).
+    private static func pendingError(_ socket: SocketDescriptor) -> Int32 {
+        socket.ifOpen { (try? Syscall.pendingError($0)) ?? 0 } ?? 0
     }
 
     /// The socket goes broken: out of epoll, its streams served from the run loop.
