@@ -38,7 +38,7 @@ final class BSDConnection: Connection, Sendable {
 
         init(socket: BSDSocket, options: ConnectionOptions) {
             self.socket = socket
-            let lease = DescriptorLease(socket: socket)
+            let lease = DescriptorLease(closing: socket.close)
             self.lease = lease
             let executor = ReaderExecutor()
             self.executor = executor

@@ -18,7 +18,7 @@ final class BSDTCPListener: Listener, Sendable {
     init(socket: BSDSocket, options: ConnectionOptions) throws(ConnectionError) {
         self.socket = socket
         self.options = options
-        self.lease = DescriptorLease(socket: socket)
+        self.lease = DescriptorLease(closing: socket.close)
         self.localEndpoint = try socket.localAddress.endpoint(.tcp)
         let gate = gate
         self.accepted = AcceptedConnections(capacity: 128, onSpaceAvailable: { gate.withLock { gate.signal() } })

@@ -30,7 +30,7 @@ final class BSDUDPListener: Listener, Sendable {
     init(socket: BSDSocket, options: ConnectionOptions) throws(ConnectionError) {
         self.socket = socket
         self.options = options
-        let lease = DescriptorLease(socket: socket)
+        let lease = DescriptorLease(closing: socket.close)
         self.lease = lease
         let writer = BSDWriter(socket: socket, lease: lease, name: "bsd-uwrite-\(socket.label)")
         self.writer = writer

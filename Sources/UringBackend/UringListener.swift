@@ -191,6 +191,10 @@ final class UringUDPListener: Listener, Sendable {
     let options: ConnectionOptions
     let loop: UringLoop
     private let descriptor: SocketDescriptor
+    /// The owner and each reply that waits for its sendmsg (which holds the number until it completed): close()
+    /// returns once the last of them is done and the descriptor closed.
+    private let lease: DescriptorLease
+    private let closing = Atomic<Bool>(false)
     private let submissions = UringDescriptorGuard()
     private let gate = AsyncGate()
     private let peers: DatagramDemultiplexer<SocketAddress>
@@ -215,6 +219,8 @@ final class UringUDPListener: Listener, Sendable {
         self.localEndpoint = local
         self.options = options
         self.loop = loop
+        let lease = DescriptorLease(closing: { descriptor.close() })
+        self.lease = lease
         let submissions = submissions
         let failures = failures
         peers = DatagramDemultiplexer(
@@ -237,6 +243,8 @@ final class UringUDPListener: Listener, Sendable {
                 {
                     return
                 }
+                guard lease.retain() else { throw .closed() }
+                defer { lease.release() }
                 try await descriptor.withDescriptorAsync { (fd) async throws(ConnectionError) in
                     try await Self.send(bytes, to: address, fd: fd, loop: loop, submissions: submissions)
                 }
@@ -368,7 +376,9 @@ final class UringUDPListener: Listener, Sendable {
         descriptor.ifOpen { loop.cancelAll(on: $0) }
         await pump.withLock { $0 }?.value
         await gate.enter()
-        descriptor.close()
+        // The owner's use, once; replies in flight were cancelled above.
+        if !closing.exchange(true, ordering: .acquiringAndReleasing) { lease.release() }
+        await lease.closed()
         gate.leave()
     }
 }
