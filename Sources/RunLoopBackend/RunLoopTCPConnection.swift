@@ -289,16 +289,15 @@ final class RunLoopTCPConnection: Connection, SocketStreamDelegate, Sendable {
         }
     }
 
-    /// Inside the write gate: writes `bytes` and returns once the socket has taken them all. On the run loop's
-    /// thread (a task that prefers it) with nothing queued, it writes at once: only what the socket does not take
-    /// waits for hasSpaceAvailable (queued before this task suspends). Elsewhere it queues them on the run loop.
+    /// Inside the write gate, with what ``writeNow(_:)`` did not take (`WriteThrough` calls it only then): returns
+    /// once the socket has taken them all. On the run loop's thread (a task that prefers it) with nothing queued,
+    /// they are queued at once, before this task suspends, for the `hasSpaceAvailable` that the stream's short write
+    /// just asked for: writing again here would most often find the socket still full, one system call for nothing.
+    /// Elsewhere they are queued on the run loop.
     private func write(_ bytes: [UInt8]) async throws(ConnectionError) {
-        if runLoop.loop.inLoop, !bytes.isEmpty, let output = idleOutput() {
-            let written = output.write(bytes)
-            if written < 0 { throw output.streamError ?? ConnectionError(.reset, "write failed") }
-            if written == bytes.count { return }
+        if runLoop.loop.inLoop, !bytes.isEmpty, idleOutput() != nil {
             let result: Result<Void, ConnectionError> = await withCheckedContinuation { continuation in
-                state.withValue { $0.writes.append((bytes, written, continuation)) }
+                state.withValue { $0.writes.append((bytes, 0, continuation)) }
             }
             return try result.get()
         }
