@@ -43,15 +43,18 @@ struct GatheredSendTests {
             sourceLocation: sourceLocation)
     }
 
-    /// A connected client of `test`'s backend and the plain socket it reaches.
-    static func pair(_ test: ConformanceCase) async throws -> (any Connection, BSDSocket, BSDSocket) {
-        let listening = try BSDSocket.listen(on: try Endpoint(url: "tcp://127.0.0.1:0"))
-        do {
+    /// Runs `body` (as a socket test) with a connected client of `test`'s backend and the plain socket it reaches,
+    /// closed afterwards.
+    static func withPair(
+        _ test: ConformanceCase, _ body: @Sendable @escaping (any Connection, BSDSocket) async throws -> Void
+    ) async throws {
+        try await SocketTest.run {
+            let listening = try BSDSocket.listen(on: try Endpoint(url: "tcp://127.0.0.1:0"))
+            defer { listening.close() }
             let client = try await test.connect(to: try listening.localAddress.endpoint(.tcp))
-            return (client, listening, try listening.accept())
-        } catch {
-            listening.close()
-            throw error
+            let peer = try listening.accept()
+            defer { peer.close() }
+            try await body(client, peer)
         }
     }
 
@@ -59,12 +62,7 @@ struct GatheredSendTests {
         "2,000 sends back to back on the connection's executor, then a half-close: every byte, in order, then the end",
         arguments: cases)
     func backToBackThenHalfClose(_ test: ConformanceCase) async throws {
-        try await SocketTest.run {
-            let (client, listening, peer) = try await Self.pair(test)
-            defer {
-                peer.close()
-                listening.close()
-            }
+        try await Self.withPair(test) { client, peer in
             let sending = Task(executorPreference: client.preferredExecutor) {
                 for index in 0..<2_000 { try await client.send(Self.message(index)) }
                 try await client.closeOutput()
@@ -82,12 +80,7 @@ struct GatheredSendTests {
         "Bursts of sends back to back, the task waiting for something else after each: every burst leaves by itself",
         arguments: cases)
     func backToBackThenWaitElsewhere(_ test: ConformanceCase) async throws {
-        try await SocketTest.run {
-            let (client, listening, peer) = try await Self.pair(test)
-            defer {
-                peer.close()
-                listening.close()
-            }
+        try await Self.withPair(test) { client, peer in
             for burst in 0..<3 {
                 let indices = (burst * 5)..<(burst * 5 + 5)
                 let expected = indices.flatMap { Self.message($0) }
@@ -110,12 +103,7 @@ struct GatheredSendTests {
 
     @Test("Sends back to back, then close(): every byte, then the end", arguments: cases)
     func backToBackThenClose(_ test: ConformanceCase) async throws {
-        try await SocketTest.run {
-            let (client, listening, peer) = try await Self.pair(test)
-            defer {
-                peer.close()
-                listening.close()
-            }
+        try await Self.withPair(test) { client, peer in
             let expected = (0..<20).flatMap { Self.message($0) }
             let sending = Task(executorPreference: client.preferredExecutor) {
                 for index in 0..<20 { try await client.send(Self.message(index)) }
