@@ -259,9 +259,11 @@ final class ConnectAttempt: Sendable {
 
     var isCancelled: Bool { state.withLock { $0.cancelled } }
 
+    /// The socket being connected, for ``cancel()`` to shut down; not kept when the attempt was cancelled already
+    /// (then the caller's throw lets it go and closes it at once).
     func begin(_ socket: SocketDescriptor) throws(ConnectionError) {
         let cancelled = state.withLock { state in
-            state.socket = socket
+            if !state.cancelled { state.socket = socket }
             return state.cancelled
         }
         if cancelled { throw .cancelled("connect was cancelled") }
