@@ -127,6 +127,11 @@ public final class BSDSocket: Sendable {
         try withDescriptor { (fd) throws(ConnectionError) in try Syscall.send(fd, bytes, dontWait: true) }
     }
 
+    /// What the socket takes of `bytes` now, without blocking (the gathered sends' write: `Syscall.sendAvailable`).
+    func sendAvailable(_ bytes: UnsafeRawBufferPointer) throws(ConnectionError) -> Int {
+        try withDescriptor { (fd) throws(ConnectionError) in try Syscall.sendAvailable(fd, bytes) }
+    }
+
     /// One recv(2): blocks until data arrives. Returns the count; 0 is the end of the stream on TCP (and an
     /// empty datagram on UDP).
     public func receive(into buffer: UnsafeMutableRawBufferPointer) throws(ConnectionError) -> Int {

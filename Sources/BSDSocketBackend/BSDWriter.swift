@@ -125,11 +125,7 @@ final class BSDWriter: Sendable {
         guard
             let rest = try gathering.take(
                 writeNow: { (bytes) throws(ConnectionError) in
-                    offset < 0
-                        ? 0
-                        : try socket.withDescriptor { (fd) throws(ConnectionError) in
-                            try Syscall.sendAvailable(fd, bytes)
-                        }
+                    offset < 0 ? 0 : try socket.sendAvailable(bytes)
                 }, keepBuffer: true)
         else { return }
         if let error = appendLocked(&state, Job(bytes: rest, offset: 0, address: nil, completion: nil)) { throw error }
@@ -141,8 +137,7 @@ final class BSDWriter: Sendable {
         if state.stopped { return }
         let idle = state.isIdle
         let rest = try? gathering.takeBeforeSleep { [socket] (bytes) throws(ConnectionError) in
-            idle
-                ? try socket.withDescriptor { (fd) throws(ConnectionError) in try Syscall.sendAvailable(fd, bytes) } : 0
+            idle ? try socket.sendAvailable(bytes) : 0
         }
         if let rest { _ = appendLocked(&state, Job(bytes: rest, offset: 0, address: nil, completion: nil)) }
     }
@@ -218,10 +213,7 @@ final class BSDWriter: Sendable {
             // wait; a rest is dropped with the queued sends.
             if state.isIdle {
                 _ = try? gathering.take(
-                    writeNow: { [socket] (bytes) throws(ConnectionError) in
-                        try socket.withDescriptor { (fd) throws(ConnectionError) in try Syscall.sendAvailable(fd, bytes)
-                        }
-                    },
+                    writeNow: { [socket] (bytes) throws(ConnectionError) in try socket.sendAvailable(bytes) },
                     keepBuffer: false)
             }
             state.stopped = true

@@ -37,7 +37,8 @@ import Synchronization
     /// at once (a task on the loop's thread that finds its reply already there sends again in the same turn).
     private let received = Atomic<Bool>(false)
 
-    /// The buffer's memory, which only the holder of the write gate reads or writes.
+    /// The buffer's memory, which only the holder of the write gate reads or writes. `@unchecked`: a raw pointer is
+    /// never `Sendable`, and the gate (bsd: its writer's lock) that makes this safe is outside what the compiler sees.
     struct Buffer: @unchecked Sendable {
         let base: UnsafeMutableRawPointer
     }
