@@ -57,9 +57,9 @@ struct AsyncBackendTests {
     @Test("A refused connect ends in .failed with the error")
     func failedState() async throws {
         try await SocketTest.run {
-            let placeholder = try AsyncListener(on: try Endpoint(url: "tcp://127.0.0.1:0"))
-            let endpoint = placeholder.localEndpoint
-            await placeholder.close()
+            let refusing = try RefusingPort()
+            defer { refusing.close() }
+            let endpoint = try refusing.endpoint(.tcp)
             let socket = AsyncSocket(to: endpoint)
             let error = await #expect(throws: ConnectionError.self) { try await socket.start() }
             #expect(error?.kind == .refused)

@@ -239,9 +239,9 @@ struct ConformanceTests {
         arguments: ContractCases.all.filter { $0.transport != .udp })
     func refusedWithoutReconnection(_ test: ConformanceCase) async throws {
         try await SocketTest.run {
-            let listener = try await test.listen()
-            let endpoint = listener.localEndpoint
-            await listener.close()
+            let refusing = try RefusingPort()
+            defer { refusing.close() }
+            let endpoint = try refusing.endpoint(test.transport)
             let client = ReconnectingConnection(
                 backend: test.backend, endpoint: endpoint, tls: test.clientTLS, policy: .never)
             let seen = Guarded<[ConnectionState]>([])
@@ -347,12 +347,11 @@ struct ConformanceTests {
     @Test("Connecting to a closed TCP port is refused", arguments: ContractCases.streams)
     func tcpRefused(_ test: ConformanceCase) async throws {
         try await SocketTest.run {
-            // Bind a socket but do not listen: the port is ours, and a SYN to it is answered with RST.
-            let placeholder = try BSDSocket.listen(on: try Endpoint(url: "udp://127.0.0.1:0"))
-            let port = try placeholder.localAddress.port
-            placeholder.close()
+            // A socket bound and not listening: the port is ours, and a SYN to it is answered with RST.
+            let refusing = try RefusingPort()
+            defer { refusing.close() }
             let error = await expectConnectionError(.refused) { () throws(ConnectionError) in
-                try await test.connect(to: try Endpoint(url: "tcp://127.0.0.1:\(port)"))
+                try await test.connect(to: try refusing.endpoint(.tcp))
             }
             #expect(error?.systemCode?.name.contains("ECONNREFUSED") == true)
         }
@@ -363,10 +362,9 @@ struct ConformanceTests {
     )
     func refusedNamesTheURL(_ test: ConformanceCase) async throws {
         try await SocketTest.run {
-            let placeholder = try BSDSocket.listen(on: try Endpoint(url: "udp://127.0.0.1:0"))
-            let port = try placeholder.localAddress.port
-            placeholder.close()
-            let endpoint = Endpoint(transport: test.transport, host: .ipv4("127.0.0.1"), port: port)
+            let refusing = try RefusingPort()
+            defer { refusing.close() }
+            let endpoint = try refusing.endpoint(test.transport)
             let error = await expectConnectionError(.refused) { () throws(ConnectionError) in
                 try await test.connect(to: endpoint)
             }
@@ -936,9 +934,9 @@ struct ReconnectionTests {
         arguments: cases)
     func queuedSendsReportTheirOutcome(_ test: ConformanceCase) async throws {
         try await SocketTest.run {
-            let listener = try await test.listen()
-            let endpoint = listener.localEndpoint
-            await listener.close()  // refused from now on
+            let refusing = try RefusingPort()  // refused for the whole test
+            defer { refusing.close() }
+            let endpoint = try refusing.endpoint(test.transport)
             // Three refused attempts, at least 40 + 80 ms apart: a send made now is queued, and must throw the
             // refusal once the connection gives up, not return as if it had been sent.
             let failing = ReconnectingConnection(

@@ -54,10 +54,9 @@ struct NativeRelayTests {
     @Test("An upstream that refuses ends the client, not a hang", arguments: Backend.allCases)
     func upstreamRefused(_ backend: Backend) async throws {
         try await SocketTest.run {
-            let closed = try await tcp.listen()
-            let nowhere = closed.localEndpoint
-            await closed.close()
-            let relay = try await backend.nativeRelay(listen: tcp.anyPort, upstream: nowhere)
+            let refusing = try RefusingPort()
+            defer { refusing.close() }
+            let relay = try await backend.nativeRelay(listen: tcp.anyPort, upstream: try refusing.endpoint(.tcp))
             let client = try await tcp.connect(to: relay.localEndpoint)
             let outcome: Message?? = try? await withTimeLimit(.seconds(10)) { try await client.receive() }
             // A clean end (nil) or a reset (the error): anything but data, and within the limit.

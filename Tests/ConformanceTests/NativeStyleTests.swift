@@ -41,10 +41,9 @@ struct NativeStyleTests {
     @Test("A refused connection is an error, not a hang", arguments: Backend.allCases)
     func refused(_ backend: Backend) async throws {
         try await SocketTest.run {
-            // Bind a port and close it again: nothing listens there now.
-            let server = try await Backend.bsd.nativeEchoServer(on: try Endpoint(url: "tcp://127.0.0.1:0"))
-            let endpoint = server.localEndpoint
-            await server.stop()
+            let refusing = try RefusingPort()
+            defer { refusing.close() }
+            let endpoint = try refusing.endpoint(.tcp)
             await #expect(throws: ConnectionError.self) {
                 _ = try await backend.nativePingPong(to: endpoint, size: 64, count: 10, warmup: 0)
             }
@@ -110,9 +109,9 @@ struct NIOAsyncChannelNativeTests {
     @Test("A refused connection is an error; other backends and transports are refused with a reason")
     func errors() async throws {
         try await SocketTest.run {
-            let server = try await Backend.bsd.nativeEchoServer(on: try Endpoint(url: "tcp://127.0.0.1:0"))
-            let endpoint = server.localEndpoint
-            await server.stop()
+            let refusing = try RefusingPort()
+            defer { refusing.close() }
+            let endpoint = try refusing.endpoint(.tcp)
             let refused = await #expect(throws: ConnectionError.self) {
                 _ = try await Backend.nio.asyncChannelPingPong(to: endpoint, size: 64, count: 10, warmup: 0)
             }

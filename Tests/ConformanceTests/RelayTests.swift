@@ -64,11 +64,10 @@ struct RelayTests {
         arguments: ConformanceCase.all.filter { $0.transport == .tcp || $0.transport == .ws })
     func upstreamRefused(_ test: ConformanceCase) async throws {
         try await SocketTest.run {
-            // A port nothing listens on: bound and closed again.
-            let closed = try await test.listen()
-            let nowhere = closed.localEndpoint
-            await closed.close()
-            let proxy = try await relay(test, to: nowhere)
+            // A port that refuses for the whole test (RefusingPort: one only noted and let go was taken meanwhile).
+            let refusing = try RefusingPort()
+            defer { refusing.close() }
+            let proxy = try await relay(test, to: try refusing.endpoint(test.transport))
             do {
                 let client = try await test.connect(to: proxy.endpoint)
                 let outcome: Message?? = try? await withTimeLimit(.seconds(10)) { try await client.receive() }

@@ -108,10 +108,9 @@ struct RunLoopBackendTests {
     @Test("A refused connect gives errorOccurred once per stream, with the error readable")
     func errorEvent() async throws {
         try await SocketTest.run {
-            let placeholder = try BSDSocket.listen(on: try Endpoint(url: "udp://127.0.0.1:0"))
-            let port = try placeholder.localAddress.port
-            placeholder.close()
-            let endpoint = try Endpoint(url: "tcp://127.0.0.1:\(port)")
+            let refusing = try RefusingPort()
+            defer { refusing.close() }
+            let endpoint = try refusing.endpoint(.tcp)
             let recorder = Recorder()
             await onLoop { [runLoop] in
                 let (input, output) = getStreamsToHost(endpoint)
