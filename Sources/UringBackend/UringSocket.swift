@@ -55,6 +55,12 @@ public final class UringSocket: Sendable {
     /// TCP: where sends of up to ``sendQueueLimit`` bytes gather for the ring (nil on UDP: a datagram is sent
     /// on its own).
     private let sendQueue: UringSendQueue?
+    /// TCP: a receive was called since the last send, so the next send answers it (or asks what the reply
+    /// answers) and is written at once even on the ring's thread: one send(2) now instead of a ring operation whose
+    /// completion ends the next `io_uring_enter` early, before the reply it waits for (two enters a round trip).
+    /// Sends back to back with no receive between them still gather in the send queue, one ring operation for the
+    /// lot. A relaxed flag: set by a receive, taken by the send after it.
+    private let receivedSinceSend = Atomic<Bool>(false)
 
     /// Resolves `endpoint` and connects to its addresses in order (IORING_OP_CONNECT, bounded by
     /// `options.connectTimeout` with a linked timeout).
@@ -166,6 +172,7 @@ public final class UringSocket: Sendable {
     /// data is there, copied out at the length that arrived (`UringLoop.receiveSelected`), so a socket waiting for
     /// data holds no read buffer.
     public func receive(maximumLength: Int = .max) async throws(ConnectionError) -> [UInt8]? {
+        receivedSinceSend.store(true, ordering: .relaxed)
         guard transport == .tcp, loop.selectsStreamBuffers.load(ordering: .relaxed) else {
             return try await reads.receive(maximumLength: maximumLength, read: read(into:))
         }
@@ -193,7 +200,8 @@ public final class UringSocket: Sendable {
     /// Receives into the caller's buffer, which the kernel writes directly (TCP: what is available, at most
     /// `buffer.count` bytes; UDP: one datagram, `.messageTooLarge` when it did not fit). `nil` once at the end.
     public func receive(into buffer: UnsafeMutableRawBufferPointer) async throws(ConnectionError) -> Int? {
-        try await reads.receive(into: buffer, read: read(into:))
+        receivedSinceSend.store(true, ordering: .relaxed)
+        return try await reads.receive(into: buffer, read: read(into:))
     }
 
     /// Inside the read gate: one IORING_OP_RECV (with MSG_TRUNC on UDP, so a datagram's real length comes back).
@@ -276,13 +284,20 @@ public final class UringSocket: Sendable {
             if !writeGate.tryEnter() { await writeGate.enter() }
             defer { writeGate.leave() }
             try ready()
-            let sent = loop.inLoop ? 0 : bytes.withUnsafeBytes { queue.sendNow($0) }
+            let sent = sendsNow ? bytes.withUnsafeBytes { queue.sendNow($0) } : 0
             if sent == bytes.count { return }
             return try await enqueue(bytes.count - sent, into: queue) {
                 bytes.withUnsafeBytes { queue.tryAppend(UnsafeRawBufferPointer(rebasing: $0[sent...])) }
             }
         }
         try await Self.withStableCopy(of: bytes) { copy throws(ConnectionError) in try await send(contentsOf: copy) }
+    }
+
+    /// TCP, inside the write gate: whether a send that fits the send queue tries send(2) on the calling thread
+    /// first (``UringSendQueue/sendNow(_:)``): always off the ring's thread; on it, when a receive came before
+    /// (``receivedSinceSend``).
+    private var sendsNow: Bool {
+        receivedSinceSend.exchange(false, ordering: .relaxed) || !loop.inLoop
     }
 
     /// Runs `body` with a copy of `bytes` that stays put until it returns (an array's storage may move or go once
@@ -305,7 +320,7 @@ public final class UringSocket: Sendable {
         try ready()
         if let queue = sendQueue {
             if bytes.count <= UringSendQueue.limit {
-                let sent = loop.inLoop ? 0 : queue.sendNow(bytes)
+                let sent = sendsNow ? queue.sendNow(bytes) : 0
                 if sent == bytes.count { return }
                 let rest = UnsafeRawBufferPointer(rebasing: bytes[sent...])
                 return try await enqueue(rest.count, into: queue) { queue.tryAppend(rest) }
