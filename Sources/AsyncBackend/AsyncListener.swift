@@ -83,7 +83,7 @@ public final class AsyncListener: AsyncSequence, Sendable {
             }
             let socket = SocketDescriptor(adopting: client)
             do throws(ConnectionError) {
-                try Syscall.setNoDelay(client, options.tcpNoDelay)
+                try Syscall.setOption(client, .noDelay, options.tcpNoDelay)
                 try Syscall.setBufferSizes(client, receive: options.receiveBufferSize, send: options.sendBufferSize)
                 let local = try Syscall.localAddress(client).endpoint(.tcp)
                 let owner =

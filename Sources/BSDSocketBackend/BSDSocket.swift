@@ -85,7 +85,7 @@ public final class BSDSocket: Sendable {
 
     private func apply(_ options: ConnectionOptions) throws(ConnectionError) {
         try withDescriptor { [transport] (fd) throws(ConnectionError) in
-            if transport == .tcp { try Syscall.setNoDelay(fd, options.tcpNoDelay) }
+            if transport == .tcp { try Syscall.setOption(fd, .noDelay, options.tcpNoDelay) }
             try Syscall.setBufferSizes(fd, receive: options.receiveBufferSize, send: options.sendBufferSize)
         }
     }

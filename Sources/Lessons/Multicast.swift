@@ -85,7 +85,7 @@ public enum MulticastProbe {
         for index in 0..<4 {
             let fd = try Syscall.socket(family: .ipv4, datagram: true)
             receivers.append(fd)
-            try Syscall.setReuseAddress(fd, true)
+            try Syscall.setOption(fd, .reuseAddress, true)
             // Deliver to this socket only the groups it joined itself (Linux's default would hand it every group
             // any socket of the host joined).
             try Syscall.setMulticastAll(fd, false)

@@ -391,7 +391,7 @@ func setReusePort(on handle: UnsafeMutableRawPointer) throws(UVError) {
     var fd: uv_os_fd_t = -1
     try UVError.check(uv_fileno(csuv_handle(handle), &fd))
     do throws(ConnectionError) {
-        try Syscall.setReusePort(fd, true)
+        try Syscall.setOption(fd, .reusePort, true)
     } catch {
         throw UVError(-(error.systemCode?.code ?? EINVAL))
     }

@@ -26,9 +26,9 @@ public enum Socket {
         let socket = SocketDescriptor(
             adopting: try Syscall.socket(family: address.family, datagram: datagram, nonBlocking: nonBlocking))
         let local = try socket.withDescriptor { (fd) throws(ConnectionError) in
-            if address.family == .ipv6 { try Syscall.setIPv6Only(fd, true) }
-            if !datagram { try Syscall.setReuseAddress(fd, options.reuseAddress) }
-            if options.reusePort { try Syscall.setReusePort(fd, true) }
+            if address.family == .ipv6 { try Syscall.setOption(fd, .ipv6Only, true) }
+            if !datagram { try Syscall.setOption(fd, .reuseAddress, options.reuseAddress) }
+            if options.reusePort { try Syscall.setOption(fd, .reusePort, true) }
             try Syscall.setBufferSizes(fd, receive: options.receiveBufferSize, send: options.sendBufferSize)
             do throws(ConnectionError) {
                 try Syscall.bind(fd, to: address)
@@ -75,7 +75,7 @@ public enum Socket {
         let socket = SocketDescriptor(
             adopting: try Syscall.socket(family: address.family, datagram: datagram, nonBlocking: true))
         try socket.withDescriptor { (fd) throws(ConnectionError) in
-            if !datagram { try Syscall.setNoDelay(fd, options.tcpNoDelay) }
+            if !datagram { try Syscall.setOption(fd, .noDelay, options.tcpNoDelay) }
             try Syscall.setBufferSizes(fd, receive: options.receiveBufferSize, send: options.sendBufferSize)
         }
         return socket

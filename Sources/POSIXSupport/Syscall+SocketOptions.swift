@@ -32,19 +32,31 @@ extension Syscall {
         return value
     }
 
-    /// TCP_NODELAY on or off.
-    package static func setNoDelay(_ fd: Int32, _ on: Bool) throws(ConnectionError) {
-        try setOption(fd, level: Int32(IPPROTO_TCP), name: TCP_NODELAY, value: on ? 1 : 0)
+    /// A socket option that is on or off.
+    package enum Switch: Sendable {
+        /// TCP_NODELAY: small segments go at once instead of waiting for the last one's acknowledgement (Nagle).
+        case noDelay
+        /// SO_REUSEADDR: a listener may bind a port whose earlier connections are still in TIME_WAIT.
+        case reuseAddress
+        /// SO_REUSEPORT: several sockets bind one address and the kernel spreads connections over them.
+        case reusePort
+        /// IPV6_V6ONLY: an IPv6 listener on `::` does not also take IPv4.
+        case ipv6Only
+
+        var levelAndName: (Int32, Int32) {
+            switch self {
+            case .noDelay: (Int32(IPPROTO_TCP), TCP_NODELAY)
+            case .reuseAddress: (SOL_SOCKET, SO_REUSEADDR)
+            case .reusePort: (SOL_SOCKET, SO_REUSEPORT)
+            case .ipv6Only: (Int32(IPPROTO_IPV6), IPV6_V6ONLY)
+            }
+        }
     }
 
-    /// SO_REUSEADDR on or off.
-    package static func setReuseAddress(_ fd: Int32, _ on: Bool) throws(ConnectionError) {
-        try setOption(fd, level: SOL_SOCKET, name: SO_REUSEADDR, value: on ? 1 : 0)
-    }
-
-    /// SO_REUSEPORT on or off.
-    package static func setReusePort(_ fd: Int32, _ on: Bool) throws(ConnectionError) {
-        try setOption(fd, level: SOL_SOCKET, name: SO_REUSEPORT, value: on ? 1 : 0)
+    /// Turns `option` on or off.
+    package static func setOption(_ fd: Int32, _ option: Switch, _ on: Bool) throws(ConnectionError) {
+        let (level, name) = option.levelAndName
+        try setOption(fd, level: level, name: name, value: on ? 1 : 0)
     }
 
     /// SO_RCVBUF / SO_SNDBUF when given.
@@ -62,11 +74,6 @@ extension Syscall {
         guard fgets(&line, Int32(line.count), file) != nil else { return nil }
         let text = String(decoding: line.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
         return Int(text.trimmingPrefix(" ").prefix { $0.isNumber })
-    }
-
-    /// IPV6_V6ONLY, so an IPv6 listener on `::` does not also take IPv4.
-    package static func setIPv6Only(_ fd: Int32, _ on: Bool) throws(ConnectionError) {
-        try setOption(fd, level: Int32(IPPROTO_IPV6), name: IPV6_V6ONLY, value: on ? 1 : 0)
     }
 
     /// The pending socket error (SO_ERROR), cleared by reading it; 0 when none.

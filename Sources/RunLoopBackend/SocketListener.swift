@@ -52,7 +52,7 @@ public final class SocketListener: EpollHandler, Sendable {
             }
             guard let accepted else { return }
             let (client, peer) = accepted
-            try? Syscall.setNoDelay(client, options.tcpNoDelay)
+            try? Syscall.setOption(client, .noDelay, options.tcpNoDelay)
             try? Syscall.setBufferSizes(client, receive: options.receiveBufferSize, send: options.sendBufferSize)
             let core = StreamPairCore(
                 accepted: SocketDescriptor(adopting: client), endpoint: peer.endpoint(.tcp), options: options)

@@ -123,7 +123,7 @@ public final class UringListener: Sendable {
     /// The connection for an accepted descriptor, with the options applied.
     private func adopt(_ socket: SocketDescriptor, peer address: SocketAddress) throws(ConnectionError) -> UringSocket {
         let local = try socket.withDescriptor { [options] (fd) throws(ConnectionError) in
-            try Syscall.setNoDelay(fd, options.tcpNoDelay)
+            try Syscall.setOption(fd, .noDelay, options.tcpNoDelay)
             try Syscall.setBufferSizes(fd, receive: options.receiveBufferSize, send: options.sendBufferSize)
             return try Syscall.localAddress(fd).endpoint(.tcp)
         }

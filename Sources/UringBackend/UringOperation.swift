@@ -26,16 +26,6 @@ enum UringOperation: Sendable {
     case sendSegmented(fd: Int32, segments: UInt)
     /// Completes after `after` (with -ETIME).
     case sleep
-
-    var descriptor: Int32? {
-        switch self {
-        case .receive(let fd, _, _, _), .send(let fd, _, _, _), .sendZeroCopy(let fd, _, _, _), .accept(let fd, _, _),
-            .connect(let fd, _, _),
-            .receiveMessage(let fd, _, _), .sendMessage(let fd, _, _), .sendSegmented(let fd, _):
-            return fd
-        case .sleep: return nil
-        }
-    }
 }
 
 /// What a descriptor's owner closes: once ``close()`` has run, the loop submits no more operations on it (one
