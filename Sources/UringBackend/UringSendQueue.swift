@@ -96,11 +96,10 @@ final class UringSendQueue: Sendable {
 
     /// Inside the socket's write gate (off the ring's thread, or on it for a send that follows a receive): when
     /// nothing is queued or in flight, sends what the socket takes now (MSG_DONTWAIT) on the calling thread and
-    /// returns how much; 0 when bytes are queued (these
-    /// go behind them) or the socket is full. The rest goes through the queue, so the stream keeps its order. A
-    /// failure fails the queue exactly as a batch's would, and counts as taken: the send returns as a queued one
-    /// does, and the failure reaches the next send, the half-close, and (a reset this send took from the socket)
-    /// the receive that finds only the end afterwards.
+    /// returns how much; 0 when bytes are queued (these go behind them) or the socket is full. The rest goes
+    /// through the queue, so the stream keeps its order. A failure fails the queue exactly as a batch's would, and
+    /// counts as taken: the send returns as a queued one does, and the failure reaches the next send, the
+    /// half-close, and (a reset this send took from the socket) the receive that finds only the end afterwards.
     func sendNow(_ bytes: UnsafeRawBufferPointer) -> Int {
         let address = UInt(bitPattern: bytes.baseAddress)
         let count = bytes.count
