@@ -206,6 +206,14 @@ func expectCancelledReceiveLosesNothing(
     await listener.close()
 }
 
+/// Closes both ends at once: each answers the other's WebSocket close frame (or TLS close_notify) while it waits
+/// for its own answer, instead of one waiting out its close timeout (2 s) for a peer that is not reading.
+func closeBoth(_ one: any Connection, _ other: any Connection) async {
+    async let first: Void = one.close()
+    await other.close()
+    await first
+}
+
 /// A deterministic payload in which every byte depends on its position and the seed, so that a lost, repeated
 /// or reordered byte shows.
 func pattern(_ count: Int, seed: UInt8 = 0) -> [UInt8] {

@@ -212,11 +212,3 @@ private struct OwnedBuffer: @unchecked Sendable {
     let buffer: UnsafeMutableRawBufferPointer
     init(count: Int) { buffer = .allocate(byteCount: count, alignment: 1) }
 }
-
-/// Closes both ends at once: each answers the other's WebSocket close frame (or TLS close_notify) while it waits
-/// for its own answer, instead of one waiting out its close timeout for a peer that is not reading.
-private func closeBoth(_ one: any Connection, _ other: any Connection) async {
-    async let first: Void = one.close()
-    await other.close()
-    await first
-}
