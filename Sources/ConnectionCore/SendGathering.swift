@@ -33,9 +33,8 @@ import Synchronization
         var flushAsked = false
     }
     private let state = Guarded(State())
-    /// A receive was called since the last send: the next send answers it, or asks what the reply answers, and goes
-    /// at once (a task on the loop's thread that finds its reply already there sends again in the same turn).
-    private let received = Atomic<Bool>(false)
+    /// A receive was called since the last send: the next send goes at once.
+    private let received = ReceiveMark()
 
     /// The buffer's memory, which only the holder of the write gate reads or writes. `@unchecked`: a raw pointer is
     /// never `Sendable`, and the gate (bsd: its writer's lock) that makes this safe is outside what the compiler sees.
@@ -69,7 +68,7 @@ import Synchronization
     /// Inside the write gate, on the loop's thread in its turn `turn`: gathers `bytes` or says why not.
     public func offer(_ bytes: UnsafeRawBufferPointer, turn: UInt32) -> Offer {
         if bytes.isEmpty { return .direct }  // nothing to order: the backend's empty send checks the stream
-        let afterReceive = received.load(ordering: .relaxed) && received.exchange(false, ordering: .relaxed)
+        let afterReceive = received.take()
         return state.withLock { state in
             if bytes.count > Self.largest { return state.count == 0 ? .direct : .full }
             if afterReceive {
@@ -99,7 +98,7 @@ import Synchronization
 
     /// A receive was called on the connection: its next send is written at once. One relaxed store.
     @inline(__always) public func noteReceive() {
-        received.store(true, ordering: .relaxed)
+        received.note()
     }
 
     /// Whether bytes gathered and were not written yet (a send from off the loop's thread writes them first).

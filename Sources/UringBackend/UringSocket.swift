@@ -55,12 +55,11 @@ public final class UringSocket: Sendable {
     /// TCP: where sends of up to ``sendQueueLimit`` bytes gather for the ring (nil on UDP: a datagram is sent
     /// on its own).
     private let sendQueue: UringSendQueue?
-    /// TCP: a receive was called since the last send, so the next send answers it (or asks what the reply
-    /// answers) and is written at once even on the ring's thread: one send(2) now instead of a ring operation whose
-    /// completion ends the next `io_uring_enter` early, before the reply it waits for (two enters a round trip).
-    /// Sends back to back with no receive between them still gather in the send queue, one ring operation for the
-    /// lot. A relaxed flag: set by a receive, taken by the send after it.
-    private let receivedSinceSend = Atomic<Bool>(false)
+    /// TCP: a receive was called since the last send, so the next send is written at once even on the ring's
+    /// thread: one send(2) now instead of a ring operation whose completion ends the next `io_uring_enter` early,
+    /// before the reply it waits for (two enters a round trip). Sends back to back with no receive between them
+    /// still gather in the send queue, one ring operation for the lot.
+    private let receivedSinceSend = ReceiveMark()
 
     /// Resolves `endpoint` and connects to its addresses in order (IORING_OP_CONNECT, bounded by
     /// `options.connectTimeout` with a linked timeout).
@@ -172,7 +171,7 @@ public final class UringSocket: Sendable {
     /// data is there, copied out at the length that arrived (`UringLoop.receiveSelected`), so a socket waiting for
     /// data holds no read buffer.
     public func receive(maximumLength: Int = .max) async throws(ConnectionError) -> [UInt8]? {
-        receivedSinceSend.store(true, ordering: .relaxed)
+        receivedSinceSend.note()
         guard transport == .tcp, loop.selectsStreamBuffers.load(ordering: .relaxed) else {
             return try await reads.receive(maximumLength: maximumLength, read: read(into:))
         }
@@ -200,7 +199,7 @@ public final class UringSocket: Sendable {
     /// Receives into the caller's buffer, which the kernel writes directly (TCP: what is available, at most
     /// `buffer.count` bytes; UDP: one datagram, `.messageTooLarge` when it did not fit). `nil` once at the end.
     public func receive(into buffer: UnsafeMutableRawBufferPointer) async throws(ConnectionError) -> Int? {
-        receivedSinceSend.store(true, ordering: .relaxed)
+        receivedSinceSend.note()
         return try await reads.receive(into: buffer, read: read(into:))
     }
 
@@ -297,7 +296,7 @@ public final class UringSocket: Sendable {
     /// first (``UringSendQueue/sendNow(_:)``): always off the ring's thread; on it, when a receive came before
     /// (``receivedSinceSend``).
     private var sendsNow: Bool {
-        receivedSinceSend.exchange(false, ordering: .relaxed) || !loop.inLoop
+        receivedSinceSend.take() || !loop.inLoop
     }
 
     /// Runs `body` with a copy of `bytes` that stays put until it returns (an array's storage may move or go once
