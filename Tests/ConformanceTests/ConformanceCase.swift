@@ -199,10 +199,7 @@ func expectCancelledReceiveLosesNothing(
     }
     try await client.send([9, 8, 7])
     #expect(try await readBack(server) == [9, 8, 7], sourceLocation: sourceLocation)
-    // Both at once: each answers the other's WebSocket close frame (or TLS close_notify) while it waits.
-    async let closedClient: Void = client.close()
-    await server.close()
-    await closedClient
+    await closeBoth(client, server)
     await listener.close()
 }
 

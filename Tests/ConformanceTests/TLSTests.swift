@@ -65,9 +65,7 @@ struct TLSTests {
             #expect(first.bytes.count <= 3000 && first.bytes == Array(large[..<first.bytes.count]))
             let rest = try await server.receive(exactly: large.count - first.bytes.count)
             #expect(first.bytes + rest == large)
-            async let closedClient: Void = client.close()
-            await server.close()
-            await closedClient
+            await closeBoth(client, server)
             await listener.close()
         }
     }
