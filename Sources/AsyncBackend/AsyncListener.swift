@@ -55,7 +55,7 @@ public final class AsyncListener: AsyncSequence, Sendable {
         await gate.enter()
         defer { gate.leave() }
         while true {
-            let next: (fd: Int32, peer: SocketAddress)?
+            let next: (socket: SocketDescriptor, peer: SocketAddress)?
             do throws(ConnectionError) {
                 guard
                     let accepted = try descriptor.ifOpen({ (fd) throws(ConnectionError) in
@@ -77,15 +77,17 @@ public final class AsyncListener: AsyncSequence, Sendable {
                 if Task.isCancelled { throw .cancelled() }
                 continue
             }
-            guard let (client, peer) = next else {
+            guard let (socket, peer) = next else {
                 try await readiness.waitReadable()
                 continue
             }
-            let socket = SocketDescriptor(adopting: client)
             do throws(ConnectionError) {
-                try Syscall.setOption(client, .noDelay, options.tcpNoDelay)
-                try Syscall.setBufferSizes(client, receive: options.receiveBufferSize, send: options.sendBufferSize)
-                let local = try Syscall.localAddress(client).endpoint(.tcp)
+                let local = try socket.withDescriptor { (client) throws(ConnectionError) in
+                    try Syscall.setOption(client, .noDelay, options.tcpNoDelay)
+                    try Syscall.setBufferSizes(
+                        client, receive: options.receiveBufferSize, send: options.sendBufferSize)
+                    return try Syscall.localAddress(client).endpoint(.tcp)
+                }
                 let owner =
                     handOff.isEmpty
                     ? reactor : handOff[handed.add(1, ordering: .relaxed).oldValue % handOff.count]

@@ -2,7 +2,7 @@
 // private readiness, lifecycle and close guard, and a close must wait for each of them; the datagram server, the
 // listener, the messages as an AsyncSequence and the gathering of sends are files apart.
 @_spi(Loop) public import ConnectionCore
-import POSIXSupport
+public import POSIXSupport
 import Synchronization
 
 /// The async/await style: a non-blocking socket whose operations are `async` functions, driven by an epoll
@@ -168,7 +168,9 @@ public final class AsyncSocket: Sendable {
 
     /// Runs `body` with the descriptor, which stays this socket's until `body` returns (for a socket option or a
     /// look with `poll` of your own); `.closed` before ``start()`` and after ``close()``.
-    public func withDescriptor<R>(_ body: (Int32) throws(ConnectionError) -> R) throws(ConnectionError) -> R {
+    public func withDescriptor<R>(
+        _ body: (borrowing BorrowedDescriptor) throws(ConnectionError) -> R
+    ) throws(ConnectionError) -> R {
         try descriptor.withDescriptor(body)
     }
 
@@ -302,7 +304,7 @@ public final class AsyncSocket: Sendable {
     /// readability. What does not wait is in functions that are not `async`, so that a task waiting here (an idle
     /// connection's) keeps a small frame.
     @inline(never) private func read<R: Sendable>(
-        _ attempt: (Int32) throws(ConnectionError) -> IOResult<R>
+        _ attempt: (borrowing BorrowedDescriptor) throws(ConnectionError) -> IOResult<R>
     ) async throws(ConnectionError) -> R {
         if try beginRead() { await letOthersRun() }
         while true {
@@ -335,7 +337,8 @@ public final class AsyncSocket: Sendable {
     /// One non-blocking recv(2) of at most `limit` bytes into the calling thread's buffer, copied out at the length
     /// that arrived.
     @inline(never)
-    private func recvCopy(_ fd: Int32, limit: Int) throws(ConnectionError) -> IOResult<[UInt8]?> {
+    private func recvCopy(_ fd: borrowing BorrowedDescriptor, limit: Int) throws(ConnectionError) -> IOResult<[UInt8]?>
+    {
         let buffer = ThreadReadBuffer.take(limit)
         guard case .processed(let count) = try recvOnce(fd, buffer) else { return .wouldBlock }
         return .processed(count.map { [UInt8](UnsafeRawBufferPointer(rebasing: buffer[..<$0])) })
@@ -345,7 +348,7 @@ public final class AsyncSocket: Sendable {
     /// lifecycle), `.wouldBlock` when nothing is there.
     @inline(never)
     private func recvOnce(
-        _ fd: Int32, _ buffer: UnsafeMutableRawBufferPointer
+        _ fd: borrowing BorrowedDescriptor, _ buffer: UnsafeMutableRawBufferPointer
     ) throws(ConnectionError) -> IOResult<Int?> {
         let result =
             transport == .udp
@@ -399,7 +402,7 @@ public final class AsyncSocket: Sendable {
     /// `async`, so that the task's frames stay small (a task keeps its deepest stack's memory while it lives).
     private func send(
         count: Int, countsDatagrams: Bool = false, gather: (UInt32) -> SendGathering.Offer = { _ in .direct },
-        _ write: (Int32, Int) throws(ConnectionError) -> IOResult<Int>
+        _ write: (borrowing BorrowedDescriptor, Int) throws(ConnectionError) -> IOResult<Int>
     ) async throws(ConnectionError) {
         if !writeGate.tryEnter() { await writeGate.enter() }
         defer { writeGate.leave() }
@@ -424,7 +427,7 @@ public final class AsyncSocket: Sendable {
     /// full (`waitFirst`: it was full at `start`).
     func sendHeld(
         from start: Int = 0, waitFirst: Bool = false, count: Int, countsDatagrams: Bool,
-        _ write: (Int32, Int) throws(ConnectionError) -> IOResult<Int>
+        _ write: (borrowing BorrowedDescriptor, Int) throws(ConnectionError) -> IOResult<Int>
     ) async throws(ConnectionError) {
         var offset = start
         if !waitFirst {
@@ -457,7 +460,7 @@ public final class AsyncSocket: Sendable {
     @inline(never)
     private func writeSome(
         from offset: Int, count: Int, countsDatagrams: Bool,
-        _ write: (Int32, Int) throws(ConnectionError) -> IOResult<Int>
+        _ write: (borrowing BorrowedDescriptor, Int) throws(ConnectionError) -> IOResult<Int>
     ) throws(ConnectionError) -> Int? {
         try descriptor.withDescriptor { (fd) throws(ConnectionError) in
             var offset = offset

@@ -114,14 +114,15 @@ final class BSDConnection: Connection, Sendable {
                 let count: Int
                 do {
                     // The descriptor is borrowed for the wait: a close meanwhile wakes it (`ReaderExecutor.wake`).
-                    let ready =
-                        reading
-                        ? try socket.withDescriptor { (fd) throws(ConnectionError) in
-                            try executor.wait(socket: fd, events: Syscall.pollIn)
-                        }
-                        : try executor.wait(socket: -1, events: Syscall.pollIn)
+                    guard reading else {
+                        try executor.waitForJobs()
+                        continue
+                    }
+                    let ready = try socket.withDescriptor { (fd) throws(ConnectionError) in
+                        try executor.wait(socket: fd, events: Syscall.pollIn)
+                    }
                     if !life.isOpen { return }
-                    guard reading, ready != 0, case .processed(let received) = try socket.tryReceive(into: buffer)
+                    guard ready != 0, case .processed(let received) = try socket.tryReceive(into: buffer)
                     else { continue }
                     count = received
                 } catch {

@@ -93,10 +93,11 @@ public final class BSDSocket: Sendable {
     /// Blocks until a client connects (TCP listening sockets), and returns its socket with `options` applied.
     /// Throws once the socket is shut down from another thread.
     public func accept(options: ConnectionOptions = ConnectionOptions()) throws(ConnectionError) -> BSDSocket {
-        guard let (fd, peer) = try withDescriptor({ (fd) throws(ConnectionError) in try Syscall.accept(fd) }) else {
+        guard let (client, peer) = try withDescriptor({ (fd) throws(ConnectionError) in try Syscall.accept(fd) })
+        else {
             throw ConnectionError(.system, "accept on a blocking socket returned EAGAIN")
         }
-        let socket = BSDSocket(SocketDescriptor(adopting: fd), transport: .tcp, family: peer.family)
+        let socket = BSDSocket(client, transport: .tcp, family: peer.family)
         try socket.apply(options)
         return socket
     }
@@ -208,19 +209,21 @@ public final class BSDSocket: Sendable {
 
     /// Runs `body` with the descriptor (for `poll` or socket options of your own), which stays this socket's until
     /// `body` returns; `.closed` after ``close()``.
-    public func withDescriptor<R>(_ body: (Int32) throws(ConnectionError) -> R) throws(ConnectionError) -> R {
+    public func withDescriptor<R>(
+        _ body: (borrowing BorrowedDescriptor) throws(ConnectionError) -> R
+    ) throws(ConnectionError) -> R {
         try owner.withDescriptor(body)
     }
 
     /// As ``withDescriptor(_:)``, `nil` without running `body` after ``close()``.
-    public func ifOpen<R, E: Error>(_ body: (Int32) throws(E) -> R) throws(E) -> R? {
+    public func ifOpen<R, E: Error>(_ body: (borrowing BorrowedDescriptor) throws(E) -> R) throws(E) -> R? {
         try owner.ifOpen(body)
     }
 
     /// As ``withDescriptor(_:)``, for a body that awaits (a thread of your own on the number, awaited): ``close()``
     /// meanwhile closes the number only once `body` returned.
     public func withDescriptorAsync<R>(
-        _ body: (Int32) async throws(ConnectionError) -> R
+        _ body: (borrowing BorrowedDescriptor) async throws(ConnectionError) -> R
     ) async throws(ConnectionError) -> R {
         try await owner.withDescriptorAsync(body)
     }

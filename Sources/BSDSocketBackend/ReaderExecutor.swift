@@ -56,15 +56,24 @@ final class ReaderExecutor: TaskExecutor, Sendable {
     /// Runs every queued job, including those the jobs enqueue.
     func runJobs() { work.runAll(jobsAs: asUnownedTaskExecutor()) }
 
-    /// Waits until `socket` has `events` (`socket` < 0: only for jobs or ``wake()``), or a job comes. Returns the
-    /// socket's revents (0 when woken for something else, or at once while jobs the reader took are still to run:
-    /// a receive waiting in place must not block the send beside it that its reply depends on).
-    func wait(socket: Int32, events: Int16) throws(ConnectionError) -> Int16 {
+    /// Waits until `socket` has `events`, or a job comes. Returns the socket's revents (0 when woken for something
+    /// else, or at once while jobs the reader took are still to run: a receive waiting in place must not block the
+    /// send beside it that its reply depends on).
+    func wait(socket: borrowing BorrowedDescriptor, events: Int16) throws(ConnectionError) -> Int16 {
         waker.bindToCurrentThread()
         guard work.prepareToSleep() else { return 0 }
         let polled = Result { () throws(ConnectionError) in try waker.poll(socket, events: events) }
         work.awoke()
         return try polled.get()
+    }
+
+    /// Waits until a job comes or ``wake()`` is called (the reader does not read: its receive queue is full).
+    func waitForJobs() throws(ConnectionError) {
+        waker.bindToCurrentThread()
+        guard work.prepareToSleep() else { return }
+        let polled = Result { () throws(ConnectionError) in try waker.waitForSignal() }
+        work.awoke()
+        try polled.get()
     }
 
     /// The reader thread ends: queued and later jobs go to Swift's global executor. No wake-up is in flight once

@@ -170,10 +170,11 @@ final class Pacer: TaskExecutor, Sendable {
                 while MonotonicClock.nanoseconds() < deadline, !halted.load(ordering: .relaxed) {
                     work.runAll(jobsAs: me)
                     guard work.prepareToSleep() else { continue }
-                    let woken =
-                        wake?.ifOpen { Syscall.waitReadable($0, untilMonotonic: deadline) }
-                        ?? Syscall.waitReadable(-1, untilMonotonic: deadline)
-                    if woken { wake?.drain() }
+                    if let woken = wake?.ifOpen({ Syscall.waitReadable($0, untilMonotonic: deadline) }) {
+                        if woken { wake?.drain() }
+                    } else {
+                        Syscall.sleep(untilMonotonic: deadline)
+                    }
                     work.awoke()
                 }
             }

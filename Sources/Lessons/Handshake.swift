@@ -148,10 +148,10 @@ func nativeConnectCosts(rounds: Int) async -> (tcp: LatencySummary, udp: Latency
             {
                 for _ in 0..<rounds {
                     let start = MonotonicClock.nanoseconds()
-                    if let fd = try? Syscall.socket(family: .ipv4, datagram: false) {
-                        _ = try? Syscall.connect(fd, to: address)
+                    if let socket = try? Syscall.socket(family: .ipv4, datagram: false) {
+                        _ = socket.ifOpen { try? Syscall.connect($0, to: address) }
                         _ = tcp.record(max(1, MonotonicClock.nanoseconds() - start))
-                        Syscall.close(fd)
+                        socket.close()
                     }
                     if let accepted = try? listener.accept() { accepted.close() }
                 }
@@ -160,10 +160,10 @@ func nativeConnectCosts(rounds: Int) async -> (tcp: LatencySummary, udp: Latency
             let target = SocketAddress.loopbackIPv4(port: 9)
             for _ in 0..<rounds {
                 let start = MonotonicClock.nanoseconds()
-                if let fd = try? Syscall.socket(family: .ipv4, datagram: true) {
-                    _ = try? Syscall.connect(fd, to: target)
+                if let socket = try? Syscall.socket(family: .ipv4, datagram: true) {
+                    _ = socket.ifOpen { try? Syscall.connect($0, to: target) }
                     _ = udp.record(max(1, MonotonicClock.nanoseconds() - start))
-                    Syscall.close(fd)
+                    socket.close()
                 }
             }
             continuation.resume(returning: (LatencySummary(tcp), LatencySummary(udp)))

@@ -79,31 +79,39 @@ public enum MulticastProbe {
         var result = Result()
         let loopbackInterface = SocketAddress.loopbackIPv4(port: 0)
         // Receivers: bound to the group address on one port (SO_REUSEADDR); three join the group, one does not.
-        var receivers: [Int32] = []
-        defer { for fd in receivers { Syscall.close(fd) } }
+        var receivers: [SocketDescriptor] = []
+        defer { for receiver in receivers { receiver.close() } }
         var port: UInt16 = 0
         for index in 0..<4 {
-            let fd = try Syscall.socket(family: .ipv4, datagram: true)
-            receivers.append(fd)
-            try Syscall.setOption(fd, .reuseAddress, true)
-            // Deliver to this socket only the groups it joined itself (Linux's default would hand it every group
-            // any socket of the host joined).
-            try Syscall.setMulticastAll(fd, false)
+            let receiver = try Syscall.socket(family: .ipv4, datagram: true)
+            receivers.append(receiver)
             let groupAddress = try Syscall.resolve(try Endpoint(url: "udp://\(group):\(port)"))[0]
-            try Syscall.bind(fd, to: groupAddress)
-            if port == 0 { port = try Syscall.localAddress(fd).port }
-            if index < 3 { try Syscall.joinMulticastGroup(fd, group: groupAddress, interface: loopbackInterface) }
-            try Syscall.setReceiveTimeout(fd, milliseconds: 200)
+            try receiver.withDescriptor { (fd) throws(ConnectionError) in
+                try Syscall.setOption(fd, .reuseAddress, true)
+                // Deliver to this socket only the groups it joined itself (Linux's default would hand it every
+                // group any socket of the host joined).
+                try Syscall.setMulticastAll(fd, false)
+                try Syscall.bind(fd, to: groupAddress)
+                if port == 0 { port = try Syscall.localAddress(fd).port }
+                if index < 3 {
+                    try Syscall.joinMulticastGroup(fd, group: groupAddress, interface: loopbackInterface)
+                }
+                try Syscall.setReceiveTimeout(fd, milliseconds: 200)
+            }
         }
         result.port = port
         let destination = try Syscall.resolve(try Endpoint(url: "udp://\(group):\(port)"))[0]
         let sender = try Syscall.socket(family: .ipv4, datagram: true)
-        defer { Syscall.close(sender) }
-        try Syscall.setMulticastSender(sender, interface: loopbackInterface, loop: true)
+        defer { sender.close() }
+        try sender.withDescriptor { (fd) throws(ConnectionError) in
+            try Syscall.setMulticastSender(fd, interface: loopbackInterface, loop: true)
+        }
         for index in 0..<10 {
             let at = MonotonicClock.nanoseconds()
             let sent = try [UInt8(index)].withBytes { (bytes) throws(ConnectionError) in
-                try Syscall.sendTo(sender, bytes, to: destination)
+                try sender.withDescriptor { (fd) throws(ConnectionError) in
+                    try Syscall.sendTo(fd, bytes, to: destination)
+                }
             }
             if case .processed = sent {
                 result.sent += 1
@@ -112,10 +120,12 @@ public enum MulticastProbe {
         }
         let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 16, alignment: 1)
         defer { buffer.deallocate() }
-        for (index, fd) in receivers.enumerated() {
+        for (index, receiver) in receivers.enumerated() {
             var count = 0
             var read: [LessonTrace.Observation] = []
-            while case .processed(let bytes) = try Syscall.recv(fd, buffer) {
+            while case .processed(let bytes) = try receiver.withDescriptor({ (fd) throws(ConnectionError) in
+                try Syscall.recv(fd, buffer)
+            }) {
                 count += 1
                 read.append(
                     .init(

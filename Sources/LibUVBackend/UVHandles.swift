@@ -192,15 +192,15 @@ public final class UVTCP: UVHandle, @unchecked Sendable {
     /// end of the stream.
     func readNow(into buffer: UnsafeMutableRawBufferPointer) throws(ConnectionError) -> IOResult<Int> {
         guard !isClosing, reading else { return .wouldBlock }
-        var fd: uv_os_fd_t = -1
-        guard uv_fileno(csuv_handle(handle), &fd) == 0 else { return .wouldBlock }
-        return try Syscall.recv(fd, buffer, dontWait: true)
+        let received = try withFileno(of: handle) { (fd) throws(ConnectionError) in
+            try Syscall.recv(fd, buffer, dontWait: true)
+        }
+        return received ?? .wouldBlock
     }
 
     /// The socket's pending error (SO_ERROR: a reset, say), if any; reading it clears it.
     private func pendingSocketError() -> UVError? {
-        var fd: uv_os_fd_t = -1
-        guard uv_fileno(csuv_handle(handle), &fd) == 0, let code = try? Syscall.pendingError(fd), code != 0 else {
+        guard let code = withFileno(of: handle, { try? Syscall.pendingError($0) }) ?? nil, code != 0 else {
             return nil
         }
         return UVError(-code)
@@ -210,8 +210,7 @@ public final class UVTCP: UVHandle, @unchecked Sendable {
     /// follows then sends nothing more.
     func resetConnection() {
         guard !isClosing else { return }
-        var fd: uv_os_fd_t = -1
-        if uv_fileno(csuv_handle(handle), &fd) == 0 { Syscall.resetConnection(fd) }
+        withFileno(of: handle) { Syscall.resetConnection($0) }
     }
 
     /// `uv_try_write`: writes what the kernel takes at once, without queueing. Returns the count written
@@ -229,8 +228,7 @@ public final class UVTCP: UVHandle, @unchecked Sendable {
     /// On the loop thread, once connected: sends may come from any thread from now on
     /// (``writeFromAnyThread(_:)``).
     func allowWritesFromAnyThread() {
-        var fd: uv_os_fd_t = -1
-        if uv_fileno(csuv_handle(handle), &fd) == 0 { direct.open(fd) }
+        withFileno(of: handle) { direct.open($0.number) }
     }
 
     /// Off the loop thread, with no write of this handle queued or in progress (the caller lets one send through
@@ -391,8 +389,18 @@ func setReusePort(on handle: UnsafeMutableRawPointer) throws(UVError) {
     var fd: uv_os_fd_t = -1
     try UVError.check(uv_fileno(csuv_handle(handle), &fd))
     do throws(ConnectionError) {
-        try Syscall.setOption(fd, .reusePort, true)
+        try BorrowedDescriptor.lend(fd) { (fd) throws(ConnectionError) in try Syscall.setOption(fd, .reusePort, true) }
     } catch {
         throw UVError(-(error.systemCode?.code ?? EINVAL))
     }
+}
+
+/// Runs `body` with the socket of a libuv handle (`uv_fileno`), which libuv owns and keeps open while the handle
+/// is (call on the loop thread, the handle not closing); `nil` when the handle has no socket yet.
+func withFileno<R, E: Error>(
+    of handle: UnsafeMutableRawPointer, _ body: (borrowing BorrowedDescriptor) throws(E) -> R
+) throws(E) -> R? {
+    var fd: uv_os_fd_t = -1
+    guard uv_fileno(csuv_handle(handle), &fd) == 0 else { return nil }
+    return try BorrowedDescriptor.lend(fd, body)
 }

@@ -63,7 +63,7 @@ public final class UVLoop: @unchecked Sendable {
         var failed: (status: Int32, call: String)?
         if case let status = uv_loop_init(raw), status != 0 {
             failed = (status, "uv_loop_init")
-        } else if case let status = wake.ifOpen({ uv_poll_init(raw, wakeup, $0) }) ?? -EBADF, status != 0 {
+        } else if case let status = wake.ifOpen({ uv_poll_init(raw, wakeup, $0.number) }) ?? -EBADF, status != 0 {
             uv_loop_close(raw)
             failed = (status, "uv_poll_init")
         }

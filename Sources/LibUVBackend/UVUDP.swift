@@ -63,8 +63,7 @@ public final class UVUDP: UVHandle, @unchecked Sendable {
     /// (``sendFromAnyThread(_:)``).
     public func connect(_ address: SocketAddress) throws(UVError) {
         try UVError.check(address.withSockAddr { pointer, _ in uv_udp_connect(udp, pointer) })
-        var fd: uv_os_fd_t = -1
-        if uv_fileno(csuv_handle(handle), &fd) == 0 { direct.open(fd) }
+        withFileno(of: handle) { direct.open($0.number) }
     }
 
     /// Off the loop thread, on a connected handle: sends the datagram on the calling thread when the socket has
@@ -148,11 +147,12 @@ public final class UVUDP: UVHandle, @unchecked Sendable {
     /// kept). Returns how many went from `start` on: 0 when sends are queued or the socket buffer is full.
     func trySend(batch: [UnsafeRawBufferPointer], from start: Int) throws(ConnectionError) -> Int {
         guard !isClosing, uv_udp_get_send_queue_count(udp) == 0 else { return 0 }
-        var fd: uv_os_fd_t = -1
-        guard uv_fileno(csuv_handle(handle), &fd) == 0 else { return 0 }
-        switch try Syscall.sendDatagrams(fd, batch, from: start, dontWait: true) {
+        let sent = try withFileno(of: handle) { (fd) throws(ConnectionError) in
+            try Syscall.sendDatagrams(fd, batch, from: start, dontWait: true)
+        }
+        switch sent {
         case .processed(let count): return count
-        case .wouldBlock: return 0
+        case .wouldBlock, nil: return 0
         }
     }
 

@@ -17,7 +17,7 @@ enum UringNative {
         let socket = try await UringSocket.connect(to: endpoint)
         // The ring's operations name the number: borrowed until the exchange is over.
         let result = try await socket.withDescriptorAsync { (fd) async throws(ConnectionError) in
-            let client = UringPingClient(fd: fd, tally: tally, thread: socket.loop.thread)
+            let client = UringPingClient(fd: fd.number, tally: tally, thread: socket.loop.thread)
             return await withUnsafeContinuation { continuation in
                 socket.loop.execute { ring in client.start(ring, continuation) }
             }
@@ -48,7 +48,7 @@ final class UringNativeEchoServer: NativeEchoServer, Sendable {
 
     private func echo(_ client: UringSocket) async {
         _ = try? await client.withDescriptorAsync { (fd) async throws(ConnectionError) in
-            let echo = UringEcho(fd: fd, thread: client.loop.thread)
+            let echo = UringEcho(fd: fd.number, thread: client.loop.thread)
             await withUnsafeContinuation { continuation in
                 client.loop.execute { ring in echo.start(ring, continuation) }
             }

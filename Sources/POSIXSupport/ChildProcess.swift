@@ -92,7 +92,7 @@ public final class ChildProcess: Sendable {
     public func readLine() -> String {
         var line: [UInt8] = []
         var byte: UInt8 = 0
-        while let count = stdoutFD.ifOpen({ read($0, &byte, 1) }) {
+        while let count = stdoutFD.ifOpen({ read($0.number, &byte, 1) }) {
             if count < 0 && errno == EINTR { continue }
             if count <= 0 || byte == UInt8(ascii: "\n") { break }
             line.append(byte)
@@ -104,7 +104,7 @@ public final class ChildProcess: Sendable {
     public func readToEnd() -> String {
         var bytes: [UInt8] = []
         var buffer = [UInt8](repeating: 0, count: 4096)
-        while let count = stdoutFD.ifOpen({ read($0, &buffer, buffer.count) }) {
+        while let count = stdoutFD.ifOpen({ read($0.number, &buffer, buffer.count) }) {
             if count < 0 && errno == EINTR { continue }
             if count <= 0 { break }
             bytes += buffer[..<count]
@@ -118,7 +118,7 @@ public final class ChildProcess: Sendable {
         var offset = 0
         while offset < bytes.count,
             let count = stdinFD.ifOpen({ fd in
-                bytes[offset...].withUnsafeBytes { Glibc.write(fd, $0.baseAddress, $0.count) }
+                bytes[offset...].withUnsafeBytes { Glibc.write(fd.number, $0.baseAddress, $0.count) }
             })
         {
             if count < 0 {

@@ -62,7 +62,10 @@ public final class DatagramBatch: @unchecked Sendable {
 
     /// Receives what is there, up to ``capacity`` datagrams: waits for the first unless `dontWait`, never for
     /// the others. `.wouldBlock` when none is there and `dontWait`.
-    public func receive(_ fd: Int32, dontWait: Bool) throws(ConnectionError) -> IOResult<Int> {
+    public func receive(
+        _ descriptor: borrowing BorrowedDescriptor, dontWait: Bool
+    ) throws(ConnectionError) -> IOResult<Int> {
+        let fd = descriptor.number
         count = 0
         let asked = singlesAfterSingles && singles > 0 && singles % 8 != 0 ? 1 : capacity
         let result = try Syscall.retryingIO("recvmmsg") {

@@ -131,26 +131,33 @@ public final class EpollLoop: TaskExecutor, Sendable {
 
     // MARK: Descriptors (from any thread)
 
-    /// Watches `fd` for `events`; `handler` is called on the loop thread when they fire.
-    public func register(_ fd: Int32, events: UInt32, handler: any EpollHandler) throws(ConnectionError) {
-        handlers.withLock { $0[fd] = handler }
+    /// Watches the descriptor for `events`; `handler` is called on the loop thread when they fire.
+    public func register(
+        _ descriptor: borrowing BorrowedDescriptor, events: UInt32, handler: any EpollHandler
+    ) throws(ConnectionError) {
+        let number = descriptor.number
+        handlers.withLock { $0[number] = handler }
         do {
-            try Syscall.epollControl(epoll, Syscall.epollAdd, fd, events: events, data: UInt64(UInt32(bitPattern: fd)))
+            try Syscall.epollControl(
+                epoll, Syscall.epollAdd, descriptor, events: events, data: UInt64(UInt32(bitPattern: number)))
         } catch {
-            handlers.withLock { $0[fd] = nil }
+            handlers.withLock { $0[number] = nil }
             throw error
         }
     }
 
-    /// Changes the events watched on `fd` (thread-safe: epoll_ctl only).
-    public func modify(_ fd: Int32, events: UInt32) throws(ConnectionError) {
-        try Syscall.epollControl(epoll, Syscall.epollModify, fd, events: events, data: UInt64(UInt32(bitPattern: fd)))
+    /// Changes the events watched on the descriptor (thread-safe: epoll_ctl only).
+    public func modify(_ descriptor: borrowing BorrowedDescriptor, events: UInt32) throws(ConnectionError) {
+        try Syscall.epollControl(
+            epoll, Syscall.epollModify, descriptor, events: events,
+            data: UInt64(UInt32(bitPattern: descriptor.number)))
     }
 
-    /// Stops watching `fd`. Call before closing the descriptor; an event already fetched for it is dropped.
-    public func unregister(_ fd: Int32) {
-        try? Syscall.epollControl(epoll, Syscall.epollDelete, fd, events: 0, data: 0)
-        handlers.withLock { $0[fd] = nil }
+    /// Stops watching the descriptor. Call before closing the descriptor; an event already fetched for it is dropped.
+    public func unregister(_ descriptor: borrowing BorrowedDescriptor) {
+        try? Syscall.epollControl(epoll, Syscall.epollDelete, descriptor, events: 0, data: 0)
+        let number = descriptor.number
+        handlers.withLock { $0[number] = nil }
     }
 
     /// The number of descriptors watched.

@@ -23,8 +23,7 @@ public enum Socket {
         nonBlocking: Bool = true, describing endpoint: Endpoint
     ) throws(ConnectionError) -> (descriptor: SocketDescriptor, local: SocketAddress) {
         let datagram = transport == .udp
-        let socket = SocketDescriptor(
-            adopting: try Syscall.socket(family: address.family, datagram: datagram, nonBlocking: nonBlocking))
+        let socket = try Syscall.socket(family: address.family, datagram: datagram, nonBlocking: nonBlocking)
         let local = try socket.withDescriptor { (fd) throws(ConnectionError) in
             if address.family == .ipv6 { try Syscall.setOption(fd, .ipv6Only, true) }
             if !datagram { try Syscall.setOption(fd, .reuseAddress, options.reuseAddress) }
@@ -72,8 +71,7 @@ public enum Socket {
         for address: SocketAddress, transport: Transport, options: ConnectionOptions
     ) throws(ConnectionError) -> SocketDescriptor {
         let datagram = transport == .udp
-        let socket = SocketDescriptor(
-            adopting: try Syscall.socket(family: address.family, datagram: datagram, nonBlocking: true))
+        let socket = try Syscall.socket(family: address.family, datagram: datagram, nonBlocking: true)
         try socket.withDescriptor { (fd) throws(ConnectionError) in
             if !datagram { try Syscall.setOption(fd, .noDelay, options.tcpNoDelay) }
             try Syscall.setBufferSizes(fd, receive: options.receiveBufferSize, send: options.sendBufferSize)

@@ -56,19 +56,21 @@ public final class SocketDescriptor: Sendable, CustomStringConvertible {
     /// Runs `body` with the descriptor number, which stays this socket's until `body` returns (a ``close()`` meanwhile
     /// waits for it); `nil` without running it once the descriptor is closed (or released, or not yet adopted).
     @inlinable
-    public func ifOpen<R, E: Error>(_ body: (Int32) throws(E) -> R) throws(E) -> R? {
+    public func ifOpen<R, E: Error>(_ body: (borrowing BorrowedDescriptor) throws(E) -> R) throws(E) -> R? {
         guard let fd = borrow() else { return nil }
         defer { giveBack() }
-        return try body(fd)
+        return try body(BorrowedDescriptor(fd))
     }
 
     /// Runs `body` with the descriptor number, which stays this socket's until `body` returns; throws `.closed` once
     /// the descriptor is closed.
     @inlinable
-    public func withDescriptor<R>(_ body: (Int32) throws(ConnectionError) -> R) throws(ConnectionError) -> R {
+    public func withDescriptor<R>(
+        _ body: (borrowing BorrowedDescriptor) throws(ConnectionError) -> R
+    ) throws(ConnectionError) -> R {
         guard let fd = borrow() else { throw .closed("the socket is closed") }
         defer { giveBack() }
-        return try body(fd)
+        return try body(BorrowedDescriptor(fd))
     }
 
     /// As ``withDescriptor(_:)``, for a body that awaits: the number stays this socket's across the awaits (an
@@ -76,11 +78,11 @@ public final class SocketDescriptor: Sendable, CustomStringConvertible {
     /// body to return, so whoever closes cancels such operations first.
     @inlinable
     public func withDescriptorAsync<R>(
-        _ body: (Int32) async throws(ConnectionError) -> R
+        _ body: (borrowing BorrowedDescriptor) async throws(ConnectionError) -> R
     ) async throws(ConnectionError) -> R {
         guard let fd = borrow() else { throw .closed("the socket is closed") }
         defer { giveBack() }
-        return try await body(fd)
+        return try await body(BorrowedDescriptor(fd))
     }
 
     /// One more borrower, unless closing or empty: the number.
@@ -113,10 +115,10 @@ public final class SocketDescriptor: Sendable, CustomStringConvertible {
     /// holds the number returns. Only the first call closes: it runs `beforeClosing` with the number (to unregister
     /// it from an epoll set while the number is still ours) and returns `true`; later calls return `false`.
     @discardableResult
-    public func close(beforeClosing: (Int32) -> Void = { _ in }) -> Bool {
+    public func close(beforeClosing: (borrowing BorrowedDescriptor) -> Void = { _ in }) -> Bool {
         // The closer counts as a borrower until `beforeClosing` has run.
         guard let fd = mark(Self.closing | Self.oneBorrower) else { return false }
-        beforeClosing(fd)
+        beforeClosing(BorrowedDescriptor(fd))
         giveBack()
         return true
     }
@@ -143,5 +145,30 @@ public final class SocketDescriptor: Sendable, CustomStringConvertible {
     public var description: String {
         let current = state.load(ordering: .relaxed)
         return current & Self.closing != 0 ? "closed fd" : "fd \(Self.number(current))"
+    }
+}
+
+/// A descriptor's number, lent for one body of ``SocketDescriptor/withDescriptor(_:)`` (or ``SocketDescriptor/ifOpen(_:)``,
+/// ``SocketDescriptor/withDescriptorAsync(_:)``): noncopyable and received `borrowing`, so the body can hand it to
+/// the system-call layer (`Syscall`, which takes this type, not a number) but cannot keep it, copy it or capture it
+/// in a closure that outlives the body. The compiler, not a convention, keeps the number from outliving the borrow.
+///
+/// ``number`` is the escape a system call needs (a C function, an io_uring operation the kernel reads at
+/// submission, an epoll registration): read it where the call is made, inside the body.
+public struct BorrowedDescriptor: ~Copyable {
+    /// The number, for the system call made in the body.
+    public let number: Int32
+
+    @usableFromInline init(_ number: Int32) { self.number = number }
+}
+
+extension BorrowedDescriptor {
+    /// Lends `number`, a descriptor another owner keeps open while `body` runs, to `body`: libuv's, whose handle
+    /// owns its socket (`uv_fileno` on the loop thread, the handle open). The one way to a ``BorrowedDescriptor``
+    /// that is not a ``SocketDescriptor``'s borrow; the owner's rules keep the number valid, not this package's.
+    package static func lend<R, E: Error>(
+        _ number: Int32, _ body: (borrowing BorrowedDescriptor) throws(E) -> R
+    ) throws(E) -> R {
+        try body(BorrowedDescriptor(number))
     }
 }

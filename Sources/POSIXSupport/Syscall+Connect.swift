@@ -4,12 +4,13 @@ internal import Glibc
 
 // accept, connect, and poll(2) for one descriptor.
 extension Syscall {
-    /// accept4(2), close-on-exec. Returns `nil` on EAGAIN (non-blocking listeners).
+    /// accept4(2), close-on-exec: the accepted socket, owned, and its peer. `nil` on EAGAIN (non-blocking listeners).
     package static func accept(
-        _ fd: Int32, nonBlocking: Bool = false
+        _ descriptor: borrowing BorrowedDescriptor, nonBlocking: Bool = false
     ) throws(ConnectionError)
-        -> (fd: Int32, peer: SocketAddress)?
+        -> (socket: SocketDescriptor, peer: SocketAddress)?
     {
+        let fd = descriptor.number
         var storage = sockaddr_storage()
         var length = socklen_t(MemoryLayout<sockaddr_storage>.size)
         while true {
@@ -24,7 +25,7 @@ extension Syscall {
                     _ = Glibc.close(result)
                     throw ConnectionError(.unsupported, "accept: not an IP peer")
                 }
-                return (result, peer)
+                return (SocketDescriptor(adopting: result), peer)
             }
             let code = Glibc.errno
             switch code {
@@ -37,7 +38,10 @@ extension Syscall {
 
     /// connect(2). Returns `true` when connected, `false` when the connect is in progress (EINPROGRESS on a
     /// non-blocking socket, or EINTR on a blocking one): wait for writability, then read ``pendingError(_:)``.
-    package static func connect(_ fd: Int32, to address: SocketAddress) throws(ConnectionError) -> Bool {
+    package static func connect(
+        _ descriptor: borrowing BorrowedDescriptor, to address: SocketAddress
+    ) throws(ConnectionError) -> Bool {
+        let fd = descriptor.number
         let result = address.withSockAddr { Glibc.connect(fd, $0, $1) }
         if result == 0 { return true }
         let code = Glibc.errno
@@ -46,8 +50,10 @@ extension Syscall {
     }
 
     /// poll(2) on one descriptor. Returns the revents, 0 on time-out. `timeoutMilliseconds` < 0 waits forever.
-    package static func poll(_ fd: Int32, events: Int16, timeoutMilliseconds: Int32) throws(ConnectionError) -> Int16 {
-        try poll(fd, events, -1, 0, timeoutMilliseconds: timeoutMilliseconds).0
+    package static func poll(
+        _ descriptor: borrowing BorrowedDescriptor, events: Int16, timeoutMilliseconds: Int32
+    ) throws(ConnectionError) -> Int16 {
+        try poll(descriptor.number, events, -1, 0, timeoutMilliseconds: timeoutMilliseconds).0
     }
 
     /// poll(2) on two descriptors (a negative descriptor is left out, as poll does). Returns each one's revents,
@@ -68,7 +74,20 @@ extension Syscall {
     /// Waits until `fd` is readable or the monotonic clock (``MonotonicClock``) reaches `deadline`, with the
     /// nanosecond resolution of ppoll(2) (poll's is a millisecond). Returns `true` when `fd` became readable.
     /// Interrupted by a signal, it returns `false` early; callers look at the clock again.
-    package static func waitReadable(_ fd: Int32, untilMonotonic deadline: UInt64) -> Bool {
+    package static func waitReadable(
+        _ descriptor: borrowing BorrowedDescriptor, untilMonotonic deadline: UInt64
+    ) -> Bool {
+        waitReadable(number: descriptor.number, untilMonotonic: deadline)
+    }
+
+    /// Sleeps until the monotonic clock reaches `deadline` (nanoseconds, as ``waitReadable(_:untilMonotonic:)``),
+    /// or a signal comes.
+    package static func sleep(untilMonotonic deadline: UInt64) {
+        _ = waitReadable(number: -1, untilMonotonic: deadline)
+    }
+
+    /// ppoll(2) on `number` (< 0: none, a sleep) until `deadline`.
+    private static func waitReadable(number fd: Int32, untilMonotonic deadline: UInt64) -> Bool {
         let now = MonotonicClock.nanoseconds()
         guard deadline > now else { return false }
         let left = deadline - now

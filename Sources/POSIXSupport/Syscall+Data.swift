@@ -6,21 +6,24 @@ internal import Glibc
 extension Syscall {
     /// send(2) with MSG_NOSIGNAL (and MSG_DONTWAIT when `dontWait`).
     package static func send(
-        _ fd: Int32, _ buffer: UnsafeRawBufferPointer, dontWait: Bool = false
+        _ descriptor: borrowing BorrowedDescriptor, _ buffer: UnsafeRawBufferPointer, dontWait: Bool = false
     )
         throws(ConnectionError) -> IOResult<Int>
     {
+        let fd = descriptor.number
         let flags = Int32(MSG_NOSIGNAL) | (dontWait ? Int32(MSG_DONTWAIT) : 0)
         return try retryingIO("send", { Glibc.send(fd, buffer.baseAddress, buffer.count, flags) })
     }
 
     /// Non-blocking send(2)s of `bytes` on a stream socket until it has no room: how many bytes it took (a gathered
     /// send's write, `SendGathering`).
-    package static func sendAvailable(_ fd: Int32, _ bytes: UnsafeRawBufferPointer) throws(ConnectionError) -> Int {
+    package static func sendAvailable(
+        _ descriptor: borrowing BorrowedDescriptor, _ bytes: UnsafeRawBufferPointer
+    ) throws(ConnectionError) -> Int {
         var offset = 0
         while offset < bytes.count {
             let rest = UnsafeRawBufferPointer(rebasing: bytes[offset...])
-            guard case .processed(let sent) = try send(fd, rest, dontWait: true) else { break }
+            guard case .processed(let sent) = try send(descriptor, rest, dontWait: true) else { break }
             offset += sent
         }
         return offset
@@ -28,10 +31,11 @@ extension Syscall {
 
     /// recv(2) (MSG_DONTWAIT when `dontWait`). 0 means end of stream on TCP and an empty datagram on UDP.
     package static func recv(
-        _ fd: Int32, _ buffer: UnsafeMutableRawBufferPointer, dontWait: Bool = false
+        _ descriptor: borrowing BorrowedDescriptor, _ buffer: UnsafeMutableRawBufferPointer, dontWait: Bool = false
     )
         throws(ConnectionError) -> IOResult<Int>
     {
+        let fd = descriptor.number
         let flags = dontWait ? Int32(MSG_DONTWAIT) : 0
         return try retryingIO("recv", { Glibc.recv(fd, buffer.baseAddress, buffer.count, flags) })
     }
@@ -39,18 +43,21 @@ extension Syscall {
     /// recv(2) on a datagram socket with MSG_TRUNC: the result is the datagram's real size, which exceeds the
     /// buffer when it was truncated.
     package static func recvDatagram(
-        _ fd: Int32, _ buffer: UnsafeMutableRawBufferPointer, dontWait: Bool = false
+        _ descriptor: borrowing BorrowedDescriptor, _ buffer: UnsafeMutableRawBufferPointer, dontWait: Bool = false
     )
         throws(ConnectionError) -> IOResult<Int>
     {
+        let fd = descriptor.number
         let flags = Int32(MSG_TRUNC) | (dontWait ? Int32(MSG_DONTWAIT) : 0)
         return try retryingIO("recv", { Glibc.recv(fd, buffer.baseAddress, buffer.count, flags) })
     }
 
     /// sendto(2) with MSG_NOSIGNAL (and MSG_DONTWAIT when `dontWait`).
     package static func sendTo(
-        _ fd: Int32, _ buffer: UnsafeRawBufferPointer, to address: SocketAddress, dontWait: Bool = false
+        _ descriptor: borrowing BorrowedDescriptor, _ buffer: UnsafeRawBufferPointer, to address: SocketAddress,
+        dontWait: Bool = false
     ) throws(ConnectionError) -> IOResult<Int> {
+        let fd = descriptor.number
         let flags = Int32(MSG_NOSIGNAL) | (dontWait ? Int32(MSG_DONTWAIT) : 0)
         return try retryingIO(
             "sendto \(address)",
@@ -62,9 +69,11 @@ extension Syscall {
     /// Returns how many of them left (at least one), `.wouldBlock` when none could (MSG_DONTWAIT when
     /// `dontWait`); throws only when not even the first went.
     package static func sendDatagrams(
-        _ fd: Int32, _ datagrams: [UnsafeRawBufferPointer], from start: Int = 0, to address: SocketAddress? = nil,
+        _ descriptor: borrowing BorrowedDescriptor, _ datagrams: [UnsafeRawBufferPointer], from start: Int = 0,
+        to address: SocketAddress? = nil,
         dontWait: Bool = false
     ) throws(ConnectionError) -> IOResult<Int> {
+        let fd = descriptor.number
         let count = datagrams.count - start
         guard count > 0 else { return .processed(0) }
         return try withUnsafeTemporaryAllocation(of: UnsafeRawPointer?.self, capacity: count) {
@@ -109,10 +118,11 @@ extension Syscall {
     /// recvfrom(2) with MSG_TRUNC: returns the datagram's real size (above the buffer size when truncated) and
     /// its sender.
     package static func recvFrom(
-        _ fd: Int32, _ buffer: UnsafeMutableRawBufferPointer, dontWait: Bool = false
+        _ descriptor: borrowing BorrowedDescriptor, _ buffer: UnsafeMutableRawBufferPointer, dontWait: Bool = false
     )
         throws(ConnectionError) -> IOResult<(count: Int, from: SocketAddress)>
     {
+        let fd = descriptor.number
         var storage = sockaddr_storage()
         var length = socklen_t(MemoryLayout<sockaddr_storage>.size)
         let flags = Int32(MSG_TRUNC) | (dontWait ? Int32(MSG_DONTWAIT) : 0)
@@ -137,7 +147,9 @@ extension Syscall {
 
     /// shutdown(2). ENOTCONN is ignored: the effect asked for (nothing more flows that way) already holds, and
     /// on Linux the call still wakes threads blocked on the socket.
-    package static func shutdown(_ fd: Int32, _ how: ShutdownHow) throws(ConnectionError) {
+    package static func shutdown(_ descriptor: borrowing BorrowedDescriptor, _ how: ShutdownHow) throws(ConnectionError)
+    {
+        let fd = descriptor.number
         if Glibc.shutdown(fd, how.raw) != 0 {
             let code = Glibc.errno
             if code != ENOTCONN { throw .errno(code, "shutdown") }
@@ -148,7 +160,8 @@ extension Syscall {
     /// still queued to send, wake every thread blocked on the socket and leave it unconnected, so that the
     /// shutdown and close that follow send nothing more (SO_LINGER 0 would only reset at close(2), and only if no
     /// shutdown sent a FIN first). Not a TCP socket, or not connected: nothing happens.
-    package static func resetConnection(_ fd: Int32) {
+    package static func resetConnection(_ descriptor: borrowing BorrowedDescriptor) {
+        let fd = descriptor.number
         var address = sockaddr()
         address.sa_family = sa_family_t(AF_UNSPEC)
         _ = Glibc.connect(fd, &address, socklen_t(MemoryLayout<sockaddr>.size))
@@ -161,19 +174,22 @@ extension Syscall {
 
     /// recv(MSG_PEEK | MSG_DONTWAIT) of one byte: 1 when data is waiting, 0 at the end of the stream,
     /// `.wouldBlock` when nothing is there yet.
-    package static func peekByte(_ fd: Int32) throws(ConnectionError) -> IOResult<Int> {
+    package static func peekByte(_ descriptor: borrowing BorrowedDescriptor) throws(ConnectionError) -> IOResult<Int> {
+        let fd = descriptor.number
         var byte: UInt8 = 0
         return try retryingIO("recv(MSG_PEEK)", { Glibc.recv(fd, &byte, 1, Int32(MSG_PEEK | MSG_DONTWAIT)) })
     }
 
     /// FIONREAD: bytes waiting in the receive buffer (0 on error).
-    package static func bytesReadable(_ fd: Int32) -> Int {
+    package static func bytesReadable(_ descriptor: borrowing BorrowedDescriptor) -> Int {
+        let fd = descriptor.number
         var count: Int32 = 0
         return ioctl(fd, UInt(FIONREAD), &count) == 0 ? Int(count) : 0
     }
 
     /// TIOCOUTQ: bytes in the send buffer not yet acknowledged by the peer (0 on error).
-    package static func bytesUnsent(_ fd: Int32) -> Int {
+    package static func bytesUnsent(_ descriptor: borrowing BorrowedDescriptor) -> Int {
+        let fd = descriptor.number
         var count: Int32 = 0
         return ioctl(fd, UInt(TIOCOUTQ), &count) == 0 ? Int(count) : 0
     }

@@ -11,10 +11,11 @@ extension Syscall {
 
     /// epoll_ctl(2). `operation`: ``epollAdd``, ``epollModify`` or ``epollDelete``.
     package static func epollControl(
-        _ epfd: Int32, _ operation: Int32, _ fd: Int32, events: UInt32, data: UInt64
+        _ epfd: Int32, _ operation: Int32, _ descriptor: borrowing BorrowedDescriptor, events: UInt32, data: UInt64
     )
         throws(ConnectionError)
     {
+        let fd = descriptor.number
         _ = try retrying("epoll_ctl", { Int(csock_epoll_ctl(epfd, operation, fd, events, data)) })
     }
 
@@ -41,18 +42,20 @@ extension Syscall {
     package static let epollEdgeTriggered = csock_EPOLLET
     package static let epollOneShot = csock_EPOLLONESHOT
 
-    /// eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK).
-    package static func eventFD() throws(ConnectionError) -> Int32 {
-        Int32(try retrying("eventfd", { Int(csock_eventfd()) }))
+    /// eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK): the new descriptor, owned.
+    package static func eventFD() throws(ConnectionError) -> SocketDescriptor {
+        SocketDescriptor(adopting: Int32(try retrying("eventfd", { Int(csock_eventfd()) })))
     }
 
     /// Adds 1 to an eventfd (wakes a waiting epoll).
-    package static func eventFDSignal(_ fd: Int32) {
+    package static func eventFDSignal(_ descriptor: borrowing BorrowedDescriptor) {
+        let fd = descriptor.number
         _ = csock_eventfd_signal(fd)
     }
 
     /// Reads an eventfd back to 0.
-    package static func eventFDDrain(_ fd: Int32) {
+    package static func eventFDDrain(_ descriptor: borrowing BorrowedDescriptor) {
+        let fd = descriptor.number
         _ = csock_eventfd_drain(fd)
     }
 }

@@ -6,10 +6,11 @@ internal import Glibc
 extension Syscall {
     /// IP_ADD_MEMBERSHIP: joins an IPv4 multicast group on the interface with address `interface`.
     package static func joinMulticastGroup(
-        _ fd: Int32, group: SocketAddress, interface: SocketAddress
+        _ descriptor: borrowing BorrowedDescriptor, group: SocketAddress, interface: SocketAddress
     )
         throws(ConnectionError)
     {
+        let fd = descriptor.number
         var request = ip_mreq()
         group.withSockAddr { pointer, _ in
             request.imr_multiaddr = UnsafeRawPointer(pointer).load(as: sockaddr_in.self).sin_addr
@@ -28,12 +29,16 @@ extension Syscall {
 
     /// IP_MULTICAST_ALL: whether a socket receives every group joined by any socket of the host (Linux's
     /// default) or only the groups it joined itself.
-    package static func setMulticastAll(_ fd: Int32, _ on: Bool) throws(ConnectionError) {
-        try setOption(fd, level: Int32(IPPROTO_IP), name: 49 /* IP_MULTICAST_ALL */, value: on ? 1 : 0)
+    package static func setMulticastAll(_ descriptor: borrowing BorrowedDescriptor, _ on: Bool) throws(ConnectionError)
+    {
+        try setOption(descriptor, level: Int32(IPPROTO_IP), name: 49 /* IP_MULTICAST_ALL */, value: on ? 1 : 0)
     }
 
     /// IP_MULTICAST_IF and IP_MULTICAST_LOOP for a multicast sender.
-    package static func setMulticastSender(_ fd: Int32, interface: SocketAddress, loop: Bool) throws(ConnectionError) {
+    package static func setMulticastSender(
+        _ descriptor: borrowing BorrowedDescriptor, interface: SocketAddress, loop: Bool
+    ) throws(ConnectionError) {
+        let fd = descriptor.number
         var address = in_addr()
         interface.withSockAddr { pointer, _ in address = UnsafeRawPointer(pointer).load(as: sockaddr_in.self).sin_addr }
         _ = try retrying(

@@ -4,20 +4,23 @@ internal import Glibc
 
 // Creating a socket and setting its options (setsockopt, fcntl).
 extension Syscall {
-    /// socket(2), close-on-exec, optionally non-blocking.
+    /// socket(2), close-on-exec, optionally non-blocking: the new socket, owned.
     package static func socket(
         family: SocketAddress.Family, datagram: Bool, nonBlocking: Bool = false
     )
-        throws(ConnectionError) -> Int32
+        throws(ConnectionError) -> SocketDescriptor
     {
         var type = (datagram ? Int32(SOCK_DGRAM.rawValue) : Int32(SOCK_STREAM.rawValue)) | Int32(SOCK_CLOEXEC.rawValue)
         if nonBlocking { type |= Int32(SOCK_NONBLOCK.rawValue) }
         let domain = family == .ipv4 ? AF_INET : AF_INET6
-        return Int32(try retrying("socket", { Int(Glibc.socket(domain, type, 0)) }))
+        return SocketDescriptor(adopting: Int32(try retrying("socket", { Int(Glibc.socket(domain, type, 0)) })))
     }
 
     /// setsockopt(2) with an `Int32` value.
-    package static func setOption(_ fd: Int32, level: Int32, name: Int32, value: Int32) throws(ConnectionError) {
+    package static func setOption(
+        _ descriptor: borrowing BorrowedDescriptor, level: Int32, name: Int32, value: Int32
+    ) throws(ConnectionError) {
+        let fd = descriptor.number
         var value = value
         _ = try retrying(
             "setsockopt(\(level), \(name))",
@@ -25,7 +28,10 @@ extension Syscall {
     }
 
     /// getsockopt(2) reading an `Int32`.
-    package static func getOption(_ fd: Int32, level: Int32, name: Int32) throws(ConnectionError) -> Int32 {
+    package static func getOption(
+        _ descriptor: borrowing BorrowedDescriptor, level: Int32, name: Int32
+    ) throws(ConnectionError) -> Int32 {
+        let fd = descriptor.number
         var value: Int32 = 0
         var length = socklen_t(MemoryLayout<Int32>.size)
         _ = try retrying("getsockopt(\(level), \(name))", { Int(getsockopt(fd, level, name, &value, &length)) })
@@ -54,15 +60,21 @@ extension Syscall {
     }
 
     /// Turns `option` on or off.
-    package static func setOption(_ fd: Int32, _ option: Switch, _ on: Bool) throws(ConnectionError) {
+    package static func setOption(
+        _ descriptor: borrowing BorrowedDescriptor, _ option: Switch, _ on: Bool
+    ) throws(ConnectionError) {
         let (level, name) = option.levelAndName
-        try setOption(fd, level: level, name: name, value: on ? 1 : 0)
+        try setOption(descriptor, level: level, name: name, value: on ? 1 : 0)
     }
 
     /// SO_RCVBUF / SO_SNDBUF when given.
-    package static func setBufferSizes(_ fd: Int32, receive: Int?, send: Int?) throws(ConnectionError) {
-        if let receive { try setOption(fd, level: SOL_SOCKET, name: SO_RCVBUF, value: Int32(clamping: receive)) }
-        if let send { try setOption(fd, level: SOL_SOCKET, name: SO_SNDBUF, value: Int32(clamping: send)) }
+    package static func setBufferSizes(
+        _ descriptor: borrowing BorrowedDescriptor, receive: Int?, send: Int?
+    ) throws(ConnectionError) {
+        if let receive {
+            try setOption(descriptor, level: SOL_SOCKET, name: SO_RCVBUF, value: Int32(clamping: receive))
+        }
+        if let send { try setOption(descriptor, level: SOL_SOCKET, name: SO_SNDBUF, value: Int32(clamping: send)) }
     }
 
     /// net.core.rmem_max: the most SO_RCVBUF a socket gets without CAP_NET_ADMIN (Linux grants twice what is asked,
@@ -77,19 +89,23 @@ extension Syscall {
     }
 
     /// The pending socket error (SO_ERROR), cleared by reading it; 0 when none.
-    package static func pendingError(_ fd: Int32) throws(ConnectionError) -> Int32 {
-        try getOption(fd, level: SOL_SOCKET, name: SO_ERROR)
+    package static func pendingError(_ descriptor: borrowing BorrowedDescriptor) throws(ConnectionError) -> Int32 {
+        try getOption(descriptor, level: SOL_SOCKET, name: SO_ERROR)
     }
 
     /// Switches O_NONBLOCK.
-    package static func setNonBlocking(_ fd: Int32, _ on: Bool) throws(ConnectionError) {
+    package static func setNonBlocking(_ descriptor: borrowing BorrowedDescriptor, _ on: Bool) throws(ConnectionError) {
+        let fd = descriptor.number
         let flags = try retrying("fcntl(F_GETFL)", { Int(fcntl(fd, F_GETFL)) })
         let new = on ? (Int32(flags) | O_NONBLOCK) : (Int32(flags) & ~O_NONBLOCK)
         _ = try retrying("fcntl(F_SETFL)", { Int(fcntl(fd, F_SETFL, new)) })
     }
 
     /// SO_RCVTIMEO: a blocking receive gives up (EAGAIN, `.wouldBlock`) after `milliseconds`.
-    package static func setReceiveTimeout(_ fd: Int32, milliseconds: Int) throws(ConnectionError) {
+    package static func setReceiveTimeout(
+        _ descriptor: borrowing BorrowedDescriptor, milliseconds: Int
+    ) throws(ConnectionError) {
+        let fd = descriptor.number
         var timeout = timeval(tv_sec: milliseconds / 1000, tv_usec: (milliseconds % 1000) * 1000)
         _ = try retrying(
             "SO_RCVTIMEO",

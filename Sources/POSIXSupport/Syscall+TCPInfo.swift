@@ -92,7 +92,9 @@ extension Syscall {
         package func view(local: Endpoint, remote: Endpoint) -> TCPView? {
             guard let (family, here, there) = Syscall.diagAddresses(local, remote) else { return nil }
             var view = csock_tcp_view()
-            let found = descriptor.ifOpen { csock_tcp_view_on($0, family, here, local.port, there, remote.port, &view) }
+            let found = descriptor.ifOpen {
+                csock_tcp_view_on($0.number, family, here, local.port, there, remote.port, &view)
+            }
             guard found == 0 else {
                 return nil
             }

@@ -40,10 +40,20 @@ package final class ThreadWake: Sendable {
     /// Signals go to no thread from now on.
     package func unbind() { thread.store(0, ordering: .releasing) }
 
-    /// On the bound thread: waits until `fd` (< 0: none) has `events` or a ``signal()`` comes (or came since the
+    /// On the bound thread: waits until the descriptor has `events` or a ``signal()`` comes (or came since the
     /// last wait). Returns the revents, 0 when woken.
-    package func poll(_ fd: Int32, events: Int16) throws(ConnectionError) -> Int16 {
-        let result = csock_wake_poll(fd, events)
+    package func poll(_ descriptor: borrowing BorrowedDescriptor, events: Int16) throws(ConnectionError) -> Int16 {
+        try Self.wait(descriptor.number, events: events)
+    }
+
+    /// On the bound thread: waits until a ``signal()`` comes (or came since the last wait).
+    package func waitForSignal() throws(ConnectionError) {
+        _ = try Self.wait(-1, events: 0)
+    }
+
+    /// `csock_wake_poll`: ppoll(2) on `number` (< 0: none) with the wake-up signal let in only while it waits.
+    private static func wait(_ number: Int32, events: Int16) throws(ConnectionError) -> Int16 {
+        let result = csock_wake_poll(number, events)
         if result < 0 { throw .errno(Glibc.errno, "ppoll") }
         return Int16(truncatingIfNeeded: result)
     }

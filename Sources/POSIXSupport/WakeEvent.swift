@@ -10,7 +10,7 @@ package final class WakeEvent: Sendable {
 
     /// eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK).
     package init() throws(ConnectionError) {
-        descriptor = SocketDescriptor(adopting: try Syscall.eventFD())
+        descriptor = try Syscall.eventFD()
     }
 
     /// Adds 1 to the counter: wakes the loop (from any thread; after ``close()``, nothing).
@@ -24,12 +24,14 @@ package final class WakeEvent: Sendable {
     }
 
     /// Runs `body` with the number, to hand it to a poller (epoll, libuv, a ring read); `.closed` once closed.
-    package func withDescriptor<R>(_ body: (Int32) throws(ConnectionError) -> R) throws(ConnectionError) -> R {
+    package func withDescriptor<R>(
+        _ body: (borrowing BorrowedDescriptor) throws(ConnectionError) -> R
+    ) throws(ConnectionError) -> R {
         try descriptor.withDescriptor(body)
     }
 
     /// Runs `body` with the number; `nil` once closed.
-    package func ifOpen<R>(_ body: (Int32) -> R) -> R? { descriptor.ifOpen(body) }
+    package func ifOpen<R>(_ body: (borrowing BorrowedDescriptor) -> R) -> R? { descriptor.ifOpen(body) }
 
     /// Closes the eventfd (once; also when the owner goes).
     package func close() { descriptor.close() }

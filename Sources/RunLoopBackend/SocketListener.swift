@@ -38,7 +38,7 @@ public final class SocketListener: EpollHandler, Sendable {
     public func epollReady(_ events: UInt32) {
         let onAccept = self.onAccept.withValue { $0 }
         while !isClosed {
-            let accepted: (fd: Int32, peer: SocketAddress)?
+            let accepted: (socket: SocketDescriptor, peer: SocketAddress)?
             do throws(ConnectionError) {
                 accepted = try socket.withDescriptor { (fd) throws(ConnectionError) in
                     try Syscall.accept(fd, nonBlocking: true)
@@ -52,10 +52,11 @@ public final class SocketListener: EpollHandler, Sendable {
             }
             guard let accepted else { return }
             let (client, peer) = accepted
-            try? Syscall.setOption(client, .noDelay, options.tcpNoDelay)
-            try? Syscall.setBufferSizes(client, receive: options.receiveBufferSize, send: options.sendBufferSize)
-            let core = StreamPairCore(
-                accepted: SocketDescriptor(adopting: client), endpoint: peer.endpoint(.tcp), options: options)
+            client.ifOpen { fd in
+                try? Syscall.setOption(fd, .noDelay, options.tcpNoDelay)
+                try? Syscall.setBufferSizes(fd, receive: options.receiveBufferSize, send: options.sendBufferSize)
+            }
+            let core = StreamPairCore(accepted: client, endpoint: peer.endpoint(.tcp), options: options)
             let (input, output) = core.makeStreams()
             input.schedule(in: runLoop)
             output.schedule(in: runLoop)
@@ -139,7 +140,7 @@ public final class DatagramSocket: EpollHandler, Sendable {
         state = LoopConfined(State(), on: runLoop.loop.thread)
         try socket.withDescriptor { (fd) throws(ConnectionError) in
             try runLoop.loop.register(fd, events: Syscall.epollIn, handler: self)
-            if connect { direct.open(fd) }
+            if connect { direct.open(fd.number) }
         }
     }
 

@@ -100,7 +100,7 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
 
     /// Bytes a read would return now: the read-ahead's, else FIONREAD's. (Reads no state: called while the state
     /// is being changed.)
-    private func unreadBytes(_ fd: Int32) -> Int {
+    private func unreadBytes(_ fd: borrowing BorrowedDescriptor) -> Int {
         readAhead.count > 0 ? readAhead.count : Syscall.bytesReadable(fd)
     }
 
@@ -132,7 +132,7 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
                     return stream.deliver(.errorOccurred)
                 }
                 stream.streamStatus = .open
-                if !stream.isInput, let socket = state.socket { socket.ifOpen { direct.open($0) } }
+                if !stream.isInput, let socket = state.socket { socket.ifOpen { direct.open($0.number) } }
                 stream.deliver(.openCompleted)
                 updateInterest()
             }
@@ -197,7 +197,7 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
         for stream in [input as SocketStream?, output as SocketStream?].compactMap({ $0 })
         where stream.streamStatus == .opening {
             stream.streamStatus = .open
-            if !stream.isInput { socket.ifOpen { direct.open($0) } }
+            if !stream.isInput { socket.ifOpen { direct.open($0.number) } }
             stream.deliver(.openCompleted)
         }
         updateInterest()

@@ -97,7 +97,7 @@ extension UringLoop {
     /// when the gate closed, or when the ring had no room (or no memory) for a send that must wait: the caller then
     /// sends and waits.
     func sendDatagram(
-        _ bytes: [UInt8], to address: SocketAddress?, fd: Int32, failures: UringSendFailures,
+        _ bytes: [UInt8], to address: SocketAddress?, fd: borrowing BorrowedDescriptor, failures: UringSendFailures,
         gate: UringDescriptorGuard
     ) -> Bool {
         // The descriptor stays open through the call: a connection's send holds its write gate, which close()
@@ -115,6 +115,7 @@ extension UringLoop {
         }
         guard let datagram = UringDatagram(copying: bytes, to: address) else { return false }
         failures.waitForRoom()
+        let number = fd.number
         let queued = confined.withValue { confined -> Bool in
             let id = Self.allocate(&confined, owned: nil)
             confined.slots[Int(truncatingIfNeeded: id & 0xffff_ffff)] = .callback { result in
@@ -124,9 +125,9 @@ extension UringLoop {
             let flags = Int32(MSG_NOSIGNAL)
             let prepared =
                 if let message = datagram.message {
-                    csur_prep_sendmsg(confined.ring!, id, fd, message, flags)
+                    csur_prep_sendmsg(confined.ring!, id, number, message, flags)
                 } else {
-                    csur_prep_send(confined.ring!, id, fd, datagram.payload, datagram.length, flags)
+                    csur_prep_send(confined.ring!, id, number, datagram.payload, datagram.length, flags)
                 }
             if prepared != 0 { Self.release(&confined, id) }
             return prepared == 0

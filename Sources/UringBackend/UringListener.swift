@@ -94,7 +94,7 @@ public final class UringListener: Sendable {
             let socket = SocketDescriptor(adopting: result)
             do throws(ConnectionError) {
                 // A multishot accept writes no address: each client's is asked for.
-                return try adopt(socket, peer: try Syscall.peerAddress(result))
+                return try adopt(socket, peer: try socket.withDescriptor(Syscall.peerAddress))
             } catch {
                 socket.close()
                 if error.kind == .reset { continue }  // the client left already (getpeername: ENOTCONN)
@@ -146,7 +146,7 @@ public final class UringListener: Sendable {
             peerLength.pointee = socklen_t(MemoryLayout<sockaddr_storage>.size)
             let result = try await descriptor.withDescriptorAsync { (fd) async throws(ConnectionError) in
                 await loop.run(
-                    .accept(fd: fd, address: UInt(bitPattern: peer), length: UInt(bitPattern: peerLength)),
+                    .accept(fd: fd.number, address: UInt(bitPattern: peer), length: UInt(bitPattern: peerLength)),
                     guardedBy: submissions)
             }
             if submissions.isClosed {
@@ -175,7 +175,7 @@ public final class UringListener: Sendable {
     public func close() async {
         submissions.close()
         await acceptor?.close()
-        descriptor.ifOpen { loop.cancelAll(on: $0) }
+        loop.cancelAll(on: descriptor)
         await gate.enter()
         descriptor.close()
         gate.leave()
@@ -335,7 +335,8 @@ final class UringUDPListener: Listener, Sendable {
             csur_message_prepare(message, buffer.baseAddress, buffer.count, nil, 0)
             let received = try? await descriptor.withDescriptorAsync { (fd) async throws(ConnectionError) in
                 await loop.run(
-                    .receiveMessage(fd: fd, message: UInt(bitPattern: message), flags: 0), guardedBy: submissions)
+                    .receiveMessage(fd: fd.number, message: UInt(bitPattern: message), flags: 0), guardedBy: submissions
+                )
             }
             guard let result = received else { return }
             if submissions.isClosed || result == -ECANCELED { return }
@@ -355,14 +356,15 @@ final class UringUDPListener: Listener, Sendable {
 
     /// sendmsg to one peer, from a copy that lives until the ring has completed the send.
     private static func send(
-        _ bytes: [UInt8], to address: SocketAddress, fd: Int32, loop: UringLoop, submissions: UringDescriptorGuard
+        _ bytes: [UInt8], to address: SocketAddress, fd: borrowing BorrowedDescriptor, loop: UringLoop,
+        submissions: UringDescriptorGuard
     ) async throws(ConnectionError) {
         guard let datagram = UringDatagram(copying: bytes, to: address), let message = datagram.message else {
             throw ConnectionError(.resourceExhausted, "out of memory")
         }
         defer { datagram.free() }
         let result = await loop.run(
-            .sendMessage(fd: fd, message: UInt(bitPattern: message), flags: UInt32(MSG_NOSIGNAL)),
+            .sendMessage(fd: fd.number, message: UInt(bitPattern: message), flags: UInt32(MSG_NOSIGNAL)),
             guardedBy: submissions)
         if result == -ECANCELED { throw submissions.isClosed ? .closed() : .cancelled() }
         if result < 0 { throw .errno(-result, "sendmsg to \(address)") }
@@ -373,7 +375,7 @@ final class UringUDPListener: Listener, Sendable {
     func close() async {
         peers.close()
         submissions.close()
-        descriptor.ifOpen { loop.cancelAll(on: $0) }
+        loop.cancelAll(on: descriptor)
         await pump.withLock { $0 }?.value
         await gate.enter()
         // The owner's use, once; replies in flight were cancelled above.

@@ -252,10 +252,17 @@ public final class UringLoop: TaskExecutor, Sendable {
         }
     }
 
-    /// Cancels every operation in flight on `fd` (loop thread or not): each completes with `-ECANCELED`.
-    func cancelAll(on fd: Int32) {
+    /// Cancels every operation in flight on `descriptor` (loop thread or not): each completes with `-ECANCELED`.
+    /// The descriptor is borrowed on the ring's thread, when the cancellation is prepared: a number read here and
+    /// carried to the ring would, once the owner has closed it meanwhile (nothing was in flight, so its close did
+    /// not wait), cancel the operations of whichever socket was given the number next.
+    func cancelAll(on descriptor: SocketDescriptor) {
         let block: @Sendable () -> Void = { [self] in
-            confined.withValue { confined in _ = csur_prep_cancel_fd(confined.ring!, Self.ignoredToken, fd) }
+            descriptor.ifOpen { fd in
+                confined.withValue { confined in
+                    _ = csur_prep_cancel_fd(confined.ring!, Self.ignoredToken, fd.number)
+                }
+            }
         }
         perform(block)
     }
@@ -359,7 +366,7 @@ public final class UringLoop: TaskExecutor, Sendable {
 
     func armWake(_ confined: inout Confined) {
         // The ring's read holds the eventfd from its submission on; the number is ours until the loop closes it.
-        _ = wake.ifOpen { csur_prep_read(confined.ring!, Self.wakeToken, $0, confined.wakeBuffer, 8) }
+        _ = wake.ifOpen { csur_prep_read(confined.ring!, Self.wakeToken, $0.number, confined.wakeBuffer, 8) }
     }
 
     private func runLoop() {

@@ -25,15 +25,16 @@ extension UringLoop {
     /// Loop thread: arms a multishot recvmsg on `fd` with `buffers`; `handler` gets each completion (result and
     /// flags: the buffer id, and whether more follow). `false` when the gate has closed or the ring had no room.
     func receiveMessages(
-        on fd: Int32, buffers: OpaquePointer, guardedBy gate: UringDescriptorGuard,
+        on fd: borrowing BorrowedDescriptor, buffers: OpaquePointer, guardedBy gate: UringDescriptorGuard,
         then handler: @escaping (_ result: Int32, _ flags: UInt32) -> Void
     ) -> Bool {
         precondition(inLoop, "multishot operations are armed on the ring's thread")
         if gate.isClosed { return false }
+        let number = fd.number
         return confined.withValue { confined -> Bool in
             let id = Self.allocate(&confined, owned: nil)
             confined.slots[Int(truncatingIfNeeded: id & 0xffff_ffff)] = .multishot(handler)
-            if csur_prep_recvmsg_multishot(confined.ring!, id, fd, buffers) != 0 {
+            if csur_prep_recvmsg_multishot(confined.ring!, id, number, buffers) != 0 {
                 Self.release(&confined, id)
                 return false
             }
@@ -45,15 +46,16 @@ extension UringLoop {
     /// descriptor or `-errno`, and whether more follow). Returns the operation's id (for ``cancelMultishot(_:)``),
     /// `nil` when the gate has closed or the ring had no room.
     func acceptClients(
-        on fd: Int32, guardedBy gate: UringDescriptorGuard,
+        on fd: borrowing BorrowedDescriptor, guardedBy gate: UringDescriptorGuard,
         then handler: @escaping (_ result: Int32, _ flags: UInt32) -> Void
     ) -> UInt64? {
         precondition(inLoop, "multishot operations are armed on the ring's thread")
         if gate.isClosed { return nil }
+        let number = fd.number
         return confined.withValue { confined -> UInt64? in
             let id = Self.allocate(&confined, owned: nil)
             confined.slots[Int(truncatingIfNeeded: id & 0xffff_ffff)] = .multishot(handler)
-            if csur_prep_accept_multishot(confined.ring!, id, fd) != 0 {
+            if csur_prep_accept_multishot(confined.ring!, id, number) != 0 {
                 Self.release(&confined, id)
                 return nil
             }

@@ -1,6 +1,7 @@
 internal import CURing
 @_spi(Loop) import ConnectionCore
 internal import Glibc
+import POSIXSupport
 import Synchronization
 
 /// Stream receives into buffers the kernel picks from one set the ring owns (a provided buffer ring,
@@ -32,13 +33,15 @@ extension UringLoop {
     /// connections echoing at once got 1,194 round trips a second (every turn of the ring served its 32 buffers' worth and turned the
     /// rest away), against 33,767 with a buffer per socket; into a buffer allocated for the one receive, the heap
     /// kept 1 KiB a connection more.
-    func receiveSelected(fd: Int32, length: Int, guardedBy gate: UringDescriptorGuard) async -> SelectedReceive {
+    func receiveSelected(
+        fd: borrowing BorrowedDescriptor, length: Int, guardedBy gate: UringDescriptorGuard
+    ) async -> SelectedReceive {
         while true {
-            let outcome = await receiveSelectedOnce(fd: fd, length: length, gate: gate)
+            let outcome = await receiveSelectedOnce(fd: fd.number, length: length, gate: gate)
             guard case .result(-ENOBUFS) = outcome else { return outcome }
             receivesTurnedAway.add(1, ordering: .relaxed)
             let buffer = ThreadReadBuffer.take(max(1, length))
-            let count = Glibc.recv(fd, buffer.baseAddress, buffer.count, Int32(MSG_DONTWAIT))
+            let count = Glibc.recv(fd.number, buffer.baseAddress, buffer.count, Int32(MSG_DONTWAIT))
             if count > 0 { return .bytes([UInt8](UnsafeRawBufferPointer(rebasing: buffer[..<count]))) }
             if count == 0 { return .result(0) }
             let code = errno
@@ -47,6 +50,8 @@ extension UringLoop {
         }
     }
 
+    /// `fd`: the number the kernel reads when the request is submitted on the ring's thread; the caller's borrow
+    /// keeps it this socket's until the operation completed.
     private func receiveSelectedOnce(fd: Int32, length: Int, gate: UringDescriptorGuard) async -> SelectedReceive {
         await awaitCompletion(of: SelectedRequest(fd: fd, length: length, gate: gate))
     }

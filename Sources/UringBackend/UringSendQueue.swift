@@ -229,7 +229,7 @@ final class UringSendQueue: Sendable {
         // flight) before the number is closed.
         let submitted = descriptor.ifOpen { fd in
             let operation = UringOperation.send(
-                fd: fd, buffer: UInt(bitPattern: batch.base + offset), length: batch.count - offset,
+                fd: fd.number, buffer: UInt(bitPattern: batch.base + offset), length: batch.count - offset,
                 flags: Int32(MSG_NOSIGNAL | MSG_WAITALL))
             return loop.submit(operation, linked: false) { [self] result in sent(result) }
         }

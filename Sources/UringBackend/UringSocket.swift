@@ -4,7 +4,7 @@
 internal import CURing
 @_spi(Loop) public import ConnectionCore
 internal import Glibc
-import POSIXSupport
+public import POSIXSupport
 import Synchronization
 
 /// The completion style: a connected socket whose every operation is submitted to the ring of a ``UringLoop`` and
@@ -93,7 +93,7 @@ public final class UringSocket: Sendable {
                     }
                     let result = try await socket.withDescriptorAsync { (fd) async throws(ConnectionError) in
                         await loop.run(
-                            .connect(fd: fd, address: UInt(bitPattern: storage), length: length),
+                            .connect(fd: fd.number, address: UInt(bitPattern: storage), length: length),
                             timeout: Socket.timeLeft(until: deadline))
                     }
                     if result == -ECANCELED {
@@ -141,14 +141,16 @@ public final class UringSocket: Sendable {
 
     /// Runs `body` with the descriptor, which stays this socket's until `body` returns (for a socket option or a
     /// look with `poll` of your own); `.closed` after ``close()``.
-    public func withDescriptor<R>(_ body: (Int32) throws(ConnectionError) -> R) throws(ConnectionError) -> R {
+    public func withDescriptor<R>(
+        _ body: (borrowing BorrowedDescriptor) throws(ConnectionError) -> R
+    ) throws(ConnectionError) -> R {
         try descriptor.withDescriptor(body)
     }
 
     /// As ``withDescriptor(_:)``, for a body that awaits (ring operations of your own on the number: the native
     /// style's); ``close()`` waits for it to return.
     public func withDescriptorAsync<R>(
-        _ body: (Int32) async throws(ConnectionError) -> R
+        _ body: (borrowing BorrowedDescriptor) async throws(ConnectionError) -> R
     ) async throws(ConnectionError) -> R {
         try await descriptor.withDescriptorAsync(body)
     }
@@ -156,7 +158,7 @@ public final class UringSocket: Sendable {
     /// Inside a gate, the socket open: `body` with the descriptor borrowed until it returns. A ring operation that
     /// names the number holds it until the operation completed; ``close()`` cancels those before it closes.
     private func withOpenDescriptor<R>(
-        _ body: (Int32) async throws(ConnectionError) -> R
+        _ body: (borrowing BorrowedDescriptor) async throws(ConnectionError) -> R
     ) async throws(ConnectionError) -> R {
         guard lifecycle.isOpen else { throw .closed() }
         return try await descriptor.withDescriptorAsync(body)
@@ -209,7 +211,7 @@ public final class UringSocket: Sendable {
         let result = try await withOpenDescriptor { (fd) async throws(ConnectionError) in
             await loop.run(
                 .receive(
-                    fd: fd, buffer: UInt(bitPattern: buffer.baseAddress), length: buffer.count,
+                    fd: fd.number, buffer: UInt(bitPattern: buffer.baseAddress), length: buffer.count,
                     flags: transport == .udp ? Int32(MSG_TRUNC) : 0),
                 guardedBy: submissions)
         }
@@ -220,7 +222,7 @@ public final class UringSocket: Sendable {
     /// read at once with a non-blocking recv(2) into the thread's buffer, with no operation on the ring (`nil`:
     /// nothing was there). A tcp pump of 64 KiB writes into a uring sink went from 0.87x to 0.74x the C floor's
     /// throughput when every receive went through the ring's buffer selection.
-    private func readWaiting(_ fd: Int32, length: Int) throws(ConnectionError) -> [UInt8]?? {
+    private func readWaiting(_ fd: borrowing BorrowedDescriptor, length: Int) throws(ConnectionError) -> [UInt8]?? {
         let buffer = ThreadReadBuffer.take(length)
         switch try Syscall.recv(fd, buffer, dontWait: true) {
         case .wouldBlock:
@@ -360,15 +362,18 @@ public final class UringSocket: Sendable {
     /// has room and no datagram the ring holds for room is ahead of it (`false`: the ring's way). A submission would
     /// wake the ring's thread and wait for its turn before the datagram left; the write gate keeps ``close()`` from
     /// closing the descriptor meanwhile.
-    private func sendFromAnyThread(_ fd: Int32, _ bytes: UnsafeRawBufferPointer) throws(ConnectionError) -> Bool {
+    private func sendFromAnyThread(
+        _ fd: borrowing BorrowedDescriptor, _ bytes: UnsafeRawBufferPointer
+    ) throws(ConnectionError) -> Bool {
         guard !loop.inLoop, !datagramFailures.isWaitingForRoom else { return false }
         if case .processed = try Syscall.send(fd, bytes, dontWait: true) { return true }
         return false
     }
 
     /// Inside the write gate, with the send queue empty: all of `bytes` (UDP: one datagram), one send after another.
-    private func sendDirect(_ fd: Int32, _ bytes: UnsafeRawBufferPointer, zeroCopy: Bool) async throws(ConnectionError)
-    {
+    private func sendDirect(
+        _ fd: borrowing BorrowedDescriptor, _ bytes: UnsafeRawBufferPointer, zeroCopy: Bool
+    ) async throws(ConnectionError) {
         let base = UInt(bitPattern: bytes.baseAddress)
         var offset = 0
         repeat {
@@ -377,8 +382,8 @@ public final class UringSocket: Sendable {
             let flags = Int32(MSG_NOSIGNAL)
             let result = await loop.run(
                 zeroCopy
-                    ? .sendZeroCopy(fd: fd, buffer: address, length: length, flags: flags)
-                    : .send(fd: fd, buffer: address, length: length, flags: flags),
+                    ? .sendZeroCopy(fd: fd.number, buffer: address, length: length, flags: flags)
+                    : .send(fd: fd.number, buffer: address, length: length, flags: flags),
                 guardedBy: submissions)
             if result < 0 {
                 let error = failure(result, "send")
@@ -428,7 +433,7 @@ public final class UringSocket: Sendable {
     }
 
     /// Inside the write gate, the descriptor borrowed: the datagrams of ``send(batch:)``.
-    private func send(batch: [UnsafeRawBufferPointer], fd: Int32) async throws(ConnectionError) {
+    private func send(batch: [UnsafeRawBufferPointer], fd: borrowing BorrowedDescriptor) async throws(ConnectionError) {
         // Runs of equal-sized datagrams (the last may be shorter) go as one segmented sendmsg (UDP GSO), as the
         // other backends' sendmmsg path sends them; the rest one send each. All in one turn of the ring.
         var operations: [UringOperation] = []
@@ -451,11 +456,11 @@ public final class UringSocket: Sendable {
                 let bases = batch[index..<index + run].map { $0.baseAddress }
                 let lengths = batch[index..<index + run].map(\.count)
                 csur_segmented_prepare(segments, bases, lengths, UInt32(run), UInt16(size))
-                operations.append(.sendSegmented(fd: fd, segments: UInt(bitPattern: Int(bitPattern: segments))))
+                operations.append(.sendSegmented(fd: fd.number, segments: UInt(bitPattern: Int(bitPattern: segments))))
                 runs.append((index, run, segments))
             } else {
                 run = 1
-                operations.append(Self.sendOperation(fd, batch[index]))
+                operations.append(Self.sendOperation(fd.number, batch[index]))
                 runs.append((index, 1, nil))
             }
             index += run
@@ -468,7 +473,7 @@ public final class UringSocket: Sendable {
                 throw failure(result, "send")
             }
             // This socket's route cannot segment: these datagrams one send each.
-            let each = batch[run.first..<run.first + run.count].map { Self.sendOperation(fd, $0) }
+            let each = batch[run.first..<run.first + run.count].map { Self.sendOperation(fd.number, $0) }
             if let failed = await loop.run(batch: each, guardedBy: submissions).first(where: { $0 < 0 }) {
                 throw failure(failed, "send")
             }
@@ -485,7 +490,7 @@ public final class UringSocket: Sendable {
         .send(fd: fd, buffer: UInt(bitPattern: bytes.baseAddress), length: bytes.count, flags: Int32(MSG_NOSIGNAL))
     }
 
-    private func endOutputAfterPartialSend(_ fd: Int32) {
+    private func endOutputAfterPartialSend(_ fd: borrowing BorrowedDescriptor) {
         // Part of the message is on the wire: nothing can follow it sensibly.
         if case .shutdownOutput = lifecycle.handle(.closeOutput) { try? Syscall.shutdown(fd, .write) }
     }
@@ -546,7 +551,7 @@ public final class UringSocket: Sendable {
                 queue.fail(.closed())
             }
             submissions.close()
-            descriptor.ifOpen { loop.cancelAll(on: $0) }
+            loop.cancelAll(on: descriptor)
             // The queue's batch in flight, if any, has completed (cancelled) after this.
             try? await sendQueue?.drain()
             await reads.gate.enter()
@@ -570,7 +575,7 @@ public final class UringSocket: Sendable {
             }
             if await group.next() == false {
                 queue.fail(.closed("close() dropped bytes the peer did not take within \(Self.closeLinger)"))
-                descriptor.ifOpen { loop.cancelAll(on: $0) }
+                loop.cancelAll(on: descriptor)
             }
             group.cancelAll()
         }

@@ -46,10 +46,11 @@ struct FloorServe: AsyncParsableCommand {
         let sink = sink
         // The C server's thread works on the number: borrowed until it has ended.
         let reason = try? await socket.withDescriptorAsync { (fd) async throws(ConnectionError) in
+            let number = fd.number
             let done = Task.detached {
                 await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
                     PosixThread.spawn(name: "cfloor-serve") {
-                        _ = sink ? cfloor_sink(fd, datagram, stopRead) : cfloor_serve(fd, datagram, stopRead)
+                        _ = sink ? cfloor_sink(number, datagram, stopRead) : cfloor_serve(number, datagram, stopRead)
                         continuation.resume()
                     }
                 }
@@ -80,11 +81,12 @@ func runFloorPing(
     // The C client's thread works on the number: borrowed until it has ended.
     let outcome: (status: Int32, errno: Int32, samples: [UInt64]) = try await socket.withDescriptorAsync {
         (fd) async throws(ConnectionError) in
-        await withCheckedContinuation { continuation in
+        let number = fd.number
+        return await withCheckedContinuation { continuation in
             PosixThread.spawn(name: "cfloor-ping") {
                 var samples = [UInt64](repeating: 0, count: count)
                 let status = samples.withUnsafeMutableBufferPointer {
-                    cfloor_pingpong(fd, datagram, Int32(size), Int32(count), Int32(warmup), $0.baseAddress)
+                    cfloor_pingpong(number, datagram, Int32(size), Int32(count), Int32(warmup), $0.baseAddress)
                 }
                 let code = errno
                 continuation.resume(returning: (status, code, samples))
@@ -104,10 +106,11 @@ func runFloorPump(endpoint: Endpoint, size: Int, totalBytes: Int) async throws(C
     let before = UDPCounters.read()
     let outcome: (status: Int32, errno: Int32, result: cfloor_pump_result) = try await socket.withDescriptorAsync {
         (fd) async throws(ConnectionError) in
-        await withCheckedContinuation { continuation in
+        let number = fd.number
+        return await withCheckedContinuation { continuation in
             PosixThread.spawn(name: "cfloor-pump") {
                 var result = cfloor_pump_result()
-                let status = cfloor_pump(fd, datagram ? 1 : 0, Int32(size), UInt64(totalBytes), &result)
+                let status = cfloor_pump(number, datagram ? 1 : 0, Int32(size), UInt64(totalBytes), &result)
                 let code = errno
                 continuation.resume(returning: (status, code, result))
             }
@@ -155,7 +158,8 @@ func runFloorRate(
     typealias Times = (intended: [UInt64], actual: [UInt64], received: [UInt64])
     let outcome: (status: Int32, errno: Int32, times: Times, received: Int32, waiting: UInt64) =
         try await socket.withDescriptorAsync { (fd) async throws(ConnectionError) in
-            await withCheckedContinuation { continuation in
+            let number = fd.number
+            return await withCheckedContinuation { continuation in
                 PosixThread.spawn(name: "cfloor-rate") {
                     var times: Times = (
                         [UInt64](repeating: 0, count: total), [UInt64](repeating: 0, count: total),
@@ -167,7 +171,7 @@ func runFloorRate(
                         times.actual.withUnsafeMutableBufferPointer { actual in
                             times.received.withUnsafeMutableBufferPointer { echoed in
                                 cfloor_rate(
-                                    fd, datagram, Int32(runner.size), Int32(total), interval, spin,
+                                    number, datagram, Int32(runner.size), Int32(total), interval, spin,
                                     intended.baseAddress,
                                     actual.baseAddress, echoed.baseAddress, &received, &waiting)
                             }

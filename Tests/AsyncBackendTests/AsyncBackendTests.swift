@@ -41,8 +41,8 @@ struct AsyncBackendTests {
             let tcp = AsyncSocket(to: tcpListener.localEndpoint)
             try await tcp.start()
             let accepted = try await tcpListener.accept()
-            let udpEvents = try #require(epollEvents(watching: try udp.withDescriptor { $0 }))
-            let tcpEvents = try #require(epollEvents(watching: try tcp.withDescriptor { $0 }))
+            let udpEvents = try #require(try udp.withDescriptor { epollEvents(watching: $0.number) })
+            let tcpEvents = try #require(try tcp.withDescriptor { epollEvents(watching: $0.number) })
             #expect(udpEvents & Syscall.epollIn != 0)
             #expect(udpEvents & Syscall.epollOut == 0, "an idle UDP socket is watched for writability")
             #expect(tcpEvents & Syscall.epollOut != 0)
@@ -294,11 +294,14 @@ struct AsyncBackendTests {
             let released = Atomic<Bool>(false)
             defer {
                 released.store(true, ordering: .releasing)
-                Syscall.close(client)
+                client.close()
             }
             let server = SocketAddress.loopbackIPv4(port: listener.localEndpoint.port)
             func send(_ number: UInt8) throws {
-                _ = try [number].withUnsafeBytes { raw in try Syscall.sendTo(client, raw, to: server) }
+                _ = try [number].withBytes { (raw) throws(ConnectionError) in
+                    try client.withDescriptor { (fd) throws(ConnectionError) in try Syscall.sendTo(fd, raw, to: server)
+                    }
+                }
             }
             try send(0)
             let peer = try await listener.accept()
@@ -345,18 +348,25 @@ func residentBytes() -> Int {
 
 /// A TCP listener with a backlog of 1 that never accepts: once its queue is full, further SYNs are dropped.
 struct BSDFullListener {
-    let fd: Int32
+    let socket: SocketDescriptor
     let endpoint: Endpoint
 
     init() throws {
         let address = SocketAddress.loopbackIPv4(port: 0)
-        fd = try Syscall.socket(family: .ipv4, datagram: false)
-        try Syscall.bind(fd, to: address)
-        try Syscall.listen(fd, backlog: 1)
-        endpoint = try Syscall.localAddress(fd).endpoint(.tcp)
+        socket = try Syscall.socket(family: .ipv4, datagram: false)
+        do {
+            endpoint = try socket.withDescriptor { (fd) throws(ConnectionError) in
+                try Syscall.bind(fd, to: address)
+                try Syscall.listen(fd, backlog: 1)
+                return try Syscall.localAddress(fd).endpoint(.tcp)
+            }
+        } catch {
+            socket.close()
+            throw error
+        }
     }
 
-    func close() { Syscall.close(fd) }
+    func close() { socket.close() }
 }
 
 /// A count that tasks share.

@@ -98,24 +98,33 @@ struct BSDSocketTests {
         let clients = try [
             Syscall.socket(family: .ipv4, datagram: true), Syscall.socket(family: .ipv4, datagram: true),
         ]
-        defer { for fd in [server] + clients { Syscall.close(fd) } }
-        try Syscall.bind(server, to: .loopbackIPv4(port: 0))
-        let address = try Syscall.localAddress(server)
+        defer { for socket in [server] + clients { socket.close() } }
+        let address = try server.withDescriptor { (fd) throws(ConnectionError) in
+            try Syscall.bind(fd, to: .loopbackIPv4(port: 0))
+            return try Syscall.localAddress(fd)
+        }
         // 41 datagrams from two senders, sizes 0-99, one of 150 bytes (more than a 100-byte slot).
         var sent: [(port: UInt16, bytes: [UInt8])] = []
         for index in 0..<41 {
             let size = index == 20 ? 150 : (index * 37) % 100
             let bytes = (0..<size).map { UInt8(truncatingIfNeeded: $0 &* 13 &+ index) }
             let client = clients[index % 2]
-            _ = try bytes.withUnsafeBytes { raw in try Syscall.sendTo(client, raw, to: address) }
-            sent.append((try Syscall.localAddress(client).port, bytes))
+            let port = try client.withDescriptor { (fd) throws(ConnectionError) in
+                _ = try bytes.withBytes { (raw) throws(ConnectionError) in try Syscall.sendTo(fd, raw, to: address) }
+                return try Syscall.localAddress(fd).port
+            }
+            sent.append((port, bytes))
         }
         // Loopback delivers at sendto: all 41 wait in the socket now, so receives never block.
         let batch = DatagramBatch(capacity: 16, slotSize: 100)
         var received: [(port: UInt16, length: Int, bytes: [UInt8])] = []
         var perCall: [Int] = []
         while received.count < sent.count {
-            guard case .processed(let count) = try batch.receive(server, dontWait: true) else {
+            guard
+                case .processed(let count) = try server.withDescriptor({ (fd) throws(ConnectionError) in
+                    try batch.receive(fd, dontWait: true)
+                })
+            else {
                 Issue.record("only \(received.count) of \(sent.count) datagrams arrived")
                 return
             }
@@ -128,7 +137,11 @@ struct BSDSocketTests {
         #expect(received.map(\.port) == sent.map(\.port))
         #expect(received.map(\.length) == sent.map(\.bytes.count))
         #expect(received.map(\.bytes) == sent.map { Array($0.bytes.prefix(100)) })
-        guard case .wouldBlock = try batch.receive(server, dontWait: true) else {
+        guard
+            case .wouldBlock = try server.withDescriptor({ (fd) throws(ConnectionError) in
+                try batch.receive(fd, dontWait: true)
+            })
+        else {
             Issue.record("a datagram nobody sent")
             return
         }
@@ -145,20 +158,29 @@ struct BSDSocketTests {
     static func singlesThenABurst() throws {
         let server = try Syscall.socket(family: .ipv4, datagram: true)
         let client = try Syscall.socket(family: .ipv4, datagram: true)
-        defer { for fd in [server, client] { Syscall.close(fd) } }
-        try Syscall.bind(server, to: .loopbackIPv4(port: 0))
-        let address = try Syscall.localAddress(server)
+        defer { for socket in [server, client] { socket.close() } }
+        let address = try server.withDescriptor { (fd) throws(ConnectionError) in
+            try Syscall.bind(fd, to: .loopbackIPv4(port: 0))
+            return try Syscall.localAddress(fd)
+        }
         var next: UInt8 = 0
         func send(_ count: Int) throws {
             for _ in 0..<count {
-                _ = try [next].withUnsafeBytes { raw in try Syscall.sendTo(client, raw, to: address) }
+                _ = try [next].withBytes { (raw) throws(ConnectionError) in
+                    try client.withDescriptor { (fd) throws(ConnectionError) in try Syscall.sendTo(fd, raw, to: address)
+                    }
+                }
                 next &+= 1
             }
         }
         let batch = DatagramBatch(capacity: 16, slotSize: 100, singlesAfterSingles: true)
         var order: [UInt8] = []
         func receive() throws -> Int {
-            guard case .processed(let count) = try batch.receive(server, dontWait: true) else {
+            guard
+                case .processed(let count) = try server.withDescriptor({ (fd) throws(ConnectionError) in
+                    try batch.receive(fd, dontWait: true)
+                })
+            else {
                 Issue.record("no datagram waiting")
                 return 0
             }
@@ -186,7 +208,11 @@ struct BSDSocketTests {
         #expect(counts == [1, 1, 16, 2])
         #expect(order == (0..<26).map { UInt8($0) })
         #expect(batch.drained)
-        guard case .wouldBlock = try batch.receive(server, dontWait: true) else {
+        guard
+            case .wouldBlock = try server.withDescriptor({ (fd) throws(ConnectionError) in
+                try batch.receive(fd, dontWait: true)
+            })
+        else {
             Issue.record("a datagram nobody sent")
             return
         }

@@ -64,15 +64,15 @@ struct ReadBeforeWaitTests {
     static func runFlood() throws -> (Bool, Int, Int) {
         final class Ready: EpollHandler {
             unowned let loop: EpollLoop
-            let fd: Int32
+            let wake: WakeEvent
             let handled = Atomic<Bool>(false)
             let queued = Atomic<Int>(0)
-            init(loop: EpollLoop, fd: Int32) {
+            init(loop: EpollLoop, wake: WakeEvent) {
                 self.loop = loop
-                self.fd = fd
+                self.wake = wake
             }
             func epollReady(_ events: UInt32) {
-                Syscall.eventFDDrain(fd)
+                wake.drain()
                 handled.store(true, ordering: .relaxed)
                 loop.beforeNextWait(for: self) { false }
                 queued.store(loop.blocksBeforeNextWait, ordering: .relaxed)
@@ -80,11 +80,13 @@ struct ReadBeforeWaitTests {
             }
         }
         let loop = try EpollLoop(name: "flood-test")
-        let fd = try Syscall.eventFD()
-        defer { Syscall.close(fd) }
-        let ready = Ready(loop: loop, fd: fd)
-        try loop.register(fd, events: Syscall.epollIn, handler: ready)
-        defer { loop.unregister(fd) }
+        let wake = try WakeEvent()
+        defer { wake.close() }
+        let ready = Ready(loop: loop, wake: wake)
+        try wake.withDescriptor { (fd) throws(ConnectionError) in
+            try loop.register(fd, events: Syscall.epollIn, handler: ready)
+        }
+        defer { wake.ifOpen { loop.unregister($0) } }
         let reads = Mutex(0)
         // The blocks hold the loop weakly: one is still waiting for its turn when the loop stops, and the loop
         // (its epoll and eventfd descriptors) must go when this returns.
@@ -100,7 +102,7 @@ struct ReadBeforeWaitTests {
                 }
             }
             flood()
-            Syscall.eventFDSignal(fd)
+            wake.signal()
         }
         loop.run(until: MonotonicClock.nanoseconds() + 10_000_000_000)
         return (ready.handled.load(ordering: .relaxed), reads.withLock { $0 }, ready.queued.load(ordering: .relaxed))

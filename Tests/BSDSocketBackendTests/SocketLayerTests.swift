@@ -73,18 +73,18 @@ struct SocketLayerTests {
     }
 
     static func closesOnce() throws {
-        let owner = SocketDescriptor(adopting: try Syscall.socket(family: .ipv4, datagram: true))
-        let fd = try #require(owner.ifOpen { $0 })
+        let owner = try Syscall.socket(family: .ipv4, datagram: true)
+        let fd = try #require(owner.ifOpen { $0.number })
         #expect(fcntl(fd, F_GETFD) >= 0)
         var unregistered: [Int32] = []
-        #expect(owner.close(beforeClosing: { unregistered.append($0) }))
-        #expect(!owner.close(beforeClosing: { unregistered.append($0) }))
+        #expect(owner.close(beforeClosing: { unregistered.append($0.number) }))
+        #expect(!owner.close(beforeClosing: { unregistered.append($0.number) }))
         #expect(unregistered == [fd])
-        #expect(owner.isClosed && owner.ifOpen { $0 } == nil)
-        #expect(throws: ConnectionError.self) { try owner.withDescriptor { $0 } }
+        #expect(owner.isClosed && owner.ifOpen { $0.number } == nil)
+        #expect(throws: ConnectionError.self) { try owner.withDescriptor { $0.number } }
         #expect(owner.release() == nil)
 
-        let released = SocketDescriptor(adopting: try Syscall.socket(family: .ipv4, datagram: true))
+        let released = try Syscall.socket(family: .ipv4, datagram: true)
         let number = try #require(released.release())
         #expect(!released.close())
         #expect(fcntl(number, F_GETFD) >= 0)  // still open: the new owner closes it
@@ -118,7 +118,7 @@ struct SocketLayerTests {
         try owner.withDescriptor { (fd) throws(ConnectionError) in
             closedInside = owner.close()
             // Closing marked it: no new borrow, but this borrower's number is still the socket.
-            openInside = !peerClosed(other) && owner.isClosed && owner.ifOpen { $0 } == nil
+            openInside = !peerClosed(other) && owner.isClosed && owner.ifOpen { $0.number } == nil
         }
         #expect(closedInside && openInside)
         #expect(peerClosed(other), "the last borrower's return closed it")
@@ -129,7 +129,7 @@ struct SocketLayerTests {
         defer { Syscall.close(sharedOther) }
         try shared.withDescriptor { (outer) throws(ConnectionError) in
             try shared.withDescriptor { (inner) throws(ConnectionError) in
-                #expect(inner == outer)
+                #expect(inner.number == outer.number)
                 shared.close()
             }
             #expect(!peerClosed(sharedOther), "the outer borrow still holds it")
@@ -138,12 +138,12 @@ struct SocketLayerTests {
 
         // An empty owner lends nothing until it adopts.
         let empty = SocketDescriptor()
-        #expect(empty.ifOpen { $0 } == nil)
+        #expect(empty.ifOpen { $0.number } == nil)
         let (adopted, adoptedOther) = try pair()
         defer { Syscall.close(adoptedOther) }
         let number = try #require(adopted.release())
         empty.adopt(number)
-        #expect(empty.ifOpen { $0 } == number)
+        #expect(empty.ifOpen { $0.number } == number)
         #expect(empty.close())
         #expect(peerClosed(adoptedOther))
     }

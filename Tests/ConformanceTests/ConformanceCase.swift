@@ -242,15 +242,15 @@ protocol RawPeer: Sendable {
 
 /// A raw socket: sends until the kernel has every byte acknowledged, then SO_LINGER 0 and close (a RST).
 struct SocketRawPeer: RawPeer {
-    let fd: Int32
+    let socket: SocketDescriptor
 
     init(to endpoint: Endpoint) throws {
         let address = try Syscall.resolve(endpoint)[0]
-        fd = try Syscall.socket(family: address.family, datagram: false)
+        socket = try Syscall.socket(family: address.family, datagram: false)
         do {
-            _ = try Syscall.connect(fd, to: address)
+            _ = try socket.withDescriptor { (fd) throws(ConnectionError) in try Syscall.connect(fd, to: address) }
         } catch {
-            Syscall.close(fd)
+            socket.close()
             throw error
         }
     }
@@ -259,20 +259,20 @@ struct SocketRawPeer: RawPeer {
         var offset = 0
         while offset < bytes.count {
             let result = try bytes[offset...].withUnsafeBytes { (bytes) throws(ConnectionError) in
-                try Syscall.send(fd, bytes)
+                try socket.withDescriptor { (fd) throws(ConnectionError) in try Syscall.send(fd, bytes) }
             }
             if case .processed(let count) = result { offset += count }
         }
         // Every byte acknowledged: all of it is in the receiver's kernel or its queue. Then the reset.
         let deadline = ContinuousClock.now + .seconds(20)
-        while Syscall.bytesUnsent(fd) > 0 {
+        while try socket.withDescriptor({ (fd) throws(ConnectionError) in Syscall.bytesUnsent(fd) }) > 0 {
             try #require(ContinuousClock.now < deadline, "the receiver's kernel never took the bytes")
             try await Task.sleep(for: .milliseconds(2))
         }
-        Syscall.resetConnection(fd)
+        socket.ifOpen { Syscall.resetConnection($0) }
     }
 
-    func close() async { Syscall.close(fd) }
+    func close() async { socket.close() }
 }
 
 /// A memory connection: the bytes are held on the wire, then released into the receiver's queue at once (as a

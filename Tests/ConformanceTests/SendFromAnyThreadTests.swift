@@ -25,15 +25,15 @@ struct SendFromAnyThreadTests {
                 return
             }
             // The executor's thread waits on an eventfd (for at most 20 s) until the test releases it.
-            let release = try Syscall.eventFD()
-            defer { Syscall.close(release) }
+            let release = try WakeEvent()
+            defer { release.close() }
             let deadline = MonotonicClock.nanoseconds() + 20_000_000_000
             let busy = Guarded<Task<Void, Never>?>(nil)
             await withCheckedContinuation { (started: CheckedContinuation<Void, Never>) in
                 busy.withLock {
                     $0 = Task(executorPreference: executor) {
                         started.resume()
-                        _ = Syscall.waitReadable(release, untilMonotonic: deadline)
+                        _ = release.ifOpen { Syscall.waitReadable($0, untilMonotonic: deadline) }
                     }
                 }
             }
@@ -42,7 +42,7 @@ struct SendFromAnyThreadTests {
                 Syscall.waitReadable($0, untilMonotonic: MonotonicClock.nanoseconds() + 5_000_000_000)
             }
             #expect(arrived, "the bytes left only after the connection's executor was free")
-            Syscall.eventFDSignal(release)
+            release.signal()
             await busy.withLock { $0 }?.value
             try await sending.value
             if arrived { #expect(try peer.receive() == [7, 8, 9]) }

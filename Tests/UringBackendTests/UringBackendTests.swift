@@ -228,19 +228,22 @@ struct UringBackendTests {
                 let request = UnsafeMutableRawBufferPointer.allocate(byteCount: probe.count, alignment: 16)
                 defer { request.deallocate() }
                 request.copyBytes(from: probe)
-                let fd = try client.withDescriptor { $0 }  // the socket stays open until after the exchange
                 let address = UInt(bitPattern: buffer.baseAddress)
                 let outgoing = UInt(bitPattern: request.baseAddress)
-                let results = await withCheckedContinuation { (done: CheckedContinuation<[Int32], Never>) in
-                    client.loop.execute { ring in
-                        let sent = UnsafeRawBufferPointer(
-                            start: UnsafeRawPointer(bitPattern: outgoing), count: probe.count)
-                        let into = UnsafeMutableRawBufferPointer(
-                            start: UnsafeMutableRawPointer(bitPattern: address), count: 64)
-                        let order = Mutex<[Int32]>([])
-                        ring.send(fd, sent, linked: true) { result in order.withLock { $0.append(result) } }
-                        ring.receive(fd, into: into) { result in
-                            done.resume(returning: order.withLock { $0 + [result] })
+                // The ring's operations name the number: borrowed until they have completed.
+                let results = try await client.withDescriptorAsync { (fd) async throws(ConnectionError) in
+                    let fd = fd.number
+                    return await withCheckedContinuation { (done: CheckedContinuation<[Int32], Never>) in
+                        client.loop.execute { ring in
+                            let sent = UnsafeRawBufferPointer(
+                                start: UnsafeRawPointer(bitPattern: outgoing), count: probe.count)
+                            let into = UnsafeMutableRawBufferPointer(
+                                start: UnsafeMutableRawPointer(bitPattern: address), count: 64)
+                            let order = Mutex<[Int32]>([])
+                            ring.send(fd, sent, linked: true) { result in order.withLock { $0.append(result) } }
+                            ring.receive(fd, into: into) { result in
+                                done.resume(returning: order.withLock { $0 + [result] })
+                            }
                         }
                     }
                 }
@@ -260,28 +263,38 @@ struct UringBackendTests {
                 defer { buffer.deallocate() }
                 let probe = Array("ping".utf8)
                 buffer.copyBytes(from: probe)
-                let fd = try client.withDescriptor { $0 }  // the socket stays open until after the exchanges
                 let address = UInt(bitPattern: buffer.baseAddress)
-                /// The pair on the ring; every handler call, in order, until the first.
-                func exchange(_ count: Int) async -> [Int32] {
-                    await withCheckedContinuation { (done: CheckedContinuation<[Int32], Never>) in
-                        client.loop.execute { ring in
-                            let memory = UnsafeMutableRawBufferPointer(
-                                start: UnsafeMutableRawPointer(bitPattern: address), count: 64)
-                            ring.sendThenReceive(fd, UnsafeRawBufferPointer(rebasing: memory[..<count]), into: memory) {
-                                done.resume(returning: [$0])
+                /// The pair on the ring; every handler call, in order, until the first. The ring's operations
+                /// name the number: borrowed until they have completed.
+                func exchange(_ count: Int) async throws -> [Int32] {
+                    try await client.withDescriptorAsync { (fd) async throws(ConnectionError) in
+                        let fd = fd.number
+                        return await withCheckedContinuation { (done: CheckedContinuation<[Int32], Never>) in
+                            client.loop.execute { ring in
+                                let memory = UnsafeMutableRawBufferPointer(
+                                    start: UnsafeMutableRawPointer(bitPattern: address), count: 64)
+                                ring.sendThenReceive(
+                                    fd, UnsafeRawBufferPointer(rebasing: memory[..<count]), into: memory
+                                ) {
+                                    done.resume(returning: [$0])
+                                }
                             }
                         }
                     }
                 }
-                #expect(await exchange(probe.count) == [Int32(probe.count)])
+                #expect(try await exchange(probe.count) == [Int32(probe.count)])
                 #expect(Array(buffer[..<probe.count]) == probe)
                 // A reply already waiting when the pair is submitted (the receive arms its poll first where the
                 // kernel has IORING_RECVSEND_POLL_FIRST): the receive takes it at once, not after the next reply.
                 let early = Array("early".utf8)
-                _ = try early.withUnsafeBytes { bytes throws(ConnectionError) in try Syscall.send(fd, bytes) }
-                #expect(try Syscall.poll(fd, events: Syscall.pollIn, timeoutMilliseconds: 10_000) != 0)
-                let first = await exchange(probe.count)
+                _ = try early.withUnsafeBytes { bytes throws(ConnectionError) in
+                    try client.withDescriptor { (fd) throws(ConnectionError) in try Syscall.send(fd, bytes) }
+                }
+                #expect(
+                    try client.withDescriptor { (fd) throws(ConnectionError) in
+                        try Syscall.poll(fd, events: Syscall.pollIn, timeoutMilliseconds: 10_000)
+                    } != 0)
+                let first = try await exchange(probe.count)
                 let taken = Int(first.first ?? 0)
                 try #require(taken >= early.count && taken <= early.count + probe.count, "\(first)")
                 // The rest (the second reply, unless it came in the same read) is read here, so that the next
@@ -291,7 +304,9 @@ struct UringBackendTests {
                 var got = 0
                 while got < rest.count {
                     let result = try rest.withUnsafeMutableBytes { bytes throws(ConnectionError) in
-                        try Syscall.recv(fd, UnsafeMutableRawBufferPointer(rebasing: bytes[got...]))
+                        try client.withDescriptor { (fd) throws(ConnectionError) in
+                            try Syscall.recv(fd, UnsafeMutableRawBufferPointer(rebasing: bytes[got...]))
+                        }
                     }
                     guard case .processed(let count) = result, count > 0 else { break }
                     got += count
@@ -299,8 +314,8 @@ struct UringBackendTests {
                 replies += rest
                 #expect(replies == early + probe)
                 // The client's sending side shut: the send fails (EPIPE), the receive never runs, one completion.
-                try Syscall.shutdown(fd, .write)
-                #expect(await exchange(probe.count) == [-EPIPE])
+                try client.withDescriptor { (fd) throws(ConnectionError) in try Syscall.shutdown(fd, .write) }
+                #expect(try await exchange(probe.count) == [-EPIPE])
             }
         }
     }
@@ -445,9 +460,11 @@ struct UringBackendTests {
             await client.abort()
             // Until the reset has reached the server's socket (poll reports it without taking it; under load the
             // loopback may deliver it after abort() returned).
-            var poller = pollfd(fd: try server.withDescriptor { $0 }, events: Int16(POLLIN), revents: 0)
-            let polled = poll(&poller, 1, 10_000)
-            try #require(polled == 1 && poller.revents & Int16(POLLERR) != 0, "poll: \(polled), \(poller.revents)")
+            let (polled, revents) = try server.withDescriptor { (fd) throws(ConnectionError) in
+                var poller = pollfd(fd: fd.number, events: Int16(POLLIN), revents: 0)
+                return (poll(&poller, 1, 10_000), poller.revents)
+            }
+            try #require(polled == 1 && revents & Int16(POLLERR) != 0, "poll: \(polled), \(revents)")
             // The kernel reports the reset once: to this send's batch, sent after the reset came.
             try await server.send([1])
             await #expect(throws: ConnectionError.self) { try await server.closeOutput() }
