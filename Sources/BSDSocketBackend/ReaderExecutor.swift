@@ -60,20 +60,25 @@ final class ReaderExecutor: TaskExecutor, Sendable {
     /// else, or at once while jobs the reader took are still to run: a receive waiting in place must not block the
     /// send beside it that its reply depends on).
     func wait(socket: borrowing BorrowedDescriptor, events: Int16) throws(ConnectionError) -> Int16 {
-        waker.bindToCurrentThread()
-        guard work.prepareToSleep() else { return 0 }
-        let polled = Result { () throws(ConnectionError) in try waker.poll(socket, events: events) }
-        work.awoke()
-        return try polled.get()
+        try sleeping { () throws(ConnectionError) in try waker.poll(socket, events: events) }
     }
 
     /// Waits until a job comes or ``wake()`` is called (the reader does not read: its receive queue is full).
     func waitForJobs() throws(ConnectionError) {
+        _ = try sleeping { () throws(ConnectionError) in
+            try waker.waitForSignal()
+            return 0
+        }
+    }
+
+    /// The work queue told the thread sleeps (unless jobs came meanwhile: 0 at once), then `poll`, then woken.
+    @inline(__always)
+    private func sleeping(_ poll: () throws(ConnectionError) -> Int16) throws(ConnectionError) -> Int16 {
         waker.bindToCurrentThread()
-        guard work.prepareToSleep() else { return }
-        let polled = Result { () throws(ConnectionError) in try waker.waitForSignal() }
+        guard work.prepareToSleep() else { return 0 }
+        let polled = Result { () throws(ConnectionError) in try poll() }
         work.awoke()
-        try polled.get()
+        return try polled.get()
     }
 
     /// The reader thread ends: queued and later jobs go to Swift's global executor. No wake-up is in flight once

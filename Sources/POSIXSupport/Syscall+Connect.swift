@@ -53,22 +53,9 @@ extension Syscall {
     package static func poll(
         _ descriptor: borrowing BorrowedDescriptor, events: Int16, timeoutMilliseconds: Int32
     ) throws(ConnectionError) -> Int16 {
-        try poll(descriptor.number, events, -1, 0, timeoutMilliseconds: timeoutMilliseconds).0
-    }
-
-    /// poll(2) on two descriptors (a negative descriptor is left out, as poll does). Returns each one's revents,
-    /// both 0 on time-out. `timeoutMilliseconds` < 0 (the default) waits until one of them is ready.
-    package static func poll(
-        _ first: Int32, _ firstEvents: Int16, _ second: Int32, _ secondEvents: Int16, timeoutMilliseconds: Int32 = -1
-    ) throws(ConnectionError) -> (Int16, Int16) {
-        var fds = (
-            pollfd(fd: first, events: firstEvents, revents: 0), pollfd(fd: second, events: secondEvents, revents: 0)
-        )
-        let count = try withUnsafeMutableBytes(of: &fds) { (raw) throws(ConnectionError) -> Int in
-            let pointer = raw.baseAddress!.assumingMemoryBound(to: pollfd.self)
-            return try retrying("poll", { Int(Glibc.poll(pointer, 2, timeoutMilliseconds)) })
-        }
-        return count == 0 ? (0, 0) : (fds.0.revents, fds.1.revents)
+        var watched = pollfd(fd: descriptor.number, events: events, revents: 0)
+        let count = try retrying("poll", { Int(Glibc.poll(&watched, 1, timeoutMilliseconds)) })
+        return count == 0 ? 0 : watched.revents
     }
 
     /// Waits until `fd` is readable or the monotonic clock (``MonotonicClock``) reaches `deadline`, with the
