@@ -35,16 +35,21 @@ public protocol SocketStreamDelegate: AnyObject {
 public class SocketStream: @unchecked Sendable {
     /// Receives this stream's events (held weakly, as on Darwin).
     public weak var delegate: (any SocketStreamDelegate)?
-    /// The status.
-    public internal(set) var streamStatus: StreamStatus = .notOpen
+    /// The status. (The pair keeps both streams' statuses, which it reads at every event: from two stored values
+    /// rather than through each stream.)
+    public internal(set) var streamStatus: StreamStatus {
+        get { core.status(input: isInput) }
+        set { core.setStatus(newValue, input: isInput) }
+    }
     /// The error, once ``streamStatus`` is `.error`.
     public internal(set) var streamError: ConnectionError?
     let core: StreamPairCore
     var runLoop: SocketRunLoop?
-    var isInput: Bool { false }
+    let isInput: Bool
 
-    init(core: StreamPairCore) {
+    init(core: StreamPairCore, isInput: Bool) {
         self.core = core
+        self.isInput = isInput
     }
 
     /// Schedules the stream in a run loop: its events are delivered there. Call before ``open()``.
@@ -81,7 +86,7 @@ public class SocketStream: @unchecked Sendable {
 
 /// The input half: `hasBytesAvailable` events, `read`.
 public final class SocketInputStream: SocketStream, @unchecked Sendable {
-    override var isInput: Bool { true }
+    init(core: StreamPairCore) { super.init(core: core, isInput: true) }
 
     /// `true` when a ``read(into:)`` would return bytes now (bytes read ahead, or FIONREAD).
     public var hasBytesAvailable: Bool {
@@ -106,6 +111,8 @@ public final class SocketInputStream: SocketStream, @unchecked Sendable {
 
 /// The output half: `hasSpaceAvailable` events, `write`.
 public final class SocketOutputStream: SocketStream, @unchecked Sendable {
+    init(core: StreamPairCore) { super.init(core: core, isInput: false) }
+
     /// `true` when a `write(_:)` would take bytes now.
     public var hasSpaceAvailable: Bool {
         streamStatus == .open && core.spaceAvailable

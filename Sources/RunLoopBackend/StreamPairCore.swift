@@ -23,11 +23,14 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
     /// Writes from other threads while the output is open (``writeFromAnyThread(_:)``).
     private let direct = DirectSend()
     private var runLoop: SocketRunLoop?
-    private weak var input: SocketInputStream?
-    private weak var output: SocketOutputStream?
-    // Strong while open, so the pair lives as long as a stream is open even if the user drops one.
-    private var keepInput: SocketInputStream?
-    private var keepOutput: SocketOutputStream?
+    /// Each stream from its `open()` until its `close()`: the streams the pair delivers events to, which live as
+    /// long as they are open even if the user drops them. (No weak reference to a stream: one would give the
+    /// stream a side table, and every retain of it the slow path.)
+    private var input: SocketInputStream?
+    private var output: SocketOutputStream?
+    /// Both streams' statuses (``SocketStream/streamStatus`` reads and sets these), read at every event.
+    private var inputStatus = StreamStatus.notOpen
+    private var outputStatus = StreamStatus.notOpen
     /// The delegate reads until a read returns less than it asked for and takes a read of nothing as "nothing
     /// yet", not as the end (the end comes as `endEncountered`): `RunLoopTCPConnection`, not a user's delegate.
     /// For it a readable event is `hasBytesAvailable` at once, without the read ahead that makes the event exact for
@@ -71,11 +74,13 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
     }
 
     func makeStreams() -> (SocketInputStream, SocketOutputStream) {
-        let input = SocketInputStream(core: self)
-        let output = SocketOutputStream(core: self)
-        self.input = input
-        self.output = output
-        return (input, output)
+        (SocketInputStream(core: self), SocketOutputStream(core: self))
+    }
+
+    func status(input isInput: Bool) -> StreamStatus { isInput ? inputStatus : outputStatus }
+
+    func setStatus(_ status: StreamStatus, input isInput: Bool) {
+        if isInput { inputStatus = status } else { outputStatus = status }
     }
 
     func schedule(in runLoop: SocketRunLoop) {
@@ -110,17 +115,14 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
         return ready & Syscall.pollOut != 0
     }
 
-    /// The streams, by their strong reference while they are open: a weak load looks the object up in its side
-    /// table, and every event asked for both, several times.
-    private var liveInput: SocketInputStream? { keepInput ?? input }
-    private var liveOutput: SocketOutputStream? { keepOutput ?? output }
-    private var inputOpen: Bool { liveInput?.streamStatus == .open }
-    private var outputOpen: Bool { liveOutput?.streamStatus == .open }
+    private var inputOpen: Bool { inputStatus == .open }
+    private var outputOpen: Bool { outputStatus == .open }
 
     // MARK: Opening
 
     func open(_ stream: SocketStream) {
-        if stream.isInput { keepInput = input } else { keepOutput = output }
+        if let stream = stream as? SocketInputStream { input = stream }
+        if let stream = stream as? SocketOutputStream { output = stream }
         if state.isOpen || state.failure != nil {
             // An accepted socket (or one that connected, or failed, before this stream opened): openCompleted, or the
             // error, on the next turn, as Darwin does.
@@ -263,7 +265,7 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
             let code = Self.pendingError(socket)
             if code != 0 { return fail(.errno(code, "socket error")) }
         }
-        if let input = liveInput {
+        if let input = input {
             let step = state.inputStep(
                 events, inputOpen: inputOpen, toleratesEmptyReads: delegateToleratesEmptyReads, unreadBytes: unread)
             switch step {
@@ -274,7 +276,7 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
             }
             if state.failure != nil { return }
         }
-        if let output = liveOutput, state.writable(events, outputOpen: outputOpen) {
+        if let output = output, state.writable(events, outputOpen: outputOpen) {
             output.deliver(.hasSpaceAvailable)
         }
         updateInterest()
@@ -308,14 +310,14 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
     private func scheduleDueDeliveries() {
         runLoop?.perform { [self] in
             let due = state.takeDue()
-            if due.contains(.input), let input = liveInput, state.inputStillDue(inputOpen: inputOpen) {
+            if due.contains(.input), let input = input, state.inputStillDue(inputOpen: inputOpen) {
                 if !deliverReadable(input) {
                     // Nothing to read and no end or error after all: back under epoll's watch.
                     state.rejoin()
                     updateInterest()
                 }
             }
-            if due.contains(.output), let output = liveOutput, state.spaceStillDue(outputOpen: outputOpen) {
+            if due.contains(.output), let output = output, state.spaceStillDue(outputOpen: outputOpen) {
                 output.deliver(.hasSpaceAvailable)
             }
         }
@@ -483,14 +485,14 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
 
     func closed(_ stream: SocketStream) {
         if stream.isInput {
-            keepInput = nil
+            input = nil
         } else {
-            keepOutput = nil
+            output = nil
             direct.close()
             if state.isOpen, let socket = state.socket { socket.ifOpen { try? Syscall.shutdown($0, .write) } }
         }
-        let inputDone = input.map { $0.streamStatus == .closed || $0.streamStatus == .notOpen } ?? true
-        let outputDone = output.map { $0.streamStatus == .closed || $0.streamStatus == .notOpen } ?? true
+        let inputDone = inputStatus == .closed || inputStatus == .notOpen
+        let outputDone = outputStatus == .closed || outputStatus == .notOpen
         if inputDone && outputDone {
             if let release = state.close() { self.release(release) }
         } else {

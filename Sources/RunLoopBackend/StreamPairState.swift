@@ -42,20 +42,19 @@ struct StreamPairState<Socket> {
         var attempt: Attempt?
     }
 
+    /// The attempt under way (its socket is ``socket``).
     struct Attempt {
-        var socket: Socket
         var address: SocketAddress
         var watch: Watch = .unwatched
     }
 
+    /// The open phase's arming (its socket is ``socket``). Plain values only, so that changing it in place at every
+    /// event retains and releases nothing.
     struct Open {
-        var socket: Socket
         var watch: Watch = .unwatched
         var input = Input.armed
         var output = Output.armedWithRoom
         var due: Due = []
-        /// An error the read straight after the read-ahead's bytes met: reported by the next read, not lost.
-        var deferredReadError: ConnectionError?
     }
 
     enum Watch: Equatable {
@@ -93,20 +92,20 @@ struct StreamPairState<Socket> {
     }
 
     private(set) var phase: Phase
+    /// The socket, while connecting (the attempt's) or open; `nil` in every other phase. Kept beside the phase rather
+    /// than in it: the phase's data changes at every event, and a reference in it would be retained and released
+    /// each time.
+    private(set) var socket: Socket?
+    /// An error the read straight after the read-ahead's bytes met: reported by the next read, not lost (while open).
+    private var deferredReadError: ConnectionError?
 
     /// A pair to connect.
     init() { phase = .idle }
 
     /// A pair over an accepted, connected socket.
-    init(accepted socket: Socket) { phase = .open(Open(socket: socket)) }
-
-    /// The socket, while connecting (the attempt's) or open.
-    var socket: Socket? {
-        switch phase {
-        case .connecting(let connecting): connecting.attempt?.socket
-        case .open(let open): open.socket
-        default: nil
-        }
+    init(accepted socket: Socket) {
+        phase = .open(Open())
+        self.socket = socket
     }
 
     var isOpen: Bool {
@@ -130,7 +129,6 @@ struct StreamPairState<Socket> {
     /// The open phase's data, changed in place (nothing when not open).
     private mutating func withOpen<R>(_ body: (inout Open) -> R?) -> R? {
         guard case .open(var open) = phase else { return nil }
-        phase = .idle  // no second reference while `open` changes: it stays unique, so nothing is copied
         defer { phase = .open(open) }
         return body(&open)
     }
@@ -179,15 +177,16 @@ struct StreamPairState<Socket> {
     /// A non-blocking connect started on `socket` to `address`.
     mutating func attempting(_ socket: Socket, to address: SocketAddress) {
         guard case .connecting(var connecting) = phase else { return }
-        connecting.attempt = Attempt(socket: socket, address: address)
+        connecting.attempt = Attempt(address: address)
         phase = .connecting(connecting)
+        self.socket = socket
     }
 
     /// The attempt failed with `error`: its socket is let go of, and the error recorded. `end` is the error that ends
     /// the search (cancelled, timed out): the pair then fails with it.
     mutating func attemptFailed(_ error: ConnectionError) -> (release: Release?, end: ConnectionError?) {
         guard case .connecting(var connecting) = phase else { return (nil, nil) }
-        let release = connecting.attempt.map { Release(socket: $0.socket, watched: $0.watch != .unwatched) }
+        let release = releasing(watched: connecting.attempt.map { $0.watch != .unwatched })
         connecting.attempt = nil
         var end: ConnectionError?
         do throws(ConnectionError) {
@@ -202,7 +201,7 @@ struct StreamPairState<Socket> {
     /// The attempt's connect completed: the pair is open, its socket watched as the attempt's was.
     mutating func connected() {
         guard case .connecting(let connecting) = phase, let attempt = connecting.attempt else { return }
-        phase = .open(Open(socket: attempt.socket, watch: attempt.watch))
+        phase = .open(Open(watch: attempt.watch))
     }
 
     // MARK: Interest
@@ -388,14 +387,13 @@ struct StreamPairState<Socket> {
 
     /// Notes an error to report on the next read, or takes the one noted.
     mutating func deferReadError(_ error: ConnectionError) {
-        _ = withOpen { $0.deferredReadError = error }
+        if isOpen { deferredReadError = error }
     }
 
     mutating func takeDeferredReadError() -> ConnectionError? {
-        withOpen { open in
-            defer { open.deferredReadError = nil }
-            return open.deferredReadError
-        } ?? nil
+        guard deferredReadError != nil else { return nil }
+        defer { deferredReadError = nil }
+        return isOpen ? deferredReadError : nil
     }
 
     // MARK: Ending
@@ -407,9 +405,9 @@ struct StreamPairState<Socket> {
         switch phase {
         case .failed: return (false, nil)
         case .connecting(let connecting):
-            release = connecting.attempt.map { Release(socket: $0.socket, watched: $0.watch != .unwatched) }
+            release = releasing(watched: connecting.attempt.map { $0.watch != .unwatched })
         case .open(let open):
-            release = Release(socket: open.socket, watched: Self.isWatched(open.watch))
+            release = releasing(watched: Self.isWatched(open.watch))
         case .idle, .resolving, .closed:
             release = nil
         }
@@ -422,9 +420,9 @@ struct StreamPairState<Socket> {
         let release: Release?
         switch phase {
         case .connecting(let connecting):
-            release = connecting.attempt.map { Release(socket: $0.socket, watched: $0.watch != .unwatched) }
+            release = releasing(watched: connecting.attempt.map { $0.watch != .unwatched })
         case .open(let open):
-            release = Release(socket: open.socket, watched: Self.isWatched(open.watch))
+            release = releasing(watched: Self.isWatched(open.watch))
         case .failed:
             return nil
         case .idle, .resolving, .closed:
@@ -432,6 +430,13 @@ struct StreamPairState<Socket> {
         }
         phase = .closed
         return release
+    }
+
+    /// Lets the socket go (`watched`: whether it is in epoll; `nil`: there is no attempt, so no socket).
+    private mutating func releasing(watched: Bool?) -> Release? {
+        defer { socket = nil }
+        guard let watched, let socket else { return nil }
+        return Release(socket: socket, watched: watched)
     }
 
     private static func isWatched(_ watch: Watch) -> Bool {
