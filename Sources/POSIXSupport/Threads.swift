@@ -61,9 +61,9 @@ public enum PosixThread {
     /// result; the thread may go on working after it (a blocking connect's thread becomes the reader). When no
     /// thread can be created, the result is that error (``trySpawn(name:stackSize:_:)``) and `body` never runs.
     ///
-    /// The value passes through a lock besides the continuation: when the thread resumes before the task has
-    /// suspended, the concurrency runtime orders the two with atomics ThreadSanitizer cannot see (its runtime
-    /// is not instrumented), so without the lock every object the thread built would be reported as a race.
+    /// The hand-off is ordered by an atomic besides the continuation (``awaitHandOff(_:)``): when the thread resumes
+    /// before the task has suspended, the concurrency runtime orders the two with atomics ThreadSanitizer cannot see
+    /// (its runtime is not instrumented), so without it every object the thread built would be reported as a race.
     public static func spawnAndAwait<Success: Sendable>(
         name: String,
         _ body: @escaping @Sendable (_ deliver: @Sendable (Result<Success, ConnectionError>) -> Void) -> Void
