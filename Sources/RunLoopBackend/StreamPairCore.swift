@@ -121,8 +121,7 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
     // MARK: Opening
 
     func open(_ stream: SocketStream) {
-        if let stream = stream as? SocketInputStream { input = stream }
-        if let stream = stream as? SocketOutputStream { output = stream }
+        if stream.isInput { input = stream as? SocketInputStream } else { output = stream as? SocketOutputStream }
         if state.isOpen || state.failure != nil {
             // An accepted socket (or one that connected, or failed, before this stream opened): openCompleted, or the
             // error, on the next turn, as Darwin does.
@@ -265,7 +264,7 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
             let code = Self.pendingError(socket)
             if code != 0 { return fail(.errno(code, "socket error")) }
         }
-        if let input = input {
+        if let input {
             let step = state.inputStep(
                 events, inputOpen: inputOpen, toleratesEmptyReads: delegateToleratesEmptyReads, unreadBytes: unread)
             switch step {
@@ -276,7 +275,7 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
             }
             if state.failure != nil { return }
         }
-        if let output = output, state.writable(events, outputOpen: outputOpen) {
+        if let output, state.writable(events, outputOpen: outputOpen) {
             output.deliver(.hasSpaceAvailable)
         }
         updateInterest()
@@ -310,14 +309,14 @@ final class StreamPairCore: EpollHandler, @unchecked Sendable {
     private func scheduleDueDeliveries() {
         runLoop?.perform { [self] in
             let due = state.takeDue()
-            if due.contains(.input), let input = input, state.inputStillDue(inputOpen: inputOpen) {
+            if due.contains(.input), let input, state.inputStillDue(inputOpen: inputOpen) {
                 if !deliverReadable(input) {
                     // Nothing to read and no end or error after all: back under epoll's watch.
                     state.rejoin()
                     updateInterest()
                 }
             }
-            if due.contains(.output), let output = output, state.spaceStillDue(outputOpen: outputOpen) {
+            if due.contains(.output), let output, state.spaceStillDue(outputOpen: outputOpen) {
                 output.deliver(.hasSpaceAvailable)
             }
         }

@@ -434,7 +434,10 @@ struct StreamPairState<Socket> {
 
     /// Lets the socket go (`watched`: whether it is in epoll; `nil`: there is no attempt, so no socket).
     private mutating func releasing(watched: Bool?) -> Release? {
-        defer { socket = nil }
+        defer {
+            socket = nil
+            deferredReadError = nil
+        }
         guard let watched, let socket else { return nil }
         return Release(socket: socket, watched: watched)
     }
