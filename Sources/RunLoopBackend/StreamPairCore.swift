@@ -19,7 +19,11 @@ import POSIXSupport
 final class StreamPairCore: EpollHandler, @unchecked Sendable {
     let endpoint: Endpoint
     let options: ConnectionOptions
-    private var state: StreamPairState<SocketDescriptor>
+    /// On the run loop's thread only, and with its exclusivity unchecked at run time: each access of a class's
+    /// stored property is otherwise checked by `swift_beginAccess` against a thread-local set of open accesses,
+    /// several times an event. No two accesses can overlap: ``StreamPairState``'s methods call nothing of this
+    /// object but ``unreadBytes(_:)``, which reads ``readAhead``, not the state.
+    @exclusivity(unchecked) private var state: StreamPairState<SocketDescriptor>
     /// Writes from other threads while the output is open (``writeFromAnyThread(_:)``).
     private let direct = DirectSend()
     private var runLoop: SocketRunLoop?
