@@ -77,7 +77,7 @@ final class BSDConnection: Connection, Sendable {
         /// letting the loop poll, read, queue and resume it: the task goes on in the same job, as a blocking
         /// recv(2) would. A job for this executor, a ``ReaderExecutor/wake()`` (close, room) or the task's
         /// cancellation ends the poll early; the receive then waits as usual.
-        func waitInPlace() async {
+        @inline(__always) func waitInPlace() async {
             guard inbox.sourceDrained, !Task.isCancelled, life.isOpen, inbox.isIdle else {
                 return
             }
